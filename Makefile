@@ -1,0 +1,81 @@
+# statefleet — `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+export PYTHONPATH := $(CURDIR)
+
+# Instances per service for `make up` (e.g. `make up TALLIES=3`).
+TALLIES ?= 1
+VALIDATOR ?= 1
+RETRY_SCHEDULER ?= 1
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11+ is required: install python3"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[spark,dev]'
+	@touch $(STAMP)
+
+.PHONY: venv
+venv: $(STAMP) ## Create the virtualenv and install the packages
+
+.PHONY: broker
+broker: venv ## Resolve Kafka's jars (Maven), format KRaft storage once, start the broker on 127.0.0.1:9092
+	$(PY) -m tools.kafka_broker start
+
+.PHONY: up
+up: broker ## Start the broker and every service in the background (TALLIES=n VALIDATOR=n RETRY_SCHEDULER=n)
+	$(PY) -m tools.fleet up --tallies $(TALLIES) --validator $(VALIDATOR) --retry-scheduler $(RETRY_SCHEDULER)
+
+.PHONY: down
+down: ## Stop the services and the broker
+	-$(PY) -m tools.fleet down
+	$(PY) -m tools.kafka_broker stop
+
+.PHONY: status
+status: venv ## Show what is running
+	-$(PY) -m tools.kafka_broker status
+	$(PY) -m tools.fleet status
+
+.PHONY: demo
+demo: up ## Start the fleet, send sample traffic, print what the APIs answer
+	$(PY) -m tools.demo
+
+.PHONY: lint
+lint: venv ## ruff and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy services shared spark_jobs tools
+
+.PHONY: test-unit
+test-unit: venv ## Unit tests (no Kafka)
+	$(VENV)/bin/pytest -q tests/unit
+
+.PHONY: test-integration
+test-integration: broker ## Integration and end-to-end tests on the real broker
+	$(VENV)/bin/pytest -q tests/integration tests/e2e
+
+.PHONY: test
+test: venv broker ## The whole suite: lint, unit, integration, e2e, helm checks (what CI runs)
+	$(MAKE) lint
+	$(VENV)/bin/pytest -q -m "not spark" --ignore=tests/helm tests
+	$(MAKE) test-extra
+
+.PHONY: bench
+bench: broker ## Benchmarks against the raw aiokafka baseline; results in docs/benchmarks.md
+	$(PY) -m tools.bench $(BENCH_ARGS)
+
+# Area makefiles add targets (spark-join, backfill, helm-check, ...) and extend test-extra.
+.PHONY: test-extra
+test-extra::
+	@true
+
+-include mk/*.mk

@@ -1,0 +1,1 @@
+"""The statefleet services; each folder is one independently deployed service."""

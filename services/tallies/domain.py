@@ -1,0 +1,159 @@
+"""Tally semantics, as pure functions. The Faust service and the Spark backfill both
+run exactly these, so there is one definition of what a tally is.
+
+An account counts by its status: active in numberActive, inactive (deactivated) in
+numberInactive, deleted in neither. Each account event carries the account's version;
+an event whose version is not newer than the one already applied is a replay and
+changes nothing, so duplicated or replayed input never counts twice. lastLogin is the
+largest login ``ts`` seen for the program, which replays cannot change either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ACTIVE = "active"
+INACTIVE = "inactive"
+DELETED = "deleted"
+UNKNOWN = "unknown"
+
+ACCOUNT_CREATED = "AccountCreated"
+ACCOUNT_UPDATED = "AccountUpdated"
+ACCOUNT_DEACTIVATED = "AccountDeactivated"
+ACCOUNT_REACTIVATED = "AccountReactivated"
+ACCOUNT_DELETED = "AccountDeleted"
+
+#: Status an account has after each event type; AccountUpdated keeps the status it had.
+STATUS_AFTER: Mapping[str, str] = {
+    ACCOUNT_CREATED: ACTIVE,
+    ACCOUNT_DEACTIVATED: INACTIVE,
+    ACCOUNT_REACTIVATED: ACTIVE,
+    ACCOUNT_DELETED: DELETED,
+}
+EVENT_TYPES = frozenset(STATUS_AFTER) | {ACCOUNT_UPDATED}
+
+
+class InvalidInput(ValueError):
+    """A message that cannot be applied; it goes to dead-letters with this message."""
+
+
+@dataclass(frozen=True, slots=True)
+class AccountChange:
+    """The part of an account event that tallies need."""
+
+    account_id: str
+    program_id: str
+    type: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Login:
+    account_id: str
+    program_id: str
+    ts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """An account's standing in its program: its status after the newest applied version."""
+
+    status: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    program_id: str
+    numberActive: int
+    numberInactive: int
+    lastLogin: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "program_id": self.program_id,
+            "numberActive": self.numberActive,
+            "numberInactive": self.numberInactive,
+            "lastLogin": self.lastLogin,
+        }
+
+
+def _require_str(obj: Mapping[str, Any], name: str) -> str:
+    value = obj.get(name)
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"'{name}' must be a non-empty string, got {value!r}")
+    return value
+
+
+def _require_int(obj: Mapping[str, Any], name: str) -> int:
+    value = obj.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"'{name}' must be an integer, got {value!r}")
+    return value
+
+
+def parse_account_change(obj: Mapping[str, Any]) -> AccountChange:
+    """Read an ``account-events`` record; raises :class:`InvalidInput` naming the bad field."""
+    event_type = _require_str(obj, "type")
+    if event_type not in EVENT_TYPES:
+        raise InvalidInput(f"unknown event type {event_type!r}")
+    version = _require_int(obj, "version")
+    if version < 1:
+        raise InvalidInput(f"'version' must be >= 1, got {version}")
+    return AccountChange(
+        account_id=_require_str(obj, "account_id"),
+        program_id=_require_str(obj, "program_id"),
+        type=event_type,
+        version=version,
+    )
+
+
+def parse_login(obj: Mapping[str, Any]) -> Login:
+    """Read a ``logins`` record; raises :class:`InvalidInput` naming the bad field."""
+    return Login(
+        account_id=_require_str(obj, "account_id"),
+        program_id=_require_str(obj, "program_id"),
+        ts=_require_int(obj, "ts"),
+    )
+
+
+def apply_change(current: Membership | None, change: AccountChange) -> Membership | None:
+    """The account's membership after ``change``, or ``None`` when it is a replay."""
+    if current is not None and change.version <= current.version:
+        return None
+    status = STATUS_AFTER.get(change.type)
+    if status is None:  # AccountUpdated keeps the status; before any create it is unknown
+        status = current.status if current is not None else UNKNOWN
+    return Membership(status=status, version=change.version)
+
+
+def count_delta(before: str | None, after: str) -> tuple[int, int]:
+    """(Δ numberActive, Δ numberInactive) when an account moves from ``before`` to ``after``."""
+    d_active = (after == ACTIVE) - (before == ACTIVE)
+    d_inactive = (after == INACTIVE) - (before == INACTIVE)
+    return d_active, d_inactive
+
+
+def latest_login(current: int | None, ts: int) -> int:
+    return ts if current is None or ts > current else current
+
+
+def fold_program(program_id: str, changes: Iterable[AccountChange], logins: Iterable[Login]) -> Tally:
+    """A program's tally from its whole history, in any order, duplicates included.
+
+    Changes are applied per account in version order through :func:`apply_change`, as
+    the stream applies them, so this equals what the service holds after the same input.
+    """
+    members: dict[str, Membership] = {}
+    for change in sorted(changes, key=lambda c: (c.account_id, c.version)):
+        updated = apply_change(members.get(change.account_id), change)
+        if updated is not None:
+            members[change.account_id] = updated
+    active = sum(1 for m in members.values() if m.status == ACTIVE)
+    inactive = sum(1 for m in members.values() if m.status == INACTIVE)
+    last: int | None = None
+    for login in logins:
+        last = latest_login(last, login.ts)
+    return Tally(program_id=program_id, numberActive=active, numberInactive=inactive, lastLogin=last)

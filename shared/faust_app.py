@@ -1,0 +1,89 @@
+"""Build a service's Faust app and run its worker.
+
+Every service gets the same shape: the RocksDB store (rocksdict), a data dir per
+service and instance, topics as raw bytes (decoded in the agent, so bad input is a
+dead letter and not a crash), at-least-once processing, static group membership,
+standby replicas, and a FastAPI app served on the worker's own event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import faust
+from faust.contrib.asgi import serve_asgi
+from fastapi import FastAPI
+
+from shared.kafka_clients import require_sasl_credentials, ssl_context
+from shared.log_config import logging_config
+from shared.settings import Settings, env_snapshot
+
+log = logging.getLogger(__name__)
+
+
+def app_id(service: str, settings: Settings) -> str:
+    """Consumer group id and changelog topic prefix of a service."""
+    return f"{settings.topic_prefix}statefleet-{service}"
+
+
+def instance_data_dir(service: str, settings: Settings) -> Path:
+    return settings.data_dir / service / settings.instance_id
+
+
+def broker_credentials(settings: Settings) -> Any:
+    proto = settings.kafka_security_protocol
+    if proto == "PLAINTEXT":
+        return None
+    context = ssl_context(settings)
+    if proto.startswith("SASL"):
+        username, password = require_sasl_credentials(settings)
+        return faust.SASLCredentials(
+            username=username, password=password, mechanism=settings.kafka_sasl_mechanism, ssl_context=context,
+        )
+    return faust.SSLCredentials(context)
+
+
+def create_app(service: str, settings: Settings, default_port: int) -> faust.App:
+    port = settings.port_for(default_port)
+    datadir = instance_data_dir(service, settings)
+    datadir.mkdir(parents=True, exist_ok=True)
+    conf: dict[str, Any] = dict(
+        broker=[f"kafka://{h.strip()}" for h in settings.kafka_bootstrap_servers.split(",") if h.strip()],
+        broker_credentials=broker_credentials(settings),
+        store="rocksdb://",
+        datadir=str(datadir),
+        tabledir="tables",
+        autodiscover=False,
+        topic_partitions=settings.topic_partitions,
+        topic_replication_factor=settings.topic_replication_factor,
+        table_standby_replicas=settings.standby_replicas,
+        processing_guarantee="at_least_once",
+        producer_acks=-1,
+        broker_max_poll_records=settings.consumer_max_poll_records,
+        stream_buffer_maxsize=settings.stream_buffer_maxsize,
+        web_enabled=True,
+        web_bind=settings.http_host,
+        web_port=port,
+        canonical_url=settings.url_for(default_port),
+        key_serializer="raw",
+        value_serializer="raw",
+        logging_config=logging_config(service, settings.instance_id, settings.log_level),
+        loghandlers=[],
+    )
+    if settings.static_membership:
+        conf["consumer_group_instance_id"] = f"{service}-{settings.instance_id}"
+    return faust.App(app_id(service, settings), **conf)
+
+
+def serve_api(app: faust.App, api: FastAPI, settings: Settings, default_port: int) -> None:
+    """Serve ``api`` with uvicorn on the Faust worker's event loop."""
+    serve_asgi(app, api, host=settings.http_host, port=settings.port_for(default_port))
+
+
+def run_worker(app: faust.App, service: str, settings: Settings) -> None:
+    """Run the Faust worker in this process until SIGTERM/SIGINT."""
+    log.info("starting %s (instance %s) with %s", service, settings.instance_id, env_snapshot())
+    worker = faust.Worker(app, loglevel=settings.log_level.upper(), logging_config=app.conf.logging_config)
+    worker.execute_from_commandline()

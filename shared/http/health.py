@@ -1,0 +1,31 @@
+"""GET /healthz, /readyz and /metrics, mounted on every service."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from shared.http.deps import Ctx
+from shared.metrics import READY, REGISTRY
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="The process is alive")
+async def healthz(ctx: Ctx) -> dict[str, str]:
+    return {"status": "ok", "service": ctx.service, "instance": ctx.settings.instance_id}
+
+
+@router.get("/readyz", summary="200 once table state is restored, 503 before", responses={503: {"description": "Restoring"}})
+async def readyz(ctx: Ctx) -> Response:
+    ready = ctx.ready()
+    READY.labels(ctx.service).set(1 if ready else 0)
+    body = {"status": "ready" if ready else "recovering", "service": ctx.service, "instance": ctx.settings.instance_id}
+    return JSONResponse(body, status_code=200 if ready else 503, headers={} if ready else {"Retry-After": "1"})
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(ctx: Ctx) -> Response:
+    READY.labels(ctx.service).set(1 if ctx.ready() else 0)
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

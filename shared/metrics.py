@@ -1,0 +1,39 @@
+"""Prometheus metrics shared by every service (served at GET /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+MESSAGES_PROCESSED = Counter(
+    "statefleet_messages_processed_total",
+    "Messages an agent finished processing",
+    ["service", "stream"],
+    registry=REGISTRY,
+)
+DEAD_LETTERS_WRITTEN = Counter(
+    "statefleet_dead_letters_written_total",
+    "Messages this service could not process and sent to dead-letters",
+    ["service", "error_class"],
+    registry=REGISTRY,
+)
+BATCH_SECONDS = Histogram(
+    "statefleet_batch_seconds",
+    "Time to process one batch of messages",
+    ["service", "stream"],
+    registry=REGISTRY,
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+HTTP_FORWARDED = Counter(
+    "statefleet_http_forwarded_total",
+    "Queries forwarded to the instance that owns the key",
+    ["service"],
+    registry=REGISTRY,
+)
+READY = Gauge(
+    "statefleet_ready",
+    "1 when state is restored and queries are answered",
+    ["service"],
+    registry=REGISTRY,
+)

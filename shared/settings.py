@@ -1,0 +1,98 @@
+"""All configuration, read once from environment variables (prefix ``STATEFLEET_``).
+
+Every field below is one variable: ``kafka_bootstrap_servers`` is
+``STATEFLEET_KAFKA_BOOTSTRAP_SERVERS``. The README's configuration table lists them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STATEFLEET_", extra="ignore")
+
+    # Kafka connection
+    kafka_bootstrap_servers: str = Field("127.0.0.1:9092", description="Comma-separated host:port list")
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: str = Field("SCRAM-SHA-512", description="With SASL_*: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = None
+    kafka_ssl_cafile: str | None = Field(None, description="CA bundle for SSL/SASL_SSL")
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
+
+    # Topics
+    topic_prefix: str = Field("", description="Prepended to every topic and consumer group name")
+    topic_partitions: int = Field(8, ge=1, description="Partitions of the topics the fleet creates")
+    topic_replication_factor: int = Field(1, ge=1)
+
+    # Instance identity and state
+    instance_id: str = Field(default_factory=socket.gethostname, description="Unique per instance; static group member id")
+    data_dir: Path = Field(Path(".local/data"), description="Root of RocksDB state; each service and instance gets a subfolder")
+    standby_replicas: int = Field(1, ge=0, description="Standby copies of each table partition kept by other instances")
+    static_membership: bool = Field(True, description="Join the consumer group with group.instance.id = service-instance_id")
+
+    # HTTP
+    http_host: str = "127.0.0.1"
+    http_port: int | None = Field(None, description="Defaults: validator 8001, tallies 8002, retry scheduler 8003")
+    advertised_url: str | None = Field(None, description="URL peers use to forward queries here; default http://<host>:<port>")
+    admin_token: str = Field("statefleet-dev-token", description="Bearer token for changing calls (retry scheduler)")
+    max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies get 413")
+    forward_timeout_s: float = 5.0
+
+    # Processing
+    log_level: str = "INFO"
+    consumer_max_poll_records: int = Field(2000, ge=1)
+    stream_buffer_maxsize: int = Field(8192, ge=1)
+    batch_size: int = Field(1000, ge=1, description="Events taken per processing batch")
+    batch_within_s: float = Field(0.05, gt=0, description="Longest wait to fill a batch")
+
+    # Tallies
+    tally_publish_interval_s: float = Field(1.0, gt=0, description="How often changed tallies are published")
+
+    # Validator
+    command_wait_timeout_s: float = Field(5.0, gt=0, description="Longest wait of POST /commands?wait=true")
+    command_history_per_account: int = Field(1000, ge=1, description="Command ids remembered per account for idempotency")
+
+    # Retry scheduler
+    retry_tick_interval_s: float = Field(1.0, gt=0)
+    retry_max_attempts: int = Field(5, ge=1)
+    retry_base_delay_ms: int = Field(1000, ge=0)
+    retry_max_delay_ms: int = Field(3_600_000, ge=0)
+    retry_jitter: Literal["full", "equal", "none"] = "equal"
+    retry_policy_overrides: str = Field("", description="JSON: per origin topic / error class overrides")
+    retry_batch_limit: int = Field(5000, ge=1, description="Most entries redelivered per partition per tick")
+
+    def port_for(self, service_default: int) -> int:
+        return self.http_port if self.http_port is not None else service_default
+
+    def url_for(self, service_default: int) -> str:
+        if self.advertised_url:
+            return self.advertised_url.rstrip("/")
+        host = self.http_host if self.http_host not in ("0.0.0.0", "::") else socket.gethostname()
+        return f"http://{host}:{self.port_for(service_default)}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def env_snapshot() -> dict[str, str]:
+    """The STATEFLEET_ variables in force, for logging at start-up (secrets masked)."""
+    masked = ("PASSWORD", "TOKEN")
+    return {
+        k: ("***" if any(m in k for m in masked) else v)
+        for k, v in sorted(os.environ.items())
+        if k.startswith("STATEFLEET_")
+    }

@@ -1,0 +1,67 @@
+"""Create the topics a service needs, with the right partitions and configs, before
+its worker starts. Existing topics are left as they are (a partition count that does
+not match is logged, since co-partitioned topics must agree)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from shared.kafka_clients import client_kwargs
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    compacted: bool = False
+    config: dict[str, str] = field(default_factory=dict)
+
+    def new_topic(self, replication: int) -> NewTopic:
+        config = dict(self.config)
+        if self.compacted:
+            config.setdefault("cleanup.policy", "compact")
+        return NewTopic(self.name, self.partitions, replication, topic_configs=config)
+
+
+
+
+
+
+
+
+async def ensure_topics_async(settings: Settings, specs: list[TopicSpec], timeout_s: float = 30.0) -> None:
+    admin = AIOKafkaAdminClient(**client_kwargs(settings))
+    await asyncio.wait_for(admin.start(), timeout_s)
+    try:
+        existing = set(await admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            try:
+                await admin.create_topics([s.new_topic(settings.topic_replication_factor) for s in missing])
+                log.info("created topics %s", ", ".join(s.name for s in missing))
+            except TopicAlreadyExistsError:
+                pass
+        present = [s for s in specs if s.name in existing]
+        if present:
+            described = await admin.describe_topics([s.name for s in present])
+            counts = {d["topic"]: len(d["partitions"]) for d in described}
+            for spec in present:
+                if counts.get(spec.name, spec.partitions) != spec.partitions:
+                    log.warning(
+                        "topic %s has %s partitions, expected %s: keys may not be co-partitioned",
+                        spec.name, counts[spec.name], spec.partitions,
+                    )
+    finally:
+        await admin.close()
+
+
+def ensure_topics(settings: Settings, specs: list[TopicSpec]) -> None:
+    asyncio.run(ensure_topics_async(settings, specs))

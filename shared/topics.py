@@ -1,0 +1,69 @@
+"""Topic names in one place. Each is configurable through the prefix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.settings import Settings
+
+ACCOUNT_COMMANDS = "account-commands"
+ACCOUNT_EVENTS = "account-events"
+ACCOUNT_REJECTIONS = "account-rejections"
+LOGINS = "logins"
+PROGRAM_TALLIES = "program-tallies"
+DEAD_LETTERS = "dead-letters"
+RETRY = "retry"
+PARKING_LOT = "parking-lot"
+ACTIVATIONS = "activations"
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    prefix: str = ""
+
+    def name(self, base: str) -> str:
+        return f"{self.prefix}{base}"
+
+    @property
+    def account_commands(self) -> str:
+        return self.name(ACCOUNT_COMMANDS)
+
+    @property
+    def account_events(self) -> str:
+        return self.name(ACCOUNT_EVENTS)
+
+    @property
+    def account_rejections(self) -> str:
+        return self.name(ACCOUNT_REJECTIONS)
+
+    @property
+    def logins(self) -> str:
+        return self.name(LOGINS)
+
+    @property
+    def program_tallies(self) -> str:
+        return self.name(PROGRAM_TALLIES)
+
+    @property
+    def dead_letters(self) -> str:
+        return self.name(DEAD_LETTERS)
+
+    @property
+    def retry(self) -> str:
+        return self.name(RETRY)
+
+    @property
+    def parking_lot(self) -> str:
+        return self.name(PARKING_LOT)
+
+    @property
+    def activations(self) -> str:
+        return self.name(ACTIVATIONS)
+
+    def service_retry(self, service: str) -> str:
+        """The retry topic a service consumes its own redelivered dead letters from."""
+        return self.name(f"{RETRY}-{service}")
+
+
+def topic_names(settings: Settings) -> TopicNames:
+    return TopicNames(prefix=settings.topic_prefix)

@@ -1,0 +1,105 @@
+"""Small synchronous helpers over aiokafka for tests: produce, read a topic to its end."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+BOOTSTRAP = "127.0.0.1:9092"
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp: int
+
+
+def create_topics(names: Iterable[str], partitions: int = 8, compacted: Iterable[str] = ()) -> None:
+    compact = set(compacted)
+
+    async def run() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+        await admin.start()
+        try:
+            existing = set(await admin.list_topics())
+            new = [
+                NewTopic(n, partitions, 1, topic_configs={"cleanup.policy": "compact"} if n in compact else {})
+                for n in names if n not in existing
+            ]
+            if new:
+                try:
+                    await admin.create_topics(new)
+                except TopicAlreadyExistsError:
+                    pass
+        finally:
+            await admin.close()
+
+    asyncio.run(run())
+
+
+def produce(
+    topic: str,
+    records: Iterable[tuple[bytes | str | None, bytes | None]],
+    headers: list[tuple[str, bytes]] | None = None,
+) -> None:
+    async def run() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, linger_ms=5)
+        await producer.start()
+        try:
+            for key, value in records:
+                k = key.encode() if isinstance(key, str) else key
+                await producer.send(topic, value, key=k, headers=headers)
+            await producer.flush()
+        finally:
+            await producer.stop()
+
+    asyncio.run(run())
+
+
+def read_all(topic: str, timeout: float = 10.0) -> list[Record]:
+    """Every record of ``topic`` from the beginning to its current end offsets."""
+
+    async def run() -> list[Record]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, enable_auto_commit=False, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            partitions = consumer.partitions_for_topic(topic)
+            if not partitions:
+                await consumer._client.force_metadata_update()  # noqa: SLF001
+                partitions = consumer.partitions_for_topic(topic) or set()
+            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+            if not tps:
+                return []
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps)
+            out: list[Record] = []
+            remaining = {tp for tp in tps if ends[tp] > 0}
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while remaining and loop.time() < deadline:
+                batch = await consumer.getmany(timeout_ms=500)
+                for tp, msgs in batch.items():
+                    for m in msgs:
+                        if m.offset < ends[tp]:
+                            out.append(Record(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers), m.timestamp))
+                    if msgs and msgs[-1].offset >= ends[tp] - 1:
+                        remaining.discard(tp)
+                for tp in list(remaining):
+                    if await consumer.position(tp) >= ends[tp]:
+                        remaining.discard(tp)
+            return out
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
