@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import faust
-from faust.contrib.asgi import serve_asgi
 from fastapi import FastAPI
+from faust.contrib.asgi import serve_asgi
 
 from shared.kafka_clients import require_sasl_credentials, ssl_context
 from shared.log_config import logging_config
 from shared.settings import Settings, env_snapshot
+from shared.topic_admin import TopicSpec
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,18 @@ def create_app(service: str, settings: Settings, default_port: int) -> faust.App
     return faust.App(app_id(service, settings), **conf)
 
 
+def changelog_topic_specs(app: faust.App, settings: Settings) -> list[TopicSpec]:
+    """The compacted changelog topic of every table of ``app``.
+
+    Created before the worker starts: Faust creates them too, but a table written
+    before the new topic shows in the client's metadata fails with PartitionsMismatch.
+    """
+    return [
+        TopicSpec(table.changelog_topic.get_topic_name(), table.partitions or settings.topic_partitions, compacted=True)
+        for table in app.tables.values()
+    ]
+
+
 def serve_api(app: faust.App, api: FastAPI, settings: Settings, default_port: int) -> None:
     """Serve ``api`` with uvicorn on the Faust worker's event loop."""
     serve_asgi(app, api, host=settings.http_host, port=settings.port_for(default_port))
@@ -85,5 +98,5 @@ def serve_api(app: faust.App, api: FastAPI, settings: Settings, default_port: in
 def run_worker(app: faust.App, service: str, settings: Settings) -> None:
     """Run the Faust worker in this process until SIGTERM/SIGINT."""
     log.info("starting %s (instance %s) with %s", service, settings.instance_id, env_snapshot())
-    worker = faust.Worker(app, loglevel=settings.log_level.upper(), logging_config=app.conf.logging_config)
+    worker = faust.Worker(app, loglevel=settings.log_level.upper(), logging_config=dict(app.conf.logging_config))
     worker.execute_from_commandline()

@@ -11,41 +11,56 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.streams import _current_event
-from faust.types import TP
+from faust.types import TP, TableT
 from rocksdict import Rdict
 
+AnyTable = TableT[Any, Any]
 
-def partition_db(table: faust.Table, partition: int) -> Rdict:
+#: Faust keeps each partition's committed offset under this key in the table's own database.
+FAUST_OFFSET_KEY = b"__faust\x00offset__"
+
+
+def partition_db(table: AnyTable, partition: int) -> Rdict:
     """The RocksDB database (rocksdict) holding one partition of a table."""
-    return table.data._db_for_partition(partition)
+    return cast(Rdict, cast(Any, table).data._db_for_partition(partition))
 
 
-def open_partitions(table: faust.Table) -> dict[int, Rdict]:
-    """Partition → database for every partition this instance has opened (active or standby)."""
-    return dict(table.data._dbs)
+def partition_items(
+    table: AnyTable, partition: int, from_key: bytes | None = None, backwards: bool = False,
+) -> Iterator[tuple[bytes, bytes]]:
+    """A partition's rows in key order (or reverse), from ``from_key``, without Faust's offset row."""
+    db = partition_db(table, partition)
+    items = db.items(from_key=from_key, backwards=backwards) if from_key is not None else db.items(backwards=backwards)
+    for key, value in items:
+        if key != FAUST_OFFSET_KEY:
+            yield cast(bytes, key), cast(bytes, value)
 
 
-def active_partitions(app: faust.App, table: faust.Table) -> set[int]:
+def active_partitions(app: faust.App, table: AnyTable) -> set[int]:
     """Changelog partitions of ``table`` this instance currently owns as active."""
     topic = table.changelog_topic.get_topic_name()
     return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topic}
 
 
-def partition_owner_url(app: faust.App, table: faust.Table, partition: int) -> str | None:
+def _tps_url(app: faust.App) -> dict[TP, str]:
+    return cast(dict[TP, str], cast(Any, app.assignor)._tps_url)
+
+
+def partition_owner_url(app: faust.App, table: AnyTable, partition: int) -> str | None:
     """Canonical URL of the instance that owns ``partition`` of ``table`` as active, if known."""
     topic = table.changelog_topic.get_topic_name()
-    url = app.assignor._tps_url.get(TP(topic, partition))
+    url = _tps_url(app).get(TP(topic, partition))
     return str(url).rstrip("/") if url else None
 
 
-def all_owner_urls(app: faust.App, table: faust.Table) -> set[str]:
+def all_owner_urls(app: faust.App, table: AnyTable) -> set[str]:
     """Every instance URL that owns at least one active partition of ``table``."""
     topic = table.changelog_topic.get_topic_name()
-    return {str(url).rstrip("/") for tp, url in app.assignor._tps_url.items() if tp.topic == topic}
+    return {str(url).rstrip("/") for tp, url in _tps_url(app).items() if tp.topic == topic}
 
 
 @contextmanager
@@ -65,5 +80,5 @@ def event_context(event: Any) -> Iterator[None]:
 
 def recovery_done(app: faust.App) -> bool:
     """True once table recovery after the last rebalance has finished."""
-    recovery = app.tables.recovery
+    recovery = cast(Any, app.tables).recovery
     return bool(recovery.completed.is_set()) and not recovery.in_recovery and not app.rebalancing

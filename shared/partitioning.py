@@ -9,4 +9,4 @@ from aiokafka.partitioner import murmur2
 
 def partition_for(key: str | bytes, partitions: int) -> int:
     data = key.encode() if isinstance(key, str) else key
-    return (murmur2(data) & 0x7FFFFFFF) % partitions
+    return int(murmur2(data) & 0x7FFFFFFF) % partitions

@@ -79,7 +79,7 @@ def check_toolchain() -> None:
     """Fail with one line saying what to install when Java 17+ or Maven is missing."""
     java = shutil.which("java")
     if java is None:
-        raise BrokerError("Java 17+ is required to run the Kafka broker: install a JDK (e.g. apt-get install openjdk-17-jdk-headless)")
+        raise BrokerError("Java 17+ is required to run the Kafka broker: install a JDK (apt-get install openjdk-17-jdk-headless)")
     out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
     version = _java_major(out)
     if version is not None and version < 17:
@@ -215,12 +215,12 @@ def start(layout: BrokerLayout | None = None, wait_s: float = 90.0) -> BrokerLay
         write_config(layout)
         format_storage(layout)
         _log(f"starting Kafka on {layout.bootstrap}; log: {layout.log_file}")
-        log = open(layout.log_file, "ab")
-        proc = subprocess.Popen(
-            _java_cmd(layout, "kafka.Kafka", str(layout.config)),
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        with open(layout.log_file, "ab") as log:
+            proc = subprocess.Popen(
+                _java_cmd(layout, "kafka.Kafka", str(layout.config)),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         layout.pid_file.write_text(str(proc.pid))
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:

@@ -21,8 +21,6 @@ import logging
 import time
 from typing import Any
 
-import faust
-
 from services.tallies import DEFAULT_PORT, SERVICE
 from services.tallies.domain import (
     AccountChange,
@@ -34,7 +32,6 @@ from services.tallies.domain import (
     parse_login,
 )
 from services.tallies.state import (
-    FAUST_OFFSET_KEY,
     ProgramCounts,
     decode_membership,
     encode_membership,
@@ -42,8 +39,8 @@ from services.tallies.state import (
 )
 from shared import codecs, dead_letters
 from shared.dead_letter_sink import DeadLetterSink
-from shared.faust_app import app_id, create_app
-from shared.faust_internals import active_partitions, event_context, partition_db
+from shared.faust_app import app_id, changelog_topic_specs, create_app
+from shared.faust_internals import active_partitions, event_context, partition_items
 from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED
 from shared.partitioning import partition_for
 from shared.settings import Settings
@@ -128,6 +125,7 @@ class TalliesService:
             TopicSpec(self.topics.dead_letters, n),
             TopicSpec(self.topics.program_tallies, n, compacted=True),
             TopicSpec(self.by_program_topic_name, n),
+            *changelog_topic_specs(self.app, self.settings),
         ]
 
     # -- hop 1: validate and key by program ---------------------------------------------
@@ -188,12 +186,8 @@ class TalliesService:
     async def rebuild_counts(self) -> None:
         started = time.perf_counter()
         owned = active_partitions(self.app, self.memberships)
-        rows = self.counts.rebuild({p: partition_db(self.memberships, p).items() for p in owned})
-        for p in active_partitions(self.app, self.last_logins):
-            for key, _ in partition_db(self.last_logins, p).items():
-                if key != FAUST_OFFSET_KEY:
-                    self.dirty.add(key.decode())
-        self.dirty.update(program for _, program in self.counts.programs())
+        rows = self.counts.rebuild({p: partition_items(self.memberships, p) for p in owned})
+        self.dirty.update(self.local_programs())
         log.info(
             "rebuilt counts from %d memberships in %d partitions (%.2fs); %d programs to republish",
             rows, len(owned), time.perf_counter() - started, len(self.dirty),
@@ -214,9 +208,7 @@ class TalliesService:
     def local_programs(self) -> set[str]:
         programs = {program for _, program in self.counts.programs()}
         for p in active_partitions(self.app, self.last_logins):
-            for key, _ in partition_db(self.last_logins, p).items():
-                if key != FAUST_OFFSET_KEY:
-                    programs.add(key.decode())
+            programs.update(key.decode() for key, _ in partition_items(self.last_logins, p))
         return programs
 
     def _partition(self, program_id: str) -> int:

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from services.tallies.domain import ACTIVE, INACTIVE, Membership, count_delta
 
 SEPARATOR = b"\x00"
-#: Faust keeps each partition's committed offset under this key in the same database.
-FAUST_OFFSET_KEY = b"__faust\x00offset__"
 
 
 def membership_key(program_id: str, account_id: str) -> bytes:
@@ -51,8 +49,6 @@ class ProgramCounts:
         for partition, items in partitions.items():
             counts: dict[str, list[int]] = {}
             for key, raw in items:
-                if key == FAUST_OFFSET_KEY:
-                    continue
                 rows += 1
                 program, _ = split_membership_key(key)
                 status = decode_membership(raw).status

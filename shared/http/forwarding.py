@@ -15,12 +15,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import faust
 import httpx
 from fastapi import Request, Response
 
 from shared.codecs import loads
-from shared.faust_internals import partition_owner_url
+from shared.faust_internals import AnyTable, partition_owner_url
 from shared.http.context import ServiceContext
 from shared.http.errors import Unavailable
 from shared.metrics import HTTP_FORWARDED
@@ -33,7 +32,7 @@ LOCAL_SCOPE_PARAM = "scope"
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
 
 
-def owner_of(ctx: ServiceContext, table: faust.Table, partition: int) -> str:
+def owner_of(ctx: ServiceContext, table: AnyTable, partition: int) -> str:
     """The URL of the instance that owns ``partition``, or 503 when nobody is known to."""
     if ctx.app.rebalancing:
         raise Unavailable("the consumer group is rebalancing; retry shortly")
@@ -43,7 +42,7 @@ def owner_of(ctx: ServiceContext, table: faust.Table, partition: int) -> str:
     return owner
 
 
-async def route(ctx: ServiceContext, request: Request, table: faust.Table, partition: int) -> Response | None:
+async def route(ctx: ServiceContext, request: Request, table: AnyTable, partition: int) -> Response | None:
     """``None`` when this instance should answer; otherwise the owner's response."""
     owner = owner_of(ctx, table, partition)
     if owner == ctx.url:
@@ -78,7 +77,7 @@ def is_local_scope(request: Request) -> bool:
 async def gather(
     ctx: ServiceContext,
     request: Request,
-    table: faust.Table,
+    table: AnyTable,
     local: Callable[[], Awaitable[Any]],
 ) -> list[Any]:
     """The local answer of every instance that owns partitions of ``table``.

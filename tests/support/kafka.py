@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -10,7 +11,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-BOOTSTRAP = "127.0.0.1:9092"
+from tools.kafka_broker import default_layout
+
+BOOTSTRAP = default_layout().bootstrap
 
 
 @dataclass(frozen=True)
@@ -37,10 +40,8 @@ def create_topics(names: Iterable[str], partitions: int = 8, compacted: Iterable
                 for n in names if n not in existing
             ]
             if new:
-                try:
+                with contextlib.suppress(TopicAlreadyExistsError):
                     await admin.create_topics(new)
-                except TopicAlreadyExistsError:
-                    pass
         finally:
             await admin.close()
 
@@ -75,7 +76,7 @@ def read_all(topic: str, timeout: float = 10.0) -> list[Record]:
         try:
             partitions = consumer.partitions_for_topic(topic)
             if not partitions:
-                await consumer._client.force_metadata_update()  # noqa: SLF001
+                await consumer._client.force_metadata_update()
                 partitions = consumer.partitions_for_topic(topic) or set()
             tps = [TopicPartition(topic, p) for p in sorted(partitions)]
             if not tps:

@@ -43,11 +43,11 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         env = {**os.environ, **self.env, "STATEFLEET_HTTP_PORT": str(self.port), "STATEFLEET_HTTP_HOST": "127.0.0.1"}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", f"services.{self.module}"], cwd=REPO, env=env,
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", f"services.{self.module}"], cwd=REPO, env=env,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
         return self
 
     def wait_ready(self, timeout: float = 90.0) -> ServiceProcess:

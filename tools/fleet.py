@@ -1,0 +1,177 @@
+"""Run the fleet locally in the background: ``make up`` / ``make down`` / ``make status``.
+
+Each instance is ``python -m services.<module>`` with its own instance id, port and
+data dir; logs go to ``.local/logs/<service>-<n>.log`` and pids to ``.local/run``.
+Instance n of a service listens on the service's port + 10 * n (8002, 8012, 8022…).
+
+    python -m tools.fleet up --tallies 3
+    python -m tools.fleet down
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_DIR = REPO / ".local" / "run"
+LOG_DIR = REPO / ".local" / "logs"
+
+
+@dataclass(frozen=True)
+class ServiceKind:
+    name: str
+    module: str
+    port: int
+
+
+SERVICES = (
+    ServiceKind("validator", "services.validator", 8001),
+    ServiceKind("tallies", "services.tallies", 8002),
+    ServiceKind("retry-scheduler", "services.retry_scheduler", 8003),
+)
+
+
+def _available(kind: ServiceKind) -> bool:
+    return (REPO / kind.module.replace(".", "/") / "__main__.py").exists()
+
+
+def _pid_file(kind: ServiceKind, n: int) -> Path:
+    return RUN_DIR / f"{kind.name}-{n}.pid"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _running(kind: ServiceKind, n: int) -> int | None:
+    try:
+        pid = int(_pid_file(kind, n).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if _alive(pid) else None
+
+
+def url(kind: ServiceKind, n: int = 0) -> str:
+    return f"http://127.0.0.1:{kind.port + 10 * n}"
+
+
+def start_instance(kind: ServiceKind, n: int) -> None:
+    if _running(kind, n):
+        print(f"  {kind.name}-{n}: already running ({url(kind, n)})")
+        return
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    port = kind.port + 10 * n
+    env = {
+        **os.environ,
+        "STATEFLEET_INSTANCE_ID": f"{kind.name}-{n}",
+        "STATEFLEET_HTTP_PORT": str(port),
+        "STATEFLEET_DATA_DIR": os.environ.get("STATEFLEET_DATA_DIR", str(REPO / ".local" / "data")),
+        "PYTHONPATH": str(REPO),
+    }
+    log_path = LOG_DIR / f"{kind.name}-{n}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", kind.module], cwd=REPO, env=env,
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    _pid_file(kind, n).write_text(str(proc.pid))
+    print(f"  {kind.name}-{n}: started pid {proc.pid} on {url(kind, n)}; log {log_path.relative_to(REPO)}")
+
+
+def wait_ready(kind: ServiceKind, n: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _running(kind, n):
+            return False
+        try:
+            if httpx.get(url(kind, n) + "/readyz", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def up(counts: dict[str, int], timeout: float) -> int:
+    print("starting the fleet:")
+    wanted = [(k, n) for k in SERVICES if _available(k) for n in range(counts.get(k.name, 1))]
+    for kind, n in wanted:
+        start_instance(kind, n)
+    failed = [f"{k.name}-{n}" for k, n in wanted if not wait_ready(k, n, timeout)]
+    if failed:
+        print(f"not ready within {timeout:.0f}s: {', '.join(failed)} — see .local/logs/", file=sys.stderr)
+        return 1
+    print("fleet ready:")
+    for kind, n in wanted:
+        print(f"  {kind.name}-{n}: {url(kind, n)}/docs")
+    return 0
+
+
+def down() -> int:
+    pids: list[tuple[str, int]] = []
+    for pid_file in sorted(RUN_DIR.glob("*.pid")) if RUN_DIR.exists() else []:
+        try:
+            pid = int(pid_file.read_text())
+        except ValueError:
+            pid_file.unlink()
+            continue
+        if _alive(pid):
+            os.kill(pid, signal.SIGTERM)
+            pids.append((pid_file.stem, pid))
+        else:
+            pid_file.unlink()
+    deadline = time.monotonic() + 30
+    for name, pid in pids:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        (RUN_DIR / f"{name}.pid").unlink(missing_ok=True)
+        print(f"  stopped {name} (pid {pid})")
+    return 0
+
+
+def status() -> int:
+    for kind in SERVICES:
+        n = 0
+        while _pid_file(kind, n).exists():
+            pid = _running(kind, n)
+            print(f"  {kind.name}-{n}: {'running pid ' + str(pid) if pid else 'stopped'} ({url(kind, n)})")
+            n += 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="action", required=True)
+    up_p = sub.add_parser("up")
+    for kind in SERVICES:
+        up_p.add_argument(f"--{kind.name}", type=int, default=1, metavar="N", help=f"instances of {kind.name}")
+    up_p.add_argument("--timeout", type=float, default=120.0)
+    sub.add_parser("down")
+    sub.add_parser("status")
+    args = parser.parse_args(argv)
+    if args.action == "up":
+        counts = {k.name: getattr(args, k.name.replace("-", "_")) for k in SERVICES}
+        return up(counts, args.timeout)
+    if args.action == "down":
+        return down()
+    return status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
