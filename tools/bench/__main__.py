@@ -1,0 +1,38 @@
+"""Run the benchmarks: ``python -m tools.bench [area ...] [-- area args]``.
+
+Areas: tallies, validator, retry_scheduler, spark (whichever exist). With no area
+named, all of them run in that order with their default sizes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+AREAS = ("tallies", "validator", "retry_scheduler", "spark")
+
+
+def main(argv: list[str]) -> int:
+    names: list[str] = []
+    while argv and not argv[0].startswith("-"):
+        names.append(argv.pop(0))
+    names = names or list(AREAS)
+    extra = argv
+    for name in names:
+        if name not in AREAS:
+            print(f"unknown benchmark area {name!r}; choose from {', '.join(AREAS)}", file=sys.stderr)
+            return 2
+        try:
+            module = importlib.import_module(f"tools.bench.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"tools.bench.{name}":
+                print(f"[bench] {name}: not available, skipped")
+                continue
+            raise
+        print(f"\n[bench] ===== {name} =====", flush=True)
+        module.main(extra)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,71 @@
+"""What the benchmarks share: the machine description, fast bulk production, and the
+raw-aiokafka consume baseline the Faust figures are compared against."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Iterable, Sequence
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from tools.kafka_broker import default_layout
+
+
+def bootstrap() -> str:
+    return os.environ.get("STATEFLEET_KAFKA_BOOTSTRAP_SERVERS", default_layout().bootstrap)
+
+
+def machine() -> str:
+    cpus = os.cpu_count()
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.machine()}, {cpus} cores, {mem_gb:.0f} GiB, Python {platform.python_version()}"
+
+
+async def produce_bulk(topic: str, records: Iterable[tuple[bytes, bytes]], progress_every: int = 200_000) -> int:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap(), linger_ms=20, max_batch_size=512 * 1024, acks=1,
+    )
+    await producer.start()
+    n = 0
+    try:
+        pending = []
+        for key, value in records:
+            pending.append(await producer.send(topic, value, key=key))
+            n += 1
+            if len(pending) >= 20_000:
+                for fut in pending:
+                    await fut
+                pending.clear()
+            if n % progress_every == 0:
+                print(f"[bench]   produced {n:,} to {topic}", flush=True)
+        await producer.flush()
+        for fut in pending:
+            await fut
+    finally:
+        await producer.stop()
+    return n
+
+
+async def raw_consume_rate(topics: Sequence[str], expected: int) -> tuple[int, float]:
+    """Read ``topics`` from the beginning with a bare aiokafka consumer: (records, seconds)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap(), enable_auto_commit=False, auto_offset_reset="earliest",
+        max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=32 * 1024 * 1024,
+    )
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()  # noqa: SLF001 - loads every topic's partitions
+        tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or [])]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        n = 0
+        started = time.perf_counter()
+        while n < expected:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            for msgs in batch.values():
+                n += len(msgs)
+        return n, time.perf_counter() - started
+    finally:
+        await consumer.stop()
