@@ -64,6 +64,8 @@ def create_app(service: str, settings: Settings, default_port: int) -> faust.App
         producer_acks=-1,
         broker_max_poll_records=settings.consumer_max_poll_records,
         stream_buffer_maxsize=settings.stream_buffer_maxsize,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 5),
         web_enabled=True,
         web_bind=settings.http_host,
         web_port=port,

@@ -48,7 +48,7 @@ async def list_tallies(
     async def local_page() -> dict[str, Any]:
         programs = sorted(p for p in svc.local_programs() if after is None or p > after)[:limit]
         items = [t.to_json() for t in (svc.tally(p) for p in programs) if t is not None]
-        return {"items": items}
+        return {"items": items, "next_cursor": None}
 
     if is_local_scope(request):
         return await local_page()
