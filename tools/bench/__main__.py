@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-AREAS = ("tallies", "validator", "retry_scheduler", "spark")
+AREAS = ("tallies", "scaleout", "validator", "retry_scheduler", "spark")
 
 
 def main(argv: list[str]) -> int:

@@ -56,7 +56,7 @@ async def raw_consume_rate(topics: Sequence[str], expected: int) -> tuple[int, f
     )
     await consumer.start()
     try:
-        await consumer._client.force_metadata_update()  # noqa: SLF001 - loads every topic's partitions
+        await consumer._client.force_metadata_update()
         tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or [])]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)

@@ -72,7 +72,8 @@ def generate(n_events: int, programs: int, seed: int = 42) -> tuple[list[tuple[b
         acct_n = rng.randrange(account)
         program = f"program-{acct_n % programs}"
         ts = 1_700_000_000_000 + i
-        logins.append((f"acct-{acct_n}".encode(), orjson.dumps({"account_id": f"acct-{acct_n}", "program_id": program, "ts": ts})))
+        login = {"account_id": f"acct-{acct_n}", "program_id": program, "ts": ts}
+        logins.append((f"acct-{acct_n}".encode(), orjson.dumps(login)))
         expected.setdefault(program, [0, 0, -1])[2] = max(expected[program][2], ts)
     return events, logins, expected
 
@@ -115,7 +116,9 @@ def main(argv: list[str]) -> None:
                "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": data_dir,
                "STATEFLEET_HTTP_PORT": str(args.port), "STATEFLEET_INSTANCE_ID": "bench", "STATEFLEET_LOG_LEVEL": "WARNING"}
         log = open(Path(data_dir) / "worker.log", "wb")  # noqa: SIM115 - closed after the worker exits
-        proc = subprocess.Popen([sys.executable, "-m", "services.tallies"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.tallies"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        )
         url = f"http://127.0.0.1:{args.port}"
         try:
             while True:
