@@ -1,0 +1,86 @@
+# syntax=docker/dockerfile:1.7
+#
+# One image for every statefleet service and Spark job. The container's
+# arguments choose what runs (see helm/image/entrypoint.py):
+#   docker run IMAGE services.tallies          # or services.validator, services.retry_scheduler
+#   docker run IMAGE spark_jobs.activation_join --available-now
+#   docker run IMAGE tools.helm_topics         # the chart's topic Job
+#
+# Stages: `jars` resolves the Spark Kafka connector from Maven Central, `build`
+# installs the Python packages into a virtualenv (compilers live only here),
+# and the final stage holds the virtualenv, the jars, a Java runtime for Spark
+# and nothing to build with. It runs as the non-root user 10001.
+#
+#   docker build -t statefleet:0.1.0 .
+#
+# The base images are pinned by tag; pin them by digest as well in a registry
+# that mirrors them (--build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:...).
+
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+ARG MAVEN_IMAGE=maven:3.9.11-eclipse-temurin-17
+# The pyspark version installed and the connector version baked in move together.
+ARG SPARK_VERSION=4.3.0
+
+# ---------------------------------------------------------------------------
+FROM ${MAVEN_IMAGE} AS jars
+ARG SPARK_VERSION
+WORKDIR /build
+COPY helm/image/pom.xml helm/image/maven-settings.xml ./
+RUN mvn -q -B -s maven-settings.xml -Dspark.version="${SPARK_VERSION}" \
+        dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=/jars \
+    && test -f "/jars/spark-sql-kafka-0-10_2.13-${SPARK_VERSION}.jar" \
+    && ls -l /jars
+
+# ---------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS build
+ARG SPARK_VERSION
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# A compiler for any dependency that has no wheel for this platform.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential \
+    && rm -rf /var/lib/apt/lists/*
+RUN python -m venv /opt/statefleet/venv
+ENV PATH=/opt/statefleet/venv/bin:$PATH
+WORKDIR /src
+# .dockerignore lets in only pyproject.toml, README.md and the Python packages.
+COPY . .
+RUN echo "pyspark==${SPARK_VERSION}" > /tmp/constraints.txt \
+    && pip install --constraint /tmp/constraints.txt ".[spark]" \
+    && python -c "import services, shared, spark_jobs, pyspark; assert pyspark.__version__ == '${SPARK_VERSION}', pyspark.__version__"
+
+# ---------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+ARG SPARK_VERSION
+LABEL org.opencontainers.image.title="statefleet" \
+      org.opencontainers.image.description="statefleet stream processors (Faust, RocksDB, FastAPI) and Spark jobs" \
+      io.statefleet.spark.version="${SPARK_VERSION}"
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# A Java runtime for Spark and tini as PID 1; the man directory is missing in
+# slim images and the JRE's package scripts expect it.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 statefleet \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /home/statefleet --create-home \
+        --shell /usr/sbin/nologin statefleet \
+    && install -d -o 10001 -g 10001 -m 0750 /var/lib/statefleet /var/lib/statefleet-spark
+
+COPY --from=build /opt/statefleet/venv /opt/statefleet/venv
+COPY --from=jars /jars /opt/statefleet/jars
+COPY helm/image/entrypoint.py /opt/statefleet/bin/entrypoint.py
+
+ENV PATH=/opt/statefleet/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/home/statefleet \
+    STATEFLEET_HTTP_HOST=0.0.0.0 \
+    STATEFLEET_DATA_DIR=/var/lib/statefleet
+
+USER 10001:10001
+WORKDIR /home/statefleet
+EXPOSE 8001 8002 8003
+ENTRYPOINT ["/usr/bin/tini", "--", "python", "/opt/statefleet/bin/entrypoint.py"]
+CMD ["services.tallies"]

