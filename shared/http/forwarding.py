@@ -65,8 +65,8 @@ async def forward(ctx: ServiceContext, request: Request, owner: str) -> Response
     except httpx.HTTPError as exc:
         log.warning("forwarding %s %s to %s failed: %s", request.method, request.url.path, owner, exc)
         raise Unavailable(f"the owning instance {owner} did not answer; retry shortly") from exc
-    out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}}
-    out_headers.setdefault(SERVED_BY, owner)
+    out_headers = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}}
+    out_headers.setdefault(SERVED_BY.lower(), owner)
     return Response(content=resp.content, status_code=resp.status_code, headers=out_headers)
 
 

@@ -1,0 +1,219 @@
+"""HTTP: POST /commands, GET /commands/{command_id}, GET /accounts/{account_id},
+GET /programs/{program_id}/accounts.
+
+Any instance answers any id: a command's outcome lives with the owner of its
+command_id's partition of ``outcomes``, an account with the owner of its account_id's
+partition of ``accounts``, a program's listing with the owner of its program_id's
+partition of ``program-accounts``; other instances forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from typing import Annotated, Any, Literal
+from urllib.parse import quote
+
+import httpx
+from aiokafka.errors import KafkaError
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from faust.exceptions import ProducerSendError
+
+from services.validator.app import ValidatorService
+from services.validator.domain import PENDING
+from services.validator.models import AccountOut, CommandAccepted, CommandIn, CommandStatus, ProgramAccountsPage
+from services.validator.state import listing_cursor, listing_key_from_cursor
+from shared import codecs
+from shared.http.context import ServiceContext
+from shared.http.deps import Ctx
+from shared.http.errors import ApiError, NotFound, Unavailable
+from shared.http.forwarding import FORWARDED_BY, owner_of, route
+from shared.http.pagination import InvalidCursor, decode_cursor, encode_cursor
+from shared.metrics import HTTP_FORWARDED
+
+router = APIRouter(tags=["validator"])
+
+#: POST /commands without ?wait waits at most this long for the command to be readable
+#: as pending (so a GET right after the POST finds it); it returns 202 either way.
+PENDING_VISIBLE_WAIT_S = 1.0
+
+
+def _service(ctx: ServiceContext) -> ValidatorService:
+    svc: ValidatorService = ctx.extras["service"]
+    return svc
+
+
+def status_body(raw: bytes) -> dict[str, Any]:
+    """The GET /commands/{command_id} body for a stored outcome record."""
+    record = codecs.loads_object(raw)
+    rejection = record.get("rejection")
+    return {
+        "command_id": record["command_id"],
+        "status": record["status"],
+        "account_id": record["account_id"],
+        "event": record.get("event"),
+        "rejection": rejection,
+        "reason": rejection.get("reason") if rejection else None,
+        "detail": rejection.get("detail") if rejection else None,
+    }
+
+
+async def command_status(
+    ctx: ServiceContext, command_id: str, *, wait: float, final: bool, forwarded: bool,
+) -> dict[str, Any] | None:
+    """The command's status body from the instance that owns its outcome (None: unknown id).
+
+    With ``wait`` > 0 the owner waits up to that long for an answer (``final``) or for
+    any record of the command (not ``final``) before it replies.
+    """
+    svc = _service(ctx)
+    owner = owner_of(ctx, svc.outcomes, ctx.partition_for(command_id))
+    if owner == ctx.url:
+        if not ctx.ready():
+            raise Unavailable("state is being restored; retry shortly")
+        raw = await svc.wait_outcome(command_id, wait, final=final) if wait > 0 else svc.outcome(command_id)
+        return status_body(raw) if raw is not None else None
+    if forwarded:
+        raise Unavailable("the command's partition moved while the request was forwarded; retry shortly")
+    HTTP_FORWARDED.labels(ctx.service).inc()
+    try:
+        resp = await ctx.http.get(
+            f"{owner}/commands/{quote(command_id, safe='')}",
+            params={"wait": str(wait), "until": "final" if final else "known"},
+            headers={FORWARDED_BY: ctx.url},
+            timeout=wait + ctx.settings.forward_timeout_s,
+        )
+    except httpx.HTTPError as exc:
+        raise Unavailable(f"the owning instance {owner} did not answer; retry shortly") from exc
+    if resp.status_code == 404:
+        return None
+    if resp.status_code != 200:
+        raise Unavailable(f"the owning instance {owner} answered {resp.status_code}; retry shortly")
+    body: dict[str, Any] = codecs.loads_object(resp.content)
+    return body
+
+
+@router.post(
+    "/commands",
+    status_code=202,
+    response_model=CommandAccepted,
+    summary="Submit a command",
+    responses={
+        200: {"model": CommandStatus, "description": "With ?wait=true: the command's outcome"},
+        202: {"description": "Written to account-commands; with ?wait=true and no outcome in time, the pending status"},
+        422: {"description": "The body is not a valid command"},
+        503: {"description": "The command could not be written"},
+    },
+)
+async def post_command(
+    body: CommandIn,
+    ctx: Ctx,
+    wait: Annotated[bool, Query(description="Wait (up to the configured timeout) for the outcome and return it")] = False,
+) -> Any:
+    svc = _service(ctx)
+    command = body.model_dump()
+    command["command_id"] = command_id = body.command_id or str(uuid.uuid4())
+    if body.issued_at is None:
+        command["issued_at"] = int(time.time() * 1000)
+    try:
+        await svc.submit(command)
+    except (KafkaError, ProducerSendError) as exc:
+        raise Unavailable(f"the command could not be written to Kafka: {exc}") from exc
+    if not wait:
+        # The command is written either way; its status is readable once the group settles.
+        with contextlib.suppress(Unavailable):
+            await command_status(ctx, command_id, wait=PENDING_VISIBLE_WAIT_S, final=False, forwarded=False)
+        return JSONResponse({"command_id": command_id}, status_code=202)
+    try:
+        status = await command_status(
+            ctx, command_id, wait=ctx.settings.command_wait_timeout_s, final=True, forwarded=False,
+        )
+    except Unavailable:
+        status = None  # written, but its outcome cannot be read right now: answer as pending
+    if status is None or status["status"] == PENDING:
+        pending = status or {"command_id": command_id, "status": PENDING, "account_id": body.account_id,
+                             "event": None, "rejection": None, "reason": None, "detail": None}
+        return JSONResponse(pending, status_code=202)
+    return JSONResponse(status, status_code=200)
+
+
+@router.get(
+    "/commands/{command_id:path}",
+    response_model=CommandStatus,
+    summary="A command's status: pending, accepted (with its event) or rejected (with the reason)",
+    responses={
+        404: {"description": "No command with this id was submitted or answered"},
+        503: {"description": "Owner recovering"},
+    },
+)
+async def get_command(
+    command_id: str,
+    request: Request,
+    ctx: Ctx,
+    wait: Annotated[
+        float, Query(ge=0, le=60, description="Seconds to wait for an answer (capped by the configured timeout)"),
+    ] = 0.0,
+    until: Annotated[Literal["final", "known"], Query(include_in_schema=False)] = "final",
+) -> Any:
+    wait = min(wait, ctx.settings.command_wait_timeout_s)
+    status = await command_status(
+        ctx, command_id, wait=wait, final=until == "final", forwarded=bool(request.headers.get(FORWARDED_BY)),
+    )
+    if status is None:
+        raise NotFound(f"no command {command_id!r}")
+    return status
+
+
+@router.get(
+    "/accounts/{account_id:path}",
+    response_model=AccountOut,
+    summary="An account's current status and version",
+    responses={404: {"description": "The account never existed"}, 503: {"description": "Owner recovering"}},
+)
+async def get_account(account_id: str, request: Request, ctx: Ctx) -> Any:
+    svc = _service(ctx)
+    forwarded = await route(ctx, request, svc.accounts, ctx.partition_for(account_id))
+    if forwarded is not None:
+        return forwarded
+    account = svc.account(account_id)
+    if account is None:
+        raise NotFound(f"no account {account_id!r}")
+    return account.to_json()
+
+
+@router.get(
+    "/programs/{program_id}/accounts",
+    response_model=ProgramAccountsPage,
+    summary="A program's accounts with their status, newest first (the category projection)",
+    responses={400: {"description": "Bad cursor or program id"}, 503: {"description": "Owner recovering"}},
+)
+async def list_program_accounts(
+    program_id: str,
+    request: Request,
+    ctx: Ctx,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    status: Annotated[
+        Literal["active", "inactive", "deleted"] | None, Query(description="Only accounts with this status"),
+    ] = None,
+) -> Any:
+    if "\x00" in program_id:
+        raise ApiError("program_id must not contain NUL")
+    svc = _service(ctx)
+    forwarded = await route(ctx, request, svc.program_accounts, ctx.partition_for(program_id))
+    if forwarded is not None:
+        return forwarded
+    before = None
+    text = decode_cursor(cursor)
+    if text is not None:
+        try:
+            before = listing_key_from_cursor(program_id, text)
+        except ValueError as exc:
+            raise InvalidCursor("cursor is not one this API returned") from exc
+    items, more = svc.list_program(program_id, limit=limit, before=before, status=status)
+    return {
+        "items": [item.to_json() for item in items],
+        "next_cursor": encode_cursor(listing_cursor(items[-1])) if more and items else None,
+    }

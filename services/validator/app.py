@@ -1,0 +1,456 @@
+"""The validator service: Faust app, tables and agents.
+
+Agents:
+
+``validate`` (``account-commands``)
+    Takes a batch, completes it per partition (:class:`~services.validator.durable.OrderedInput`:
+    replays dropped, records the Faust stream skipped read back), decides every
+    command in order against an in-batch copy of the ``accounts`` rows
+    (:func:`~services.validator.domain.plan_batch`, so command n+1 sees command n),
+    sends the events, rejections and outcome records, waits until the broker has
+    acknowledged all of them, and only then writes the changed ``accounts`` rows and
+    the partitions' next offsets (changelog acknowledged first, see
+    :class:`~services.validator.durable.DurableTable`). A SIGKILL at any point
+    therefore leaves one of two situations: the state was not written, and the batch
+    is decided again against the same state, re-sending identical events (same
+    event_id, same version) that consumers drop; or it was written, and the replayed
+    records are below the stored next offset (or, failing that, recognised by their
+    command ids) and emit nothing. State is never ahead of the events it implies.
+
+    A command whose record is not on the partition its account_id hashes to (no key,
+    another key, another partitioner) is re-sent there first, so one account's
+    commands are always decided by one instance, in order, against one state row.
+
+``redeliver`` (``retry-validator``)
+    Redelivered dead letters: commands go back onto ``account-commands`` (keyed by
+    account_id, headers kept so a further failure counts one more attempt) and are
+    then decided like fresh ones; redelivered ``account-events`` records go back into
+    the projection. What still cannot be read becomes a dead letter again.
+
+``record_outcomes`` (internal ``…-outcomes``, keyed by command_id)
+    Keeps the ``outcomes`` table behind GET /commands/{command_id}. A "pending" record
+    (written by POST /commands) never replaces an answer.
+
+``route_events`` and ``project`` (``account-events`` → internal ``…-by-program``)
+    The category projection: every account of a program with its status, kept in
+    ``program-accounts`` and listed newest first by GET /programs/{id}/accounts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+from mode import CrashingSupervisor
+from prometheus_client import Counter
+
+from services.validator import DEFAULT_PORT, SERVICE
+from services.validator.domain import (
+    PENDING,
+    Accepted,
+    Account,
+    AccountChange,
+    AccountState,
+    Command,
+    Duplicate,
+    InvalidEvent,
+    Listing,
+    MalformedCommand,
+    apply_to_listing,
+    outcome_record,
+    parse_account_event,
+    parse_command,
+    pending_record,
+    plan_batch,
+)
+from services.validator.durable import Backfill, DurableTable, InRecord, OrderedInput, Rows, ordered_rows
+from services.validator.state import (
+    account_key,
+    decode_listing,
+    decode_state,
+    encode_listing,
+    encode_state,
+    index_key,
+    listing_key,
+    outcome_status,
+    pack_ts,
+    program_prefix,
+    unpack_ts,
+)
+from shared import codecs, dead_letters
+from shared.dead_letter_sink import DeadLetterSink
+from shared.faust_app import app_id, create_app
+from shared.faust_internals import partition_db
+from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED, REGISTRY
+from shared.partitioning import partition_for
+from shared.settings import Settings
+from shared.topic_admin import TopicSpec
+from shared.topics import topic_names
+
+log = logging.getLogger(__name__)
+
+
+COMMAND_OUTCOMES = Counter(
+    "statefleet_validator_commands_total",
+    "Commands the validator answered, by outcome (accepted, rejected, duplicate, rerouted, dead_lettered)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def record_timestamp_ms(record: InRecord) -> int:
+    ts = record.timestamp
+    return round(ts * 1000) if ts else 0
+
+
+def encode_routed(change: AccountChange) -> bytes:
+    return codecs.dumps({"a": change.account_id, "p": change.program_id, "t": change.type,
+                         "v": change.version, "o": change.occurred_at})
+
+
+def decode_routed(raw: bytes | None) -> AccountChange:
+    obj = codecs.loads_object(raw)
+    return AccountChange(account_id=obj["a"], program_id=obj["p"], type=obj["t"], version=obj["v"], occurred_at=obj["o"])
+
+
+class ValidatorService:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topics = topics = topic_names(settings)
+        self.app = app = create_app(SERVICE, settings, DEFAULT_PORT)
+        n = settings.topic_partitions
+        self.partitions = n
+        self.retry_topic_name = topics.service_retry(SERVICE)
+        self.outcomes_topic_name = f"{app_id(SERVICE, settings)}-outcomes"
+        self.by_program_topic_name = f"{app_id(SERVICE, settings)}-by-program"
+
+        self.commands = app.topic(topics.account_commands, key_type=bytes, value_type=bytes)
+        self.retries = app.topic(self.retry_topic_name, key_type=bytes, value_type=bytes)
+        self.events = app.topic(topics.account_events, key_type=bytes, value_type=bytes)
+        self.outcomes_topic = app.topic(
+            self.outcomes_topic_name, partitions=n, internal=True, key_type=bytes, value_type=bytes,
+        )
+        self.by_program = app.topic(
+            self.by_program_topic_name, partitions=n, internal=True, key_type=bytes, value_type=bytes,
+        )
+        self.accounts = app.Table("accounts", partitions=n, key_type=bytes, value_type=bytes)
+        self.outcomes = app.Table("outcomes", partitions=n, key_type=bytes, value_type=bytes)
+        self.program_accounts = app.Table("program-accounts", partitions=n, key_type=bytes, value_type=bytes)
+        self.accounts_store = DurableTable(app, self.accounts)
+        self.outcomes_store = DurableTable(app, self.outcomes)
+        self.listing_store = DurableTable(app, self.program_accounts)
+        self.backfill = Backfill(settings)
+        # Each input's next expected offsets live in the table its agent writes, so they
+        # move with the partition and are restored with it.
+        self.command_input = OrderedInput(app, self.accounts_store, self.backfill)
+        self.retry_input = OrderedInput(app, self.accounts_store, self.backfill)
+        self.outcome_input = OrderedInput(app, self.outcomes_store, self.backfill)
+        self.event_input = OrderedInput(app, self.listing_store, self.backfill)
+        self.listing_input = OrderedInput(app, self.listing_store, self.backfill)
+        self.dead_letters = DeadLetterSink(app, SERVICE, topics.dead_letters, retry_topic=self.retry_topic_name)
+        self.waiters: dict[str, list[asyncio.Future[None]]] = {}
+
+        # A failed batch must not be skipped: crash the worker so the batch is redone after restart.
+        app.agent(self.commands, name=f"{SERVICE}.validate", supervisor_strategy=CrashingSupervisor)(self.validate)
+        app.agent(self.retries, name=f"{SERVICE}.redeliver", supervisor_strategy=CrashingSupervisor)(self.redeliver)
+        app.agent(self.outcomes_topic, name=f"{SERVICE}.record_outcomes")(self.record_outcomes)
+        app.agent(self.events, name=f"{SERVICE}.route_events")(self.route_events)
+        app.agent(self.by_program, name=f"{SERVICE}.project")(self.project)
+
+    def topic_specs(self) -> list[TopicSpec]:
+        n = self.settings.topic_partitions
+        return [
+            TopicSpec(self.topics.account_commands, n),
+            TopicSpec(self.topics.account_events, n),
+            TopicSpec(self.topics.account_rejections, n),
+            TopicSpec(self.topics.dead_letters, n),
+            TopicSpec(self.retry_topic_name, n),
+            TopicSpec(self.outcomes_topic_name, n),
+            TopicSpec(self.by_program_topic_name, n),
+            # Changelogs too, so they exist before the first assignment (Faust would create
+            # them at start-up, racing the group's first metadata read).
+            *(TopicSpec(t.changelog_topic.get_topic_name(), n, compacted=True)
+              for t in (self.accounts, self.outcomes, self.program_accounts)),
+        ]
+
+    async def _send(self, topic: str, key: bytes | None, value: bytes | None, *, partition: int | None = None,
+                    timestamp: float | None = None, headers: Any = None) -> Awaitable[Any]:
+        fut: Awaitable[Any] = await self.app.producer.send(
+            topic, key, value, partition=partition, timestamp=timestamp, headers=headers,
+        )
+        return fut
+
+    async def _acknowledged(self, futures: Sequence[Awaitable[Any]]) -> None:
+        """Wait until every send is acknowledged by the broker; raises if any failed."""
+        await self.app.producer.flush()
+        for fut in futures:
+            await fut
+
+    # -- commands ---------------------------------------------------------------------------
+
+    async def validate(self, stream: Any) -> None:
+        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
+            started = time.perf_counter()
+            batch = await self.command_input.batch(events)
+            await self.process_commands(batch.records, batch.offset_rows)
+            await self.command_input.done(batch)
+            MESSAGES_PROCESSED.labels(SERVICE, "commands").inc(len(batch.records))
+            BATCH_SECONDS.labels(SERVICE, "commands").observe(time.perf_counter() - started)
+
+    @staticmethod
+    def _read_command(record: InRecord) -> Command:
+        return parse_command(codecs.loads_object(record.value), default_issued_at=record_timestamp_ms(record))
+
+    async def process_commands(self, records: Sequence[InRecord], offset_rows: Rows) -> None:
+        """Decide ``records`` (in order per partition), publish the outcomes, then write the state."""
+        n = self.partitions
+        futures: list[Awaitable[Any]] = []
+        commands: list[Command] = []
+        home_of: dict[str, int] = {}
+        for record in records:
+            try:
+                command = self._read_command(record)
+            except (codecs.DecodeError, MalformedCommand) as exc:
+                await self.dead_letters.send(record, exc)
+                COMMAND_OUTCOMES.labels("dead_lettered").inc()
+                continue
+            if command.storable:
+                key = account_key(command.account_id)
+                home = partition_for(key, n)
+                if record.partition != home or record.key != key:
+                    # Not where this account's commands are decided: move it there, unchanged.
+                    futures.append(await self._send(
+                        self.topics.account_commands, key, record.value, partition=home,
+                        timestamp=record.timestamp, headers=record.headers or None,
+                    ))
+                    COMMAND_OUTCOMES.labels("rerouted").inc()
+                    continue
+                home_of[command.account_id] = home
+            commands.append(command)
+
+        def load(account_id: str) -> AccountState | None:
+            raw = self.accounts_store.get(home_of[account_id], account_key(account_id))
+            return decode_state(account_id, raw) if raw is not None else None
+
+        plan = plan_batch(commands, load, self.settings.command_history_per_account)
+        at = now_ms()
+        for command, outcome in zip(commands, plan.outcomes, strict=True):
+            if isinstance(outcome, Duplicate):
+                COMMAND_OUTCOMES.labels("duplicate").inc()
+                continue
+            key = account_key(command.account_id)
+            if isinstance(outcome, Accepted):
+                futures.append(await self._send(self.topics.account_events, key, codecs.dumps(outcome.event.to_json())))
+                COMMAND_OUTCOMES.labels("accepted").inc()
+            else:
+                futures.append(await self._send(
+                    self.topics.account_rejections, key, codecs.dumps(outcome.rejection.to_json()),
+                ))
+                COMMAND_OUTCOMES.labels("rejected").inc()
+            futures.append(await self._send(
+                self.outcomes_topic_name, command.command_id.encode(), codecs.dumps(outcome_record(outcome, at=at)),
+            ))
+        # Events, rejections, outcome records, reroutes and dead letters are acknowledged
+        # before any state that implies them is written.
+        await self._acknowledged(futures)
+        state_rows = (
+            ((home_of[account_id], account_key(account_id)), encode_state(account_id, state))
+            for account_id, state in plan.states.items()
+        )
+        await self.accounts_store.write(ordered_rows(state_rows, offset_rows.items()))
+
+    # -- redelivered dead letters ------------------------------------------------------------------
+
+    async def redeliver(self, stream: Any) -> None:
+        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
+            batch = await self.retry_input.batch(events)
+            futures: list[Awaitable[Any]] = []
+            for record in batch.records:
+                origin = dead_letters.headers_dict(record.headers).get(dead_letters.ORIGINAL_TOPIC, "")
+                try:
+                    if origin == self.topics.account_events:
+                        change = parse_account_event(codecs.loads_object(record.value))
+                        futures.append(await self._send(
+                            self.by_program_topic_name, change.program_id.encode(), encode_routed(change),
+                        ))
+                        continue
+                    command = self._read_command(record)
+                except (codecs.DecodeError, MalformedCommand, InvalidEvent) as exc:
+                    await self.dead_letters.send(record, exc)
+                    continue
+                key = account_key(command.account_id)
+                futures.append(await self._send(
+                    self.topics.account_commands, key, record.value,
+                    partition=partition_for(key, self.partitions) if command.storable else None,
+                    timestamp=record.timestamp, headers=record.headers or None,
+                ))
+            await self._acknowledged(futures)
+            await self.accounts_store.write(batch.offset_rows)
+            await self.retry_input.done(batch)
+            MESSAGES_PROCESSED.labels(SERVICE, "retry").inc(len(batch.records))
+
+    # -- outcomes (GET /commands/{command_id}) --------------------------------------------------
+
+    async def record_outcomes(self, stream: Any) -> None:
+        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
+            batch = await self.outcome_input.batch(events)
+            rows: dict[tuple[int, bytes], bytes] = {}
+            for record in batch.records:
+                if record.key is None or record.value is None:
+                    continue
+                try:
+                    status = outcome_status(record.value)
+                except codecs.DecodeError:
+                    log.warning("skipping an outcome record that is not JSON at %s[%s]@%s",
+                                record.topic, record.partition, record.offset)
+                    continue
+                row = (record.partition, record.key)
+                if status == PENDING and (row in rows or self.outcomes_store.get(*row) is not None):
+                    continue  # a command is pending only until it has an answer
+                rows[row] = record.value
+            await self.outcomes_store.write(ordered_rows(rows.items(), batch.offset_rows.items()))
+            await self.outcome_input.done(batch)
+            for _, key in rows:
+                self._wake(key.decode("utf-8", errors="replace"))
+            MESSAGES_PROCESSED.labels(SERVICE, "outcomes").inc(len(batch.records))
+
+    def _wake(self, command_id: str) -> None:
+        for fut in self.waiters.pop(command_id, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    def outcome(self, command_id: str) -> bytes | None:
+        key = command_id.encode()
+        return self.outcomes_store.get(partition_for(key, self.partitions), key)
+
+    async def wait_outcome(self, command_id: str, seconds: float, *, final: bool) -> bytes | None:
+        """The outcome record once it is final (or, with ``final=False``, once there is one),
+        or whatever is there when ``seconds`` have passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            raw = self.outcome(command_id)
+            if raw is not None and (not final or outcome_status(raw) != PENDING):
+                return raw
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return raw
+            fut: asyncio.Future[None] = loop.create_future()
+            self.waiters.setdefault(command_id, []).append(fut)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                waiting = self.waiters.get(command_id)
+                if waiting is not None and fut in waiting:
+                    waiting.remove(fut)
+                    if not waiting:
+                        del self.waiters[command_id]
+
+    async def submit(self, command: dict[str, Any]) -> None:
+        """Write a command to ``account-commands``, marking it pending first; returns once both are acknowledged."""
+        command_id, account_id = command["command_id"], command["account_id"]
+        futures = [
+            await self._send(
+                self.outcomes_topic_name, command_id.encode(),
+                codecs.dumps(pending_record(command_id, account_id, at=now_ms())),
+            ),
+            await self._send(self.topics.account_commands, account_id.encode(), codecs.dumps(command)),
+        ]
+        for fut in futures:
+            await fut
+
+    # -- accounts (GET /accounts/{account_id}) --------------------------------------------------
+
+    def account(self, account_id: str) -> Account | None:
+        key = account_key(account_id)
+        raw = self.accounts_store.get(partition_for(key, self.partitions), key)
+        return decode_state(account_id, raw).account if raw is not None else None
+
+    # -- the category projection ------------------------------------------------------------------
+
+    async def route_events(self, stream: Any) -> None:
+        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
+            batch = await self.event_input.batch(events)
+            futures: list[Awaitable[Any]] = []
+            for record in batch.records:
+                try:
+                    change = parse_account_event(codecs.loads_object(record.value))
+                except (codecs.DecodeError, InvalidEvent) as exc:
+                    await self.dead_letters.send(record, exc)
+                    continue
+                futures.append(await self._send(
+                    self.by_program_topic_name, change.program_id.encode(), encode_routed(change),
+                ))
+            await self._acknowledged(futures)
+            await self.listing_store.write(batch.offset_rows)
+            await self.event_input.done(batch)
+            MESSAGES_PROCESSED.labels(SERVICE, "events").inc(len(batch.records))
+
+    async def project(self, stream: Any) -> None:
+        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
+            batch = await self.listing_input.batch(events)
+            rows: dict[tuple[int, bytes], bytes] = {}
+            for record in batch.records:
+                try:
+                    change = decode_routed(record.value)
+                except (codecs.DecodeError, KeyError):
+                    log.warning("skipping a by-program record that is not one this service wrote at %s[%s]@%s",
+                                record.topic, record.partition, record.offset)
+                    continue
+                self.apply_listing_change(rows, record.partition, change)
+            await self.listing_store.write(ordered_rows(rows.items(), batch.offset_rows.items()))
+            await self.listing_input.done(batch)
+            MESSAGES_PROCESSED.labels(SERVICE, "by-program").inc(len(batch.records))
+
+    def apply_listing_change(self, rows: dict[tuple[int, bytes], bytes], partition: int, change: AccountChange) -> None:
+        """Add the rows ``change`` writes to ``rows`` (which also holds this batch's earlier writes)."""
+
+        def read(key: bytes) -> bytes | None:
+            pending = rows.get((partition, key))
+            return pending if pending is not None else self.listing_store.get(partition, key)
+
+        idx = index_key(change.program_id, change.account_id)
+        created = read(idx)
+        current = None
+        if created is not None:
+            raw = read(listing_key(change.program_id, unpack_ts(created), change.account_id))
+            current = decode_listing(change.program_id, raw) if raw is not None else None
+        updated = apply_to_listing(current, change)
+        if updated is None:
+            return
+        if created is None:
+            rows[(partition, idx)] = pack_ts(updated.created_at)
+        rows[(partition, listing_key(change.program_id, updated.created_at, change.account_id))] = encode_listing(updated)
+
+    def list_program(
+        self, program_id: str, *, limit: int, before: bytes | None, status: str | None,
+    ) -> tuple[list[Listing], bool]:
+        """Up to ``limit`` of the program's accounts, newest first, strictly before the
+        listing key ``before``; and whether more follow."""
+        prefix = program_prefix(program_id)
+        db = partition_db(self.program_accounts, partition_for(program_id, self.partitions))
+        start = before if before is not None else prefix + b"\xff" * 9
+        items: list[Listing] = []
+        for key, raw in db.items(from_key=start, backwards=True):
+            assert isinstance(key, bytes) and isinstance(raw, bytes)
+            if not key.startswith(prefix):
+                break
+            if before is not None and key >= before:
+                continue
+            item = decode_listing(program_id, raw)
+            if status is not None and item.status != status:
+                continue
+            if len(items) == limit:
+                return items, True
+            items.append(item)
+        return items, False
+

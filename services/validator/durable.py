@@ -1,0 +1,235 @@
+"""Exactly the input, in order, and state that is in the changelog before anything depends on it.
+
+Two things the validator cannot leave to Faust's at-least-once processing:
+
+**Every input offset, in order.** Around start-up and rebalances Faust's consumer can
+skip records: it fetches while table recovery runs, discards what it fetched, seeks
+back to the committed offsets, and then drops re-fetched records below the offset it
+had already read (observed here as a batch ending at offset 220 followed by one
+starting at 235, and the validator deciding a command against a state that missed the
+one before it). So each agent keeps, per input partition, the next offset it expects,
+in its own table and written with the batch's state. :class:`OrderedInput` compares
+each batch with it: records below it are replays and are dropped; a hole above it is
+read back from Kafka with a plain consumer and processed first.
+
+**State durable before it is relied on.** A Faust table write puts the row into the
+local RocksDB at once and queues its changelog record in the producer's buffer;
+``producer.flush()`` is what offset commits rely on, and it can return with records
+still queued (it gives up after 100 ms without progress). An instance that then
+restores from the changelog would get an older row than the events already sent
+imply. So the validator's tables are written through :class:`DurableTable`:
+
+1. the changelog records are sent and each acknowledgement is awaited;
+2. then the rows go into the local RocksDB partition;
+3. then the partition's persisted changelog offset is advanced (where Faust resumes
+   restoring from at start-up).
+
+A crash between 1 and 2 leaves the local row behind the changelog, and the restart
+replays the changelog from before it (3 had not happened). The expected-offset rows
+are written last in each batch, after the state rows of the same partition, so they
+are never ahead of the state either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from faust.types import TP
+
+from shared import dead_letters
+from shared.faust_internals import mark_consumed, partition_db
+from shared.kafka_clients import client_kwargs
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: (partition, key) -> value
+Rows = Mapping[tuple[int, bytes], bytes]
+
+#: Prefix of the rows holding an input partition's next expected offset. Account ids,
+#: command ids and program ids cannot contain NUL, so these keys collide with nothing.
+NEXT_OFFSET_PREFIX = b"\x00next-offset\x00"
+
+
+def next_offset_key(topic: str) -> bytes:
+    return NEXT_OFFSET_PREFIX + topic.encode()
+
+
+@dataclass(slots=True)
+class InRecord:
+    """One input record, from the Faust stream or read back from Kafka."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    timestamp: float | None = None  # seconds, as Faust gives it
+
+    @property
+    def message(self) -> InRecord:
+        """So a record can stand in for a Faust event (``event.message``), e.g. for dead letters."""
+        return self
+
+    @classmethod
+    def of_event(cls, event: Any) -> InRecord:
+        m = event.message
+        return cls(m.topic, m.partition, m.offset, m.key, m.value, dead_letters.header_items(m.headers), m.timestamp)
+
+
+class DurableTable:
+    """Write-through access to a raw-bytes Faust table (``key_type=bytes, value_type=bytes``)."""
+
+    def __init__(self, app: faust.App, table: Any) -> None:
+        self.app = app
+        self.table = table
+        self.changelog = table.changelog_topic.get_topic_name()
+
+    def get(self, partition: int, key: bytes) -> bytes | None:
+        raw: bytes | None = partition_db(self.table, partition).get(key)
+        return raw
+
+    async def write(self, rows: Rows) -> None:
+        """Make ``rows`` durable (changelog acknowledged), then visible locally, in ``rows`` order."""
+        if not rows:
+            return
+        sent: list[tuple[int, Awaitable[Any]]] = []
+        for (partition, key), value in rows.items():
+            fut = await self.app.producer.send(
+                self.changelog, key, value, partition=partition, timestamp=None, headers=None,
+            )
+            sent.append((partition, fut))
+        offsets: dict[int, int] = {}
+        for partition, fut in sent:
+            metadata = await fut
+            offsets[partition] = max(offsets.get(partition, -1), int(metadata.offset))
+        for (partition, key), value in rows.items():
+            partition_db(self.table, partition).put(key, value)
+        for partition, offset in offsets.items():
+            self.table.data.set_persisted_offset(TP(self.changelog, partition), offset)
+
+
+class Backfill:
+    """Reads ranges of a partition back from Kafka with one plain consumer (no group)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._consumer: AIOKafkaConsumer | None = None
+        self._lock = asyncio.Lock()
+
+    async def _client(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(
+                **client_kwargs(self.settings), enable_auto_commit=False, auto_offset_reset="earliest",
+            )
+            await consumer.start()
+            self._consumer = consumer
+        return self._consumer
+
+    async def log_start(self, topic: str, partition: int) -> int:
+        async with self._lock:
+            consumer = await self._client()
+            tp = TopicPartition(topic, partition)
+            starts = await consumer.beginning_offsets([tp])
+            return int(starts[tp])
+
+    async def read(self, topic: str, partition: int, start: int, end: int) -> list[InRecord]:
+        """Records with ``start <= offset < end`` (fewer when some are no longer in the log)."""
+        async with self._lock:
+            consumer = await self._client()
+            tp = TopicPartition(topic, partition)
+            consumer.assign([tp])
+            consumer.seek(tp, start)
+            out: list[InRecord] = []
+            while await consumer.position(tp) < end:
+                batch = await consumer.getmany(tp, timeout_ms=1000)
+                for m in batch.get(tp, []):
+                    if start <= m.offset < end:
+                        out.append(InRecord(
+                            m.topic, m.partition, m.offset, m.key, m.value, list(m.headers),
+                            m.timestamp / 1000 if m.timestamp is not None else None,
+                        ))
+            return out
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await consumer.stop()
+
+
+@dataclass
+class Batch:
+    """A batch's input in order per partition, and what to write once it is processed."""
+
+    records: list[InRecord]
+    #: The next-offset rows, to be written after the batch's state rows.
+    offset_rows: dict[tuple[int, bytes], bytes]
+    #: (topic, partition, first, last) read back from Kafka; reported to Faust after the write.
+    backfilled: list[tuple[str, int, int, int]]
+
+
+class OrderedInput:
+    """Per input partition, exactly the next records after the last processed one."""
+
+    def __init__(self, app: faust.App, store: DurableTable, backfill: Backfill) -> None:
+        self.app = app
+        self.store = store
+        self.backfill = backfill
+        self.replays_dropped = 0
+        self.records_backfilled = 0
+
+    def next_offset(self, topic: str, partition: int) -> int | None:
+        raw = self.store.get(partition, next_offset_key(topic))
+        return int(raw) if raw is not None else None
+
+    async def batch(self, events: Sequence[Any]) -> Batch:
+        by_tp: dict[tuple[str, int], list[InRecord]] = {}
+        for event in events:
+            record = InRecord.of_event(event)
+            by_tp.setdefault((record.topic, record.partition), []).append(record)
+        records: list[InRecord] = []
+        offset_rows: dict[tuple[int, bytes], bytes] = {}
+        backfilled: list[tuple[str, int, int, int]] = []
+        for (topic, partition), arrived in by_tp.items():
+            expected = self.next_offset(topic, partition)
+            if expected is None:
+                expected = await self.backfill.log_start(topic, partition)
+            for record in arrived:
+                if record.offset < expected:
+                    self.replays_dropped += 1
+                    continue
+                if record.offset > expected:
+                    missing = await self.backfill.read(topic, partition, expected, record.offset)
+                    log.warning(
+                        "the stream skipped %s[%d] offsets %d..%d; read back %d records from Kafka",
+                        topic, partition, expected, record.offset - 1, len(missing),
+                    )
+                    records.extend(missing)
+                    self.records_backfilled += len(missing)
+                    backfilled.append((topic, partition, expected, record.offset - 1))
+                records.append(record)
+                expected = record.offset + 1
+            offset_rows[(partition, next_offset_key(topic))] = str(expected).encode()
+        return Batch(records=records, offset_rows=offset_rows, backfilled=backfilled)
+
+    async def done(self, batch: Batch) -> None:
+        """After the batch's rows are written: let Faust commit past what was read back."""
+        for topic, partition, first, last in batch.backfilled:
+            await mark_consumed(self.app, topic, partition, first, last)
+
+
+def ordered_rows(*parts: Iterable[tuple[tuple[int, bytes], bytes]]) -> dict[tuple[int, bytes], bytes]:
+    """Rows in write order: state rows first, then the next-offset rows."""
+    out: dict[tuple[int, bytes], bytes] = {}
+    for part in parts:
+        for row, value in part:
+            out.pop(row, None)
+            out[row] = value
+    return out

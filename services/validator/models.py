@@ -1,0 +1,97 @@
+"""HTTP models of the validator service."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from services.validator.domain import MAX_ID_LENGTH, REASONS
+
+CommandType = Literal["CreateAccount", "UpdateAccount", "DeactivateAccount", "ReactivateAccount", "DeleteAccount"]
+
+
+def _no_nul(value: str | None) -> str | None:
+    if value is not None and "\x00" in value:
+        raise ValueError("must not contain NUL")
+    return value
+
+
+class CommandIn(BaseModel):
+    """A command as POST /commands takes it. Types are checked strictly (no coercion of
+    "3" to 3) and unknown fields are refused, so a misspelt ``expected_version`` cannot
+    silently turn off the version check."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    command_id: str | None = Field(
+        None, min_length=1, max_length=MAX_ID_LENGTH,
+        description="Idempotency key; generated (UUID4) when absent. Sending the same id again yields the same outcome.",
+    )
+    type: CommandType
+    account_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    program_id: str | None = Field(
+        None, min_length=1, max_length=MAX_ID_LENGTH, description="Required by CreateAccount",
+    )
+    expected_version: int | None = Field(
+        None, ge=0, description="When given, the command is rejected with VERSION_CONFLICT unless it equals the current version",
+    )
+    data: dict[str, Any] = Field(default_factory=dict, description="CreateAccount: initial data; UpdateAccount: merged in")
+    issued_at: int | None = Field(None, description="Epoch ms; defaults to the time the API received the command")
+
+    _ids_without_nul = field_validator("command_id", "account_id", "program_id")(_no_nul)
+
+
+class CommandAccepted(BaseModel):
+    command_id: str
+
+
+class EventOut(BaseModel):
+    event_id: str = Field(description="Derived from (account_id, command_id): a replayed event has the same id")
+    command_id: str
+    type: str
+    account_id: str
+    program_id: str
+    version: int
+    occurred_at: int
+    data: dict[str, Any]
+
+
+class RejectionOut(BaseModel):
+    command_id: str
+    account_id: str
+    reason: str = Field(description=" | ".join(REASONS))
+    detail: str
+    current_version: int | None
+
+
+class CommandStatus(BaseModel):
+    command_id: str
+    status: Literal["pending", "accepted", "rejected"]
+    account_id: str
+    event: EventOut | None = Field(None, description="The event, when accepted")
+    rejection: RejectionOut | None = Field(None, description="The rejection, when rejected")
+    reason: str | None = Field(None, description="The rejection reason, when rejected")
+    detail: str | None = Field(None, description="The rejection detail, when rejected")
+
+
+class AccountOut(BaseModel):
+    account_id: str
+    program_id: str
+    status: Literal["active", "inactive", "deleted"]
+    version: int
+
+
+
+class ProgramAccount(BaseModel):
+    account_id: str
+    program_id: str
+    status: str = Field(description="active | inactive | deleted")
+    version: int
+    created_at: int = Field(description="occurred_at of AccountCreated (epoch ms)")
+    updated_at: int = Field(description="occurred_at of the account's latest event (epoch ms)")
+
+
+class ProgramAccountsPage(BaseModel):
+    items: list[ProgramAccount]
+    next_cursor: str | None = Field(description="Pass as ?cursor= to get the next page; null on the last page")

@@ -1,0 +1,115 @@
+"""How the validator's state is kept in RocksDB (Faust tables with raw bytes keys and values).
+
+``accounts`` (partitioned like ``account-commands``, by account_id)
+    key ``account_id``; value JSON ``{"s": status|null, "v": version, "p": program_id,
+    "d": data, "h": [[command_id, code], ...]}``. ``s`` is null for an id that never
+    existed but has answered commands (rejections are remembered too). ``h`` holds the
+    last ``command_history_per_account`` command ids, oldest first, each with its event's
+    version or its rejection reason.
+
+``outcomes`` (partitioned by command_id)
+    key ``command_id``; value the outcome record JSON (see ``domain.outcome_record``).
+
+``program-accounts`` (partitioned by program_id: the category projection)
+    ``L`` + program_id + NUL + created_at (8 bytes, big-endian, sign-flipped) + account_id
+    → listing row JSON ``{"a","s","v","c","u"}``; the keys of one program sort oldest
+    first, so a backwards scan lists newest first. ``I`` + program_id + NUL + account_id
+    → the 8 created_at bytes, to find an account's listing row when it changes.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from services.validator.domain import Account, AccountState, Listing, OutcomeCode
+from shared import codecs
+
+#: Faust keeps each partition's committed offset under this key in the same database.
+FAUST_OFFSET_KEY = b"__faust\x00offset__"
+SEPARATOR = b"\x00"
+LISTING_PREFIX = b"L"
+INDEX_PREFIX = b"I"
+_SIGN = 1 << 63
+_U64 = struct.Struct(">Q")
+
+
+# -- accounts ---------------------------------------------------------------------------------
+
+
+def account_key(account_id: str) -> bytes:
+    return account_id.encode()
+
+
+def encode_state(account_id: str, state: AccountState) -> bytes:
+    acc = state.account
+    history = [[cid, code] for cid, code in state.history.items()]
+    if acc is None:
+        return codecs.dumps({"s": None, "v": 0, "p": None, "d": {}, "h": history})
+    return codecs.dumps({"s": acc.status, "v": acc.version, "p": acc.program_id, "d": dict(acc.data), "h": history})
+
+
+def decode_state(account_id: str, raw: bytes) -> AccountState:
+    obj = codecs.loads_object(raw)
+    history: dict[str, OutcomeCode] = {cid: code for cid, code in obj.get("h", [])}
+    status = obj.get("s")
+    if status is None:
+        return AccountState(account=None, history=history)
+    account = Account(account_id=account_id, program_id=obj["p"], status=status, version=obj["v"], data=obj.get("d") or {})
+    return AccountState(account=account, history=history)
+
+
+# -- outcomes ---------------------------------------------------------------------------------
+
+
+def outcome_status(raw: bytes) -> str:
+    status = codecs.loads_object(raw).get("status")
+    return status if isinstance(status, str) else ""
+
+
+# -- the category projection -------------------------------------------------------------------
+
+
+def pack_ts(ts: int) -> bytes:
+    """8 bytes that sort like the signed integer ``ts`` (clamped to 64 bits)."""
+    return _U64.pack(min(max(ts, -_SIGN), _SIGN - 1) + _SIGN)
+
+
+def unpack_ts(raw: bytes) -> int:
+    return int(_U64.unpack(raw)[0]) - _SIGN
+
+
+def program_prefix(program_id: str) -> bytes:
+    return LISTING_PREFIX + program_id.encode() + SEPARATOR
+
+
+def listing_key(program_id: str, created_at: int, account_id: str) -> bytes:
+    return program_prefix(program_id) + pack_ts(created_at) + account_id.encode()
+
+
+def index_key(program_id: str, account_id: str) -> bytes:
+    return INDEX_PREFIX + program_id.encode() + SEPARATOR + account_id.encode()
+
+
+def encode_listing(item: Listing) -> bytes:
+    return codecs.dumps({"a": item.account_id, "s": item.status, "v": item.version, "c": item.created_at, "u": item.updated_at})
+
+
+def decode_listing(program_id: str, raw: bytes) -> Listing:
+    obj = codecs.loads_object(raw)
+    return Listing(
+        account_id=obj["a"], program_id=program_id, status=obj["s"], version=obj["v"],
+        created_at=obj["c"], updated_at=obj["u"],
+    )
+
+
+def listing_cursor(item: Listing) -> str:
+    """The position after ``item`` in a newest-first listing, as cursor text."""
+    return f"{item.created_at}\x00{item.account_id}"
+
+
+def listing_key_from_cursor(program_id: str, cursor: str) -> bytes:
+    """Raises ``ValueError`` when ``cursor`` is not one :func:`listing_cursor` made."""
+    created, sep, account_id = cursor.partition("\x00")
+    if not sep or not account_id:
+        raise ValueError("malformed listing cursor")
+    return listing_key(program_id, int(created), account_id)

@@ -1,0 +1,47 @@
+"""Validator processes for end-to-end tests: a shared one for API tests, and a
+starter for tests that run several instances, kill and restart them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.services import ServiceProcess, free_port
+
+
+@pytest.fixture(scope="module")
+def shared_validator(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """One validator instance with a topic prefix of its own, for a whole module."""
+    tmp: Path = tmp_path_factory.mktemp("validator-api")
+    env = {
+        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "STATEFLEET_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
+        "STATEFLEET_DATA_DIR": str(tmp / "data"),
+        "STATEFLEET_INSTANCE_ID": "api",
+    }
+    proc = ServiceProcess("validator", env, tmp / "validator.log").start()
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+def start_validator(service_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
+    """Start (or restart) instance ``name``; a restarted instance keeps its port, as a pod keeps its name."""
+    started: list[ServiceProcess] = []
+    ports: dict[str, int] = {}
+
+    def start(name: str = "a", wait: bool = True, **extra_env: str) -> ServiceProcess:
+        env = {**service_env, "STATEFLEET_INSTANCE_ID": name, **extra_env}
+        port = ports.setdefault(name, free_port())
+        proc = ServiceProcess("validator", env, tmp_path / f"validator-{name}-{len(started)}.log", port=port).start()
+        started.append(proc)
+        return proc.wait_ready() if wait else proc
+
+    yield start
+    for proc in started:
+        proc.kill()

@@ -1,0 +1,203 @@
+"""The validator end to end over HTTP: commands in through POST /commands, exact outcomes
+back through the API and on the topics, the program listing, bad input, and several
+instances answering for any key."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.support.kafka import read_all
+from tests.support.services import ServiceProcess, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def post(proc: ServiceProcess, body: dict[str, Any], wait: bool = True) -> httpx.Response:
+    params = {"wait": "true"} if wait else {}
+    return httpx.post(proc.url + "/commands", json=body, params=params, timeout=15)
+
+
+def get(proc: ServiceProcess, path: str, **params: Any) -> httpx.Response:
+    return httpx.get(proc.url + path, params=params, timeout=15)
+
+
+def topic(proc: ServiceProcess, base: str) -> str:
+    return proc.env["STATEFLEET_TOPIC_PREFIX"] + base
+
+
+def test_scripted_sequence_over_http(shared_validator: ServiceProcess) -> None:
+    v = shared_validator
+    a = f"acct-{uuid.uuid4().hex[:8]}"
+
+    def c(n: int, type_: str, **kw: Any) -> dict[str, Any]:
+        return {"command_id": f"{a}-{n}", "type": type_, "account_id": a, "issued_at": 1_700_000_000_000 + n, **kw}
+
+    created = post(v, c(1, "CreateAccount", program_id="prog-http", data={"name": "Ann"}))
+    assert created.status_code == 200, created.text
+    body = created.json()
+    assert body["status"] == "accepted" and body["command_id"] == f"{a}-1" and body["account_id"] == a
+    assert body["rejection"] is None and body["reason"] is None
+    event = body["event"]
+    assert {k: event[k] for k in event if k != "event_id"} == {
+        "command_id": f"{a}-1", "type": "AccountCreated", "account_id": a, "program_id": "prog-http",
+        "version": 1, "occurred_at": 1_700_000_000_001, "data": {"name": "Ann"},
+    }
+
+    steps = [
+        (c(2, "UpdateAccount", expected_version=1, data={"email": "ann@example.com"}), ("accepted", "AccountUpdated", 2)),
+        (c(3, "DeactivateAccount"), ("accepted", "AccountDeactivated", 3)),
+        (c(4, "UpdateAccount", expected_version=2, data={"name": "Stale"}), ("rejected", "VERSION_CONFLICT", 3)),
+        (c(5, "DeleteAccount", expected_version=3), ("accepted", "AccountDeleted", 4)),
+        (c(6, "UpdateAccount", data={"name": "Ghost"}), ("rejected", "DELETED", 4)),
+    ]
+    answers: dict[str, dict[str, Any]] = {f"{a}-1": body}
+    for command, (status, what, version) in steps:
+        r = post(v, command)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        answers[command["command_id"]] = out
+        assert out["status"] == status, out
+        if status == "accepted":
+            assert (out["event"]["type"], out["event"]["version"]) == (what, version)
+        else:
+            assert (out["reason"], out["rejection"]["reason"], out["rejection"]["current_version"]) == (what, what, version)
+            assert out["event"] is None and out["detail"]
+    assert answers[f"{a}-2"]["event"]["data"] == {"name": "Ann", "email": "ann@example.com"}
+
+    # the duplicate: the same answer, and no new event
+    dup = post(v, c(2, "UpdateAccount", expected_version=1, data={"email": "ann@example.com"}))
+    assert dup.status_code == 200 and dup.json() == answers[f"{a}-2"]
+
+    for command_id, answer in answers.items():
+        assert get(v, f"/commands/{command_id}").json() == answer
+    assert get(v, f"/accounts/{a}").json() == {"account_id": a, "program_id": "prog-http", "status": "deleted", "version": 4}
+
+    events = [orjson.loads(r.value) for r in read_all(topic(v, "account-events")) if r.key == a.encode()]
+    assert [(e["type"], e["version"], e["command_id"]) for e in events] == [
+        ("AccountCreated", 1, f"{a}-1"), ("AccountUpdated", 2, f"{a}-2"),
+        ("AccountDeactivated", 3, f"{a}-3"), ("AccountDeleted", 4, f"{a}-5"),
+    ]
+    assert [e["event_id"] for e in events] == [answers[f"{a}-{n}"]["event"]["event_id"] for n in (1, 2, 3, 5)]
+    rejections = [orjson.loads(r.value) for r in read_all(topic(v, "account-rejections")) if r.key == a.encode()]
+    assert rejections == [answers[f"{a}-4"]["rejection"], answers[f"{a}-6"]["rejection"]]
+
+
+def test_post_returns_202_and_the_command_reads_as_pending_or_answered(shared_validator: ServiceProcess) -> None:
+    v = shared_validator
+    a = f"acct-{uuid.uuid4().hex[:8]}"
+    r = post(v, {"type": "CreateAccount", "account_id": a, "program_id": "prog-202"}, wait=False)
+    assert r.status_code == 202
+    command_id = r.json()["command_id"]
+    assert r.json() == {"command_id": command_id} and uuid.UUID(command_id)
+    first = get(v, f"/commands/{command_id}")
+    assert first.status_code == 200 and first.json()["status"] in ("pending", "accepted")
+
+    def answered() -> dict[str, Any] | None:
+        body: dict[str, Any] = get(v, f"/commands/{command_id}").json()
+        return body if body["status"] != "pending" else None
+
+    final = wait_for(answered, timeout=15, message="the command answered")
+    assert final["status"] == "accepted" and final["event"]["version"] == 1
+    assert get(v, f"/commands/{command_id}", wait=2).json() == final
+    assert get(v, f"/accounts/{a}").json()["status"] == "active"
+
+
+def test_program_listing_newest_first_with_pages_and_status(shared_validator: ServiceProcess) -> None:
+    v = shared_validator
+    program = f"prog-{uuid.uuid4().hex[:8]}"
+    ids = [f"{program}-a{i}" for i in range(7)]
+    for i, a in enumerate(ids):
+        r = post(v, {"command_id": f"{a}-c", "type": "CreateAccount", "account_id": a, "program_id": program,
+                     "issued_at": 1_700_000_000_000 + i * 1000})
+        assert r.json()["status"] == "accepted"
+    for command_id, type_, a, at in (("x1", "DeactivateAccount", ids[2], 0), ("x2", "DeleteAccount", ids[5], 1)):
+        body = {"command_id": f"{program}-{command_id}", "type": type_, "account_id": a, "issued_at": 1_800_000_000_000 + at}
+        assert post(v, body).json()["status"] == "accepted"
+    expected_status = {a: "active" for a in ids} | {ids[2]: "inactive", ids[5]: "deleted"}
+
+    def listing(**params: Any) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            q = dict(params) | ({"cursor": cursor} if cursor else {})
+            body = get(v, f"/programs/{program}/accounts", **q).raise_for_status().json()
+            items.extend(body["items"])
+            cursor = body["next_cursor"]
+            if cursor is None:
+                return items
+
+    def settled() -> list[dict[str, Any]] | None:
+        items = listing(limit=3)
+        return items if {i["account_id"]: i["status"] for i in items} == expected_status else None
+
+    items = wait_for(settled, timeout=20, message="the listing caught up")
+    assert [i["account_id"] for i in items] == list(reversed(ids))
+    assert items[0] == {"account_id": ids[6], "program_id": program, "status": "active", "version": 1,
+                        "created_at": 1_700_000_006_000, "updated_at": 1_700_000_006_000}
+    deleted = next(i for i in items if i["account_id"] == ids[5])
+    assert deleted["version"] == 2 and deleted["updated_at"] == 1_800_000_000_001
+    assert [i["account_id"] for i in listing(limit=2, status="active")] == [ids[6], ids[4], ids[3], ids[1], ids[0]]
+    assert [i["account_id"] for i in listing(status="inactive")] == [ids[2]]
+    assert get(v, "/programs/nobody-here/accounts").json() == {"items": [], "next_cursor": None}
+
+
+@pytest.mark.parametrize(("method", "path", "kwargs", "status"), [
+    ("POST", "/commands", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 422),
+    ("POST", "/commands", {"json": [1, 2]}, 422),
+    ("POST", "/commands", {"json": {"type": "Explode", "account_id": "a"}}, 422),
+    ("POST", "/commands", {"json": {"type": "UpdateAccount"}}, 422),
+    ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": 5}}, 422),
+    ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "expected_version": "1"}}, 422),
+    ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "expectedVersion": 1}}, 422),
+    ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "data": "x" * 100_000}}, 413),
+    ("POST", "/commands?wait=maybe", {"json": {"type": "UpdateAccount", "account_id": "a"}}, 422),
+    ("GET", "/commands/never-sent", {}, 404),
+    ("GET", "/commands/x?wait=-1", {}, 422),
+    ("GET", "/accounts/never-created", {}, 404),
+    ("GET", "/programs/p/accounts?cursor=%%%", {}, 400),
+    ("GET", "/programs/p/accounts?cursor=bm90LWEtY3Vyc29y", {}, 400),
+    ("GET", "/programs/p/accounts?limit=0", {}, 422),
+    ("GET", "/programs/p/accounts?status=sleepy", {}, 422),
+    ("DELETE", "/commands", {}, 405),
+])
+def test_bad_input_gets_a_json_4xx(
+    shared_validator: ServiceProcess, method: str, path: str, kwargs: dict[str, Any], status: int,
+) -> None:
+    r = httpx.request(method, shared_validator.url + path, timeout=10, **kwargs)
+    assert r.status_code == status, r.text
+    assert "error" in r.json()
+    assert get(shared_validator, "/healthz").status_code == 200
+
+
+def test_two_instances_answer_for_any_key(start_validator: Any) -> None:
+    first = start_validator("a")
+    second = start_validator("b")
+    wait_for(lambda: all(get(p, "/readyz").status_code == 200 for p in (first, second)), timeout=60, message="both ready")
+    accounts = [f"multi-{i}" for i in range(12)]
+
+    def post_ok(proc: ServiceProcess, body: dict[str, Any]) -> dict[str, Any]:
+        def attempt() -> dict[str, Any] | None:
+            r = post(proc, body)
+            return r.json() if r.status_code == 200 else None  # 503 while the group settles
+
+        result: dict[str, Any] = wait_for(attempt, timeout=30, message=f"an answer to {body['command_id']}")
+        return result
+
+    for i, a in enumerate(accounts):
+        via = first if i % 2 else second
+        out = post_ok(via, {"command_id": f"{a}-1", "type": "CreateAccount", "account_id": a, "program_id": "multi"})
+        assert out["status"] == "accepted" and out["event"]["version"] == 1
+    served_by: set[str] = set()
+    for a in accounts:
+        for proc in (first, second):
+            r = get(proc, f"/accounts/{a}")
+            assert r.status_code == 200, r.text
+            assert r.json() == {"account_id": a, "program_id": "multi", "status": "active", "version": 1}
+            served_by.add(r.headers["x-statefleet-served-by"].split(",")[0].strip())
+            assert get(proc, f"/commands/{a}-1").json()["status"] == "accepted"
+    assert served_by == {first.url, second.url}, "both instances own some accounts and forward to each other"

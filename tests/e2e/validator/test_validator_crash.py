@@ -1,0 +1,154 @@
+"""SIGKILL the validator mid-stream, three times (twice keeping its local state, once
+losing it), and check ``account-events`` afterwards: once replays are dropped by event_id,
+every accepted command's event is there exactly once per (account_id, version), in
+command order, with no gaps and no second event for any version."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from tests.support.kafka import BOOTSTRAP, produce, read_all
+from tests.support.services import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ACCOUNTS = 300
+STEPS = 10  # one create and nine updates per account
+
+
+def commands_in_order() -> list[tuple[str, bytes]]:
+    """Round-robin over accounts; even accounts pin expected_version, odd ones do not.
+    At the end every account's third command is sent again (a duplicate)."""
+    out: list[tuple[str, bytes]] = []
+    for step in range(STEPS):
+        for i in range(ACCOUNTS):
+            out.append(command(i, step))
+    out.extend(command(i, 2) for i in range(ACCOUNTS))
+    return out
+
+
+def command(i: int, step: int) -> tuple[str, bytes]:
+    a = f"crash-{i}"
+    body: dict[str, Any] = {"command_id": f"{a}-{step}", "account_id": a, "issued_at": 1_700_000_000_000 + step}
+    if step == 0:
+        body |= {"type": "CreateAccount", "program_id": f"prog-{i % 4}", "data": {"n": 0}}
+    else:
+        body |= {"type": "UpdateAccount", "data": {"n": step}}
+        if i % 2 == 0:
+            body["expected_version"] = step
+    return a, orjson.dumps(body)
+
+
+class RecordCount:
+    """Records on a topic (sum of end offsets), from one consumer kept open between calls."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.loop = asyncio.new_event_loop()
+        self.consumer = self.loop.run_until_complete(self._start())
+        self.tps: list[TopicPartition] = []
+
+    @staticmethod
+    async def _start() -> AIOKafkaConsumer:
+        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, enable_auto_commit=False)
+        await consumer.start()
+        return consumer
+
+    def __call__(self) -> int:
+        return self.loop.run_until_complete(self._count())
+
+    async def _count(self) -> int:
+        if not self.tps:
+            await self.consumer._client.force_metadata_update()
+            self.tps = [TopicPartition(self.topic, p) for p in self.consumer.partitions_for_topic(self.topic) or ()]
+            if not self.tps:
+                return 0
+        ends = await self.consumer.end_offsets(self.tps)
+        return sum(ends.values())
+
+    def close(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            self.loop.run_until_complete(self.consumer.stop())
+        self.loop.close()
+
+
+def test_sigkill_mid_stream_leaves_each_event_exactly_once_per_version(
+    start_validator: Any, service_env: dict[str, str], prefix: str,
+) -> None:
+    commands_topic, events_topic = f"{prefix}account-commands", f"{prefix}account-events"
+    proc = start_validator("k")
+    stream = commands_in_order()
+
+    def feed() -> None:  # a backlog, then steady traffic across the kills and restarts
+        half = len(stream) // 2
+        produce(commands_topic, stream[:half])
+        for n in range(half, len(stream), 100):
+            produce(commands_topic, stream[n:n + 100])
+            time.sleep(0.2)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+
+    expected = ACCOUNTS * STEPS
+    record_count = RecordCount(events_topic)
+    killed_at: list[int] = []
+    # Kill at a quarter and at three quarters keeping the local RocksDB state; at half
+    # losing it, so the restarted worker restores everything from the changelogs.
+    for fraction, wipe in ((0.25, False), (0.5, True), (0.75, False)):
+        wait_for(lambda f=fraction: record_count() >= expected * f, timeout=60, interval=0.05,
+                 message=f"{fraction:.0%} of the events")
+        proc.kill()
+        killed_at.append(record_count())
+        if wipe:
+            shutil.rmtree(Path(service_env["STATEFLEET_DATA_DIR"]) / "validator" / "k")
+        proc = start_validator("k")
+    feeder.join(60)
+    record_count.close()
+
+    def distinct_events() -> list[dict[str, Any]] | None:
+        events = [orjson.loads(r.value) for r in read_all(events_topic)]
+        return events if len({e["event_id"] for e in events}) >= expected else None
+
+    events = wait_for(distinct_events, timeout=60, interval=0.5, message=f"{expected} distinct events")
+    time.sleep(1.0)  # anything still to come would be a violation; give it a moment to show
+    events = [orjson.loads(r.value) for r in read_all(events_topic)]
+
+    by_id: dict[str, dict[str, Any]] = {}
+    for e in events:
+        assert by_id.setdefault(e["event_id"], e) == e, "a replayed event differs from the original"
+    ids_per_version: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for e in by_id.values():
+        ids_per_version[(e["account_id"], e["version"])].add(e["event_id"])
+    assert all(len(ids) == 1 for ids in ids_per_version.values()), "two different events for one version"
+    assert len(by_id) == expected
+
+    per_account: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in by_id.values():
+        per_account[e["account_id"]].append(e)
+    assert len(per_account) == ACCOUNTS
+    for account_id, evs in per_account.items():
+        evs.sort(key=lambda e: e["version"])
+        assert [e["version"] for e in evs] == list(range(1, STEPS + 1)), account_id
+        assert [e["command_id"] for e in evs] == [f"{account_id}-{s}" for s in range(STEPS)], account_id
+        assert [e["data"]["n"] for e in evs] == list(range(STEPS))
+        assert [e["type"] for e in evs] == ["AccountCreated"] + ["AccountUpdated"] * (STEPS - 1)
+
+    rejections = read_all(f"{prefix}account-rejections")
+    assert rejections == [], f"no command may be rejected: {[r.value for r in rejections[:5]]}"
+    for i in (0, 1, ACCOUNTS - 1):
+        body = httpx.get(f"{proc.url}/accounts/crash-{i}", timeout=10).json()
+        assert body == {"account_id": f"crash-{i}", "program_id": f"prog-{i % 4}", "status": "active", "version": STEPS}
+    print(f"killed with {killed_at} records on {events_topic}; {len(events)} records, {len(by_id)} distinct events "
+          f"({len(events) - len(by_id)} replays dropped by event_id)")

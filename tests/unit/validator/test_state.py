@@ -1,0 +1,135 @@
+"""RocksDB encodings, the program listing's key order, and the HTTP command model."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from services.validator.domain import (
+    COMMAND_TYPES,
+    AccountChange,
+    AccountState,
+    Command,
+    InvalidEvent,
+    Listing,
+    apply_to_listing,
+    outcome_record,
+    parse_account_event,
+    pending_record,
+    plan_batch,
+)
+from services.validator.models import CommandIn, CommandType
+from services.validator.state import (
+    FAUST_OFFSET_KEY,
+    decode_listing,
+    decode_state,
+    encode_listing,
+    encode_state,
+    listing_cursor,
+    listing_key,
+    listing_key_from_cursor,
+    outcome_status,
+    pack_ts,
+    program_prefix,
+    unpack_ts,
+)
+from shared import codecs
+
+
+def test_state_round_trips_with_history_order() -> None:
+    commands = [
+        Command("c1", "a1", "CreateAccount", program_id="p1", data={"n": 1}, issued_at=1),
+        Command("c2", "a1", "DeactivateAccount", expected_version=9, issued_at=2),
+        Command("c3", "a1", "DeactivateAccount", issued_at=3),
+    ]
+    state = plan_batch(commands, lambda _: None, history_limit=10).states["a1"]
+    back = decode_state("a1", encode_state("a1", state))
+    assert back == state
+    assert list(back.history.items()) == [("c1", 1), ("c2", "VERSION_CONFLICT"), ("c3", 2)]
+
+
+def test_state_of_an_id_that_never_existed() -> None:
+    state = AccountState(account=None, history={"u": "NOT_FOUND"})
+    assert decode_state("a", encode_state("a", state)) == state
+
+
+def test_outcome_records() -> None:
+    plan = plan_batch([Command("c1", "a1", "UpdateAccount", issued_at=1)], lambda _: None, history_limit=10)
+    outcome = plan.outcomes[0]
+    assert not isinstance(outcome, type(None))
+    record = outcome_record(outcome, at=7)  # type: ignore[arg-type]
+    assert record["status"] == "rejected" and record["rejection"]["reason"] == "NOT_FOUND" and record["event"] is None
+    assert outcome_status(codecs.dumps(record)) == "rejected"
+    assert outcome_status(codecs.dumps(pending_record("c1", "a1", at=1))) == "pending"
+
+
+@pytest.mark.parametrize("ts", [-(2**70), -5, 0, 1, 1_700_000_000_000, 2**70])
+def test_packed_timestamps_sort_like_integers(ts: int) -> None:
+    clamped = max(min(ts, 2**63 - 1), -(2**63))
+    assert unpack_ts(pack_ts(ts)) == clamped
+    assert pack_ts(ts - 1) <= pack_ts(ts) <= pack_ts(ts + 1)
+
+
+def test_listing_keys_sort_by_creation_then_account_within_a_program() -> None:
+    keys = [
+        listing_key("p", 5, "b"), listing_key("p", 5, "a"), listing_key("p", -1, "z"),
+        listing_key("p", 10**13, "a"), listing_key("pq", 0, "a"), listing_key("o", 10**13, "a"),
+    ]
+    in_p = sorted(k for k in keys if k.startswith(program_prefix("p")))
+    assert in_p == [listing_key("p", -1, "z"), listing_key("p", 5, "a"), listing_key("p", 5, "b"), listing_key("p", 10**13, "a")]
+    assert not FAUST_OFFSET_KEY.startswith(program_prefix("p"))
+    assert max(in_p) < program_prefix("p") + b"\xff" * 9
+
+
+def test_listing_round_trip_and_cursor() -> None:
+    item = Listing("acc", "p", "inactive", 3, 100, 200)
+    assert decode_listing("p", encode_listing(item)) == item
+    assert listing_key_from_cursor("p", listing_cursor(item)) == listing_key("p", 100, "acc")
+    for bad in ("", "x", "12", "abc\x00d"):
+        with pytest.raises(ValueError):
+            listing_key_from_cursor("p", bad)
+
+
+def test_listing_follows_versions_and_ignores_replays() -> None:
+    created = apply_to_listing(None, AccountChange("a", "p", "AccountCreated", 1, 100))
+    assert created == Listing("a", "p", "active", 1, 100, 100)
+    updated = apply_to_listing(created, AccountChange("a", "p", "AccountUpdated", 2, 150))
+    assert updated == Listing("a", "p", "active", 2, 100, 150)
+    off = apply_to_listing(updated, AccountChange("a", "p", "AccountDeactivated", 3, 160))
+    assert off == Listing("a", "p", "inactive", 3, 100, 160)
+    assert apply_to_listing(off, AccountChange("a", "p", "AccountUpdated", 2, 150)) is None
+    assert apply_to_listing(off, AccountChange("a", "p", "AccountDeactivated", 3, 160)) is None
+    gone = apply_to_listing(off, AccountChange("a", "p", "AccountDeleted", 4, 170))
+    assert gone is not None and gone.status == "deleted"
+
+
+def test_parse_account_event() -> None:
+    ev = {"event_id": "e", "command_id": "c", "type": "AccountCreated", "account_id": "a", "program_id": "p",
+          "version": 1, "occurred_at": 5, "data": {}}
+    assert parse_account_event(ev) == AccountChange("a", "p", "AccountCreated", 1, 5)
+    for bad in ({"type": "Nope"}, {"version": 0}, {"version": "1"}, {"occurred_at": None}, {"program_id": ""}):
+        with pytest.raises(InvalidEvent):
+            parse_account_event({**ev, **bad})
+
+
+def test_http_command_model_matches_the_domain() -> None:
+    assert set(CommandType.__args__) == set(COMMAND_TYPES)  # type: ignore[attr-defined]
+    ok = CommandIn.model_validate({"type": "UpdateAccount", "account_id": "a", "expected_version": 2})
+    assert ok.command_id is None and ok.data == {} and ok.expected_version == 2
+
+
+@pytest.mark.parametrize("body", [
+    {"type": "Explode", "account_id": "a"},
+    {"type": "UpdateAccount"},
+    {"type": "UpdateAccount", "account_id": ""},
+    {"type": "UpdateAccount", "account_id": 5},
+    {"type": "UpdateAccount", "account_id": "a", "expected_version": "2"},
+    {"type": "UpdateAccount", "account_id": "a", "expected_version": -1},
+    {"type": "UpdateAccount", "account_id": "a", "data": []},
+    {"type": "UpdateAccount", "account_id": "a", "expectedVersion": 2},
+    {"type": "UpdateAccount", "account_id": "a\x00"},
+    {"type": "UpdateAccount", "account_id": "a" * 300},
+])
+def test_http_command_model_refuses_bad_bodies(body: dict[str, object]) -> None:
+    with pytest.raises(pydantic.ValidationError):
+        CommandIn.model_validate(body)

@@ -1,0 +1,300 @@
+"""Validator benchmark: commands/s of one worker, and the latency from producing a
+command to its event being readable, each next to bare aiokafka in the same run.
+
+    python -m tools.bench validator --commands 100000 --rates 10000,2000 --seconds 10
+
+Throughput: N commands (accounts of five commands each: a create and four updates,
+half of them with expected_version) are pre-loaded onto ``<prefix>account-commands``;
+one worker starts on an empty data dir and decides the backlog. The rate is the
+number of events over the span between the first and the last event's broker
+timestamp. Every event is checked: versions 1..5 per account, no rejection. The
+baseline produces the same number of records with a bare AIOKafkaProducer and reads
+them back with a bare AIOKafkaConsumer.
+
+Latency: with the worker idle, commands are produced at a fixed rate (paced every
+10 ms) for a few seconds; a bare consumer tails ``account-events``, and each event's
+latency is its arrival time minus its command's send time (one process, one clock).
+The baseline does the same produce-then-consume round trip through a plain topic with
+no worker in between. Producer, consumer and worker share the machine (and its cores)
+with the broker, as they would in a small deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from shared.settings import Settings
+from shared.topic_admin import TopicSpec, ensure_topics_async
+from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate
+
+REPO = Path(__file__).resolve().parents[2]
+COMMANDS_PER_ACCOUNT = 5
+ISSUED = 1_700_000_000_000
+
+
+def backlog(n: int) -> Iterator[tuple[bytes, bytes]]:
+    """``n`` commands, round-robin over accounts so consecutive ones touch different accounts."""
+    accounts = max(1, n // COMMANDS_PER_ACCOUNT)
+    made = 0
+    for step in range(COMMANDS_PER_ACCOUNT):
+        for a in range(accounts):
+            if made == n:
+                return
+            account = f"acct-{a}"
+            body: dict[str, Any] = {"command_id": f"{account}-{step}", "account_id": account, "issued_at": ISSUED + step}
+            if step == 0:
+                body |= {"type": "CreateAccount", "program_id": f"program-{a % 500}", "data": {"name": account}}
+            else:
+                body |= {"type": "UpdateAccount", "data": {"step": step}}
+                if a % 2 == 0:
+                    body["expected_version"] = step
+            made += 1
+            yield account.encode(), orjson.dumps(body)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def tail_consumer(topic: str) -> AIOKafkaConsumer:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(), enable_auto_commit=False, fetch_max_wait_ms=5)
+    await consumer.start()
+    await consumer._client.force_metadata_update()
+    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+    consumer.assign(tps)
+    await consumer.seek_to_end(*tps)
+    for tp in tps:
+        await consumer.position(tp)
+    return consumer
+
+
+async def paced_round_trip(
+    produce_topic: str, consume_topic: str, rate: int, seconds: float, make: Any, id_of: Any,
+) -> tuple[list[float], float]:
+    """Produce ``rate``/s for ``seconds`` to one topic and time each record's echo on another.
+
+    ``make(i)`` gives (id, key, value) for the i-th record; ``id_of(value)`` reads the id
+    back from a consumed record. Returns the latencies (ms) and the achieved send rate.
+    """
+    consumer = await tail_consumer(consume_topic)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(), linger_ms=1, acks=1)
+    await producer.start()
+    sent: dict[str, float] = {}
+    latencies: list[float] = []
+    total = int(rate * seconds)
+    done = asyncio.Event()
+
+    async def consume() -> None:
+        deadline = None
+        while len(latencies) < total:
+            batch = await consumer.getmany(timeout_ms=100)
+            now = time.perf_counter()
+            for msgs in batch.values():
+                for m in msgs:
+                    t = sent.get(id_of(m.value))
+                    if t is not None:
+                        latencies.append((now - t) * 1000)
+            if done.is_set():
+                deadline = deadline or now + 15
+                if now > deadline:
+                    break
+
+    reader = asyncio.create_task(consume())
+    tick = 0.01
+    per_tick = max(1, round(rate * tick))
+    started = time.perf_counter()
+    i = 0
+    try:
+        while i < total:
+            target = started + (i / rate)
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            for _ in range(min(per_tick, total - i)):
+                rid, key, value = make(i)
+                sent[rid] = time.perf_counter()
+                await producer.send(produce_topic, value, key=key)
+                i += 1
+        achieved = total / (time.perf_counter() - started)
+        await producer.flush()
+        done.set()
+        await reader
+    finally:
+        await producer.stop()
+        await consumer.stop()
+    return latencies, achieved
+
+
+def latency_commands(run: str) -> Any:
+    def make(i: int) -> tuple[str, bytes, bytes]:
+        account, command_id = f"{run}-{i}", f"{run}-{i}-c"
+        body = {"command_id": command_id, "type": "CreateAccount", "account_id": account, "program_id": "lat",
+                "issued_at": int(time.time() * 1000), "data": {}}
+        return command_id, account.encode(), orjson.dumps(body)
+    return make
+
+
+def summary(name: str, lat: list[float], expected: int, achieved: float) -> str:
+    if not lat:
+        return f"{name}: no records came back"
+    return (f"{name}: sent {achieved:,.0f}/s, {len(lat):,}/{expected:,} back; latency p50 {statistics.median(lat):.1f} ms, "
+            f"p99 {percentile(lat, 0.99):.1f} ms, max {max(lat):.1f} ms")
+
+
+def metric_total(url: str, stream: str = "commands") -> int:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(f'statefleet_messages_processed_total{{service="validator",stream="{stream}"}}'):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def wait_decided(url: str, n: int, report: bool = False) -> None:
+    started = last_report = time.perf_counter()
+    while (done := metric_total(url)) < n:
+        if time.perf_counter() - started > 900:
+            raise TimeoutError(f"the worker decided {done:,} of {n:,} commands in 15 minutes")
+        time.sleep(0.5)
+        if report and time.perf_counter() - last_report > 10:
+            last_report = time.perf_counter()
+            print(f"[bench]   worker decided {done:,}/{n:,}", flush=True)
+
+
+def wait_idle(url: str, n: int) -> float:
+    """Until the outcome and projection agents have caught up with ``n`` commands; returns the seconds waited."""
+    started = time.perf_counter()
+    while any(metric_total(url, s) < n for s in ("outcomes", "events", "by-program")):
+        if time.perf_counter() - started > 900:
+            raise TimeoutError("the outcome and projection agents did not catch up within 15 minutes")
+        time.sleep(0.5)
+    return time.perf_counter() - started
+
+
+async def read_events(topic: str, expected: int) -> list[tuple[int, bytes]]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(), enable_auto_commit=False, auto_offset_reset="earliest",
+                                max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        out: list[tuple[int, bytes]] = []
+        idle = 0
+        while len(out) < expected and idle < 20:
+            batch = await consumer.getmany(timeout_ms=500, max_records=10_000)
+            idle = 0 if batch else idle + 1
+            for msgs in batch.values():
+                out.extend((m.timestamp, m.value) for m in msgs)
+        return out
+    finally:
+        await consumer.stop()
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="bench validator")
+    parser.add_argument("--commands", type=int, default=100_000)
+    parser.add_argument("--rates", default="500,2000,10000", help="comma-separated commands/s for the latency runs")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each latency run")
+    parser.add_argument("--batch-within", type=float, default=None, help="STATEFLEET_BATCH_WITHIN_S for the worker")
+    parser.add_argument("--port", type=int, default=18001)
+    args, _ = parser.parse_known_args(argv)
+    rates = [int(r) for r in args.rates.split(",") if r.strip()]
+
+    prefix = f"bench{uuid.uuid4().hex[:8]}."
+    settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
+    commands_topic, events_topic = f"{prefix}account-commands", f"{prefix}account-events"
+    raw_topic, raw_echo = f"{prefix}raw-baseline", f"{prefix}raw-echo"
+    print(f"[bench] machine: {machine()}; prefix {prefix}", flush=True)
+    asyncio.run(ensure_topics_async(settings, [
+        TopicSpec(commands_topic, 8), TopicSpec(events_topic, 8), TopicSpec(raw_topic, 8), TopicSpec(raw_echo, 8),
+    ]))
+
+    # -- baseline: bare aiokafka produce + consume of the same volume -------------------------------
+    n = args.commands
+    t0 = time.perf_counter()
+    asyncio.run(produce_bulk(raw_topic, backlog(n)))
+    produce_secs = time.perf_counter() - t0
+    got, consume_secs = asyncio.run(raw_consume_rate([raw_topic], n))
+    print(f"[bench] baseline: bare aiokafka produced {n:,} in {produce_secs:.2f}s ({n / produce_secs:,.0f}/s) "
+          f"and consumed {got:,} in {consume_secs:.2f}s ({got / consume_secs:,.0f}/s)", flush=True)
+
+    asyncio.run(produce_bulk(commands_topic, backlog(n)))
+    print(f"[bench] pre-loaded {n:,} commands", flush=True)
+
+    with tempfile.TemporaryDirectory() as data_dir:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
+               "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": data_dir,
+               "STATEFLEET_HTTP_PORT": str(args.port), "STATEFLEET_INSTANCE_ID": "bench", "STATEFLEET_LOG_LEVEL": "WARNING"}
+        if args.batch_within is not None:
+            env["STATEFLEET_BATCH_WITHIN_S"] = str(args.batch_within)
+        log = open(Path(data_dir) / "worker.log", "wb")  # noqa: SIM115 - closed after the worker exits
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.validator"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{args.port}"
+        try:
+            while True:
+                try:
+                    if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None:
+                    raise RuntimeError(f"worker exited: {(Path(data_dir) / 'worker.log').read_text()[-3000:]}")
+                time.sleep(0.1)
+            wait_decided(url, n, report=True)
+            events = asyncio.run(read_events(events_topic, n))
+            stamps = [ts for ts, _ in events]
+            span = (max(stamps) - min(stamps)) / 1000
+            rate = len(events) / span if span > 0 else float("nan")
+            versions: dict[str, list[int]] = {}
+            for _, value in events:
+                e = orjson.loads(value)
+                versions.setdefault(e["account_id"], []).append(e["version"])
+            exact = all(v == list(range(1, len(v) + 1)) for v in versions.values()) and len(events) == n
+            print(f"[bench] validator worker: {len(events):,} events in {span:.2f}s = {rate:,.0f} commands/s "
+                  f"({rate / (got / consume_secs):.1%} of the bare consumer's rate); "
+                  f"events exact (versions 1..k per account, none missing): {exact}", flush=True)
+
+            lag = wait_idle(url, n)
+            print(f"[bench] outcome and projection agents caught up {lag:.1f}s after the last command was decided",
+                  flush=True)
+            decided = n
+            for r in sorted(rates):
+                make = latency_commands(f"lat{r}")
+                lat, achieved = asyncio.run(paced_round_trip(
+                    commands_topic, events_topic, r, args.seconds, make,
+                    lambda value: orjson.loads(value)["command_id"],
+                ))
+                print(f"[bench] {summary(f'validator @ {r:,}/s', lat, int(r * args.seconds), achieved)}", flush=True)
+                decided += int(r * args.seconds)
+                wait_decided(url, decided)  # let a backlog left by an overload drain first
+                wait_idle(url, decided)
+                raw_make = lambda i, r=r: (f"raw{r}-{i}", f"k{i}".encode(), f"raw{r}-{i}".encode())  # noqa: E731
+                raw_lat, raw_achieved = asyncio.run(paced_round_trip(
+                    raw_echo, raw_echo, r, args.seconds, raw_make, lambda value: value.decode(),
+                ))
+                print(f"[bench] {summary(f'bare aiokafka @ {r:,}/s', raw_lat, int(r * args.seconds), raw_achieved)}",
+                      flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            log.close()
