@@ -18,17 +18,27 @@
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 ARG MAVEN_IMAGE=maven:3.9.11-eclipse-temurin-17
-# The pyspark version installed and the connector version baked in move together.
-ARG SPARK_VERSION=4.3.0
+# The pyspark version installed and the connector version baked in move together
+# (pyproject.toml pins pyspark to it). The token provider, used only for Kafka
+# delegation tokens, has a version of its own (see spark_jobs/kafka-connector.pom.xml).
+# DL3064 flags "TOKEN" in its name; it holds a version, nothing secret.
+ARG SPARK_VERSION=4.2.0
+# hadolint ignore=DL3064
+ARG SPARK_KAFKA_TOKEN_PROVIDER_VERSION=4.0.0
 
 # ---------------------------------------------------------------------------
 FROM ${MAVEN_IMAGE} AS jars
 ARG SPARK_VERSION
+# hadolint ignore=DL3064
+ARG SPARK_KAFKA_TOKEN_PROVIDER_VERSION
 WORKDIR /build
-COPY helm/image/pom.xml helm/image/maven-settings.xml ./
-RUN mvn -q -B -s maven-settings.xml -Dspark.version="${SPARK_VERSION}" \
+COPY spark_jobs/kafka-connector.pom.xml helm/image/maven-settings.xml ./
+RUN mvn -q -B -s maven-settings.xml -f kafka-connector.pom.xml \
+        -Dspark.kafka.version="${SPARK_VERSION}" \
+        -Dspark.kafka.token.version="${SPARK_KAFKA_TOKEN_PROVIDER_VERSION}" \
         dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=/jars \
     && test -f "/jars/spark-sql-kafka-0-10_2.13-${SPARK_VERSION}.jar" \
+    && test -f "/jars/spark-token-provider-kafka-0-10_2.13-${SPARK_KAFKA_TOKEN_PROVIDER_VERSION}.jar" \
     && ls -l /jars
 
 # ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import ModuleType
@@ -12,6 +13,7 @@ from types import ModuleType
 import pytest
 import yaml
 
+from spark_jobs.config import KAFKA_TOKEN_PROVIDER_VERSION
 from tests.helm.chart import CHART, REPO
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
@@ -95,15 +97,22 @@ def test_entrypoint_points_spark_at_the_baked_jars(tmp_path, monkeypatch):
     assert kept["STATEFLEET_SPARK_JARS"] == "/custom.jar"
 
 
-def test_spark_versions_agree_between_image_pom_and_chart():
+def test_spark_versions_agree_between_project_image_pom_and_chart():
     dockerfile = re.search(r"^ARG SPARK_VERSION=(\S+)", DOCKERFILE, flags=re.M).group(1)
+    token = re.search(r"^ARG SPARK_KAFKA_TOKEN_PROVIDER_VERSION=(\S+)", DOCKERFILE, flags=re.M).group(1)
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
-    pom = ET.parse(REPO / "helm" / "image" / "pom.xml").getroot()
-    pom_version = pom.find("m:properties/m:spark.version", ns).text
+    pom = ET.parse(REPO / "spark_jobs" / "kafka-connector.pom.xml").getroot()
     chart = yaml.safe_load((CHART / "values.yaml").read_text())["spark"]["join"]["sparkApplication"]["sparkVersion"]
-    assert dockerfile == pom_version == chart
-    artifact = pom.find("m:dependencies/m:dependency/m:artifactId", ns).text
-    assert artifact == "spark-sql-kafka-0-10_${scala.binary.version}"
+    spark_extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["spark"]
+    assert f"pyspark=={dockerfile}" in spark_extra
+    assert dockerfile == pom.find("m:properties/m:spark.kafka.version", ns).text == chart
+    assert token == pom.find("m:properties/m:spark.kafka.token.version", ns).text == KAFKA_TOKEN_PROVIDER_VERSION
+    artifacts = [d.find("m:artifactId", ns).text for d in pom.findall("m:dependencies/m:dependency", ns)]
+    assert artifacts == ["spark-sql-kafka-0-10_2.13", "spark-token-provider-kafka-0-10_2.13"]
+    jars = stages()["jars"]
+    assert "COPY spark_jobs/kafka-connector.pom.xml" in jars
+    assert '-Dspark.kafka.version="${SPARK_VERSION}"' in jars
+    assert '-Dspark.kafka.token.version="${SPARK_KAFKA_TOKEN_PROVIDER_VERSION}"' in jars
     assert "pyspark==${SPARK_VERSION}" in stages()["build"]
 
 
