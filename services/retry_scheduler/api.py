@@ -1,0 +1,337 @@
+"""HTTP: scheduled and parked messages, from any instance.
+
+Point queries and commands go to the instance that owns the id's partition (the id
+says which: the scheduler keys everything by ``dlq.id``); lists and stats are gathered
+from every instance. Commands (replay, cancel, replay a parked message) need the admin
+bearer token and are applied by the partition's agent, in order with its other work;
+the answer comes once the agent has applied them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from services.retry_scheduler.app import KIND_CANCEL, KIND_REPLAY, KIND_UNPARK, RetrySchedulerService
+from services.retry_scheduler.domain import MAX_DUE_MS, percentile
+from services.retry_scheduler.models import (
+    CommandOut,
+    ParkedOut,
+    ParkedPage,
+    RetryOut,
+    RetryPage,
+    StatsOut,
+    entry_json,
+)
+from services.retry_scheduler.state import (
+    Done,
+    Entry,
+    PageScan,
+    decode_entry,
+    due_key,
+    id_key,
+    id_of,
+    scan_ids,
+    scan_page,
+    split_due_key,
+)
+from shared.faust_internals import partition_db
+from shared.http.deps import Admin, Ctx
+from shared.http.errors import NotFound, Unavailable
+from shared.http.forwarding import gather, is_local_scope, route
+from shared.http.pagination import InvalidCursor, decode_cursor, encode_cursor
+
+router = APIRouter(tags=["retries"])
+
+#: Most entries one partition examines for one list request (filters can skip many).
+SCAN_BUDGET = 50_000
+MAX_ID_LENGTH = 1024
+
+DlqId = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, description="dlq.id")]
+Limit = Annotated[int, Query(ge=1, le=1000)]
+Cursor = Annotated[str | None, Query(max_length=4096, description="next_cursor of the previous page")]
+OriginTopic = Annotated[str | None, Query(min_length=1, max_length=249, description="Only messages from this topic")]
+
+Responses = dict[int | str, dict[str, Any]]
+_AUTH: Responses = {401: {"description": "Missing or wrong bearer token"}}
+_BUSY: Responses = {503: {"description": "Owner recovering or rebalancing; retry"}}
+
+
+def _service(ctx: Any) -> RetrySchedulerService:
+    svc: RetrySchedulerService = ctx.extras["service"]
+    return svc
+
+
+# -- merging pages -----------------------------------------------------------------------------------
+
+
+def _merge(
+    pages: list[dict[str, Any]], limit: int, sort_key: Any, frontier_key: Any,
+) -> tuple[list[dict[str, Any]], Any]:
+    """The first ``limit`` items of all pages in order, none past the lowest frontier.
+
+    A page's frontier says it stopped early (its scan budget ran out) having examined
+    everything up to there; items of other pages beyond it must wait for the next page.
+    """
+    frontiers = [frontier_key(p["frontier"]) for p in pages if p.get("frontier") is not None]
+    frontier = min(frontiers) if frontiers else None
+    seen: dict[Any, dict[str, Any]] = {}
+    for page in pages:
+        for item in page.get("items", []):
+            k = sort_key(item)
+            if frontier is None or k <= frontier:
+                seen.setdefault(k, item)
+    items = [seen[k] for k in sorted(seen)[:limit]]
+    return items, frontier
+
+
+def _retry_sort(item: dict[str, Any]) -> tuple[int, str]:
+    return int(item["due_at"]), str(item["id"])
+
+
+def _retry_frontier(f: Any) -> tuple[int, str]:
+    return int(f[0]), str(f[1])
+
+
+def _parked_sort(item: dict[str, Any]) -> str:
+    return str(item["id"])
+
+
+def _retry_cursor(due_at: int, dlq_id: str) -> str:
+    return encode_cursor(f"{due_at}:{dlq_id}")
+
+
+def _decode_retry_cursor(cursor: str | None) -> bytes | None:
+    text = decode_cursor(cursor)
+    if text is None:
+        return None
+    due, sep, dlq_id = text.partition(":")
+    if not sep or not due.isdigit() or int(due) > MAX_DUE_MS:
+        raise InvalidCursor("cursor is not one this API returned")
+    return due_key(int(due), dlq_id)
+
+
+# -- scheduled ---------------------------------------------------------------------------------------
+
+
+@router.get("/retries/stats", response_model=StatsOut, summary="Counts, oldest due time, lateness", responses=_BUSY)
+async def retry_stats(request: Request, ctx: Ctx) -> Any:
+    svc = _service(ctx)
+
+    async def local() -> dict[str, Any]:
+        owned = svc.owned()
+        svc.update_gauges()
+        return {
+            **svc.counts.totals(owned),
+            "oldest_due_at": svc.oldest_due(owned),
+            "redelivered_total": svc.totals["redelivered"],
+            "parked_total": svc.totals["parked"],
+            "lateness_samples": list(svc.lateness_ms),
+            "last_ticks": [t.to_json() for p, t in sorted(svc.last_ticks.items()) if p in owned],
+            "busy_ticks": [t.to_json() for t in svc.busy_ticks],
+            "policy": svc.policies.to_json(),
+        }
+
+    if is_local_scope(request):
+        return JSONResponse(await local())  # a peer's partial answer: not the public model
+    pages = await gather(ctx, request, svc.schedule, local)
+    out: dict[str, Any] = {
+        "scheduled": 0, "parked": 0, "by_origin_topic": {}, "by_error_class": {}, "parked_by_origin_topic": {},
+        "oldest_due_at": None, "redelivered_total": 0, "parked_total": 0, "last_ticks": [], "busy_ticks": [],
+        "instances": len(pages), "policy": pages[0]["policy"] if pages else svc.policies.to_json(),
+    }
+    samples: list[int] = []
+    for page in pages:
+        for name in ("scheduled", "parked", "redelivered_total", "parked_total"):
+            out[name] += int(page[name])
+        for name in ("by_origin_topic", "by_error_class", "parked_by_origin_topic"):
+            for k, v in page[name].items():
+                out[name][k] = out[name].get(k, 0) + int(v)
+        if page["oldest_due_at"] is not None:
+            oldest = out["oldest_due_at"]
+            out["oldest_due_at"] = page["oldest_due_at"] if oldest is None else min(oldest, page["oldest_due_at"])
+        samples.extend(int(s) for s in page["lateness_samples"])
+        out["last_ticks"].extend(page["last_ticks"])
+        out["busy_ticks"].extend(page["busy_ticks"])
+    samples.sort()
+    out["lateness"] = {
+        "count": len(samples), "p50_ms": percentile(samples, 50), "p99_ms": percentile(samples, 99),
+        "max_ms": samples[-1] if samples else None,
+    }
+    out["last_ticks"].sort(key=lambda t: t["partition"])
+    out["busy_ticks"].sort(key=lambda t: (t["at"], t["partition"]))
+    return out
+
+
+@router.get("/retries", response_model=RetryPage, summary="Scheduled messages in due order", responses=_BUSY)
+async def list_retries(
+    request: Request,
+    ctx: Ctx,
+    limit: Limit = 100,
+    due_before: Annotated[int | None, Query(ge=0, le=MAX_DUE_MS, description="Only due before this (epoch ms)")] = None,
+    origin_topic: OriginTopic = None,
+    cursor: Cursor = None,
+) -> Any:
+    svc = _service(ctx)
+    after = _decode_retry_cursor(cursor)
+
+    async def local() -> dict[str, Any]:
+        pages: list[dict[str, Any]] = []
+        for p in sorted(svc.owned()):
+            scan: PageScan = scan_page(
+                partition_db(svc.schedule, p), after=after, limit=limit, due_before=due_before,
+                origin_topic=origin_topic, budget=SCAN_BUDGET, start=svc.low_water.get(p, b""),
+            )
+            pages.append({
+                "items": [entry_json(decode_entry(raw)) for _, raw in scan.items],
+                "frontier": list(split_due_key(scan.frontier)) if scan.frontier is not None else None,
+            })
+        items, frontier = _merge(pages, limit, _retry_sort, _retry_frontier)
+        return {"items": items, "frontier": list(frontier) if frontier is not None else None}
+
+    if is_local_scope(request):
+        return JSONResponse(await local())  # a peer's partial answer: not the public model
+    pages = await gather(ctx, request, svc.schedule, local)
+    items, frontier = _merge(pages, limit, _retry_sort, _retry_frontier)
+    if len(items) == limit:
+        next_cursor: str | None = _retry_cursor(*_retry_sort(items[-1]))
+    elif frontier is not None:
+        next_cursor = _retry_cursor(*frontier)
+    else:
+        next_cursor = None
+    return {"items": items, "next_cursor": next_cursor}
+
+
+@router.get(
+    "/retries/{dlq_id}", response_model=RetryOut, summary="One scheduled message",
+    responses={404: {"description": "Not scheduled (never seen, redelivered, cancelled or parked)"}, **_BUSY},
+)
+async def get_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
+    svc = _service(ctx)
+    forwarded = await route(ctx, request, svc.schedule, svc.partition_of(dlq_id))
+    if forwarded is not None:
+        return forwarded
+    state = svc.index_entry(dlq_id)
+    if isinstance(state, Entry):
+        return entry_json(state, with_value=True)
+    if svc.parked_entry(dlq_id) is not None:
+        hint = " (it is parked: GET /parked/{id})"
+    elif isinstance(state, Done):
+        hint = f" (attempt {state.attempt} was {state.what})"
+    else:
+        hint = ""
+    raise NotFound(f"no scheduled message with dlq.id {dlq_id!r}{hint}")
+
+
+def _command_answer(result: dict[str, Any]) -> Any:
+    status = result.get("status")
+    if status == "not_found":
+        raise NotFound(f"no such message with dlq.id {result['id']!r}")
+    if status == "failed":
+        raise Unavailable(f"redelivery failed, the message is kept: {result.get('detail')}")
+    if status == "accepted":
+        return JSONResponse(result, status_code=202)
+    return result
+
+
+@router.post(
+    "/retries/{dlq_id}/replay", response_model=CommandOut, dependencies=[Admin],
+    summary="Redeliver a scheduled message now",
+    responses={**_AUTH, 404: {"description": "Not scheduled"}, 202: {"description": "Accepted; applied shortly"}},
+)
+async def replay_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
+    svc = _service(ctx)
+    forwarded = await route(ctx, request, svc.schedule, svc.partition_of(dlq_id))
+    if forwarded is not None:
+        return forwarded
+    if svc.scheduled_entry(dlq_id) is None:
+        raise NotFound(f"no scheduled message with dlq.id {dlq_id!r}")
+    return _command_answer(await svc.request(KIND_REPLAY, dlq_id, ctx.settings.forward_timeout_s))
+
+
+@router.delete(
+    "/retries/{dlq_id}", response_model=CommandOut, dependencies=[Admin],
+    summary="Cancel a scheduled message (it is not redelivered)",
+    responses={**_AUTH, 404: {"description": "Not scheduled"}, 202: {"description": "Accepted; applied shortly"}},
+)
+async def cancel_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
+    svc = _service(ctx)
+    forwarded = await route(ctx, request, svc.schedule, svc.partition_of(dlq_id))
+    if forwarded is not None:
+        return forwarded
+    if svc.scheduled_entry(dlq_id) is None:
+        raise NotFound(f"no scheduled message with dlq.id {dlq_id!r}")
+    return _command_answer(await svc.request(KIND_CANCEL, dlq_id, ctx.settings.forward_timeout_s))
+
+
+# -- parked ------------------------------------------------------------------------------------------
+
+
+@router.get("/parked", response_model=ParkedPage, summary="Parked messages, ordered by dlq.id", responses=_BUSY)
+async def list_parked(
+    request: Request,
+    ctx: Ctx,
+    limit: Limit = 100,
+    origin_topic: OriginTopic = None,
+    cursor: Cursor = None,
+) -> Any:
+    svc = _service(ctx)
+    after_id = decode_cursor(cursor)
+    after = id_key(after_id) if after_id is not None else None
+
+    async def local() -> dict[str, Any]:
+        pages: list[dict[str, Any]] = []
+        for p in sorted(svc.owned()):
+            scan = scan_ids(
+                partition_db(svc.parked, p), after=after, limit=limit, origin_topic=origin_topic, budget=SCAN_BUDGET,
+            )
+            pages.append({
+                "items": [entry_json(decode_entry(raw)) for _, raw in scan.items],
+                "frontier": id_of(scan.frontier) if scan.frontier is not None else None,
+            })
+        items, frontier = _merge(pages, limit, _parked_sort, str)
+        return {"items": items, "frontier": frontier}
+
+    if is_local_scope(request):
+        return JSONResponse(await local())  # a peer's partial answer: not the public model
+    pages = await gather(ctx, request, svc.schedule, local)
+    items, frontier = _merge(pages, limit, _parked_sort, str)
+    if len(items) == limit:
+        next_cursor: str | None = encode_cursor(items[-1]["id"])
+    elif frontier is not None:
+        next_cursor = encode_cursor(frontier)
+    else:
+        next_cursor = None
+    return {"items": items, "next_cursor": next_cursor}
+
+
+@router.get(
+    "/parked/{dlq_id}", response_model=ParkedOut, summary="One parked message",
+    responses={404: {"description": "Not parked"}, **_BUSY},
+)
+async def get_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
+    svc = _service(ctx)
+    forwarded = await route(ctx, request, svc.schedule, svc.partition_of(dlq_id))
+    if forwarded is not None:
+        return forwarded
+    entry = svc.parked_entry(dlq_id)
+    if entry is None:
+        raise NotFound(f"no parked message with dlq.id {dlq_id!r}")
+    return entry_json(entry, with_value=True)
+
+
+@router.post(
+    "/parked/{dlq_id}/replay", response_model=CommandOut, dependencies=[Admin],
+    summary="Redeliver a parked message to its retry topic (dlq.attempt unchanged) and unpark it",
+    responses={**_AUTH, 404: {"description": "Not parked"}, 202: {"description": "Accepted; applied shortly"}},
+)
+async def replay_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
+    svc = _service(ctx)
+    forwarded = await route(ctx, request, svc.schedule, svc.partition_of(dlq_id))
+    if forwarded is not None:
+        return forwarded
+    if svc.parked_entry(dlq_id) is None:
+        raise NotFound(f"no parked message with dlq.id {dlq_id!r}")
+    return _command_answer(await svc.request(KIND_UNPARK, dlq_id, ctx.settings.forward_timeout_s))

@@ -1,0 +1,666 @@
+"""The retry scheduler service: Faust app, tables, agents and the tick timer.
+
+Two hops, so that everything about one ``dlq.id`` lives in one partition:
+
+1. ``route`` reads ``dead-letters`` (anyone may write there, with any key and missing
+   headers), reads the ``dlq.*`` headers with the contract's defaults, and forwards the
+   message to the internal ``…-inbox`` topic keyed and partitioned by ``dlq.id``.
+2. ``schedule`` is the only agent that changes state. Per inbox partition it handles,
+   in order: dead letters (schedule, or park when out of attempts), ticks (redeliver
+   what is due), and replay / cancel / unpark commands sent by the HTTP API. A table
+   can only be changed from the agent that owns the event, so ticks and commands travel
+   through the same topic as the dead letters, and one partition's work is serialised.
+
+A timer sends a tick to every inbox partition this instance owns, every
+``retry_tick_interval_s``. On a tick the agent seeks to the partition's low-water key,
+reads only the entries due now (at most ``retry_batch_limit``), redelivers them with
+key, value and headers kept, waits until the broker has acknowledged every one, and
+only then deletes them from the schedule (tombstones in the changelog), leaving in the
+index a done marker that drops copies of the same dead letter read again later. A crash
+before the deletes redelivers them again after the restart, with the same ``dlq.id``
+and ``dlq.attempt``; a crash before the acknowledgement loses nothing, because the
+entry is still stored. Nothing is deleted that was not delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from services.retry_scheduler import DEFAULT_PORT, SERVICE
+from services.retry_scheduler.domain import MAX_DUE_MS, Park, PolicyBook, build_policy_book, decide
+from services.retry_scheduler.metrics import (
+    CANCELLED,
+    DUPLICATES,
+    LATENESS_SECONDS,
+    PARKED,
+    REDELIVERED,
+    REDELIVERY_FAILED,
+    SCHEDULED,
+    STORED,
+    TICK_SECONDS,
+)
+from services.retry_scheduler.state import (
+    DONE_CANCELLED,
+    DONE_KINDS,
+    DONE_MEMORY_MS,
+    DONE_REDELIVERED,
+    DONE_UNPARKED,
+    Counts,
+    Done,
+    DueScan,
+    Entry,
+    decode_entry,
+    decode_index,
+    due_key,
+    due_prefix,
+    encode_done,
+    encode_entry,
+    entry_from_letter,
+    first_due_key,
+    id_key,
+    iter_items,
+    scan_due,
+)
+from shared import dead_letters
+from shared.faust_app import app_id, create_app
+from shared.faust_internals import active_partitions, event_context, partition_db, recovery_done
+from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED
+from shared.partitioning import partition_for
+from shared.settings import Settings
+from shared.topic_admin import TopicSpec
+from shared.topics import TopicNames, topic_names
+
+log = logging.getLogger(__name__)
+
+# Kinds of inbox records: the first byte of the value.
+KIND_LETTER = b"L"
+KIND_TICK = b"T"
+KIND_REPLAY = b"R"
+KIND_CANCEL = b"C"
+KIND_UNPARK = b"U"
+COMMANDS = (KIND_REPLAY, KIND_CANCEL, KIND_UNPARK)
+
+#: Longest wait for one send to be accepted by the producer (topic metadata included).
+SEND_TIMEOUT_S = 15.0
+#: Consecutive failed redeliveries of one entry before it is parked instead.
+MAX_SEND_FAILURES = 5
+#: Largest expiry row (a JSON list of ids), well below the broker's message size limit.
+EXPIRY_BATCH_BYTES = 256 * 1024
+#: Largest producer batch (changelogs, redeliveries, inbox).
+PRODUCER_BATCH_BYTES = 512 * 1024  # well below the broker's default message.max.bytes (1 MiB)
+#: Lateness samples kept for GET /retries/stats.
+LATENESS_SAMPLES = 1000
+#: Ticks that redelivered something, kept for GET /retries/stats.
+BUSY_TICKS = 64
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class TickReport:
+    partition: int
+    at: int
+    examined: int
+    redelivered: int
+    failed: int
+    scan_seconds: float
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition, "at": self.at, "examined": self.examined,
+            "redelivered": self.redelivered, "failed": self.failed,
+            "scan_ms": round(self.scan_seconds * 1000, 3), "ms": round(self.seconds * 1000, 3),
+        }
+
+
+@dataclass
+class ExpiryBatch:
+    """Ids whose done markers expire together: one ``expiry`` row instead of one per id."""
+
+    key: bytes
+    ids: list[str] = field(default_factory=list)
+    size: int = 0
+
+
+@dataclass
+class Delivery:
+    key: bytes
+    entry: Entry
+    error: str | None = None
+
+
+def next_low_water(start: bytes, now: int, scan: DueScan, failed_keys: list[bytes]) -> bytes:
+    """After a tick: the key below which nothing is left (all delivered and deleted)."""
+    if failed_keys:
+        return min(failed_keys)
+    if scan.more_due and scan.items:
+        return scan.items[-1][0]
+    return max(start, due_prefix(now + 1))
+
+
+class RetrySchedulerService:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topics: TopicNames = topic_names(settings)
+        self.app = app = create_app(SERVICE, settings, DEFAULT_PORT)
+        # aiokafka starts a partition's next batch only once the previous one is acknowledged,
+        # so with Faust's 16 KiB batches (about 20 stored entries) every changelog partition
+        # waits a round trip per 20 writes. Larger batches took ingest from ~500 to ~1,300
+        # dead letters/s on the benchmark machine.
+        app.conf.producer_max_batch_size = PRODUCER_BATCH_BYTES
+        partitions = settings.topic_partitions
+        self.inbox_topic_name = f"{app_id(SERVICE, settings)}-inbox"
+        self.policies: PolicyBook = build_policy_book(
+            max_attempts=settings.retry_max_attempts,
+            base_delay_ms=settings.retry_base_delay_ms,
+            max_delay_ms=settings.retry_max_delay_ms,
+            jitter=settings.retry_jitter,
+            overrides=settings.retry_policy_overrides,
+            topic_prefix=settings.topic_prefix,
+        )
+        # Redelivering to these would feed the message straight back into the scheduler.
+        self.looping_topics = frozenset({self.topics.dead_letters, self.inbox_topic_name})
+
+        self.dead_letter_input = app.topic(self.topics.dead_letters, key_type=bytes, value_type=bytes)
+        self.inbox = app.topic(
+            self.inbox_topic_name, partitions=partitions, internal=True, key_type=bytes, value_type=bytes,
+        )
+        self.schedule = app.Table("schedule", partitions=partitions, key_type=bytes, value_type=bytes)
+        self.index = app.Table("index", partitions=partitions, key_type=bytes, value_type=bytes)
+        self.expiry = app.Table("expiry", partitions=partitions, key_type=bytes, value_type=bytes)
+        self.parked = app.Table("parked", partitions=partitions, key_type=bytes, value_type=bytes)
+
+        self.counts = Counts()
+        #: Per partition, a key no live entry sorts below; absent means "scan from the first key".
+        self.low_water: dict[int, bytes] = {}
+        self.expiry_low_water: dict[int, bytes] = {}
+        #: Per partition, when a tick was sent and not yet processed (monotonic seconds).
+        self.tick_sent: dict[int, float] = {}
+        self.send_failures: dict[bytes, int] = {}
+        self.lateness_ms: deque[int] = deque(maxlen=LATENESS_SAMPLES)
+        self.last_ticks: dict[int, TickReport] = {}
+        self.busy_ticks: deque[TickReport] = deque(maxlen=BUSY_TICKS)
+        self._expiry_batch: ExpiryBatch | None = None
+        self.totals = {"redelivered": 0, "parked": 0, "scheduled": 0, "cancelled": 0}
+        self.waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
+
+        app.agent(self.dead_letter_input, name=f"{SERVICE}.route")(self.route)
+        app.agent(self.inbox, name=f"{SERVICE}.schedule", concurrency=1)(self.process_inbox)
+        app.timer(settings.retry_tick_interval_s, name=f"{SERVICE}.tick")(self.send_ticks)
+        self.schedule.on_recover(self.on_recovered)
+
+    def topic_specs(self) -> list[TopicSpec]:
+        n = self.settings.topic_partitions
+        return [
+            TopicSpec(self.topics.dead_letters, n),
+            TopicSpec(self.topics.retry, n),
+            TopicSpec(self.topics.parking_lot, n),
+            TopicSpec(self.inbox_topic_name, n),
+        ]
+
+    def partition_of(self, dlq_id: str) -> int:
+        return partition_for(dlq_id, self.settings.topic_partitions)
+
+    # -- hop 1: read dead letters, key them by dlq.id ---------------------------------------------
+
+    async def route(self, stream: Any) -> None:
+        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
+            started = time.perf_counter()
+            received_at = now_ms()
+            for event in events:
+                msg = event.message
+                try:
+                    raw_headers = dead_letters.header_items(msg.headers)
+                    letter = dead_letters.parse_dead_letter(
+                        msg.key, msg.value, raw_headers,
+                        topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                        timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None,
+                        default_retry_topic=self.topics.retry,
+                    )
+                    encoded = KIND_LETTER + encode_entry(entry_from_letter(letter, raw_headers, received_at))
+                except Exception as exc:  # never expected: parsing is lenient; keep the message anyway
+                    log.exception("unreadable dead letter at %s[%s]@%s", msg.topic, msg.partition, msg.offset)
+                    await self._park_unreadable(msg, exc)
+                    continue
+                await self.app.producer.send(
+                    self.inbox_topic_name, letter.id.encode(), encoded,
+                    partition=self.partition_of(letter.id), timestamp=None, headers=None,
+                )
+            MESSAGES_PROCESSED.labels(SERVICE, "dead-letters").inc(len(events))
+            BATCH_SECONDS.labels(SERVICE, "dead-letters").observe(time.perf_counter() - started)
+
+    async def _park_unreadable(self, msg: Any, exc: Exception) -> None:
+        """Publish a dead letter that cannot be read to the parking lot as it came, with the reason."""
+        headers = [*dead_letters.header_items(msg.headers), ("dlq.parked.reason", f"unreadable: {exc}"[:2000].encode())]
+        value = msg.value if msg.key is not None or msg.value is not None else b""
+        await self.app.producer.send(
+            self.topics.parking_lot, msg.key, value, partition=None, timestamp=None, headers=headers,
+        )
+        PARKED.inc()
+
+    # -- hop 2: the per-partition schedule ------------------------------------------------------------
+
+    async def process_inbox(self, stream: Any) -> None:
+        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
+            started = time.perf_counter()
+            for event in events:
+                value = event.message.value
+                kind = value[:1] if isinstance(value, bytes) else b""
+                try:
+                    if kind == KIND_LETTER:
+                        await self.ingest(event, decode_entry(value[1:]))
+                    elif kind == KIND_TICK:
+                        await self.tick(event)
+                    elif kind in COMMANDS:
+                        await self.command(event, kind, orjson.loads(value[1:]))
+                    else:
+                        log.warning("ignoring inbox record of unknown kind %r at offset %s", kind, event.message.offset)
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.warning(
+                        "ignoring malformed inbox record at %s[%s]@%s: %s",
+                        event.message.topic, event.message.partition, event.message.offset, exc,
+                    )
+            MESSAGES_PROCESSED.labels(SERVICE, "inbox").inc(len(events))
+            BATCH_SECONDS.labels(SERVICE, "inbox").observe(time.perf_counter() - started)
+
+    async def ingest(self, event: Any, entry: Entry) -> None:
+        partition = event.message.partition
+        now = now_ms()
+        idk = id_key(entry.id)
+        decision = decide(
+            self.policies, dlq_id=entry.id, attempt=entry.attempt, origin_topic=entry.origin_topic,
+            error_class=entry.error_class, failed_at=entry.failed_at, retry_topic=entry.retry_topic,
+            now_ms=now, forbidden_retry_topics=self.looping_topics,
+            has_key_or_value=entry.key is not None or entry.value is not None,
+        )
+        with event_context(event):
+            current = self._index_state(idk)
+            if isinstance(current, Done):
+                if entry.attempt <= current.attempt:
+                    DUPLICATES.labels(DONE_KINDS[current.kind]).inc()  # that attempt is already done
+                    return
+            elif current is not None:
+                current_key, current_raw, current_entry = current
+                if current_entry.attempt > entry.attempt:
+                    DUPLICATES.labels("stale").inc()
+                    return
+                if current_entry.attempt == entry.attempt:
+                    # The same dead letter again. Write the rows again (same key, same due
+                    # time: the jitter depends only on id and attempt), so the changelog has
+                    # them even if the first write never reached it before a crash.
+                    self.schedule[current_key] = current_raw
+                    self.index[idk] = current_key
+                    DUPLICATES.labels("scheduled").inc()
+                    return
+                self._finish(partition, current_key, current_entry, done=None)
+            if isinstance(decision, Park):
+                parked_raw = self.parked.get(idk)
+                if parked_raw is not None and decode_entry(parked_raw).attempt > entry.attempt:
+                    DUPLICATES.labels("stale").inc()
+                    return
+                await self._park(event, entry.parked(now, decision.reason, decision.policy.max_attempts))
+                return
+            scheduled = entry.scheduled(decision.due_at, decision.policy.max_attempts)
+            key = due_key(scheduled.due_at, scheduled.id)
+            self.schedule[key] = encode_entry(scheduled)
+            self.index[idk] = key
+        self.counts.add("scheduled", partition, scheduled)
+        low = self.low_water.get(partition)
+        if low is not None and key < low:
+            self.low_water[partition] = key
+        SCHEDULED.inc()
+        self.totals["scheduled"] += 1
+
+    def _index_state(self, idk: bytes) -> tuple[bytes, bytes, Entry] | Done | None:
+        """What the index says of an id in the current event's partition: scheduled (key,
+        stored bytes, entry), a done marker, or nothing."""
+        raw_index = self.index.get(idk)
+        if raw_index is None:
+            return None
+        state = decode_index(raw_index)
+        if isinstance(state, Done):
+            return state
+        raw = self.schedule.get(state)
+        return (state, raw, decode_entry(raw)) if raw is not None else None
+
+    async def _park(self, event: Any, entry: Entry) -> None:
+        """Publish to the parking lot and keep it in the parked table (caller holds the event context)."""
+        partition = event.message.partition
+        # A record needs a key or a value; a message that had neither is parked with an empty value.
+        value = entry.value if entry.key is not None or entry.value is not None else b""
+        try:
+            await asyncio.wait_for(
+                self.app.producer.send(
+                    self.topics.parking_lot, entry.key, value, partition=None, timestamp=None,
+                    headers=entry.parking_headers(),
+                ),
+                SEND_TIMEOUT_S,
+            )
+        except Exception as exc:  # too large for the parking lot, say: it is still kept in the parked table
+            log.error("could not publish dlq.id=%s to %s: %s", entry.id, self.topics.parking_lot, exc)
+        idk = id_key(entry.id)
+        if self.parked.get(idk) is not None:
+            previous = decode_entry(self.parked[idk])
+            self.counts.add("parked", partition, previous, -1)
+        self.parked[idk] = encode_entry(entry)
+        self.counts.add("parked", partition, entry)
+        PARKED.inc()
+        self.totals["parked"] += 1
+        log.info(
+            "parked dlq.id=%s attempt=%s from %s: %s", entry.id, entry.attempt, entry.origin_topic, entry.parked_reason,
+        )
+
+    def _delete(self, table: Any, key: bytes) -> bool:
+        """Delete ``key`` of the current event's partition, with a tombstone in the changelog.
+
+        Reading the key first tells Faust which partition holds it; without that a delete
+        is applied to every partition database this instance has open.
+        """
+        if table.get(key) is None:
+            return False
+        del table[key]
+        return True
+
+    def _finish(self, partition: int, key: bytes, entry: Entry, done: bytes | None) -> None:
+        """Remove a scheduled entry (caller holds the event context).
+
+        With ``done`` the index keeps a marker that this attempt was redelivered or
+        cancelled, so a copy of its dead letter read later is dropped; without, the
+        index row goes too (the id is about to be scheduled again or parked).
+        """
+        if self._delete(self.schedule, key):
+            self.counts.add("scheduled", partition, entry, -1)
+        idk = id_key(entry.id)
+        if done is not None:
+            self._mark_done(idk, entry.id, done, entry.attempt)
+        elif self.index.get(idk) == key:
+            self._delete(self.index, idk)
+        self.send_failures.pop(key, None)
+
+    def _mark_done(self, idk: bytes, dlq_id: str, kind: bytes, attempt: int) -> None:
+        """Leave a done marker in the index; its expiry is written with the others of this event."""
+        batch = self._expiry_batch
+        if batch is None:
+            expire_at = min(now_ms() + DONE_MEMORY_MS, MAX_DUE_MS)
+            batch = self._expiry_batch = ExpiryBatch(due_key(expire_at, f"~{uuid.uuid4().hex[:16]}"))
+        self.index[idk] = encode_done(kind, attempt, batch.key)
+        batch.ids.append(dlq_id)
+        batch.size += len(dlq_id) + 3
+        if batch.size >= EXPIRY_BATCH_BYTES:
+            self._write_expiry()
+
+    def _write_expiry(self) -> None:
+        """One expiry row for all the markers left while handling the current event."""
+        batch, self._expiry_batch = self._expiry_batch, None
+        if batch is not None and batch.ids:
+            self.expiry[batch.key] = orjson.dumps(batch.ids)
+
+    # -- ticks -------------------------------------------------------------------------------------------
+
+    async def send_ticks(self) -> None:
+        """Ask the agent to redeliver what is due, in every partition this instance owns."""
+        if not recovery_done(self.app):
+            return
+        interval = self.settings.retry_tick_interval_s
+        now = time.monotonic()
+        for partition in sorted(active_partitions(self.app, self.schedule)):
+            sent = self.tick_sent.get(partition)
+            if sent is not None and now - sent < max(10 * interval, 5.0):
+                continue  # the last tick is still queued: do not pile up more
+            await self._send_tick(partition)
+
+    async def _send_tick(self, partition: int) -> None:
+        self.tick_sent[partition] = time.monotonic()
+        await self.app.producer.send(
+            self.inbox_topic_name, None, KIND_TICK, partition=partition, timestamp=None, headers=None,
+        )
+
+    async def tick(self, event: Any) -> None:
+        partition = event.message.partition
+        self.tick_sent.pop(partition, None)
+        started = time.perf_counter()
+        now = now_ms()
+        limit = self.settings.retry_batch_limit
+        start = self.low_water.get(partition, b"")
+        scan: DueScan = scan_due(partition_db(self.schedule, partition), now, limit, start)
+        scanned = time.perf_counter()
+        deliveries = await self._redeliver(scan.items, trigger="tick")
+        failed_keys: list[bytes] = []
+        with event_context(event):
+            for d in deliveries:
+                if d.error is None:
+                    self._finish(partition, d.key, d.entry, done=DONE_REDELIVERED)
+                    continue
+                failures = self.send_failures.get(d.key, 0) + 1
+                self.send_failures[d.key] = failures
+                if failures >= MAX_SEND_FAILURES:
+                    self._finish(partition, d.key, d.entry, done=None)
+                    reason = f"redelivery to {d.entry.retry_topic!r} failed {failures} times: {d.error}"
+                    await self._park(event, d.entry.parked(now_ms(), reason, d.entry.max_attempts))
+                else:
+                    failed_keys.append(d.key)
+            self._write_expiry()
+            expired = self._expire_done_markers(partition, now, limit)
+        self.low_water[partition] = next_low_water(start, now, scan, failed_keys)
+        seconds = time.perf_counter() - started
+        report = TickReport(
+            partition=partition, at=now, examined=scan.examined,
+            redelivered=sum(1 for d in deliveries if d.error is None), failed=len(failed_keys),
+            scan_seconds=scanned - started, seconds=seconds,
+        )
+        self.last_ticks[partition] = report
+        if report.redelivered or report.failed:
+            self.busy_ticks.append(report)
+        TICK_SECONDS.observe(seconds)
+        if scan.more_due or expired.more_due:
+            await self._send_tick(partition)  # a backlog: go on at once rather than a tick later
+
+    def _expire_done_markers(self, partition: int, now: int, limit: int) -> DueScan:
+        """Forget the done markers whose time has come (caller holds the event context)."""
+        start = self.expiry_low_water.get(partition, b"")
+        scan = scan_due(partition_db(self.expiry, partition), now, limit, start)
+        for key, raw in scan.items:
+            try:
+                ids = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                ids = []
+            for dlq_id in ids if isinstance(ids, list) else []:
+                idk = id_key(str(dlq_id))
+                raw_index = self.index.get(idk)
+                state = decode_index(raw_index) if raw_index is not None else None
+                if isinstance(state, Done) and state.expiry_key == key:
+                    self._delete(self.index, idk)
+            self._delete(self.expiry, key)
+        self.expiry_low_water[partition] = next_low_water(start, now, scan, [])
+        return scan
+
+    async def _redeliver(self, items: list[tuple[bytes, bytes]], trigger: str) -> list[Delivery]:
+        """Send each entry to its retry topic and wait for the broker's acknowledgements."""
+        deliveries: list[Delivery] = []
+        pending: list[tuple[Delivery, Any]] = []
+        unavailable: dict[str, str] = {}
+        for key, raw in items:
+            entry = decode_entry(raw)
+            d = Delivery(key, entry)
+            deliveries.append(d)
+            if entry.retry_topic in unavailable:
+                d.error = unavailable[entry.retry_topic]
+                continue
+            try:
+                async with asyncio.timeout(SEND_TIMEOUT_S):  # waits only for unknown topics' metadata
+                    fut = await self.app.producer.send(
+                        entry.retry_topic, entry.key, entry.value, partition=None, timestamp=None,
+                        headers=list(entry.headers),
+                    )
+            except Exception as exc:  # any send error (unknown topic, too large, timeout) keeps the entry
+                d.error = f"{type(exc).__name__}: {exc}"
+                unavailable[entry.retry_topic] = d.error
+                continue
+            pending.append((d, fut))
+        if pending:
+            await self.app.producer.flush()
+        sent_at = now_ms()
+        for d, fut in pending:
+            if not fut.done():
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), SEND_TIMEOUT_S)
+                except Exception as exc:
+                    d.error = f"{type(exc).__name__}: {exc}"
+                    continue
+            if fut.cancelled():
+                d.error = "send cancelled"
+            elif fut.exception() is not None:
+                d.error = f"{type(fut.exception()).__name__}: {fut.exception()}"
+        for d in deliveries:
+            if d.error is None:
+                if trigger == "tick":  # lateness: how long after its due time a tick sent it
+                    late = sent_at - d.entry.due_at
+                    self.lateness_ms.append(late)
+                    LATENESS_SECONDS.observe(max(late, 0) / 1000)
+                REDELIVERED.labels(trigger).inc()
+                self.totals["redelivered"] += 1
+            else:
+                REDELIVERY_FAILED.inc()
+                log.warning("redelivery of dlq.id=%s to %s failed: %s", d.entry.id, d.entry.retry_topic, d.error)
+        return deliveries
+
+    # -- commands from the HTTP API ------------------------------------------------------------------
+
+    async def command(self, event: Any, kind: bytes, body: dict[str, Any]) -> None:
+        partition = event.message.partition
+        dlq_id = body["id"]
+        if not isinstance(dlq_id, str):
+            raise ValueError("command without a string id")
+        idk = id_key(dlq_id)
+        result: dict[str, Any] = {"id": dlq_id, "status": "not_found"}
+        with event_context(event):
+            if kind in (KIND_REPLAY, KIND_CANCEL):
+                current = self._index_state(idk)
+                if current is not None and not isinstance(current, Done):
+                    key, raw, entry = current
+                    if kind == KIND_CANCEL:
+                        self._finish(partition, key, entry, done=DONE_CANCELLED)
+                        self._write_expiry()
+                        CANCELLED.inc()
+                        self.totals["cancelled"] += 1
+                        log.info("cancelled dlq.id=%s attempt=%s", dlq_id, entry.attempt)
+                        result = {"id": dlq_id, "status": "cancelled", "attempt": entry.attempt}
+                    else:
+                        [d] = await self._redeliver([(key, raw)], trigger="replay")
+                        if d.error is None:
+                            self._finish(partition, key, entry, done=DONE_REDELIVERED)
+                            self._write_expiry()
+                            result = {
+                                "id": dlq_id, "status": "redelivered", "attempt": entry.attempt,
+                                "topic": entry.retry_topic,
+                            }
+                        else:
+                            result = {"id": dlq_id, "status": "failed", "detail": d.error}
+            elif kind == KIND_UNPARK:
+                parked_raw = self.parked.get(idk)
+                if parked_raw is not None:
+                    entry = decode_entry(parked_raw)
+                    [d] = await self._redeliver([(idk, parked_raw)], trigger="unpark")
+                    if d.error is None:
+                        if self._delete(self.parked, idk):
+                            self.counts.add("parked", partition, entry, -1)
+                        self._mark_done(idk, dlq_id, DONE_UNPARKED, entry.attempt)
+                        self._write_expiry()
+                        log.info("replayed parked dlq.id=%s attempt=%s", dlq_id, entry.attempt)
+                        result = {
+                            "id": dlq_id, "status": "redelivered", "attempt": entry.attempt,
+                            "topic": entry.retry_topic,
+                        }
+                    else:
+                        result = {"id": dlq_id, "status": "failed", "detail": d.error}
+        waiter = self.waiters.get(str(body.get("req", "")))
+        if waiter is not None and not waiter.done():
+            waiter.set_result(result)
+
+    async def request(self, kind: bytes, dlq_id: str, timeout_s: float) -> dict[str, Any]:
+        """Send a command to the partition of ``dlq_id`` and wait for the agent's answer.
+
+        ``{"status": "accepted"}`` when the answer does not come within ``timeout_s`` (the
+        partition moved meanwhile): the command is still applied, by the new owner.
+        """
+        req = uuid.uuid4().hex
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.waiters[req] = waiter
+        try:
+            ack = await self.app.producer.send(
+                self.inbox_topic_name, dlq_id.encode(), kind + orjson.dumps({"id": dlq_id, "req": req}),
+                partition=self.partition_of(dlq_id), timestamp=None, headers=None,
+            )
+            await ack
+            return await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError:
+            return {"id": dlq_id, "status": "accepted"}
+        finally:
+            self.waiters.pop(req, None)
+
+    # -- recovery and reads ---------------------------------------------------------------------------
+
+    async def on_recovered(self) -> None:
+        started = time.perf_counter()
+        owned = active_partitions(self.app, self.schedule)
+        self.low_water = {}
+        self.expiry_low_water = {}
+        self.tick_sent = {}
+        self.send_failures = {}
+        rows = self.counts.rebuild(
+            {p: iter_items(partition_db(self.schedule, p)) for p in owned},
+            {p: iter_items(partition_db(self.parked, p)) for p in owned},
+        )
+        self.update_gauges()
+        log.info(
+            "recovered %d scheduled and parked messages in %d partitions (%.2fs)",
+            rows, len(owned), time.perf_counter() - started,
+        )
+
+    def owned(self) -> set[int]:
+        return active_partitions(self.app, self.schedule)
+
+    def update_gauges(self) -> None:
+        totals = self.counts.totals(self.owned())
+        STORED.labels("schedule").set(totals["scheduled"])
+        STORED.labels("parked").set(totals["parked"])
+
+    def index_entry(self, dlq_id: str) -> Entry | Done | None:
+        """For HTTP reads: the scheduled entry of an id, its done marker, or nothing."""
+        partition = self.partition_of(dlq_id)
+        raw_index = partition_db(self.index, partition).get(id_key(dlq_id))
+        if raw_index is None:
+            return None
+        state = decode_index(bytes(raw_index))
+        if isinstance(state, Done):
+            return state
+        raw = partition_db(self.schedule, partition).get(state)
+        return decode_entry(bytes(raw)) if raw is not None else None
+
+    def scheduled_entry(self, dlq_id: str) -> Entry | None:
+        state = self.index_entry(dlq_id)
+        return state if isinstance(state, Entry) else None
+
+    def parked_entry(self, dlq_id: str) -> Entry | None:
+        raw = partition_db(self.parked, self.partition_of(dlq_id)).get(id_key(dlq_id))
+        return decode_entry(bytes(raw)) if raw is not None else None
+
+    def oldest_due(self, partitions: set[int]) -> int | None:
+        oldest: int | None = None
+        for p in partitions:
+            key = first_due_key(partition_db(self.schedule, p), self.low_water.get(p, b""))
+            if key is not None:
+                due = int.from_bytes(key[:8], "big")
+                oldest = due if oldest is None else min(oldest, due)
+        return oldest

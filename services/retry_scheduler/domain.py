@@ -1,0 +1,287 @@
+"""Retry policy, as pure functions: when a dead letter is due again, or whether it is parked.
+
+Attempts
+    ``dlq.attempt`` counts the failed processing attempts so far, from 1. A dead letter
+    whose attempt has reached the policy's ``max_attempts`` is parked (published to
+    ``parking-lot``); otherwise it is redelivered to its retry topic after a backoff.
+    With ``max_attempts = 5`` a message is processed at most five times: the first try
+    and four redeliveries. ``max_attempts = 1`` means never retried.
+
+Backoff
+    The delay before redelivering attempt ``n`` is capped exponential:
+    ``cap(n) = min(max_delay_ms, base_delay_ms * 2 ** (n - 1))``, with jitter:
+
+    - ``full``:  uniform in ``[0, cap(n))``
+    - ``equal``: ``cap(n) / 2`` plus uniform in ``[0, cap(n) / 2)``
+    - ``none``:  exactly ``cap(n)``
+
+    The jitter is a pure function of ``(dlq.id, attempt)``, so a duplicated or replayed
+    dead letter is due at exactly the same time as the original. The delay counts from
+    ``dlq.failed.at`` (clamped to the time it is scheduled, so a clock ahead of ours
+    cannot push it further out).
+
+Overrides
+    Per origin topic and per error class, any of ``max_attempts``, ``base_delay_ms``,
+    ``max_delay_ms`` and ``jitter`` can be overridden (``STATEFLEET_RETRY_POLICY_OVERRIDES``,
+    JSON). Fields are applied in order: defaults, then the origin topic's override, then
+    the error class's override. Error classes that mean the message itself is bad
+    (:data:`NEVER_RETRIED`) are parked at once unless an override says otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import orjson
+
+Jitter = Literal["full", "equal", "none"]
+JITTERS: tuple[Jitter, ...] = ("full", "equal", "none")
+
+#: Largest due time representable in a schedule key (about 2.28 million years of epoch ms).
+MAX_DUE_MS = (1 << 56) - 1
+#: Beyond this many doublings the cap is reached anyway; keeps ``2 ** n`` small.
+_MAX_DOUBLINGS = 62
+
+#: Error classes that say the message itself is malformed: retrying cannot help.
+NEVER_RETRIED: Mapping[str, Mapping[str, Any]] = {
+    "ValidationError": {"max_attempts": 1},
+    "InvalidInput": {"max_attempts": 1},
+    "InvalidCommand": {"max_attempts": 1},
+    "DecodeError": {"max_attempts": 1},
+}
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_POLICY_FIELDS = ("max_attempts", "base_delay_ms", "max_delay_ms", "jitter")
+
+
+class PolicyError(ValueError):
+    """The configured policy overrides are not valid."""
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    max_attempts: int = 5
+    base_delay_ms: int = 1000
+    max_delay_ms: int = 3_600_000
+    jitter: Jitter = "equal"
+
+    def cap_ms(self, attempt: int) -> int:
+        """The capped exponential delay of ``attempt`` (before jitter)."""
+        doublings = min(max(attempt, 1) - 1, _MAX_DOUBLINGS)
+        return min(self.max_delay_ms, self.base_delay_ms * (1 << doublings))
+
+    def delay_bounds(self, attempt: int) -> tuple[int, int]:
+        """The smallest and largest delay jitter can give ``attempt`` (inclusive)."""
+        cap = self.cap_ms(attempt)
+        if self.jitter == "full":
+            return 0, cap
+        if self.jitter == "equal":
+            return cap // 2, cap
+        return cap, cap
+
+    def delay_ms(self, dlq_id: str, attempt: int) -> int:
+        """The backoff before redelivering ``attempt`` of ``dlq_id``: deterministic per (id, attempt)."""
+        cap = self.cap_ms(attempt)
+        if self.jitter == "none":
+            return cap
+        fraction = jitter_fraction(dlq_id, attempt)
+        if self.jitter == "full":
+            return int(cap * fraction)
+        half = cap // 2
+        return half + int((cap - half) * fraction)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_attempts": self.max_attempts, "base_delay_ms": self.base_delay_ms,
+            "max_delay_ms": self.max_delay_ms, "jitter": self.jitter,
+        }
+
+
+def jitter_fraction(dlq_id: str, attempt: int) -> float:
+    """A number in ``[0, 1)`` that depends only on ``(dlq_id, attempt)``."""
+    digest = hashlib.blake2b(f"{attempt}\x00{dlq_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / float(1 << 64)
+
+
+def _validate_fields(where: str, raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{where}: expected an object of policy fields, got {type(raw).__name__}")
+    unknown = set(raw) - set(_POLICY_FIELDS)
+    if unknown:
+        raise PolicyError(f"{where}: unknown fields {sorted(unknown)}; allowed: {list(_POLICY_FIELDS)}")
+    out: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name == "jitter":
+            if value not in JITTERS:
+                raise PolicyError(f"{where}.jitter: must be one of {list(JITTERS)}, got {value!r}")
+        else:
+            minimum = 1 if name == "max_attempts" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise PolicyError(f"{where}.{name}: must be an integer >= {minimum}, got {value!r}")
+        out[name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class PolicyBook:
+    """The default policy and its overrides; :meth:`policy_for` picks the one for a message."""
+
+    default: Policy = field(default_factory=Policy)
+    by_origin_topic: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    by_error_class: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: dict(NEVER_RETRIED))
+    topic_prefix: str = ""
+
+    def policy_for(self, origin_topic: str, error_class: str) -> Policy:
+        policy = self.default
+        topic_override = self.by_origin_topic.get(origin_topic)
+        if topic_override is None and self.topic_prefix and origin_topic.startswith(self.topic_prefix):
+            topic_override = self.by_origin_topic.get(origin_topic[len(self.topic_prefix):])
+        if topic_override:
+            policy = replace(policy, **topic_override)
+        class_override = self.by_error_class.get(error_class)
+        if class_override:
+            policy = replace(policy, **class_override)
+        return policy
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "default": self.default.to_json(),
+            "origin_topic": {k: dict(v) for k, v in sorted(self.by_origin_topic.items())},
+            "error_class": {k: dict(v) for k, v in sorted(self.by_error_class.items())},
+        }
+
+
+def parse_overrides(text: str) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Read ``{"origin_topic": {topic: fields}, "error_class": {class: fields}}``; both optional."""
+    if not text.strip():
+        return {}, {}
+    try:
+        raw = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise PolicyError(f"retry policy overrides are not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise PolicyError("retry policy overrides must be a JSON object")
+    unknown = set(raw) - {"origin_topic", "error_class"}
+    if unknown:
+        raise PolicyError(f"retry policy overrides: unknown sections {sorted(unknown)}; use origin_topic, error_class")
+    sections: list[dict[str, dict[str, Any]]] = []
+    for section in ("origin_topic", "error_class"):
+        entries = raw.get(section, {})
+        if not isinstance(entries, dict):
+            raise PolicyError(f"{section}: expected an object keyed by name")
+        sections.append({name: _validate_fields(f"{section}[{name!r}]", fields) for name, fields in entries.items()})
+    return sections[0], sections[1]
+
+
+def build_policy_book(
+    *,
+    max_attempts: int,
+    base_delay_ms: int,
+    max_delay_ms: int,
+    jitter: str,
+    overrides: str,
+    topic_prefix: str = "",
+) -> PolicyBook:
+    """The policies from settings: configured error-class overrides are merged over the built-in ones."""
+    if jitter not in JITTERS:
+        raise PolicyError(f"jitter must be one of {list(JITTERS)}, got {jitter!r}")
+    by_topic, by_class = parse_overrides(overrides)
+    classes: dict[str, dict[str, Any]] = {name: dict(fields) for name, fields in NEVER_RETRIED.items()}
+    for name, fields in by_class.items():
+        classes[name] = {**classes.get(name, {}), **fields}
+    default = Policy(
+        max_attempts=max_attempts, base_delay_ms=base_delay_ms, max_delay_ms=max_delay_ms,
+        jitter=jitter,
+    )
+    return PolicyBook(default=default, by_origin_topic=by_topic, by_error_class=classes, topic_prefix=topic_prefix)
+
+
+# -- decisions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    due_at: int
+    policy: Policy
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    reason: str
+    policy: Policy
+
+
+def due_time(policy: Policy, dlq_id: str, attempt: int, failed_at: int, now_ms: int) -> int:
+    """When ``attempt`` of ``dlq_id`` is redelivered: ``failed_at`` (at most now) plus the backoff."""
+    start = min(max(failed_at, 0), now_ms)
+    return min(start + policy.delay_ms(dlq_id, attempt), MAX_DUE_MS)
+
+
+def decide(
+    book: PolicyBook,
+    *,
+    dlq_id: str,
+    attempt: int,
+    origin_topic: str,
+    error_class: str,
+    failed_at: int,
+    retry_topic: str,
+    now_ms: int,
+    forbidden_retry_topics: frozenset[str] = frozenset(),
+    has_key_or_value: bool = True,
+) -> Schedule | Park:
+    """Schedule the next delivery of a dead letter, or park it."""
+    policy = book.policy_for(origin_topic, error_class)
+    problem = retry_topic_problem(retry_topic, forbidden_retry_topics)
+    if problem is not None:
+        return Park(problem, policy)
+    if not has_key_or_value:
+        return Park("a message with neither key nor value cannot be redelivered", policy)
+    if attempt >= policy.max_attempts:
+        if policy.max_attempts == 1:
+            return Park(f"{error_class} from {origin_topic} is not retried (max_attempts 1)", policy)
+        return Park(f"attempt {attempt} reached max_attempts {policy.max_attempts}", policy)
+    return Schedule(due_time(policy, dlq_id, attempt, failed_at, now_ms), policy)
+
+
+def retry_topic_problem(topic: str, forbidden: frozenset[str] = frozenset()) -> str | None:
+    """Why a message cannot be redelivered to ``topic``, or ``None`` when it can."""
+    if not _TOPIC_NAME.match(topic) or topic in (".", ".."):
+        return f"retry topic {topic[:300]!r} is not a valid Kafka topic name"
+    if topic in forbidden:
+        return f"retry topic {topic!r} would loop back into the scheduler"
+    return None
+
+
+# -- headers -------------------------------------------------------------------------------------
+
+
+def merge_headers(raw: list[tuple[str, bytes]], normalized_dlq: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """The headers to redeliver with: every received header in its place, known ``dlq.*``
+    ones replaced by their normalized values (so defaults fill missing ones), and the
+    ``dlq.*`` headers the message lacked appended."""
+    wanted = dict(normalized_dlq)
+    out: list[tuple[str, bytes]] = []
+    placed: set[str] = set()
+    for name, value in raw:
+        if name in wanted:
+            if name in placed:
+                continue
+            out.append((name, wanted[name]))
+            placed.add(name)
+        else:
+            out.append((name, value))
+    out.extend((name, value) for name, value in normalized_dlq if name not in placed)
+    return out
+
+
+def percentile(sorted_values: list[int], q: float) -> int | None:
+    """Nearest-rank percentile (``q`` in 0..100) of an ascending list."""
+    if not sorted_values:
+        return None
+    rank = max(1, min(len(sorted_values), -(-len(sorted_values) * q // 100)))
+    return sorted_values[int(rank) - 1]

@@ -1,0 +1,107 @@
+"""Helpers for running the retry scheduler on the real broker in tests.
+
+The policy differs by origin topic (through the overrides), so one process serves
+tests that need fast retries and tests that need messages to stay scheduled:
+
+- ``orders``: 300 ms, then 600 ms, then 1 s (capped), no jitter, 4 attempts
+- ``slow``: 10 minutes
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+
+from shared import dead_letters as dl
+from tests.support.kafka import Record, create_topics, produce, read_all
+from tests.support.services import ServiceProcess, free_port
+
+TICK_S = 0.2
+TOKEN = "test-admin-token"
+OVERRIDES = {"origin_topic": {"slow": {"base_delay_ms": 600_000, "max_delay_ms": 600_000}}}
+
+
+def scheduler_env(kafka_bootstrap: str, prefix: str, data_dir: Path) -> dict[str, str]:
+    return {
+        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "STATEFLEET_TOPIC_PREFIX": prefix,
+        "STATEFLEET_DATA_DIR": str(data_dir),
+        "STATEFLEET_LOG_LEVEL": "INFO",
+        "STATEFLEET_RETRY_TICK_INTERVAL_S": str(TICK_S),
+        "STATEFLEET_RETRY_MAX_ATTEMPTS": "4",
+        "STATEFLEET_RETRY_BASE_DELAY_MS": "300",
+        "STATEFLEET_RETRY_MAX_DELAY_MS": "1000",
+        "STATEFLEET_RETRY_JITTER": "none",
+        "STATEFLEET_RETRY_POLICY_OVERRIDES": orjson.dumps(OVERRIDES).decode(),
+        "STATEFLEET_ADMIN_TOKEN": TOKEN,
+        "STATEFLEET_STANDBY_REPLICAS": "0",
+    }
+
+
+@dataclass
+class Scheduler:
+    """A running scheduler plus the helpers tests use against it."""
+
+    proc: ServiceProcess
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return self.proc.url
+
+    @property
+    def dead_letters(self) -> str:
+        return f"{self.prefix}dead-letters"
+
+    @property
+    def parking_lot(self) -> str:
+        return f"{self.prefix}parking-lot"
+
+    def retry_topic(self, name: str) -> str:
+        topic = f"{self.prefix}retry-{name}"
+        create_topics([topic])
+        return topic
+
+    def get(self, path: str, **params: object) -> httpx.Response:
+        return httpx.get(self.url + path, params=params, timeout=10)  # type: ignore[arg-type]
+
+    def admin(self, method: str, path: str, token: str | None = TOKEN) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        return httpx.request(method, self.url + path, headers=headers, timeout=10)
+
+
+def letter_headers(
+    dlq_id: str, retry_topic: str, *, attempt: int = 1, origin: str = "orders", error: str = "Boom",
+    failed_at: int | None = None, extra: list[tuple[str, bytes]] | None = None,
+) -> list[tuple[str, bytes]]:
+    at = failed_at if failed_at is not None else int(time.time() * 1000)
+    return [*(extra or []), *[(k, str(v).encode()) for k, v in {
+        dl.ID: dlq_id, dl.ORIGINAL_TOPIC: origin, dl.ORIGINAL_PARTITION: 0, dl.ORIGINAL_OFFSET: 7,
+        dl.RETRY_TOPIC: retry_topic, dl.ATTEMPT: attempt, dl.ERROR_CLASS: error, dl.ERROR_MESSAGE: "it broke",
+        dl.FIRST_FAILED_AT: at, dl.FAILED_AT: at,
+    }.items()]]
+
+
+def send_letter(s: Scheduler, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
+    produce(s.dead_letters, [(key, value)], headers=headers)
+
+
+def records_for(topic: str, dlq_id: str) -> list[Record]:
+    return [r for r in read_all(topic) if dict(r.headers).get(dl.ID) == dlq_id.encode()]
+
+
+def new_id(label: str) -> str:
+    return f"{label}-{uuid.uuid4().hex[:8]}"
+
+
+def start_scheduler(env: dict[str, str], log_dir: Path, instance: str = "a", port: int | None = None) -> ServiceProcess:
+    proc = ServiceProcess(
+        "retry_scheduler", {**env, "STATEFLEET_INSTANCE_ID": instance},
+        log_dir / f"retry-scheduler-{instance}-{uuid.uuid4().hex[:4]}.log", port=port or free_port(),
+    )
+    return proc.start().wait_ready()

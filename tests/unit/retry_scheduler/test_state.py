@@ -1,0 +1,223 @@
+"""Schedule keys sort by due time then id; entries round-trip; scans read only what is due."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rocksdict import Options, Rdict, ReadOptions
+
+from services.retry_scheduler.domain import MAX_DUE_MS
+from services.retry_scheduler.state import (
+    FAUST_OFFSET_KEY,
+    BadKey,
+    Counts,
+    Done,
+    Entry,
+    decode_entry,
+    decode_index,
+    due_key,
+    due_prefix,
+    encode_done,
+    encode_entry,
+    entry_from_letter,
+    first_due_key,
+    id_key,
+    id_of,
+    is_due_key,
+    scan_due,
+    scan_ids,
+    scan_page,
+    split_due_key,
+)
+from shared.dead_letters import parse_dead_letter
+
+dues = st.integers(min_value=0, max_value=MAX_DUE_MS)
+ids = st.text(min_size=1, max_size=30)
+
+
+@given(st.lists(st.tuples(dues, ids), min_size=2, max_size=50, unique=True))
+def test_key_order_is_due_order_then_id_order(pairs: list[tuple[int, str]]) -> None:
+    by_key = sorted(pairs, key=lambda p: due_key(*p))
+    assert by_key == sorted(pairs)
+
+
+@given(dues, ids)
+def test_keys_round_trip_and_sort_before_faust_offset_key(due: int, dlq_id: str) -> None:
+    key = due_key(due, dlq_id)
+    assert is_due_key(key)
+    assert split_due_key(key) == (due, dlq_id)
+    assert key < FAUST_OFFSET_KEY
+    assert due_prefix(due) <= key < due_prefix(due + 1) or due == MAX_DUE_MS
+
+
+@given(dues, dues, ids, ids)
+def test_an_earlier_due_time_always_sorts_first(d1: int, d2: int, a: str, b: str) -> None:
+    if d1 < d2:
+        assert due_key(d1, a) < due_key(d2, b)
+
+
+def test_due_times_out_of_range_are_refused() -> None:
+    with pytest.raises(BadKey):
+        due_key(-1, "a")
+    with pytest.raises(BadKey):
+        due_key(MAX_DUE_MS + 1, "a")
+    with pytest.raises(BadKey):
+        split_due_key(FAUST_OFFSET_KEY)
+
+
+@given(ids)
+def test_id_keys_never_collide_with_faust_offset_key(dlq_id: str) -> None:
+    assert id_key(dlq_id) != FAUST_OFFSET_KEY
+    assert id_of(id_key(dlq_id)) == dlq_id
+    assert not is_due_key(id_key(dlq_id))
+
+
+def entry(dlq_id: str = "a", due: int = 0, **kw: object) -> Entry:
+    base: dict[str, object] = dict(
+        id=dlq_id, key=b"k\x00\xff", value=b"\x00v", headers=(("h", b"\x01"), ("dlq.id", dlq_id.encode())),
+        retry_topic="retry", attempt=2, origin_topic="orders", origin_partition=3, origin_offset=9,
+        error_class="Boom", error_message="bad", first_failed_at=1, failed_at=2, received_at=3,
+        due_at=due, max_attempts=5,
+    )
+    base.update(kw)
+    return Entry(**base)  # type: ignore[arg-type]
+
+
+def test_entries_round_trip_with_binary_key_value_and_headers() -> None:
+    e = entry()
+    assert decode_entry(encode_entry(e)) == e
+    tomb = entry(key=None, value=None, parked_at=7, parked_reason="why")
+    assert decode_entry(encode_entry(tomb)) == tomb
+    with pytest.raises(ValueError):
+        decode_entry(b"{}")
+    with pytest.raises(ValueError):
+        decode_entry(b"\xff")
+
+
+def test_entry_from_a_letter_without_headers_gets_the_contract_defaults() -> None:
+    letter = parse_dead_letter(
+        b"k", b"v", None, topic="dead-letters", partition=1, offset=5, timestamp_ms=1000, default_retry_topic="retry",
+    )
+    e = entry_from_letter(letter, [], received_at=2000)
+    headers = dict(e.headers)
+    assert e.attempt == 1 and e.retry_topic == "retry" and e.id == letter.id and len(e.id) == 32
+    assert headers["dlq.id"] == e.id.encode() and headers["dlq.attempt"] == b"1"
+    assert headers["dlq.original.topic"] == b"dead-letters" and headers["dlq.failed.at"] == b"1000"
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Rdict]:
+    d = Rdict(str(tmp_path / "p.db"), Options(raw_mode=True))
+    d.set_read_options(ReadOptions())
+    d.put(FAUST_OFFSET_KEY, b"42")
+    yield d
+    d.close()
+
+
+def fill(db: Rdict, dues: list[int], origin: str = "orders") -> list[bytes]:
+    keys = []
+    for i, due in enumerate(dues):
+        key = due_key(due, f"id{i:04d}")
+        db.put(key, encode_entry(entry(f"id{i:04d}", due, origin_topic=origin)))
+        keys.append(key)
+    return keys
+
+
+def test_scan_due_reads_only_due_entries_in_order(db: Rdict) -> None:
+    fill(db, [300, 100, 200, 1000, 5000])
+    scan = scan_due(db, now_ms=300, limit=100)
+    assert [split_due_key(k)[0] for k, _ in scan.items] == [100, 200, 300]
+    assert scan.examined == 4 and not scan.more_due  # the three due plus the one that ends the scan
+    assert decode_entry(scan.items[0][1]).due_at == 100
+
+
+def test_scan_due_stops_at_the_limit_and_says_more_are_due(db: Rdict) -> None:
+    fill(db, [1, 2, 3, 4])
+    scan = scan_due(db, now_ms=10, limit=2)
+    assert [split_due_key(k)[0] for k, _ in scan.items] == [1, 2] and scan.more_due
+    rest = scan_due(db, now_ms=10, limit=2, start=scan.items[-1][0])
+    assert [split_due_key(k)[0] for k, _ in rest.items] == [2, 3] and rest.more_due  # start is inclusive
+
+
+def test_scan_due_never_returns_faust_offset_key(db: Rdict) -> None:
+    assert scan_due(db, now_ms=MAX_DUE_MS, limit=10).items == []
+    fill(db, [MAX_DUE_MS])
+    assert len(scan_due(db, now_ms=MAX_DUE_MS, limit=10).items) == 1
+
+
+def test_scan_from_a_low_water_key_skips_deleted_entries(db: Rdict) -> None:
+    keys = fill(db, [*range(20_000), 10**12])
+    for key in keys[:-1]:
+        db.delete(key)
+    assert first_due_key(db) == keys[-1]
+    started = time.perf_counter()
+    for _ in range(50):
+        scan_due(db, now_ms=10**11, limit=10, start=due_prefix(20_000))
+    from_low_water = time.perf_counter() - started
+    started = time.perf_counter()
+    for _ in range(50):
+        scan_due(db, now_ms=10**11, limit=10)
+    from_first = time.perf_counter() - started
+    # Tombstones of deleted entries are skipped one by one from the first key; not from low water.
+    assert from_low_water * 5 < from_first
+
+
+def test_scan_page_filters_pages_and_respects_the_budget(db: Rdict) -> None:
+    fill(db, [10, 20, 30, 40, 50])
+    db.put(due_key(25, "other"), encode_entry(entry("other", 25, origin_topic="payments")))
+    page = scan_page(db, after=None, limit=2, due_before=None, origin_topic=None, budget=100)
+    assert [split_due_key(k) for k, _ in page.items] == [(10, "id0000"), (20, "id0001")] and not page.exhausted
+    page = scan_page(db, after=page.items[-1][0], limit=10, due_before=45, origin_topic="orders", budget=100)
+    assert [split_due_key(k)[0] for k, _ in page.items] == [30, 40] and page.exhausted
+    page = scan_page(db, after=None, limit=10, due_before=None, origin_topic="payments", budget=2)
+    assert page.items == [] and page.frontier == due_key(20, "id0001") and not page.exhausted
+
+
+def test_scan_ids_lists_parked_rows_in_id_order(db: Rdict) -> None:
+    for name in ("c", "a", "b"):
+        db.put(id_key(name), encode_entry(entry(name)))
+    page = scan_ids(db, after=None, limit=2, origin_topic=None, budget=100)
+    assert [id_of(k) for k, _ in page.items] == ["a", "b"]
+    page = scan_ids(db, after=id_key("b"), limit=2, origin_topic=None, budget=100)
+    assert [id_of(k) for k, _ in page.items] == ["c"] and page.exhausted
+
+
+def test_counts_rebuild_and_follow_changes() -> None:
+    a, b = entry("a"), entry("b", error_class="Timeout", origin_topic="payments")
+    counts = Counts()
+    rows = counts.rebuild(
+        {0: [(due_key(1, "a"), encode_entry(a)), (FAUST_OFFSET_KEY, b"1")], 1: [(due_key(1, "b"), encode_entry(b))]},
+        {1: [(id_key("p"), encode_entry(a))]},
+    )
+    assert rows == 3
+    totals = counts.totals({0, 1})
+    assert totals["scheduled"] == 2 and totals["parked"] == 1
+    assert totals["by_origin_topic"] == {"orders": 1, "payments": 1}
+    assert totals["by_error_class"] == {"Boom": 1, "Timeout": 1}
+    assert counts.totals({0})["scheduled"] == 1 and counts.totals({0})["parked"] == 0
+    counts.add("scheduled", 0, a, -1)
+    assert counts.totals({0, 1})["by_origin_topic"] == {"payments": 1}
+
+
+@given(st.sampled_from([b"D", b"C", b"U"]), st.integers(0, 2**32 - 1), dues, ids)
+def test_index_values_tell_a_scheduled_key_from_a_done_marker(kind: bytes, attempt: int, due: int, dlq_id: str) -> None:
+    expiry = due_key(due, dlq_id)
+    assert decode_index(encode_done(kind, attempt, expiry)) == Done(kind, attempt, expiry)
+    assert decode_index(expiry) == expiry  # a due key always starts with 0x00
+
+
+def test_entry_from_a_letter_clamps_numbers_it_cannot_store() -> None:
+    letter = parse_dead_letter(
+        b"k", b"v", [("dlq.attempt", b"99999999999999999999"), ("dlq.failed.at", b"-99999999999999999999999"),
+                     ("dlq.original.offset", b"123456789012345678901234567890")],
+        topic="dead-letters", partition=1, offset=5, timestamp_ms=1000, default_retry_topic="retry",
+    )
+    e = entry_from_letter(letter, [], received_at=2000)
+    assert e.attempt == 2**31 - 1 and e.failed_at == 0 and e.origin_offset == 2**63 - 1
+    assert decode_entry(encode_entry(e)) == e
+    assert dict(e.headers)["dlq.attempt"] == b"99999999999999999999"  # headers go out as they came

@@ -1,0 +1,447 @@
+"""Retry scheduler benchmark: what a tick costs with many entries stored and few due, how
+fast due messages are redelivered, and how late.
+
+    python -m tools.bench retry_scheduler [--stored 1000000] [--due 1000] [--burst 20000]
+
+1. Storage: the tick's RocksDB work in-process, on databases opened with Faust's own
+   options (rocksdict): seek to the low-water key, read the due entries, decode them,
+   delete each and write its done marker and expiry row. Twenty rounds, each adding
+   ``--due`` due entries then ticking, with ``--due`` and with ``--stored`` entries
+   stored; and the same ticks seeking from the first key instead, which must step over
+   the tombstones of everything deleted before.
+2. Service: one scheduler worker (defaults: tick 1 s, batch limit 5000) whose schedule
+   is pre-loaded through its changelog topics (the records the service itself writes,
+   restored by Faust at start-up). Then ``--due`` dead letters all due at the same
+   instant: the agent time of the ticks that redeliver them, for ``--due`` and for
+   ``--stored`` entries stored. Then a burst of ``--burst`` dead letters due at one
+   instant: redelivery rate (first to last redelivery, from the records' timestamps)
+   and lateness (record timestamp minus due time), next to a bare aiokafka producer
+   sending the same records with the same acks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import rocksdict
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from faust.stores.rocksdb import RocksDBOptions
+
+from services.retry_scheduler.domain import percentile
+from services.retry_scheduler.state import (
+    DONE_REDELIVERED,
+    Entry,
+    decode_entry,
+    due_key,
+    due_prefix,
+    encode_done,
+    encode_entry,
+    id_key,
+    scan_due,
+    split_due_key,
+)
+from shared import dead_letters as dl
+from shared.partitioning import partition_for
+from shared.settings import Settings
+from shared.topic_admin import TopicSpec, ensure_topics_async
+from tools.bench.common import bootstrap, machine
+
+REPO = Path(__file__).resolve().parents[2]
+PARTITIONS = 8
+BASE_DELAY_MS = 5000
+#: Dead letters from this origin topic wait this long (a policy override), so a burst due at
+#: one instant can be read in full before it is due: failed_at = due - BURST_DELAY_MS.
+BURST_ORIGIN = "bench-burst"
+BURST_DELAY_MS = 600_000
+ROUNDS = 20
+FAR_FUTURE_MS = 10 * 24 * 3600 * 1000
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", flush=True)
+
+
+def sample_entry(dlq_id: str, due_at: int, retry_topic: str = "retry") -> Entry:
+    """A typical stored entry: a small JSON value, every dlq.* header, one header of its own."""
+    now = int(time.time() * 1000)
+    letter = dl.DeadLetter(
+        id=dlq_id, key=f"account-{dlq_id[-6:]}".encode(), value=b'{"account_id":"a-1","amount":120,"note":"x"}',
+        original_topic="account-commands", original_partition=3, original_offset=123456, retry_topic=retry_topic,
+        attempt=1, error_class="TimeoutError", error_message="downstream did not answer within 5s",
+        first_failed_at=now, failed_at=now, other_headers=[("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-01")],
+    )
+    return Entry(
+        id=dlq_id, key=letter.key, value=letter.value, headers=tuple(letter.headers()), retry_topic=retry_topic,
+        attempt=1, origin_topic=letter.original_topic, origin_partition=3, origin_offset=123456,
+        error_class=letter.error_class, error_message=letter.error_message, first_failed_at=now, failed_at=now,
+        received_at=now, due_at=due_at, max_attempts=5,
+    )
+
+
+# -- 1. storage ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Dbs:
+    schedule: Any
+    index: Any
+    expiry: Any
+
+
+def open_dbs(root: Path) -> Dbs:
+    options = RocksDBOptions()
+    return Dbs(*(options.open(root / f"{name}.db") for name in ("schedule", "index", "expiry")))
+
+
+def fill(dbs: Dbs, n: int, due_at: int | None, label: str) -> None:
+    template = encode_entry(sample_entry("x" * 12, 0))
+    batch = rocksdict.WriteBatch(raw_mode=True)
+    index = rocksdict.WriteBatch(raw_mode=True)
+    for i in range(n):
+        dlq_id = f"{label}-{i:09d}"
+        due = due_at if due_at is not None else int(time.time() * 1000) + FAR_FUTURE_MS + i
+        key = due_key(due, dlq_id)
+        batch.put(key, template)
+        index.put(id_key(dlq_id), key)
+        if len(batch) >= 50_000:
+            dbs.schedule.write(batch)
+            dbs.index.write(index)
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            index = rocksdict.WriteBatch(raw_mode=True)
+    dbs.schedule.write(batch)
+    dbs.index.write(index)
+
+
+def storage_tick(dbs: Dbs, now: int, start: bytes) -> tuple[int, bytes]:
+    """The tick's RocksDB work for one partition; returns (entries handled, next low-water key)."""
+    scan = scan_due(dbs.schedule, now, 5000, start)
+    for key, raw in scan.items:
+        decode_entry(raw)
+        _, dlq_id = split_due_key(key)
+        expiry = due_key(now + 3_600_000, dlq_id)
+        dbs.schedule.delete(key)
+        dbs.index.put(id_key(dlq_id), encode_done(DONE_REDELIVERED, 1, expiry))
+        dbs.expiry.put(expiry, b"1")
+    return len(scan.items), max(start, due_prefix(now + 1))
+
+
+def storage_bench(sizes: list[int], due: int) -> dict[tuple[int, str], list[float]]:
+    results: dict[tuple[int, str], list[float]] = {}
+    for stored in sizes:
+        for variant in ("low-water", "first key"):
+            with tempfile.TemporaryDirectory() as root:
+                dbs = open_dbs(Path(root))
+                started = time.perf_counter()
+                fill(dbs, stored - due, None, "future")
+                dbs.schedule.flush()
+                dbs.index.flush()
+                filled = time.perf_counter() - started
+                times: list[float] = []
+                start = b""
+                for r in range(ROUNDS):
+                    now = int(time.time() * 1000)
+                    fill(dbs, due, now - 1, f"due{r}")
+                    t0 = time.perf_counter()
+                    handled, low = storage_tick(dbs, now, start if variant == "low-water" else b"")
+                    times.append(time.perf_counter() - t0)
+                    start = low
+                    assert handled == due, (handled, due)
+                results[(stored, variant)] = times
+                log(
+                    f"storage: {stored:>9,} stored, {due:,} due, seek from {variant:9}: tick median "
+                    f"{statistics.median(times) * 1000:7.2f} ms, first {times[0] * 1000:7.2f} ms, "
+                    f"last {times[-1] * 1000:7.2f} ms (filled in {filled:.1f}s)"
+                )
+                for db in (dbs.schedule, dbs.index, dbs.expiry):
+                    db.close()
+    return results
+
+
+# -- 2. service -----------------------------------------------------------------------------------
+
+
+def changelog(prefix: str, table: str) -> str:
+    return f"{prefix}statefleet-retry_scheduler-{table}-changelog"
+
+
+async def prefill_changelogs(prefix: str, n: int) -> None:
+    """Stored entries, written to the tables' changelogs as the service writes them."""
+    if n <= 0:
+        return
+    settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
+    await ensure_topics_async(settings, [
+        TopicSpec(changelog(prefix, t), PARTITIONS, compacted=True) for t in ("schedule", "index", "expiry", "parked")
+    ])
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(), linger_ms=20, max_batch_size=512 * 1024, acks=1)
+    await producer.start()
+    try:
+        template = encode_entry(sample_entry("x" * 12, 0, retry_topic=f"{prefix}retry"))
+        base = int(time.time() * 1000) + FAR_FUTURE_MS
+        pending = []
+        for i in range(n):
+            dlq_id = f"stored-{i:09d}"
+            p = partition_for(dlq_id, PARTITIONS)
+            key = due_key(base + i, dlq_id)
+            pending.append(await producer.send(changelog(prefix, "schedule"), template, key=key, partition=p))
+            pending.append(await producer.send(changelog(prefix, "index"), key, key=id_key(dlq_id), partition=p))
+            if len(pending) >= 40_000:
+                for fut in pending:
+                    await fut
+                pending.clear()
+            if (i + 1) % 250_000 == 0:
+                log(f"  pre-loaded {i + 1:,} entries")
+        await producer.flush()
+        for fut in pending:
+            await fut
+    finally:
+        await producer.stop()
+
+
+def letters(
+    prefix: str, label: str, n: int, failed_at: int, origin: str = "account-commands",
+) -> Iterator[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
+    replaced = {dl.FAILED_AT: str(failed_at), dl.FIRST_FAILED_AT: str(failed_at), dl.ORIGINAL_TOPIC: origin}
+    for i in range(n):
+        dlq_id = f"{label}-{i:07d}"
+        e = sample_entry(dlq_id, 0, retry_topic=f"{prefix}retry")
+        headers = [(k, v) for k, v in e.headers if k not in replaced]
+        headers += [(k, v.encode()) for k, v in replaced.items()]
+        yield e.key or b"", e.value or b"", headers
+
+
+async def produce_letters(topic: str, records: list[tuple[bytes, bytes, list[tuple[str, bytes]]]], acks: Any) -> float:
+    """Send with one bare aiokafka producer; returns seconds until every record is acknowledged."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(), linger_ms=5, max_batch_size=256 * 1024, acks=acks)
+    await producer.start()
+    try:
+        started = time.perf_counter()
+        futures = [await producer.send(topic, value, key=key, headers=headers) for key, value, headers in records]
+        await producer.flush()
+        for fut in futures:
+            await fut
+        return time.perf_counter() - started
+    finally:
+        await producer.stop()
+
+
+async def read_timestamps(topic: str, label: str) -> list[int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(), enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out: list[int] = []
+        marker = label.encode()
+        while any([await consumer.position(tp) < ends[tp] for tp in tps]):
+            batch = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            for msgs in batch.values():
+                out.extend(m.timestamp for m in msgs if dict(m.headers).get(dl.ID, b"").startswith(marker))
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def topic_size(topic: str) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap())
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        ends = await consumer.end_offsets(tps) if tps else {}
+        return sum(ends.values())
+    finally:
+        await consumer.stop()
+
+
+async def delete_topics(prefix: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap())
+    await admin.start()
+    try:
+        mine = [t for t in await admin.list_topics() if t.startswith(prefix)]
+        if mine:
+            await admin.delete_topics(mine)
+    finally:
+        await admin.close()
+
+
+@dataclass
+class ServiceRun:
+    stored: int
+    ready_s: float
+    tick_ms: float
+    scan_ms: float
+    ticks: int
+    redelivered: int
+    burst: int
+    ingest_rate: float
+    redelivery_rate: float
+    lateness: tuple[int | None, int | None, int | None]
+    raw_produce_rate: float
+
+
+def scheduled_total(url: str) -> int:
+    """``statefleet_retry_scheduled_total``: dead letters scheduled since the worker started."""
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("statefleet_retry_scheduled_total "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    report = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > report:
+            report = time.monotonic() + 30
+            log(f"  still waiting for {what}")
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def stats(url: str) -> dict[str, Any]:
+    out: dict[str, Any] = httpx.get(url + "/retries/stats", timeout=30).json()
+    return out
+
+
+def service_bench(stored: int, due: int, burst: int, port: int) -> ServiceRun:
+    prefix = f"bench{uuid.uuid4().hex[:8]}."
+    dead, retry = f"{prefix}dead-letters", f"{prefix}retry"
+    settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
+    asyncio.run(ensure_topics_async(settings, [TopicSpec(t, PARTITIONS) for t in (dead, retry, f"{prefix}parking-lot")]))
+    t0 = time.perf_counter()
+    asyncio.run(prefill_changelogs(prefix, stored - due))
+    log(f"service, {stored:,} stored: pre-loaded {stored - due:,} entries into the changelogs in "
+        f"{time.perf_counter() - t0:.1f}s")
+    with tempfile.TemporaryDirectory() as data_dir:
+        env = {
+            **os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
+            "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": data_dir,
+            "STATEFLEET_HTTP_PORT": str(port), "STATEFLEET_INSTANCE_ID": "bench", "STATEFLEET_LOG_LEVEL": "WARNING",
+            "STATEFLEET_RETRY_BASE_DELAY_MS": str(BASE_DELAY_MS), "STATEFLEET_RETRY_JITTER": "none",
+            "STATEFLEET_STANDBY_REPLICAS": "0",
+            "STATEFLEET_RETRY_POLICY_OVERRIDES": orjson.dumps(
+                {"origin_topic": {BURST_ORIGIN: {"base_delay_ms": BURST_DELAY_MS, "max_delay_ms": BURST_DELAY_MS}}},
+            ).decode(),
+        }
+        log_path = Path(data_dir) / "worker.log"
+        with open(log_path, "wb") as worker_log:
+            started = time.perf_counter()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "services.retry_scheduler"], env=env, cwd=REPO,
+                stdout=worker_log, stderr=subprocess.STDOUT,
+            )
+            url = f"http://127.0.0.1:{port}"
+            try:
+                def ready() -> bool:
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"worker exited: {log_path.read_text()[-3000:]}")
+                    try:
+                        return httpx.get(url + "/readyz", timeout=2).status_code == 200
+                    except httpx.HTTPError:
+                        return False
+
+                wait_until(ready, 1800, "the worker to restore its tables")
+                ready_s = time.perf_counter() - started
+                assert stats(url)["scheduled"] == stored - due, stats(url)["scheduled"]
+                log(f"service, {stored:,} stored: ready after {ready_s:.1f}s (restore included)")
+
+                # -- one tick with `due` due among `stored` --------------------------------------
+                failed_at = int(time.time() * 1000)  # due BASE_DELAY_MS from now, all at the same instant
+                records = list(letters(prefix, "due", due, failed_at))
+                asyncio.run(produce_letters(dead, records, acks="all"))
+                wait_until(lambda: stats(url)["scheduled"] == stored, 60, "the due letters to be scheduled")
+                due_at = failed_at + BASE_DELAY_MS
+                wait_until(lambda: asyncio.run(topic_size(retry)) >= due, 120, "the due letters to be redelivered")
+                time.sleep(1.5)
+                busy = [t for t in stats(url)["busy_ticks"] if t["at"] >= due_at - 1]
+                tick_ms = sum(t["ms"] for t in busy)
+                scan_ms = sum(t["scan_ms"] for t in busy)
+                redelivered = sum(t["redelivered"] for t in busy)
+                log(f"service, {stored:,} stored, {due:,} due: {len(busy)} partition ticks redelivered {redelivered:,} "
+                    f"in {tick_ms:.1f} ms of agent time (scan {scan_ms:.2f} ms)")
+
+                # -- a burst: redelivery rate and lateness ---------------------------------------
+                records = list(letters(prefix, "burst", burst, 0))
+                raw_s = asyncio.run(produce_letters(f"{prefix}raw-baseline", records, acks="all"))
+                lead_ms = 10_000 + 2 * burst  # time to read them all before they are due (at 500/s or more)
+                failed_at = int(time.time() * 1000) + lead_ms - BURST_DELAY_MS
+                records = list(letters(prefix, "burst", burst, failed_at, origin=BURST_ORIGIN))
+                scheduled_before = scheduled_total(url)
+                ingest_start = time.perf_counter()
+                asyncio.run(produce_letters(dead, records, acks="all"))
+                wait_until(lambda: scheduled_total(url) >= scheduled_before + burst, 900, "the burst to be scheduled")
+                ingest_s = time.perf_counter() - ingest_start
+                burst_due = failed_at + BURST_DELAY_MS
+                if time.time() * 1000 > burst_due:
+                    log("WARNING: the burst was not all scheduled before it was due; rate and lateness include ingest")
+                wait_until(lambda: asyncio.run(topic_size(retry)) >= due + burst, 600, "the burst to be redelivered")
+                stamps = sorted(asyncio.run(read_timestamps(retry, "burst")))
+                span_s = max((stamps[-1] - stamps[0]) / 1000, 0.001)
+                late = sorted(ts - burst_due for ts in stamps)
+                run = ServiceRun(
+                    stored=stored, ready_s=ready_s, tick_ms=tick_ms, scan_ms=scan_ms, ticks=len(busy),
+                    redelivered=redelivered, burst=burst, ingest_rate=burst / ingest_s,
+                    redelivery_rate=burst / span_s,
+                    lateness=(percentile(late, 50), percentile(late, 99), late[-1] if late else None),
+                    raw_produce_rate=burst / raw_s,
+                )
+                log(f"service, {stored:,} stored, burst of {burst:,}: read and scheduled at {run.ingest_rate:,.0f}/s; "
+                    f"redelivered at {run.redelivery_rate:,.0f}/s ({span_s:.2f}s first to last); lateness p50 "
+                    f"{run.lateness[0]} ms, p99 {run.lateness[1]} ms, max {run.lateness[2]} ms; bare aiokafka "
+                    f"producer, same records, acks=all: {run.raw_produce_rate:,.0f}/s")
+                return run
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                asyncio.run(delete_topics(prefix))
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="bench retry_scheduler")
+    parser.add_argument("--stored", type=int, default=1_000_000, help="Entries stored in the large case")
+    parser.add_argument("--due", type=int, default=1000, help="Entries due in one tick")
+    parser.add_argument("--burst", type=int, default=20_000, help="Dead letters due at one instant (rate, lateness)")
+    parser.add_argument("--port", type=int, default=18003)
+    parser.add_argument("--skip-storage", action="store_true")
+    parser.add_argument("--skip-service", action="store_true")
+    args, _ = parser.parse_known_args(argv)
+    log(f"machine: {machine()}")
+    sizes = [args.due, args.stored]
+    if not args.skip_storage:
+        results = storage_bench(sizes, args.due)
+        small = statistics.median(results[(args.due, "low-water")])
+        large = statistics.median(results[(args.stored, "low-water")])
+        log(f"storage: tick with {args.stored:,} stored / with {args.due:,} stored = {large / small:.2f} "
+            f"(median of {ROUNDS} ticks, seeking from the low-water key)")
+    if not args.skip_service:
+        runs = [service_bench(n, args.due, args.burst, args.port) for n in sizes]
+        log(f"service: tick agent time with {args.stored:,} stored / with {args.due:,} stored = "
+            f"{runs[1].tick_ms / max(runs[0].tick_ms, 0.001):.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
