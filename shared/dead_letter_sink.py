@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 import faust
@@ -30,15 +31,20 @@ class DeadLetterSink:
 
     async def send(self, event: Any, error: BaseException) -> DeadLetter:
         """Dead-letter ``event``; returns once the send is queued (acked with the next flush)."""
+        letter, _ = await self.send_pending(event, error)
+        return letter
+
+    async def send_pending(self, event: Any, error: BaseException) -> tuple[DeadLetter, Awaitable[Any]]:
+        """Dead-letter ``event``; returns once the send is queued, with the future of its acknowledgement."""
         letter = self.letter_for(event, error)
         log.warning(
             "dead-lettering %s[%s]@%s (dlq.id=%s attempt=%s): %s: %s",
             event.message.topic, event.message.partition, event.message.offset,
             letter.id, letter.attempt, letter.error_class, letter.error_message,
         )
-        await self.app.producer.send(
+        ack: Awaitable[Any] = await self.app.producer.send(
             self.dead_letter_topic, letter.key, letter.value, partition=None, timestamp=None,
             headers=letter.headers(),
         )
         DEAD_LETTERS_WRITTEN.labels(self.service, letter.error_class).inc()
-        return letter
+        return letter, ack

@@ -5,10 +5,28 @@ Two hops, because inputs are keyed by account and tallies by program:
 1. ``route_inputs`` reads ``account-events``, ``logins`` and the service's retry topic,
    validates each record (bad ones become dead letters, with the original topic,
    partition and offset), and forwards them keyed by program_id to the internal
-   ``…-by-program`` topic.
-   One record per program per batch (:class:`ProgramInputs`).
+   ``…-by-program`` topic, one record per program per batch (:class:`ProgramInputs`).
 2. ``apply_inputs`` reads that topic. Per program partition it holds the memberships
    table (the state) and the last-logins table, and updates the derived counts.
+
+Both agents take each input partition exactly in order (:class:`~shared.durable.OrderedInput`:
+records below the partition's stored next offset are replays and are dropped; records
+the Faust stream skipped are read back from Kafka first), and write through
+:mod:`shared.durable`, changelog acknowledged before the local RocksDB:
+
+- ``route_inputs`` waits until the broker has acknowledged the batch's by-program
+  records and dead letters, then writes its next offsets (rows in ``memberships``,
+  partition p for input partition p).
+- ``apply_inputs`` reads the batch against an in-batch copy of the rows, then writes
+  the changed memberships and last-logins rows, each table followed by its copy of the
+  by-program next offsets, all in one round trip (:func:`~shared.durable.write_all`);
+  only then does it move the in-memory counts. The input resumes from the smaller of
+  the two copies, so a crash that left one table's rows in its changelog and not the
+  other's re-applies the difference, which the version check (memberships) and the
+  maximum (last logins) make harmless.
+
+So after a SIGKILL, with the local state kept or restored from the changelogs alone,
+every input record is applied exactly once in effect: none is skipped, none counts twice.
 
 Changed programs are marked dirty and published to ``program-tallies`` by a timer
 (at most once per interval per program, not once per input event). After every
@@ -20,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +61,9 @@ from services.tallies.state import (
 )
 from shared import codecs, dead_letters
 from shared.dead_letter_sink import DeadLetterSink
+from shared.durable import Backfill, DurableTable, OrderedInput, state_items, write_all
 from shared.faust_app import app_id, changelog_topic_specs, create_app
-from shared.faust_internals import active_partitions, event_context, partition_items
+from shared.faust_internals import active_partitions
 from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED
 from shared.partitioning import partition_for
 from shared.settings import Settings
@@ -61,19 +81,25 @@ class ProgramInputs:
     """One program's inputs from one batch, sent as one record: account changes in
     arrival order, and the largest login ts. Packing spares the second hop a message per
     input event; applying it is the same per-change version check, so a replayed record
-    changes nothing."""
+    changes nothing. ``records`` is how many input records it stands for (for the
+    processed-messages metric of the second hop)."""
 
     changes: list[AccountChange] = field(default_factory=list)
     last_login: int | None = None
+    records: int = 0
 
     def encode(self) -> bytes:
-        return codecs.dumps({"c": [[c.account_id, c.type, c.version] for c in self.changes], "l": self.last_login})
+        return codecs.dumps({
+            "c": [[c.account_id, c.type, c.version] for c in self.changes], "l": self.last_login, "n": self.records,
+        })
 
     @staticmethod
-    def decode(program_id: str, raw: bytes) -> ProgramInputs:
+    def decode(program_id: str, raw: bytes | None) -> ProgramInputs:
         obj = codecs.loads_object(raw)
         changes = [AccountChange(account_id=a, program_id=program_id, type=t, version=v) for a, t, v in obj["c"]]
-        return ProgramInputs(changes=changes, last_login=obj["l"])
+        last_login = obj["l"]
+        records = obj.get("n", len(changes) + (last_login is not None))
+        return ProgramInputs(changes=changes, last_login=last_login, records=records)
 
     def __len__(self) -> int:
         return len(self.changes) + (self.last_login is not None)
@@ -86,11 +112,23 @@ def pack_by_program(items: list[AccountChange | Login]) -> list[tuple[str, Progr
         parts = packed.setdefault(item.program_id, [ProgramInputs()])
         if isinstance(item, Login):
             parts[-1].last_login = latest_login(parts[-1].last_login, item.ts)
-            continue
-        if len(parts[-1].changes) >= MAX_CHANGES_PER_RECORD:
-            parts.append(ProgramInputs())
-        parts[-1].changes.append(item)
+        else:
+            if len(parts[-1].changes) >= MAX_CHANGES_PER_RECORD:
+                parts.append(ProgramInputs())
+            parts[-1].changes.append(item)
+        parts[-1].records += 1
     return [(program, part) for program, parts in packed.items() for part in parts]
+
+
+@dataclass
+class BatchWrites:
+    """What one batch of the second hop changes: rows to write, then count moves to apply."""
+
+    memberships: dict[tuple[int, bytes], bytes] = field(default_factory=dict)
+    last_logins: dict[tuple[int, bytes], bytes] = field(default_factory=dict)
+    #: (partition, program_id, status before, status after), in order
+    moves: list[tuple[int, str, str | None, str]] = field(default_factory=list)
+    programs: set[str] = field(default_factory=set)
 
 
 def parse_input(topic: str, value: bytes | None, headers: Any, topics: TopicNames) -> AccountChange | Login:
@@ -131,6 +169,14 @@ class TalliesService:
         self.last_logins = app.Table(
             "last-logins", partitions=partitions, key_type=bytes, value_type=bytes,
         )
+        self.memberships_store = DurableTable(app, self.memberships)
+        self.logins_store = DurableTable(app, self.last_logins)
+        self.backfill = Backfill(settings)
+        # The first hop has no state of its own: its next offsets are rows of memberships,
+        # so they move with the partition and are restored with it. The second hop keeps a
+        # copy in each table it writes.
+        self.input_order = OrderedInput(app, self.memberships_store, self.backfill)
+        self.program_order = OrderedInput(app, [self.memberships_store, self.logins_store], self.backfill)
         self.counts = ProgramCounts()
         self.dirty: set[str] = set()
         self.dead_letters = DeadLetterSink(
@@ -160,19 +206,26 @@ class TalliesService:
     async def route_inputs(self, stream: Any) -> None:
         async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
             started = time.perf_counter()
+            batch = await self.input_order.batch(events)
+            acks: list[Awaitable[Any]] = []
             items: list[AccountChange | Login] = []
-            for event in events:
-                msg = event.message
+            for record in batch.records:
                 try:
-                    items.append(parse_input(msg.topic, msg.value, msg.headers, self.topics))
+                    items.append(parse_input(record.topic, record.value, record.headers, self.topics))
                 except (codecs.DecodeError, InvalidInput) as exc:
-                    await self.dead_letters.send(event, exc)
+                    _, ack = await self.dead_letters.send_pending(record, exc)
+                    acks.append(ack)
             for program_id, inputs in pack_by_program(items):
-                await self.app.producer.send(
+                acks.append(await self.app.producer.send(
                     self.by_program_topic_name, program_id.encode(), inputs.encode(),
                     partition=None, timestamp=None, headers=None,
-                )
-            MESSAGES_PROCESSED.labels(SERVICE, "inputs").inc(len(events))
+                ))
+            # Everything the batch sends is acknowledged before its next offsets are written.
+            for ack in acks:
+                await ack
+            await write_all(self.input_order.writes(batch))
+            await self.input_order.done(batch)
+            MESSAGES_PROCESSED.labels(SERVICE, "inputs").inc(len(batch.records))
             BATCH_SECONDS.labels(SERVICE, "inputs").observe(time.perf_counter() - started)
 
     # -- hop 2: apply per program -----------------------------------------------------------
@@ -180,44 +233,64 @@ class TalliesService:
     async def apply_inputs(self, stream: Any) -> None:
         async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
             started = time.perf_counter()
+            batch = await self.program_order.batch(events)
+            writes = BatchWrites()
             applied = 0
-            for event in events:
-                program_id = event.message.key.decode()
-                inputs = ProgramInputs.decode(program_id, event.message.value)
-                with event_context(event):
-                    for change in inputs.changes:
-                        self.apply_change(event.message.partition, change)
-                    if inputs.last_login is not None:
-                        self.apply_login(program_id, inputs.last_login)
-                applied += len(inputs)
+            for record in batch.records:
+                try:
+                    program_id = (record.key or b"").decode()
+                    inputs = ProgramInputs.decode(program_id, record.value)
+                except (codecs.DecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+                    log.warning("skipping a by-program record that is not one this service wrote at %s[%s]@%s",
+                                record.topic, record.partition, record.offset)
+                    continue
+                for change in inputs.changes:
+                    self.apply_change(writes, record.partition, change)
+                if inputs.last_login is not None:
+                    self.apply_login(writes, record.partition, program_id, inputs.last_login)
+                applied += inputs.records
+            await write_all(self.program_order.writes(batch, {
+                self.memberships_store: writes.memberships, self.logins_store: writes.last_logins,
+            }))
+            # The rows are in the local tables now; the counts follow with no await in between,
+            # so a rebuild after a rebalance sees both or neither.
+            for partition, program_id, before, after in writes.moves:
+                self.counts.move(partition, program_id, before, after)
+            self.dirty.update(writes.programs)
+            await self.program_order.done(batch)
             MESSAGES_PROCESSED.labels(SERVICE, "by-program").inc(applied)
             BATCH_SECONDS.labels(SERVICE, "by-program").observe(time.perf_counter() - started)
 
-    def apply_change(self, partition: int, change: AccountChange) -> None:
-        key = membership_key(change.program_id, change.account_id)
-        raw = self.memberships.get(key)
+    def apply_change(self, writes: BatchWrites, partition: int, change: AccountChange) -> None:
+        """Add what ``change`` writes to ``writes`` (which also holds this batch's earlier changes)."""
+        row = (partition, membership_key(change.program_id, change.account_id))
+        raw = writes.memberships.get(row)
+        if raw is None:
+            raw = self.memberships_store.get(*row)
         current = decode_membership(raw) if raw is not None else None
         updated = apply_change(current, change)
         if updated is None:
             return  # a replay: this version is already applied
-        self.memberships[key] = encode_membership(updated)
-        self.counts.move(partition, change.program_id, current.status if current else None, updated.status)
-        self.dirty.add(change.program_id)
+        writes.memberships[row] = encode_membership(updated)
+        writes.moves.append((partition, change.program_id, current.status if current else None, updated.status))
+        writes.programs.add(change.program_id)
 
-    def apply_login(self, program_id: str, ts: int) -> None:
-        key = program_id.encode()
-        raw = self.last_logins.get(key)
+    def apply_login(self, writes: BatchWrites, partition: int, program_id: str, ts: int) -> None:
+        row = (partition, program_id.encode())
+        raw = writes.last_logins.get(row)
+        if raw is None:
+            raw = self.logins_store.get(*row)
         if raw is not None and int(raw) >= ts:
             return
-        self.last_logins[key] = str(ts).encode()
-        self.dirty.add(program_id)
+        writes.last_logins[row] = str(ts).encode()
+        writes.programs.add(program_id)
 
     # -- recovery and publishing --------------------------------------------------------------
 
     async def rebuild_counts(self) -> None:
         started = time.perf_counter()
         owned = active_partitions(self.app, self.memberships)
-        rows = self.counts.rebuild({p: partition_items(self.memberships, p) for p in owned})
+        rows = self.counts.rebuild({p: state_items(self.memberships, p) for p in owned})
         self.dirty.update(self.local_programs())
         log.info(
             "rebuilt counts from %d memberships in %d partitions (%.2fs); %d programs to republish",
@@ -227,7 +300,7 @@ class TalliesService:
     def tally(self, program_id: str) -> Tally | None:
         partition = self._partition(program_id)
         counts = self.counts.get(partition, program_id)
-        raw_login = self.last_logins.get(program_id.encode())
+        raw_login = self.logins_store.get(partition, program_id.encode())
         if counts is None and raw_login is None:
             return None
         active, inactive = counts if counts is not None else (0, 0)
@@ -239,7 +312,7 @@ class TalliesService:
     def local_programs(self) -> set[str]:
         programs = {program for _, program in self.counts.programs()}
         for p in active_partitions(self.app, self.last_logins):
-            programs.update(key.decode() for key, _ in partition_items(self.last_logins, p))
+            programs.update(key.decode() for key, _ in state_items(self.last_logins, p))
         return programs
 
     def _partition(self, program_id: str) -> int:

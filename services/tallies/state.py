@@ -6,6 +6,12 @@ they are derived from memberships when partitions are assigned and kept up to da
 in memory as memberships change. A crash between two writes therefore cannot leave
 counts and memberships disagreeing: after a restart the counts are rebuilt from
 whatever memberships were restored.
+
+Both tables (``memberships``: program_id NUL account_id → ``status:version``;
+``last-logins``: program_id → largest login ts) also hold the agents' next expected
+input offsets, under ``shared.durable.NEXT_OFFSET_PREFIX`` + topic. Program ids are
+non-empty and contain no NUL, so no tally key starts with that prefix; listings of the
+tables go through ``shared.durable.state_items``, which leaves those rows out.
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@
 Agents:
 
 ``validate`` (``account-commands``)
-    Takes a batch, completes it per partition (:class:`~services.validator.durable.OrderedInput`:
+    Takes a batch, completes it per partition (:class:`~shared.durable.OrderedInput`:
     replays dropped, records the Faust stream skipped read back), decides every
     command in order against an in-batch copy of the ``accounts`` rows
     (:func:`~services.validator.domain.plan_batch`, so command n+1 sees command n),
     sends the events, rejections and outcome records, waits until the broker has
     acknowledged all of them, and only then writes the changed ``accounts`` rows and
     the partitions' next offsets (changelog acknowledged first, see
-    :class:`~services.validator.durable.DurableTable`). A SIGKILL at any point
+    :class:`~shared.durable.DurableTable`). A SIGKILL at any point
     therefore leaves one of two situations: the state was not written, and the batch
     is decided again against the same state, re-sending identical events (same
     event_id, same version) that consumers drop; or it was written, and the replayed
@@ -66,7 +66,6 @@ from services.validator.domain import (
     pending_record,
     plan_batch,
 )
-from services.validator.durable import Backfill, DurableTable, InRecord, OrderedInput, Rows, ordered_rows
 from services.validator.state import (
     account_key,
     decode_listing,
@@ -82,6 +81,7 @@ from services.validator.state import (
 )
 from shared import codecs, dead_letters
 from shared.dead_letter_sink import DeadLetterSink
+from shared.durable import Backfill, DurableTable, InRecord, OrderedInput, Rows, ordered_rows
 from shared.faust_app import app_id, create_app
 from shared.faust_internals import partition_db
 from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED, REGISTRY

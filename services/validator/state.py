@@ -15,6 +15,10 @@
     → listing row JSON ``{"a","s","v","c","u"}``; the keys of one program sort oldest
     first, so a backwards scan lists newest first. ``I`` + program_id + NUL + account_id
     → the 8 created_at bytes, to find an account's listing row when it changes.
+
+Each table also holds its agents' next expected input offsets, under
+``shared.durable.NEXT_OFFSET_PREFIX`` + topic. Account ids, command ids and program ids
+cannot contain NUL, so those keys collide with none of the above.
 """
 
 from __future__ import annotations

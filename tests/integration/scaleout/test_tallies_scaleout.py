@@ -3,6 +3,7 @@ lists across pages, and correct answers (or 503, never stale data) when one dies
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +19,22 @@ pytestmark = pytest.mark.integration
 SERVED_BY = "x-statefleet-served-by"
 
 
-def start_instances(service_env: dict[str, str], tmp_path: Path, n: int) -> list[ServiceProcess]:
-    procs = []
-    for i in range(n):
-        env = {**service_env, "STATEFLEET_INSTANCE_ID": f"i{i}", "STATEFLEET_STANDBY_REPLICAS": "1",
-               "STATEFLEET_SESSION_TIMEOUT_S": "10"}
-        procs.append(ServiceProcess("tallies", env, tmp_path / f"tallies-i{i}.log", port=free_port()).start())
-    for p in procs:
-        p.wait_ready(120)
-    return procs
+@pytest.fixture
+def start_instances(service_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[int], list[ServiceProcess]]]:
+    procs: list[ServiceProcess] = []
+
+    def start(n: int) -> list[ServiceProcess]:
+        for i in range(n):
+            env = {**service_env, "STATEFLEET_INSTANCE_ID": f"i{i}", "STATEFLEET_STANDBY_REPLICAS": "1",
+                   "STATEFLEET_SESSION_TIMEOUT_S": "10"}
+            procs.append(ServiceProcess("tallies", env, tmp_path / f"tallies-i{i}.log", port=free_port()).start())
+        for p in procs:
+            p.wait_ready(120)
+        return procs
+
+    yield start
+    for proc in procs:
+        proc.kill()
 
 
 def listing(url: str, limit: int) -> list[dict[str, Any]] | None:
@@ -60,9 +68,9 @@ def topics(prefix: str) -> dict[str, str]:
     return names
 
 
-def test_any_instance_answers_any_key_and_survives_a_kill(service_env, tmp_path, topics) -> None:  # type: ignore[no-untyped-def]
+def test_any_instance_answers_any_key_and_survives_a_kill(start_instances, topics) -> None:  # type: ignore[no-untyped-def]
     history = generate(programs=16, accounts_per_program=10, seed=21)
-    procs = start_instances(service_env, tmp_path, 3)
+    procs = start_instances(3)
     produce(topics["events"], history.events)
     produce(topics["logins"], history.logins)
     wait_for(lambda: answers_everywhere(procs, history.expected), timeout=90, message="every key from every instance")
@@ -105,5 +113,3 @@ def test_any_instance_answers_any_key_and_survives_a_kill(service_env, tmp_path,
     for proc in survivors:
         items = listing(proc.url, 5)
         assert items is not None and {t["program_id"]: t for t in items} == expected
-    for proc in survivors:
-        proc.stop()

@@ -26,3 +26,19 @@ def test_pack_splits_large_programs_and_roundtrips() -> None:
     assert [len(p.changes) for _, p in parts] == [MAX_CHANGES_PER_RECORD, 3]
     decoded = ProgramInputs.decode("P", parts[1][1].encode())
     assert decoded.changes == parts[1][1].changes
+
+
+def test_each_part_counts_the_input_records_it_stands_for() -> None:
+    items: list[AccountChange | Login] = [
+        *(AccountChange(f"a{i}", "P", "AccountCreated", 1) for i in range(MAX_CHANGES_PER_RECORD + 1)),
+        Login("a", "P", 5), Login("b", "P", 7), Login("c", "Q", 1),
+    ]
+    parts = pack_by_program(items)
+    assert [(p, part.records) for p, part in parts] == [("P", MAX_CHANGES_PER_RECORD), ("P", 3), ("Q", 1)]
+    assert sum(part.records for _, part in parts) == len(items)
+    assert ProgramInputs.decode("P", parts[1][1].encode()).records == 3
+
+
+def test_a_record_without_a_count_counts_its_changes_and_login() -> None:
+    raw = b'{"c": [["a", "AccountCreated", 1], ["b", "AccountCreated", 1]], "l": 9}'
+    assert ProgramInputs.decode("P", raw).records == 3

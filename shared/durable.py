@@ -1,23 +1,29 @@
 """Exactly the input, in order, and state that is in the changelog before anything depends on it.
 
-Two things the validator cannot leave to Faust's at-least-once processing:
+Two things an agent that keeps state cannot leave to Faust's at-least-once processing:
 
 **Every input offset, in order.** Around start-up and rebalances Faust's consumer can
 skip records: it fetches while table recovery runs, discards what it fetched, seeks
 back to the committed offsets, and then drops re-fetched records below the offset it
-had already read (observed here as a batch ending at offset 220 followed by one
-starting at 235, and the validator deciding a command against a state that missed the
-one before it). So each agent keeps, per input partition, the next offset it expects,
-in its own table and written with the batch's state. :class:`OrderedInput` compares
+had already read (observed as a batch ending at offset 220 followed by one starting at
+235). So each agent keeps, per input partition, the next offset it expects, in the
+table(s) it writes and written with the batch's state. :class:`OrderedInput` compares
 each batch with it: records below it are replays and are dropped; a hole above it is
-read back from Kafka with a plain consumer and processed first.
+read back from Kafka with a plain consumer (:class:`Backfill`) and processed first.
+A hole is seen when the record after it arrives: records skipped at the very end of a
+partition wait for the partition's next record (or the next restart, as Faust does not
+commit past records it never delivered).
+The rows live in partition ``p`` of the table for input partition ``p``, which relies on
+Faust assigning the same partition number of co-partitioned topics (same partition
+count) and tables to the same instance.
 
 **State durable before it is relied on.** A Faust table write puts the row into the
 local RocksDB at once and queues its changelog record in the producer's buffer;
 ``producer.flush()`` is what offset commits rely on, and it can return with records
 still queued (it gives up after 100 ms without progress). An instance that then
-restores from the changelog would get an older row than the events already sent
-imply. So the validator's tables are written through :class:`DurableTable`:
+restores from the changelog would get an older row than the input already committed
+(or the output already sent) implies. So tables are written through
+:class:`DurableTable` (or :func:`write_all` for several tables at once):
 
 1. the changelog records are sent and each acknowledgement is awaited;
 2. then the rows go into the local RocksDB partition;
@@ -25,25 +31,37 @@ imply. So the validator's tables are written through :class:`DurableTable`:
    restoring from at start-up).
 
 A crash between 1 and 2 leaves the local row behind the changelog, and the restart
-replays the changelog from before it (3 had not happened). The expected-offset rows
-are written last in each batch, after the state rows of the same partition, so they
-are never ahead of the state either.
+replays the changelog from before it (3 had not happened). (When two agents write one
+table, the later write can be applied first; a crash then can leave the earlier write
+acknowledged but neither local nor replayed. It is lost whole, its next-offset rows with
+it, so its agent reads that input again.) The next-offset rows are
+written last in each batch, after the state rows of the same changelog partition, so
+they are never ahead of the state either. An agent whose state is spread over several
+tables keeps a copy of its next-offset rows in each (:meth:`OrderedInput.writes`) and
+resumes from the smallest: a crash that left one table's rows in its changelog and not
+another's makes the agent read the difference again, so its processing must be
+idempotent for those records.
+
+Tables written this way are raw-bytes tables (``key_type=bytes, value_type=bytes``)
+that the agent writes only through this module, never with ``table[key] = value``.
+Their keys must not start with :data:`NEXT_OFFSET_PREFIX`; :func:`state_items` lists a
+partition without those rows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.types import TP
 
 from shared import dead_letters
-from shared.faust_internals import mark_consumed, partition_db
+from shared.faust_internals import AnyTable, mark_consumed, partition_db, partition_items
 from shared.kafka_clients import client_kwargs
 from shared.settings import Settings
 
@@ -52,13 +70,24 @@ log = logging.getLogger(__name__)
 #: (partition, key) -> value
 Rows = Mapping[tuple[int, bytes], bytes]
 
-#: Prefix of the rows holding an input partition's next expected offset. Account ids,
-#: command ids and program ids cannot contain NUL, so these keys collide with nothing.
+#: Prefix of the rows holding an input partition's next expected offset. A table that
+#: holds them must have no key of its own starting with NUL.
 NEXT_OFFSET_PREFIX = b"\x00next-offset\x00"
 
 
 def next_offset_key(topic: str) -> bytes:
     return NEXT_OFFSET_PREFIX + topic.encode()
+
+
+def is_next_offset_key(key: bytes) -> bool:
+    return key.startswith(NEXT_OFFSET_PREFIX)
+
+
+def state_items(table: AnyTable, partition: int) -> Iterator[tuple[bytes, bytes]]:
+    """A partition's rows in key order, without Faust's offset row and the next-offset rows."""
+    for key, value in partition_items(table, partition):
+        if not is_next_offset_key(key):
+            yield key, value
 
 
 @dataclass(slots=True)
@@ -84,6 +113,12 @@ class InRecord:
         return cls(m.topic, m.partition, m.offset, m.key, m.value, dead_letters.header_items(m.headers), m.timestamp)
 
 
+class OffsetStore(Protocol):
+    """Where :class:`OrderedInput` reads next offsets from (a :class:`DurableTable`)."""
+
+    def get(self, partition: int, key: bytes) -> bytes | None: ...
+
+
 class DurableTable:
     """Write-through access to a raw-bytes Faust table (``key_type=bytes, value_type=bytes``)."""
 
@@ -98,22 +133,47 @@ class DurableTable:
 
     async def write(self, rows: Rows) -> None:
         """Make ``rows`` durable (changelog acknowledged), then visible locally, in ``rows`` order."""
-        if not rows:
-            return
+        await write_all([(self, rows)])
+
+    async def _send(self, rows: Rows) -> list[tuple[int, Awaitable[Any]]]:
         sent: list[tuple[int, Awaitable[Any]]] = []
         for (partition, key), value in rows.items():
             fut = await self.app.producer.send(
                 self.changelog, key, value, partition=partition, timestamp=None, headers=None,
             )
             sent.append((partition, fut))
+        return sent
+
+    @staticmethod
+    async def _acknowledged(sent: Sequence[tuple[int, Awaitable[Any]]]) -> dict[int, int]:
+        """Per changelog partition, the offset of the last record acknowledged."""
         offsets: dict[int, int] = {}
         for partition, fut in sent:
             metadata = await fut
             offsets[partition] = max(offsets.get(partition, -1), int(metadata.offset))
+        return offsets
+
+    def _apply(self, rows: Rows, offsets: Mapping[int, int]) -> None:
         for (partition, key), value in rows.items():
             partition_db(self.table, partition).put(key, value)
         for partition, offset in offsets.items():
             self.table.data.set_persisted_offset(TP(self.changelog, partition), offset)
+
+
+async def write_all(writes: Iterable[tuple[DurableTable, Rows]]) -> None:
+    """:meth:`DurableTable.write` for several tables with one round trip: every changelog
+    record is sent, every acknowledgement awaited, and only then are the rows put into
+    the local databases, all of them without yielding to the event loop in between.
+
+    Records of different changelogs can land in any order; only the order within one
+    changelog partition is kept. An agent that relies on that order across tables keeps
+    its next-offset rows in each of them (see :meth:`OrderedInput.writes`).
+    """
+    pending = [(table, rows) for table, rows in writes if rows]
+    sent = [await table._send(rows) for table, rows in pending]
+    acked = [await DurableTable._acknowledged(s) for s in sent]
+    for (table, rows), offsets in zip(pending, acked, strict=True):
+        table._apply(rows, offsets)
 
 
 class Backfill:
@@ -176,18 +236,32 @@ class Batch:
 
 
 class OrderedInput:
-    """Per input partition, exactly the next records after the last processed one."""
+    """Per input partition, exactly the next records after the last processed one.
 
-    def __init__(self, app: faust.App, store: DurableTable, backfill: Backfill) -> None:
+    ``stores`` are the tables that hold the agent's next-offset rows: one table, or every
+    table the agent writes state to (each keeps a copy, and the smallest is where the
+    input resumes).
+    """
+
+    def __init__(self, app: faust.App, stores: OffsetStore | Sequence[OffsetStore], backfill: Backfill) -> None:
         self.app = app
-        self.store = store
+        self.stores: tuple[OffsetStore, ...] = tuple(stores) if isinstance(stores, Sequence) else (stores,)
+        if not self.stores:
+            raise ValueError("OrderedInput needs at least one table for its next offsets")
         self.backfill = backfill
         self.replays_dropped = 0
         self.records_backfilled = 0
 
     def next_offset(self, topic: str, partition: int) -> int | None:
-        raw = self.store.get(partition, next_offset_key(topic))
-        return int(raw) if raw is not None else None
+        """The next offset to process, or ``None`` when a table has none (start at the log start)."""
+        key = next_offset_key(topic)
+        found: list[int] = []
+        for store in self.stores:
+            raw = store.get(partition, key)
+            if raw is None:
+                return None
+            found.append(int(raw))
+        return min(found)
 
     async def batch(self, events: Sequence[Any]) -> Batch:
         by_tp: dict[tuple[str, int], list[InRecord]] = {}
@@ -218,6 +292,20 @@ class OrderedInput:
                 expected = record.offset + 1
             offset_rows[(partition, next_offset_key(topic))] = str(expected).encode()
         return Batch(records=records, offset_rows=offset_rows, backfilled=backfilled)
+
+    def writes(self, batch: Batch, state: Mapping[DurableTable, Rows] | None = None) -> list[tuple[DurableTable, Rows]]:
+        """For :func:`write_all`: each table's state rows from ``state``, then the batch's
+        next-offset rows, for every table of this input (which must be :class:`DurableTable`)."""
+        state = state or {}
+        stray = [store for store in state if store not in self.stores]
+        if stray:
+            raise ValueError("state rows for a table that does not hold this input's next offsets")
+        out: list[tuple[DurableTable, Rows]] = []
+        for store in self.stores:
+            if not isinstance(store, DurableTable):
+                raise TypeError(f"cannot write to {store!r}")
+            out.append((store, ordered_rows(state.get(store, {}).items(), batch.offset_rows.items())))
+        return out
 
     async def done(self, batch: Batch) -> None:
         """After the batch's rows are written: let Faust commit past what was read back."""

@@ -1,0 +1,272 @@
+"""OrderedInput and DurableTable without Kafka: replays below the stored next offset are
+dropped, holes are read back, the next-offset rows follow the last record of each
+partition, several tables resume from the smallest offset, and rows reach the local
+database only once the changelog has acknowledged them."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from shared.durable import (
+    NEXT_OFFSET_PREFIX,
+    DurableTable,
+    InRecord,
+    OrderedInput,
+    is_next_offset_key,
+    next_offset_key,
+    ordered_rows,
+    write_all,
+)
+
+
+@dataclass
+class FakeMessage:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None = b"k"
+    value: bytes | None = b"v"
+    headers: Any = ()
+    timestamp: float | None = 1.0
+
+
+@dataclass
+class FakeEvent:
+    message: FakeMessage
+
+
+class FakeStore:
+    def __init__(self, rows: dict[tuple[int, bytes], bytes]) -> None:
+        self.rows = rows
+
+    def get(self, partition: int, key: bytes) -> bytes | None:
+        return self.rows.get((partition, key))
+
+
+class FakeBackfill:
+    def __init__(self, log_start: int = 0) -> None:
+        self.reads: list[tuple[str, int, int, int]] = []
+        self.start = log_start
+
+    async def log_start(self, topic: str, partition: int) -> int:
+        return self.start
+
+    async def read(self, topic: str, partition: int, start: int, end: int) -> list[InRecord]:
+        self.reads.append((topic, partition, start, end))
+        return [InRecord(topic, partition, o, b"k", b"back", [], 1.0) for o in range(start, end)]
+
+
+def events(topic: str, partition: int, *offsets: int) -> list[FakeEvent]:
+    return [FakeEvent(FakeMessage(topic, partition, o)) for o in offsets]
+
+
+def run(store: dict[tuple[int, bytes], bytes], evs: list[FakeEvent], backfill: FakeBackfill | None = None) -> Any:
+    backfill = backfill or FakeBackfill()
+    reader = OrderedInput(app=None, stores=FakeStore(store), backfill=backfill)  # type: ignore[arg-type]
+    return asyncio.run(reader.batch(evs)), backfill, reader
+
+
+def test_contiguous_input_passes_through_and_advances_the_offsets() -> None:
+    store = {(0, next_offset_key("t")): b"5", (1, next_offset_key("t")): b"0"}
+    batch, backfill, _ = run(store, events("t", 0, 5, 6, 7) + events("t", 1, 0, 1))
+    assert [(r.partition, r.offset) for r in batch.records] == [(0, 5), (0, 6), (0, 7), (1, 0), (1, 1)]
+    assert batch.offset_rows == {(0, next_offset_key("t")): b"8", (1, next_offset_key("t")): b"2"}
+    assert backfill.reads == [] and batch.backfilled == []
+
+
+def test_replays_below_the_next_offset_are_dropped() -> None:
+    batch, _, reader = run({(3, next_offset_key("t")): b"10"}, events("t", 3, 7, 8, 9, 10, 11))
+    assert [r.offset for r in batch.records] == [10, 11]
+    assert reader.replays_dropped == 3
+    assert batch.offset_rows == {(3, next_offset_key("t")): b"12"}
+
+
+def test_a_hole_is_read_back_before_the_record_after_it() -> None:
+    batch, backfill, reader = run({(2, next_offset_key("t")): b"218"}, events("t", 2, 218, 219, 220, 235, 236))
+    assert [r.offset for r in batch.records] == [218, 219, 220, *range(221, 235), 235, 236]
+    assert [r.value for r in batch.records if 221 <= r.offset < 235] == [b"back"] * 14
+    assert backfill.reads == [("t", 2, 221, 235)]
+    assert batch.backfilled == [("t", 2, 221, 234)]
+    assert reader.records_backfilled == 14
+    assert batch.offset_rows == {(2, next_offset_key("t")): b"237"}
+
+
+def test_a_partition_never_seen_starts_at_the_log_start() -> None:
+    batch, backfill, _ = run({}, events("t", 0, 3, 4), FakeBackfill(log_start=0))
+    assert [r.offset for r in batch.records] == [0, 1, 2, 3, 4]
+    assert backfill.reads == [("t", 0, 0, 3)]
+
+
+def test_topics_keep_separate_offsets() -> None:
+    batch, _, _ = run({(0, next_offset_key("a")): b"4"}, events("a", 0, 4) + events("b", 0, 0))
+    assert batch.offset_rows == {(0, next_offset_key("a")): b"5", (0, next_offset_key("b")): b"1"}
+
+
+def test_ordered_rows_put_later_parts_last() -> None:
+    rows = ordered_rows([((0, b"x"), b"1"), ((0, b"off"), b"old")], [((0, b"off"), b"9")])
+    assert list(rows.items()) == [((0, b"x"), b"1"), ((0, b"off"), b"9")]
+
+
+def test_several_tables_resume_from_the_smallest_next_offset() -> None:
+    a = FakeStore({(0, next_offset_key("t")): b"9"})
+    b = FakeStore({(0, next_offset_key("t")): b"7"})
+    reader = OrderedInput(app=None, stores=[a, b], backfill=FakeBackfill())  # type: ignore[arg-type]
+    batch = asyncio.run(reader.batch(events("t", 0, 7, 8, 9)))
+    assert [r.offset for r in batch.records] == [7, 8, 9]
+    assert batch.offset_rows == {(0, next_offset_key("t")): b"10"}
+
+
+def test_a_table_without_the_row_means_the_log_start() -> None:
+    a = FakeStore({(0, next_offset_key("t")): b"5"})
+    backfill = FakeBackfill(log_start=2)
+    reader = OrderedInput(app=None, stores=[a, FakeStore({})], backfill=backfill)  # type: ignore[arg-type]
+    batch = asyncio.run(reader.batch(events("t", 0, 5)))
+    assert [r.offset for r in batch.records] == [2, 3, 4, 5]
+    assert backfill.reads == [("t", 0, 2, 5)]
+
+
+def test_next_offset_keys_are_recognised() -> None:
+    assert is_next_offset_key(next_offset_key("account-events"))
+    assert next_offset_key("x").startswith(NEXT_OFFSET_PREFIX)
+    assert not is_next_offset_key(b"program\x00account")
+
+
+# -- DurableTable / write_all against a fake producer and fake RocksDB -------------------------
+
+
+class Metadata:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+class FakeProducer:
+    """Records each send; nothing is acknowledged until ``ack_all``."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int, bytes, bytes]] = []
+        self.pending: list[tuple[asyncio.Future[Metadata], int]] = []
+        self.next_offset: dict[tuple[str, int], int] = {}
+
+    async def send(self, topic: str, key: bytes, value: bytes, *, partition: int, timestamp: Any, headers: Any) -> Any:
+        self.sent.append((topic, partition, key, value))
+        offset = self.next_offset.get((topic, partition), 0)
+        self.next_offset[(topic, partition)] = offset + 1
+        fut: asyncio.Future[Metadata] = asyncio.get_running_loop().create_future()
+        self.pending.append((fut, offset))
+        return fut
+
+    def ack_all(self, error: BaseException | None = None) -> None:
+        for fut, offset in self.pending:
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(Metadata(offset))
+
+
+class FakeData:
+    def __init__(self) -> None:
+        self.dbs: dict[int, dict[bytes, bytes]] = {}
+        self.persisted: dict[Any, int] = {}
+
+    def _db_for_partition(self, partition: int) -> Any:
+        return FakeDb(self.dbs.setdefault(partition, {}))
+
+    def set_persisted_offset(self, tp: Any, offset: int) -> None:
+        self.persisted[(tp.topic, tp.partition)] = offset
+
+
+@dataclass
+class FakeDb:
+    rows: dict[bytes, bytes]
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.rows.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.rows[key] = value
+
+
+class FakeChangelog:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+
+class FakeTable:
+    def __init__(self, name: str) -> None:
+        self.changelog_topic = FakeChangelog(f"{name}-changelog")
+        self.data = FakeData()
+
+
+class FakeApp:
+    def __init__(self) -> None:
+        self.producer = FakeProducer()
+
+
+def tables() -> tuple[FakeApp, DurableTable, DurableTable]:
+    app = FakeApp()
+    return app, DurableTable(app, FakeTable("a")), DurableTable(app, FakeTable("b"))  # type: ignore[arg-type]
+
+
+def test_write_all_puts_nothing_locally_before_every_table_is_acknowledged() -> None:
+    app, a, b = tables()
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(write_all([
+            (a, {(0, b"x"): b"1", (1, b"y"): b"2", (0, b"off"): b"9"}),
+            (b, {(0, b"z"): b"3"}),
+        ]))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert [(t, p, k) for t, p, k, _ in app.producer.sent] == [
+            ("a-changelog", 0, b"x"), ("a-changelog", 1, b"y"), ("a-changelog", 0, b"off"), ("b-changelog", 0, b"z"),
+        ]
+        assert a.get(0, b"x") is None and b.get(0, b"z") is None
+        app.producer.ack_all()
+        await task
+
+    asyncio.run(scenario())
+    assert (a.get(0, b"x"), a.get(1, b"y"), a.get(0, b"off"), b.get(0, b"z")) == (b"1", b"2", b"9", b"3")
+    assert a.table.data.persisted == {("a-changelog", 0): 1, ("a-changelog", 1): 0}
+    assert b.table.data.persisted == {("b-changelog", 0): 0}
+
+
+def test_a_failed_acknowledgement_leaves_the_local_tables_untouched() -> None:
+    app, a, b = tables()
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(write_all([(a, {(0, b"x"): b"1"}), (b, {(0, b"z"): b"3"})]))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        app.producer.ack_all(RuntimeError("broker said no"))
+        try:
+            await task
+        except RuntimeError:
+            return
+        raise AssertionError("the failure must propagate")
+
+    asyncio.run(scenario())
+    assert a.get(0, b"x") is None and b.get(0, b"z") is None
+    assert a.table.data.persisted == {} and b.table.data.persisted == {}
+
+
+def test_writes_put_the_offsets_after_the_state_of_every_table() -> None:
+    _, a, b = tables()
+    reader = OrderedInput(app=None, stores=[a, b], backfill=FakeBackfill())  # type: ignore[arg-type]
+    batch = asyncio.run(reader.batch(events("t", 0, 0, 1)))
+    writes = reader.writes(batch, {b: {(0, b"z"): b"3"}})
+    assert [(w[0], list(w[1].items())) for w in writes] == [
+        (a, [((0, next_offset_key("t")), b"2")]),
+        (b, [((0, b"z"), b"3"), ((0, next_offset_key("t")), b"2")]),
+    ]
+    _, other, _ = tables()
+    try:
+        reader.writes(batch, {other: {(0, b"q"): b"1"}})
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("state rows of a table without the offsets must be refused")
