@@ -1,0 +1,45 @@
+"""Wire a service's Faust app to its HTTP API, and run it: the same for every service."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import faust
+from fastapi import APIRouter, FastAPI
+
+from shared.faust_app import run_worker, serve_api
+from shared.http.api import create_api
+from shared.http.context import ServiceContext
+from shared.settings import Settings
+from shared.topic_admin import TopicSpec, ensure_topics
+from shared.topics import TopicNames
+
+
+class StreamService(Protocol):
+    """What every service's app class offers."""
+
+    app: faust.App
+    topics: TopicNames
+
+    def topic_specs(self) -> list[TopicSpec]: ...
+
+
+def serve_http(
+    service: StreamService, name: str, default_port: int, settings: Settings, router: APIRouter,
+    *, title: str, description: str,
+) -> FastAPI:
+    """The service's FastAPI app (health, metrics, its router), served on the worker's loop."""
+    ctx = ServiceContext(
+        service=name, settings=settings, app=service.app, topics=service.topics,
+        url=settings.url_for(default_port), extras={"service": service},
+    )
+    api = create_api(ctx, title=title, description=description)
+    api.include_router(router)
+    serve_api(service.app, api, settings, default_port)
+    return api
+
+
+def run(service: StreamService, name: str, settings: Settings) -> None:
+    """Create the service's topics if missing, then run its worker until SIGTERM."""
+    ensure_topics(settings, service.topic_specs())
+    run_worker(service.app, name, settings)
