@@ -9,6 +9,7 @@ the answer comes once the agent has applied them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
@@ -85,6 +86,15 @@ def _merge(
                 seen.setdefault(k, item)
     items = [seen[k] for k in sorted(seen)[:limit]]
     return items, frontier
+
+
+def _next_cursor(
+    items: list[dict[str, Any]], limit: int, frontier: Any, sort_key: Any, encode: Callable[[Any], str],
+) -> str | None:
+    """After a full page, resume past its last item; after a short one, at the frontier."""
+    if len(items) == limit:
+        return encode(sort_key(items[-1]))
+    return encode(frontier) if frontier is not None else None
 
 
 def _retry_sort(item: dict[str, Any]) -> tuple[int, str]:
@@ -195,12 +205,7 @@ async def list_retries(
         return JSONResponse(await local())  # a peer's partial answer: not the public model
     pages = await gather(ctx, request, svc.schedule, local)
     items, frontier = _merge(pages, limit, _retry_sort, _retry_frontier)
-    if len(items) == limit:
-        next_cursor: str | None = _retry_cursor(*_retry_sort(items[-1]))
-    elif frontier is not None:
-        next_cursor = _retry_cursor(*frontier)
-    else:
-        next_cursor = None
+    next_cursor = _next_cursor(items, limit, frontier, _retry_sort, lambda key: _retry_cursor(*key))
     return {"items": items, "next_cursor": next_cursor}
 
 
@@ -298,13 +303,7 @@ async def list_parked(
         return JSONResponse(await local())  # a peer's partial answer: not the public model
     pages = await gather(ctx, request, svc.schedule, local)
     items, frontier = _merge(pages, limit, _parked_sort, str)
-    if len(items) == limit:
-        next_cursor: str | None = encode_cursor(items[-1]["id"])
-    elif frontier is not None:
-        next_cursor = encode_cursor(frontier)
-    else:
-        next_cursor = None
-    return {"items": items, "next_cursor": next_cursor}
+    return {"items": items, "next_cursor": _next_cursor(items, limit, frontier, _parked_sort, encode_cursor)}
 
 
 @router.get(

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
+import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tools.kafka_broker import default_layout
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def bootstrap() -> str:
@@ -69,3 +77,35 @@ async def raw_consume_rate(topics: Sequence[str], expected: int) -> tuple[int, f
         return n, time.perf_counter() - started
     finally:
         await consumer.stop()
+
+
+@contextmanager
+def service_worker(module: str, prefix: str, port: int, extra_env: dict[str, str] | None = None) -> Iterator[str]:
+    """One ``services.<module>`` instance on an empty data dir; yields its URL once ready, stops it after."""
+    with tempfile.TemporaryDirectory() as data_dir:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
+               "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": data_dir,
+               "STATEFLEET_HTTP_PORT": str(port), "STATEFLEET_INSTANCE_ID": "bench", "STATEFLEET_LOG_LEVEL": "WARNING",
+               **(extra_env or {})}
+        log_path = Path(data_dir) / "worker.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", f"services.{module}"], env=env, cwd=REPO,
+                                    stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            while True:
+                try:
+                    if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{module} worker exited: {log_path.read_text(errors='replace')[-3000:]}")
+                time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -17,25 +17,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import re
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import orjson
 
 from shared.settings import Settings
 from shared.topic_admin import TopicSpec, ensure_topics_async
-from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate
+from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate, service_worker
 
-REPO = Path(__file__).resolve().parents[2]
 LIFECYCLES = (
     (["AccountCreated"], "active"),
     (["AccountCreated", "AccountDeactivated"], "inactive"),
@@ -111,48 +105,26 @@ def main(argv: list[str]) -> None:
     raw_rate = n / secs
     print(f"[bench] baseline: bare aiokafka consumer read {n:,} in {secs:.2f}s = {raw_rate:,.0f} events/s", flush=True)
 
-    with tempfile.TemporaryDirectory() as data_dir:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
-               "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": data_dir,
-               "STATEFLEET_HTTP_PORT": str(args.port), "STATEFLEET_INSTANCE_ID": "bench", "STATEFLEET_LOG_LEVEL": "WARNING"}
-        log = open(Path(data_dir) / "worker.log", "wb")  # noqa: SIM115 - closed after the worker exits
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.tallies"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{args.port}"
-        try:
-            while True:
-                try:
-                    if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None:
-                    raise RuntimeError(f"worker exited: {(Path(data_dir) / 'worker.log').read_text()[-3000:]}")
-                time.sleep(0.1)
-            started = time.perf_counter()
-            last_report = started
-            while (done := processed(url)) < total:
-                time.sleep(0.25)
-                if time.perf_counter() - last_report > 10:
-                    last_report = time.perf_counter()
-                    print(f"[bench]   worker processed {done:,}/{total:,}", flush=True)
-            secs = time.perf_counter() - started
-            rate = total / secs
-            sample = random.Random(1).sample(sorted(expected), min(20, len(expected)))
-            time.sleep(0.5)
-            wrong = []
-            for program in sample:
-                got = httpx.get(f"{url}/tallies/{program}", timeout=5).json()
-                a, i, last = expected[program]
-                if (got["numberActive"], got["numberInactive"], got["lastLogin"] or -1) != (a, i, last):
-                    wrong.append((program, got, expected[program]))
-            print(f"[bench] tallies worker: {total:,} events in {secs:.2f}s = {rate:,.0f} events/s "
-                  f"({rate / raw_rate:.1%} of the bare consumer); {len(sample) - len(wrong)}/{len(sample)} sampled tallies exact",
-                  flush=True)
-            if wrong:
-                print(f"[bench] MISMATCH: {wrong[:3]}", flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(30)
-            log.close()
+    with service_worker("tallies", prefix, args.port) as url:
+        started = time.perf_counter()
+        last_report = started
+        while (done := processed(url)) < total:
+            time.sleep(0.25)
+            if time.perf_counter() - last_report > 10:
+                last_report = time.perf_counter()
+                print(f"[bench]   worker processed {done:,}/{total:,}", flush=True)
+        secs = time.perf_counter() - started
+        rate = total / secs
+        sample = random.Random(1).sample(sorted(expected), min(20, len(expected)))
+        time.sleep(0.5)
+        wrong = []
+        for program in sample:
+            got = httpx.get(f"{url}/tallies/{program}", timeout=5).json()
+            a, i, last = expected[program]
+            if (got["numberActive"], got["numberInactive"], got["lastLogin"] or -1) != (a, i, last):
+                wrong.append((program, got, expected[program]))
+        print(f"[bench] tallies worker: {total:,} events in {secs:.2f}s = {rate:,.0f} events/s "
+              f"({rate / raw_rate:.1%} of the bare consumer); {len(sample) - len(wrong)}/{len(sample)} sampled tallies exact",
+              flush=True)
+        if wrong:
+            print(f"[bench] MISMATCH: {wrong[:3]}", flush=True)

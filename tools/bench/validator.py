@@ -23,15 +23,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,9 +35,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from shared.settings import Settings
 from shared.topic_admin import TopicSpec, ensure_topics_async
-from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate
+from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate, service_worker
 
-REPO = Path(__file__).resolve().parents[2]
 COMMANDS_PER_ACCOUNT = 5
 ISSUED = 1_700_000_000_000
 
@@ -239,62 +233,39 @@ def main(argv: list[str]) -> None:
     asyncio.run(produce_bulk(commands_topic, backlog(n)))
     print(f"[bench] pre-loaded {n:,} commands", flush=True)
 
-    with tempfile.TemporaryDirectory() as data_dir:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
-               "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": data_dir,
-               "STATEFLEET_HTTP_PORT": str(args.port), "STATEFLEET_INSTANCE_ID": "bench", "STATEFLEET_LOG_LEVEL": "WARNING"}
-        if args.batch_within is not None:
-            env["STATEFLEET_BATCH_WITHIN_S"] = str(args.batch_within)
-        log = open(Path(data_dir) / "worker.log", "wb")  # noqa: SIM115 - closed after the worker exits
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.validator"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{args.port}"
-        try:
-            while True:
-                try:
-                    if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None:
-                    raise RuntimeError(f"worker exited: {(Path(data_dir) / 'worker.log').read_text()[-3000:]}")
-                time.sleep(0.1)
-            wait_decided(url, n, report=True)
-            events = asyncio.run(read_events(events_topic, n))
-            stamps = [ts for ts, _ in events]
-            span = (max(stamps) - min(stamps)) / 1000
-            rate = len(events) / span if span > 0 else float("nan")
-            versions: dict[str, list[int]] = {}
-            for _, value in events:
-                e = orjson.loads(value)
-                versions.setdefault(e["account_id"], []).append(e["version"])
-            exact = all(v == list(range(1, len(v) + 1)) for v in versions.values()) and len(events) == n
-            print(f"[bench] validator worker: {len(events):,} events in {span:.2f}s = {rate:,.0f} commands/s "
-                  f"({rate / (got / consume_secs):.1%} of the bare consumer's rate); "
-                  f"events exact (versions 1..k per account, none missing): {exact}", flush=True)
+    extra_env = {"STATEFLEET_BATCH_WITHIN_S": str(args.batch_within)} if args.batch_within is not None else {}
+    with service_worker("validator", prefix, args.port, extra_env) as url:
+        wait_decided(url, n, report=True)
+        events = asyncio.run(read_events(events_topic, n))
+        stamps = [ts for ts, _ in events]
+        span = (max(stamps) - min(stamps)) / 1000
+        rate = len(events) / span if span > 0 else float("nan")
+        versions: dict[str, list[int]] = {}
+        for _, value in events:
+            e = orjson.loads(value)
+            versions.setdefault(e["account_id"], []).append(e["version"])
+        exact = all(v == list(range(1, len(v) + 1)) for v in versions.values()) and len(events) == n
+        print(f"[bench] validator worker: {len(events):,} events in {span:.2f}s = {rate:,.0f} commands/s "
+              f"({rate / (got / consume_secs):.1%} of the bare consumer's rate); "
+              f"events exact (versions 1..k per account, none missing): {exact}", flush=True)
 
-            lag = wait_idle(url, n)
-            print(f"[bench] outcome and projection agents caught up {lag:.1f}s after the last command was decided",
+        lag = wait_idle(url, n)
+        print(f"[bench] outcome and projection agents caught up {lag:.1f}s after the last command was decided",
+              flush=True)
+        decided = n
+        for r in sorted(rates):
+            make = latency_commands(f"lat{r}")
+            lat, achieved = asyncio.run(paced_round_trip(
+                commands_topic, events_topic, r, args.seconds, make,
+                lambda value: orjson.loads(value)["command_id"],
+            ))
+            print(f"[bench] {summary(f'validator @ {r:,}/s', lat, int(r * args.seconds), achieved)}", flush=True)
+            decided += int(r * args.seconds)
+            wait_decided(url, decided)  # let a backlog left by an overload drain first
+            wait_idle(url, decided)
+            raw_make = lambda i, r=r: (f"raw{r}-{i}", f"k{i}".encode(), f"raw{r}-{i}".encode())  # noqa: E731
+            raw_lat, raw_achieved = asyncio.run(paced_round_trip(
+                raw_echo, raw_echo, r, args.seconds, raw_make, lambda value: value.decode(),
+            ))
+            print(f"[bench] {summary(f'bare aiokafka @ {r:,}/s', raw_lat, int(r * args.seconds), raw_achieved)}",
                   flush=True)
-            decided = n
-            for r in sorted(rates):
-                make = latency_commands(f"lat{r}")
-                lat, achieved = asyncio.run(paced_round_trip(
-                    commands_topic, events_topic, r, args.seconds, make,
-                    lambda value: orjson.loads(value)["command_id"],
-                ))
-                print(f"[bench] {summary(f'validator @ {r:,}/s', lat, int(r * args.seconds), achieved)}", flush=True)
-                decided += int(r * args.seconds)
-                wait_decided(url, decided)  # let a backlog left by an overload drain first
-                wait_idle(url, decided)
-                raw_make = lambda i, r=r: (f"raw{r}-{i}", f"k{i}".encode(), f"raw{r}-{i}".encode())  # noqa: E731
-                raw_lat, raw_achieved = asyncio.run(paced_round_trip(
-                    raw_echo, raw_echo, r, args.seconds, raw_make, lambda value: value.decode(),
-                ))
-                print(f"[bench] {summary(f'bare aiokafka @ {r:,}/s', raw_lat, int(r * args.seconds), raw_achieved)}",
-                      flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(30)
-            log.close()
