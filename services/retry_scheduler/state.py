@@ -31,7 +31,7 @@ from __future__ import annotations
 import base64
 import struct
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -301,6 +301,43 @@ class PageScan:
     frontier: bytes | None  # when the budget ran out: every key up to here was examined
 
 
+def _scan(
+    db: SortedDb,
+    *,
+    seek: bytes,
+    in_range: Callable[[bytes], bool],
+    after: bytes | None,
+    limit: int,
+    origin_topic: str | None,
+    budget: int,
+) -> PageScan:
+    """Rows from ``seek`` while ``in_range`` holds, after ``after`` (exclusive), optionally
+    filtered by origin topic, examining at most ``budget`` rows."""
+    it = db.iter()
+    it.seek(seek)
+    items: list[tuple[bytes, bytes]] = []
+    examined = 0
+    last: bytes | None = None
+    while it.valid():
+        key = bytes(it.key())
+        if not in_range(key):
+            break
+        if after is not None and key <= after:
+            it.next()
+            continue
+        if examined >= budget:
+            return PageScan(items, exhausted=False, frontier=last)
+        examined += 1
+        last = key
+        raw = bytes(it.value())
+        if origin_topic is None or classify(raw)[0] == origin_topic:
+            items.append((key, raw))
+            if len(items) >= limit:
+                return PageScan(items, exhausted=False, frontier=None)
+        it.next()
+    return PageScan(items, exhausted=True, frontier=None)
+
+
 def scan_page(
     db: SortedDb,
     *,
@@ -312,32 +349,12 @@ def scan_page(
     start: bytes = b"",
 ) -> PageScan:
     """Entries in due order after ``after`` (exclusive), optionally filtered, examining at most ``budget``."""
-    it = db.iter()
+
+    def in_range(key: bytes) -> bool:
+        return is_due_key(key) and (due_before is None or due_of(key) < due_before)
+
     seek = max(after, start) if after is not None else start
-    it.seek(seek)
-    items: list[tuple[bytes, bytes]] = []
-    examined = 0
-    last: bytes | None = None
-    while it.valid():
-        key = bytes(it.key())
-        if not is_due_key(key):
-            break
-        if after is not None and key <= after:
-            it.next()
-            continue
-        if due_before is not None and due_of(key) >= due_before:
-            break
-        if examined >= budget:
-            return PageScan(items, exhausted=False, frontier=last)
-        examined += 1
-        last = key
-        raw = bytes(it.value())
-        if origin_topic is None or classify(raw)[0] == origin_topic:
-            items.append((key, raw))
-            if len(items) >= limit:
-                return PageScan(items, exhausted=False, frontier=None)
-        it.next()
-    return PageScan(items, exhausted=True, frontier=None)
+    return _scan(db, seek=seek, in_range=in_range, after=after, limit=limit, origin_topic=origin_topic, budget=budget)
 
 
 def scan_ids(
@@ -349,29 +366,10 @@ def scan_ids(
     budget: int,
 ) -> PageScan:
     """Rows of an id-keyed table (``parked``) in id order after ``after`` (exclusive)."""
-    it = db.iter()
-    it.seek(after if after is not None else ID_PREFIX)
-    items: list[tuple[bytes, bytes]] = []
-    examined = 0
-    last: bytes | None = None
-    while it.valid():
-        key = bytes(it.key())
-        if not key.startswith(ID_PREFIX):
-            break
-        if after is not None and key <= after:
-            it.next()
-            continue
-        if examined >= budget:
-            return PageScan(items, exhausted=False, frontier=last)
-        examined += 1
-        last = key
-        raw = bytes(it.value())
-        if origin_topic is None or classify(raw)[0] == origin_topic:
-            items.append((key, raw))
-            if len(items) >= limit:
-                return PageScan(items, exhausted=False, frontier=None)
-        it.next()
-    return PageScan(items, exhausted=True, frontier=None)
+    return _scan(
+        db, seek=after if after is not None else ID_PREFIX, in_range=lambda key: key.startswith(ID_PREFIX),
+        after=after, limit=limit, origin_topic=origin_topic, budget=budget,
+    )
 
 
 def iter_items(db: Any) -> Iterator[tuple[bytes, bytes]]:
