@@ -1,6 +1,7 @@
 """Build a service's Faust app and run its worker.
 
-Every service gets the same shape: the RocksDB store (rocksdict), a data dir per
+Every service gets the same shape: the RocksDB store (rocksdict; lagging partitions
+restored in bulk, see :mod:`shared.changelog_restore`), a data dir per
 service and instance, topics as raw bytes (decoded in the agent, so bad input is a
 dead letter and not a crash), at-least-once processing, static group membership,
 standby replicas, and a FastAPI app served on the worker's own event loop.
@@ -16,6 +17,7 @@ import faust
 from fastapi import FastAPI
 from faust.contrib.asgi import serve_asgi
 
+from shared.changelog_restore import BulkRestoringTableManager, register_settings
 from shared.kafka_clients import require_sasl_credentials, ssl_context
 from shared.log_config import logging_config
 from shared.settings import Settings, env_snapshot
@@ -54,6 +56,7 @@ def create_app(service: str, settings: Settings, default_port: int) -> faust.App
         broker=[f"kafka://{h.strip()}" for h in settings.kafka_bootstrap_servers.split(",") if h.strip()],
         broker_credentials=broker_credentials(settings),
         store="rocksdb://",
+        TableManager=BulkRestoringTableManager,
         datadir=str(datadir),
         tabledir="tables",
         autodiscover=False,
@@ -77,7 +80,9 @@ def create_app(service: str, settings: Settings, default_port: int) -> faust.App
     )
     if settings.static_membership:
         conf["consumer_group_instance_id"] = f"{service}-{settings.instance_id}"
-    return faust.App(app_id(service, settings), **conf)
+    app = faust.App(app_id(service, settings), **conf)
+    register_settings(app, settings)
+    return app
 
 
 def changelog_topic_specs(app: faust.App, settings: Settings) -> list[TopicSpec]:
