@@ -14,8 +14,9 @@ once with the bulk restore and once with Faust's recovery alone; each is the tim
 /readyz 200. Failover: two fresh instances (1 standby with bulk restore; 0 standbys with
 bulk restore; 0 standbys with Faust's recovery alone), SIGKILL the one that owns most
 partitions, and time until every program has answered 200 from the survivor, polling
-with 16 concurrent clients only the programs not yet answered; then every program's
-count is summed and must equal ``--accounts``. The session timeout (6 s) is included.
+with 16 concurrent clients only the programs not yet answered (so a figure is late by at
+most one pass over the victim's programs, under a second); then every program's count
+is summed and must equal ``--accounts``. The session timeout (6 s) is included.
 """
 
 from __future__ import annotations
