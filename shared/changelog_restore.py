@@ -7,7 +7,8 @@ dir, a new instance, a failover without a standby) keeps its keys unanswerable f
 minutes. Reading the same records with a plain consumer and writing them to RocksDB in
 write batches is more than an order of magnitude faster.
 
-So the fleet's table manager (:class:`BulkRestoringTableManager`) gives Faust a recovery
+So with ``bulk_restore`` on (opt-in, ``STATEFLEET_BULK_RESTORE``), the fleet's table
+manager (:class:`BulkRestoringTableManager`) gives Faust a recovery
 service (:class:`BulkRestoringRecovery`) that, after every rebalance, first reads each
 assigned partition (active or standby) whose local copy lags its changelog by at least
 ``bulk_restore_min_lag`` records: from the partition's persisted offset to the changelog's

@@ -1,7 +1,7 @@
 """Build a service's Faust app and run its worker.
 
-Every service gets the same shape: the RocksDB store (rocksdict; lagging partitions
-restored in bulk, see :mod:`shared.changelog_restore`), a data dir per
+Every service gets the same shape: the RocksDB store (rocksdict; with
+``bulk_restore``, lagging partitions restored in bulk, see :mod:`shared.changelog_restore`), a data dir per
 service and instance, topics as raw bytes (decoded in the agent, so bad input is a
 dead letter and not a crash), at-least-once processing, static group membership,
 standby replicas, and a FastAPI app served on the worker's own event loop.
@@ -56,7 +56,6 @@ def create_app(service: str, settings: Settings, default_port: int) -> faust.App
         broker=[f"kafka://{h.strip()}" for h in settings.kafka_bootstrap_servers.split(",") if h.strip()],
         broker_credentials=broker_credentials(settings),
         store="rocksdb://",
-        TableManager=BulkRestoringTableManager,
         datadir=str(datadir),
         tabledir="tables",
         autodiscover=False,
@@ -78,6 +77,8 @@ def create_app(service: str, settings: Settings, default_port: int) -> faust.App
         logging_config=logging_config(service, settings.instance_id, settings.log_level),
         loghandlers=[],
     )
+    if settings.bulk_restore:
+        conf["TableManager"] = BulkRestoringTableManager
     if settings.static_membership:
         conf["consumer_group_instance_id"] = f"{service}-{settings.instance_id}"
     app = faust.App(app_id(service, settings), **conf)

@@ -206,7 +206,7 @@ def main(argv: list[str]) -> None:
     programs = [f"program-{i}" for i in range(args.programs)]
     base_env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
                 "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_LOG_LEVEL": "INFO",
-                "STATEFLEET_SESSION_TIMEOUT_S": str(SESSION_TIMEOUT_S)}
+                "STATEFLEET_SESSION_TIMEOUT_S": str(SESSION_TIMEOUT_S), "STATEFLEET_BULK_RESTORE": "true"}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         load_started = time.perf_counter()
