@@ -7,7 +7,7 @@ dir, a new instance, a failover without a standby) keeps its keys unanswerable f
 minutes. Reading the same records with a plain consumer and writing them to RocksDB in
 write batches is more than an order of magnitude faster.
 
-So with ``bulk_restore`` on (opt-in, ``STATEFLEET_BULK_RESTORE``), the fleet's table
+So with ``bulk_restore`` on (the default; ``STATEFLEET_BULK_RESTORE``), the fleet's table
 manager (:class:`BulkRestoringTableManager`) gives Faust a recovery
 service (:class:`BulkRestoringRecovery`) that, after every rebalance, first reads each
 assigned partition (active or standby) whose local copy lags its changelog by at least
