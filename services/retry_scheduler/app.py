@@ -70,7 +70,7 @@ from services.retry_scheduler.state import (
     scan_due,
 )
 from shared import dead_letters
-from shared.faust_app import app_id, create_app
+from shared.faust_app import app_id, changelog_topic_specs, create_app
 from shared.faust_internals import active_partitions, event_context, partition_db, recovery_done
 from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED
 from shared.partitioning import partition_for
@@ -207,6 +207,9 @@ class RetrySchedulerService:
             TopicSpec(self.topics.retry, n),
             TopicSpec(self.topics.parking_lot, n),
             TopicSpec(self.inbox_topic_name, n),
+            # Before the worker starts: a table written before Faust's own creation of its
+            # changelog shows in the client's metadata fails with PartitionsMismatch.
+            *changelog_topic_specs(self.app, self.settings),
         ]
 
     def partition_of(self, dlq_id: str) -> int:
