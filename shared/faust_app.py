@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from faust.contrib.asgi import serve_asgi
 
 from shared.kafka_clients import require_sasl_credentials, ssl_context
+from shared.kafka_metadata import track_used_topics
 from shared.log_config import logging_config
 from shared.settings import Settings, env_snapshot
 from shared.topic_admin import TopicSpec
@@ -47,6 +48,7 @@ def broker_credentials(settings: Settings) -> Any:
 
 
 def create_app(service: str, settings: Settings, default_port: int) -> faust.App:
+    track_used_topics()  # or a send can wait 20 minutes for metadata it dropped (see the module)
     port = settings.port_for(default_port)
     datadir = instance_data_dir(service, settings)
     datadir.mkdir(parents=True, exist_ok=True)
