@@ -67,8 +67,8 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: (partition, key) -> value
-Rows = Mapping[tuple[int, bytes], bytes]
+#: (partition, key) -> value; ``None`` deletes the row (a tombstone in the changelog)
+Rows = Mapping[tuple[int, bytes], bytes | None]
 
 #: Prefix of the rows holding an input partition's next expected offset. A table that
 #: holds them must have no key of its own starting with NUL.
@@ -155,7 +155,11 @@ class DurableTable:
 
     def _apply(self, rows: Rows, offsets: Mapping[int, int]) -> None:
         for (partition, key), value in rows.items():
-            partition_db(self.table, partition).put(key, value)
+            db = partition_db(self.table, partition)
+            if value is None:
+                db.delete(key)
+            else:
+                db.put(key, value)
         for partition, offset in offsets.items():
             self.table.data.set_persisted_offset(TP(self.changelog, partition), offset)
 
@@ -313,9 +317,9 @@ class OrderedInput:
             await mark_consumed(self.app, topic, partition, first, last)
 
 
-def ordered_rows(*parts: Iterable[tuple[tuple[int, bytes], bytes]]) -> dict[tuple[int, bytes], bytes]:
+def ordered_rows(*parts: Iterable[tuple[tuple[int, bytes], bytes | None]]) -> dict[tuple[int, bytes], bytes | None]:
     """Rows in write order: state rows first, then the next-offset rows."""
-    out: dict[tuple[int, bytes], bytes] = {}
+    out: dict[tuple[int, bytes], bytes | None] = {}
     for part in parts:
         for row, value in part:
             out.pop(row, None)

@@ -1,6 +1,7 @@
 """Build a service's Faust app and run its worker.
 
-Every service gets the same shape: the RocksDB store (rocksdict), a data dir per
+Every service gets the same shape: the RocksDB store (rocksdict; with
+``bulk_restore``, lagging partitions restored in bulk, see :mod:`shared.changelog_restore`), a data dir per
 service and instance, topics as raw bytes (decoded in the agent, so bad input is a
 dead letter and not a crash), at-least-once processing, static group membership,
 standby replicas, and a FastAPI app served on the worker's own event loop.
@@ -16,6 +17,7 @@ import faust
 from fastapi import FastAPI
 from faust.contrib.asgi import serve_asgi
 
+from shared.changelog_restore import BulkRestoringTableManager, register_settings
 from shared.kafka_clients import require_sasl_credentials, ssl_context
 from shared.kafka_metadata import track_used_topics
 from shared.log_config import logging_config
@@ -77,9 +79,13 @@ def create_app(service: str, settings: Settings, default_port: int) -> faust.App
         logging_config=logging_config(service, settings.instance_id, settings.log_level),
         loghandlers=[],
     )
+    if settings.bulk_restore:
+        conf["TableManager"] = BulkRestoringTableManager
     if settings.static_membership:
         conf["consumer_group_instance_id"] = f"{service}-{settings.instance_id}"
-    return faust.App(app_id(service, settings), **conf)
+    app = faust.App(app_id(service, settings), **conf)
+    register_settings(app, settings)
+    return app
 
 
 def changelog_topic_specs(app: faust.App, settings: Settings) -> list[TopicSpec]:

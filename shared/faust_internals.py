@@ -26,7 +26,12 @@ FAUST_OFFSET_KEY = b"__faust\x00offset__"
 
 def partition_db(table: AnyTable, partition: int) -> Rdict:
     """The RocksDB database (rocksdict) holding one partition of a table."""
-    return cast(Rdict, cast(Any, table).data._db_for_partition(partition))
+    return store_partition_db(cast(Any, table).data, partition)
+
+
+def store_partition_db(store: Any, partition: int) -> Rdict:
+    """The RocksDB database (rocksdict) of one partition of a table's RocksDB store (opened if need be)."""
+    return cast(Rdict, store._db_for_partition(partition))
 
 
 def partition_items(

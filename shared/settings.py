@@ -41,6 +41,8 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path(".local/data"), description="Root of RocksDB state; each service and instance gets a subfolder")
     standby_replicas: int = Field(1, ge=0, description="Standby copies of each table partition kept by other instances")
     static_membership: bool = Field(True, description="Join the consumer group with group.instance.id = service-instance_id")
+    bulk_restore: bool = Field(True, description="Restore lagging table partitions with a plain consumer, not record by record")
+    bulk_restore_min_lag: int = Field(10_000, ge=1, description="Smallest changelog lag restored in bulk")
     session_timeout_s: float = Field(
         45.0, gt=0, description="A member silent this long leaves the group; a restart within it keeps the assignment"
     )
@@ -66,6 +68,9 @@ class Settings(BaseSettings):
     # Validator
     command_wait_timeout_s: float = Field(5.0, gt=0, description="Longest wait of POST /commands?wait=true")
     command_history_per_account: int = Field(1000, ge=1, description="Command ids remembered per account for idempotency")
+    command_outcome_retention_s: float = Field(
+        7 * 24 * 3600.0, gt=0, description="How long GET /commands/{id} keeps answering for a command (then 404)",
+    )
 
     # Retry scheduler
     retry_tick_interval_s: float = Field(1.0, gt=0)

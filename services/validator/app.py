@@ -29,7 +29,9 @@ Agents:
 
 ``record_outcomes`` (internal ``…-outcomes``, keyed by command_id)
     Keeps the ``outcomes`` table behind GET /commands/{command_id}. A "pending" record
-    (written by POST /commands) never replaces an answer.
+    (written by POST /commands) never replaces an answer. Each batch also deletes the
+    rows older than ``command_outcome_retention_s`` (found through their expiry rows,
+    oldest first), so the table holds about one retention period of commands.
 
 ``route_events`` and ``project`` (``account-events`` → internal ``…-by-program``)
     The category projection: every account of a program with its status, kept in
@@ -67,11 +69,14 @@ from services.validator.domain import (
     plan_batch,
 )
 from services.validator.state import (
+    EXPIRY_PREFIX,
     account_key,
     decode_listing,
     decode_state,
     encode_listing,
     encode_state,
+    expired,
+    expiry_key,
     index_key,
     listing_key,
     outcome_status,
@@ -83,7 +88,7 @@ from shared import codecs, dead_letters
 from shared.dead_letter_sink import DeadLetterSink
 from shared.durable import Backfill, DurableTable, InRecord, OrderedInput, Rows, ordered_rows
 from shared.faust_app import app_id, create_app
-from shared.faust_internals import partition_db
+from shared.faust_internals import active_partitions, partition_db, partition_items
 from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED, REGISTRY
 from shared.partitioning import partition_for
 from shared.settings import Settings
@@ -99,6 +104,14 @@ COMMAND_OUTCOMES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+OUTCOMES_EXPIRED = Counter(
+    "statefleet_validator_outcomes_expired_total",
+    "Command outcomes deleted after STATEFLEET_COMMAND_OUTCOME_RETENTION_S",
+    registry=REGISTRY,
+)
+
+#: Most outcome rows one batch of record_outcomes deletes per partition.
+EXPIRE_PER_BATCH = 1000
 
 
 def now_ms() -> int:
@@ -156,6 +169,10 @@ class ValidatorService:
         self.listing_input = OrderedInput(app, self.listing_store, self.backfill)
         self.dead_letters = DeadLetterSink(app, SERVICE, topics.dead_letters, retry_topic=self.retry_topic_name)
         self.waiters: dict[str, list[asyncio.Future[None]]] = {}
+        #: Per outcomes partition, the last expiry row deleted: later scans seek past the
+        #: tombstones below it instead of stepping over them.
+        self._expiry_from: dict[int, bytes] = {}
+        self.outcomes.on_recover(self._on_outcomes_recovered)
 
         # A failed batch must not be skipped: crash the worker so the batch is redone after restart.
         app.agent(self.commands, name=f"{SERVICE}.validate", supervisor_strategy=CrashingSupervisor)(self.validate)
@@ -299,9 +316,11 @@ class ValidatorService:
     # -- outcomes (GET /commands/{command_id}) --------------------------------------------------
 
     async def record_outcomes(self, stream: Any) -> None:
+        retention_ms = round(self.settings.command_outcome_retention_s * 1000)
         async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
             batch = await self.outcome_input.batch(events)
-            rows: dict[tuple[int, bytes], bytes] = {}
+            now = now_ms()
+            rows: dict[tuple[int, bytes], bytes | None] = {}
             for record in batch.records:
                 if record.key is None or record.value is None:
                     continue
@@ -312,14 +331,39 @@ class ValidatorService:
                                 record.topic, record.partition, record.offset)
                     continue
                 row = (record.partition, record.key)
-                if status == PENDING and (row in rows or self.outcomes_store.get(*row) is not None):
+                known = row in rows or self.outcomes_store.get(*row) is not None
+                if status == PENDING and known:
                     continue  # a command is pending only until it has an answer
+                if not known:
+                    rows[(record.partition, expiry_key(now + retention_ms, record.key))] = b""
                 rows[row] = record.value
+            rows.update(self.expired_outcomes(now))
             await self.outcomes_store.write(ordered_rows(rows.items(), batch.offset_rows.items()))
             await self.outcome_input.done(batch)
-            for _, key in rows:
-                self._wake(key.decode("utf-8", errors="replace"))
+            for (_, key), value in rows.items():
+                if value:
+                    self._wake(key.decode("utf-8", errors="replace"))
             MESSAGES_PROCESSED.labels(SERVICE, "outcomes").inc(len(batch.records))
+
+    def expired_outcomes(self, now: int) -> dict[tuple[int, bytes], None]:
+        """Deletes of the outcome rows (and their expiry rows) past retention, in every
+        partition this instance owns: bounded per batch, oldest first."""
+        deletes: dict[tuple[int, bytes], None] = {}
+        for partition in sorted(active_partitions(self.app, self.outcomes)):
+            start = self._expiry_from.get(partition, EXPIRY_PREFIX)
+            keys = (key for key, _ in partition_items(self.outcomes, partition, from_key=start))
+            due = expired(keys, now, EXPIRE_PER_BATCH)
+            for expiry_row, command_id in due:
+                deletes[(partition, command_id)] = None
+                deletes[(partition, expiry_row)] = None
+            if due:
+                self._expiry_from[partition] = due[-1][0]
+                OUTCOMES_EXPIRED.inc(len(due))
+        return deletes
+
+    async def _on_outcomes_recovered(self) -> None:
+        # Another instance may have owned a partition meanwhile: scan it from the start.
+        self._expiry_from.clear()
 
     def _wake(self, command_id: str) -> None:
         for fut in self.waiters.pop(command_id, ()):
@@ -327,6 +371,8 @@ class ValidatorService:
                 fut.set_result(None)
 
     def outcome(self, command_id: str) -> bytes | None:
+        if not command_id or "\x00" in command_id:
+            return None  # no command has such an id; the table's own rows start with NUL
         key = command_id.encode()
         return self.outcomes_store.get(partition_for(key, self.partitions), key)
 

@@ -9,6 +9,9 @@
 
 ``outcomes`` (partitioned by command_id)
     key ``command_id``; value the outcome record JSON (see ``domain.outcome_record``).
+    ``EXPIRY_PREFIX`` + expires_at (8 bytes, big-endian, sign-flipped, epoch ms) +
+    command_id → empty: one per outcome row, written with the row's first version, so
+    a seek from the prefix finds the rows to delete oldest first.
 
 ``program-accounts`` (partitioned by program_id: the category projection)
     ``L`` + program_id + NUL + created_at (8 bytes, big-endian, sign-flipped) + account_id
@@ -24,6 +27,7 @@ cannot contain NUL, so those keys collide with none of the above.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 from services.validator.domain import Account, AccountState, Listing, OutcomeCode
 from shared import codecs
@@ -64,10 +68,36 @@ def decode_state(account_id: str, raw: bytes) -> AccountState:
 
 # -- outcomes ---------------------------------------------------------------------------------
 
+EXPIRY_PREFIX = b"\x00expires\x00"
+
 
 def outcome_status(raw: bytes) -> str:
     status = codecs.loads_object(raw).get("status")
     return status if isinstance(status, str) else ""
+
+
+def expiry_key(expires_at: int, command_id: bytes) -> bytes:
+    return EXPIRY_PREFIX + pack_ts(expires_at) + command_id
+
+
+def split_expiry_key(key: bytes) -> tuple[int, bytes]:
+    """(expires_at, command_id) of an expiry index key."""
+    body = key[len(EXPIRY_PREFIX):]
+    return unpack_ts(body[:8]), body[8:]
+
+
+def expired(index_keys: Iterable[bytes], now: int, limit: int) -> list[tuple[bytes, bytes]]:
+    """(index key, command_id) of the first ``limit`` expiry rows due by ``now``, from
+    keys in ascending order (those past the expiry rows are ignored)."""
+    out: list[tuple[bytes, bytes]] = []
+    for key in index_keys:
+        if len(out) >= limit or not key.startswith(EXPIRY_PREFIX):
+            break
+        expires_at, command_id = split_expiry_key(key)
+        if expires_at > now:
+            break
+        out.append((key, command_id))
+    return out
 
 
 # -- the category projection -------------------------------------------------------------------

@@ -339,7 +339,7 @@ def service_bench(stored: int, due: int, burst: int, port: int) -> ServiceRun:
             "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": data_dir,
             "STATEFLEET_HTTP_PORT": str(port), "STATEFLEET_INSTANCE_ID": "bench", "STATEFLEET_LOG_LEVEL": "WARNING",
             "STATEFLEET_RETRY_BASE_DELAY_MS": str(BASE_DELAY_MS), "STATEFLEET_RETRY_JITTER": "none",
-            "STATEFLEET_STANDBY_REPLICAS": "0",
+            "STATEFLEET_STANDBY_REPLICAS": "0", "STATEFLEET_BULK_RESTORE": "true",
             "STATEFLEET_RETRY_POLICY_OVERRIDES": orjson.dumps(
                 {"origin_topic": {BURST_ORIGIN: {"base_delay_ms": BURST_DELAY_MS, "max_delay_ms": BURST_DELAY_MS}}},
             ).decode(),

@@ -82,7 +82,10 @@ def test_exact_tallies_api_topic_and_dead_letters(start_tallies, tally_topics) -
     assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
 
 
-def test_replayed_input_and_restore_from_changelog_keep_tallies(start_tallies, tally_topics, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("bulk_restore", [True, False], ids=["bulk-restore", "faust-recovery"])
+def test_replayed_input_and_restore_from_changelog_keep_tallies(  # type: ignore[no-untyped-def]
+    start_tallies, tally_topics, tmp_path: Path, bulk_restore: bool,
+) -> None:
     history = generate(programs=6, accounts_per_program=20, seed=5)
     proc = start_tallies()
     produce(tally_topics["events"], history.events)
@@ -101,8 +104,9 @@ def test_replayed_input_and_restore_from_changelog_keep_tallies(start_tallies, t
     # Lose the local RocksDB state entirely: the changelog must bring back the same tallies.
     proc.stop()
     shutil.rmtree(tmp_path / "data")
-    restored = start_tallies()
+    restored = start_tallies(STATEFLEET_BULK_RESTORE=str(bulk_restore).lower(), STATEFLEET_BULK_RESTORE_MIN_LAG="1")
     assert all_tallies(restored) == expected
+    assert ("bulk restore: " in restored.log_path.read_text()) == bulk_restore
 
 
 def test_sigkill_mid_stream_never_double_counts(start_tallies, tally_topics) -> None:  # type: ignore[no-untyped-def]

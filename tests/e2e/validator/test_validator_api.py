@@ -201,3 +201,30 @@ def test_two_instances_answer_for_any_key(start_validator: Any) -> None:
             served_by.add(r.headers["x-statefleet-served-by"].split(",")[0].strip())
             assert get(proc, f"/commands/{a}-1").json()["status"] == "accepted"
     assert served_by == {first.url, second.url}, "both instances own some accounts and forward to each other"
+
+
+def test_command_outcomes_expire_after_the_retention_and_the_account_stays(start_validator: Any) -> None:
+    proc = start_validator("retention", STATEFLEET_COMMAND_OUTCOME_RETENTION_S="2")
+    a = f"expiring-{uuid.uuid4().hex[:8]}"
+    created = post(proc, {"command_id": f"{a}-1", "type": "CreateAccount", "account_id": a, "program_id": "exp"})
+    assert created.status_code == 200 and created.json()["status"] == "accepted", created.text
+    assert get(proc, f"/commands/{a}-1").status_code == 200
+
+    # Rows are deleted as batches of the outcomes stream go by: keep commands coming.
+    later: list[str] = []
+
+    def expired() -> bool:
+        later.append(f"{a}-later-{len(later)}")
+        post(proc, {"command_id": later[-1], "type": "UpdateAccount", "account_id": a, "data": {"n": len(later)}})
+        return get(proc, f"/commands/{a}-1").status_code == 404
+
+    wait_for(expired, timeout=60, interval=0.5, message=f"the outcome of {a}-1 to expire")
+    wait_for(lambda: get(proc, f"/commands/{later[-1]}").json()["status"] == "accepted", timeout=15,
+             message="the latest command's outcome, younger than the retention")
+    account = get(proc, f"/accounts/{a}").json()
+    assert account["status"] == "active" and account["version"] == 1 + len(later)
+    metrics = get(proc, "/metrics").text
+    assert any(line.startswith("statefleet_validator_outcomes_expired_total ") and float(line.split()[1]) >= 1
+               for line in metrics.splitlines())
+    # The table's own rows are not command ids.
+    assert get(proc, "/commands/%00expires%00").status_code in (404, 422)

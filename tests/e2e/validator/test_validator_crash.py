@@ -113,7 +113,8 @@ def test_sigkill_mid_stream_leaves_each_event_exactly_once_per_version(
         killed_at.append(record_count())
         if wipe:
             shutil.rmtree(Path(service_env["STATEFLEET_DATA_DIR"]) / "validator" / "k")
-        proc = start_validator("k")
+        # Every restore, warm tail or whole changelog, goes through the bulk reader here.
+        proc = start_validator("k", STATEFLEET_BULK_RESTORE="true", STATEFLEET_BULK_RESTORE_MIN_LAG="1")
     feeder.join(60)
     record_count.close()
 

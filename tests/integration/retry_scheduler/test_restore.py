@@ -44,7 +44,9 @@ def test_restore_after_deleting_the_data_dir_brings_back_only_what_was_not_redel
         proc.stop()
         shutil.rmtree(data)
 
-        proc = start_scheduler(env, tmp_path, port=proc.port)
+        # The whole changelog (rows and their deletes) through the bulk reader.
+        bulk = {"STATEFLEET_BULK_RESTORE": "true", "STATEFLEET_BULK_RESTORE_MIN_LAG": "1"}
+        proc = start_scheduler({**env, **bulk}, tmp_path, port=proc.port)
         assert sorted(item["id"] for item in list_all(proc.url)) == sorted(slow)
         time.sleep(1.0)  # several ticks: nothing redelivered a second time
         records = read_all(retry)

@@ -25,12 +25,15 @@ from services.validator.state import (
     decode_state,
     encode_listing,
     encode_state,
+    expired,
+    expiry_key,
     listing_cursor,
     listing_key,
     listing_key_from_cursor,
     outcome_status,
     pack_ts,
     program_prefix,
+    split_expiry_key,
     unpack_ts,
 )
 from shared import codecs
@@ -133,3 +136,20 @@ def test_http_command_model_matches_the_domain() -> None:
 def test_http_command_model_refuses_bad_bodies(body: dict[str, object]) -> None:
     with pytest.raises(pydantic.ValidationError):
         CommandIn.model_validate(body)
+
+
+def test_expiry_keys_sort_by_time_before_every_command_id_and_split_back() -> None:
+    keys = [expiry_key(t, cid) for t, cid in [(5_000, b"b"), (-1, b"z"), (5_000, b"a"), (10**12, b"c")]]
+    assert [split_expiry_key(k) for k in sorted(keys)] == [(-1, b"z"), (5_000, b"a"), (5_000, b"b"), (10**12, b"c")]
+    # Command ids cannot contain NUL, so every one sorts after every expiry row.
+    assert all(k < b"\x01" for k in keys)
+
+
+def test_expired_takes_due_rows_oldest_first_up_to_the_limit() -> None:
+    index = sorted(expiry_key(t, f"cmd-{t}".encode()) for t in (100, 200, 300, 400))
+    rows = [*index, b"\x00next-offset\x00topic", b"cmd-100", b"cmd-200"]
+    assert [cid for _, cid in expired(rows, now=250, limit=10)] == [b"cmd-100", b"cmd-200"]
+    assert [cid for _, cid in expired(rows, now=10_000, limit=3)] == [b"cmd-100", b"cmd-200", b"cmd-300"]
+    assert [cid for _, cid in expired(rows, now=10_000, limit=10)] == [b"cmd-100", b"cmd-200", b"cmd-300", b"cmd-400"]
+    assert expired(rows, now=99, limit=10) == []
+    assert expired([b"cmd-1"], now=10_000, limit=10) == []
