@@ -79,6 +79,18 @@ async def raw_consume_rate(topics: Sequence[str], expected: int) -> tuple[int, f
         await consumer.stop()
 
 
+def stop_worker(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """SIGTERM a worker and wait for its clean shutdown; SIGKILL it when that takes too long."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def service_worker(module: str, prefix: str, port: int, extra_env: dict[str, str] | None = None) -> Iterator[str]:
     """One ``services.<module>`` instance on an empty data dir; yields its URL once ready, stops it after."""
@@ -104,8 +116,4 @@ def service_worker(module: str, prefix: str, port: int, extra_env: dict[str, str
                 time.sleep(0.1)
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_worker(proc)

@@ -59,7 +59,7 @@ from shared import dead_letters as dl
 from shared.partitioning import partition_for
 from shared.settings import Settings
 from shared.topic_admin import TopicSpec, ensure_topics_async
-from tools.bench.common import bootstrap, machine
+from tools.bench.common import bootstrap, machine, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
@@ -412,11 +412,7 @@ def service_bench(stored: int, due: int, burst: int, port: int) -> ServiceRun:
                     f"producer, same records, acks=all: {run.raw_produce_rate:,.0f}/s")
                 return run
             finally:
-                proc.terminate()
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                stop_worker(proc)
                 asyncio.run(delete_topics(prefix))
 
 

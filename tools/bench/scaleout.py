@@ -41,7 +41,7 @@ import orjson
 
 from shared.settings import Settings
 from shared.topic_admin import TopicSpec, ensure_topics_async
-from tools.bench.common import bootstrap, machine, produce_bulk
+from tools.bench.common import bootstrap, machine, produce_bulk, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]
 SERVED_BY = "x-statefleet-served-by"
@@ -84,12 +84,11 @@ class Instance:
         raise TimeoutError(f"{self.name} not ready")
 
     def stop(self, kill: bool = False) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            if kill:
-                self.proc.kill()
-            else:
-                self.proc.terminate()
-            self.proc.wait(60)
+        if self.proc is not None and kill:
+            self.proc.kill()
+            self.proc.wait()
+        elif self.proc is not None:
+            stop_worker(self.proc)
 
 
 def accounts(n: int, programs: int) -> Iterator[tuple[bytes, bytes]]:
