@@ -11,10 +11,10 @@ So with ``bulk_restore`` on (the default; ``STATEFLEET_BULK_RESTORE``), the flee
 manager (:class:`BulkRestoringTableManager`) gives Faust a recovery
 service (:class:`BulkRestoringRecovery`) that, after every rebalance, first reads each
 assigned partition (active or standby) whose local copy lags its changelog by at least
-``bulk_restore_min_lag`` records: from the partition's persisted offset to the changelog's
-end offset (for actives, the highwater Faust has just read), writing the rows (a record
-with no value deletes its key) and advancing the persisted offset, and Faust's own
-offset for the partition, after each write batch. Faust's reader then starts from there,
+``bulk_restore_min_lag`` records: from the partition's persisted offset to the
+changelog's end offset (Faust reads the highwaters it checks offsets against only
+afterwards), writing the rows (a record with no value deletes its key) and advancing
+the persisted offset, and Faust's own offset for the partition, after each write batch. Faust's reader then starts from there,
 reads whatever arrived since, and runs the tables' ``on_recover`` callbacks as before.
 A crash mid-restore leaves rows and offset consistent: the rows of a batch are written
 before the offset that covers them, and re-applying a changelog record is harmless (last
@@ -24,6 +24,10 @@ It runs in Faust's recovery service, after the rebalance has completed: the cons
 heartbeats meanwhile, and a new rebalance cancels it as it cancels Faust's own steps.
 Restoring standbys too means a standby is caught up right after the rebalance that gave
 it to this instance, so a failover soon after a scale-out finds a complete local copy.
+
+The same plain consumer (:class:`ChangelogReader`) answers the recovery's lookups of
+changelog highwaters and earliest offsets, which Faust would send through its own
+consumer's connection, behind a fetch that may wait 1.5 s for records.
 """
 
 from __future__ import annotations
@@ -77,26 +81,56 @@ class RestoreResult:
         return self.records / self.seconds if self.seconds > 0 else 0.0
 
 
-async def restore_changelog(
-    settings: Settings,
-    targets: Mapping[TopicPartition, PartitionTarget],
-    min_lag: int,
-    *,
-    limits: Mapping[TopicPartition, int] | None = None,
-    budget_s: float | None = None,
-) -> RestoreResult:
-    """Bring each target up to its changelog partition's current end offset (or its
-    ``limits`` entry, if lower), if it lags by ``min_lag`` or more; stop after ``budget_s``."""
-    started = time.perf_counter()
-    consumer = AIOKafkaConsumer(
-        **client_kwargs(settings), enable_auto_commit=False, auto_offset_reset="earliest",
-        max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
-    )
-    await consumer.start()
-    try:
+class ChangelogReader:
+    """A plain consumer (no group) for changelog offsets and bulk restores.
+
+    It also answers Faust's recovery when it reads highwaters and earliest offsets: Faust
+    asks through its own consumer, whose connection to the broker is then often busy
+    with a fetch that waits up to 1.5 s (Faust's ``fetch_max_wait_ms``) for records, so
+    each lookup of a rebalance took about 1.5 s instead of milliseconds.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def _client(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(
+                **client_kwargs(self.settings), enable_auto_commit=False, auto_offset_reset="earliest",
+                max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
+            )
+            await consumer.start()
+            self._consumer = consumer
+        return self._consumer
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await consumer.stop()
+
+    async def highwaters(self, *tps: TP) -> dict[TP, int]:
+        """End offsets, as Faust's ``ConsumerT.highwaters`` gives them."""
+        if not tps:
+            return {}
+        ends = await (await self._client()).end_offsets([TopicPartition(tp.topic, tp.partition) for tp in tps])
+        return {TP(tp.topic, tp.partition): int(end) for tp, end in ends.items()}
+
+    async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
+        """Log start offsets, as Faust's ``ConsumerT.earliest_offsets`` gives them."""
+        if not tps:
+            return {}
+        starts = await (await self._client()).beginning_offsets([TopicPartition(tp.topic, tp.partition) for tp in tps])
+        return {TP(tp.topic, tp.partition): int(start) for tp, start in starts.items()}
+
+    async def restore(
+        self, targets: Mapping[TopicPartition, PartitionTarget], min_lag: int, *, budget_s: float | None = None,
+    ) -> RestoreResult:
+        """Bring each target up to its changelog partition's current end offset, if it
+        lags by ``min_lag`` or more; stop after ``budget_s``."""
+        started = time.perf_counter()
+        consumer = await self._client()
         ends = {tp: int(end) for tp, end in (await consumer.end_offsets(list(targets))).items()}
-        for tp, limit in (limits or {}).items():
-            ends[tp] = min(ends[tp], limit)
         starts = {tp: (targets[tp].persisted_offset() or -1) + 1 for tp in targets}
         todo = {tp: ends[tp] for tp in targets if ends[tp] - starts[tp] >= max(min_lag, 1)}
         if not todo:
@@ -105,11 +139,25 @@ async def restore_changelog(
         log.info("bulk restore: %d partitions lag their changelogs by %d records; reading them directly",
                  len(todo), total)
         consumer.assign(list(todo))
-        for tp in todo:
-            consumer.seek(tp, starts[tp])
+        try:
+            for tp in todo:
+                consumer.seek(tp, starts[tp])
+            records = await self._read(consumer, targets, todo, total, started, budget_s)
+        finally:
+            consumer.unsubscribe()  # no fetching in the background between restores
+        result = RestoreResult(records, time.perf_counter() - started, len(todo))
+        log.info("bulk restore: %d records into %d partitions in %.1fs (%.0f records/s)",
+                 result.records, result.partitions, result.seconds, result.rate)
+        return result
+
+    @staticmethod
+    async def _read(
+        consumer: AIOKafkaConsumer, targets: Mapping[TopicPartition, PartitionTarget], ends: Mapping[TopicPartition, int],
+        total: int, started: float, budget_s: float | None,
+    ) -> int:
         records = 0
         last_report = time.perf_counter()
-        remaining = dict(todo)
+        remaining = dict(ends)
         while remaining:
             if budget_s is not None and time.perf_counter() - started > budget_s:
                 log.warning("bulk restore: stopping after %.0fs with %d partitions not caught up; "
@@ -125,12 +173,18 @@ async def restore_changelog(
                 last_report = time.perf_counter()
                 log.info("bulk restore: %d of about %d records (%.0f/s), %d partitions to go",
                          records, total, records / (last_report - started), len(remaining))
-        result = RestoreResult(records, time.perf_counter() - started, len(todo))
-        log.info("bulk restore: %d records into %d partitions in %.1fs (%.0f records/s)",
-                 result.records, result.partitions, result.seconds, result.rate)
-        return result
+        return records
+
+
+async def restore_changelog(
+    settings: Settings, targets: Mapping[TopicPartition, PartitionTarget], min_lag: int,
+) -> RestoreResult:
+    """:meth:`ChangelogReader.restore` with a reader of its own."""
+    reader = ChangelogReader(settings)
+    try:
+        return await reader.restore(targets, min_lag)
     finally:
-        await consumer.stop()
+        await reader.stop()
 
 
 def write_batch(target: PartitionTarget, messages: list[Any]) -> int:
@@ -149,36 +203,57 @@ def write_batch(target: PartitionTarget, messages: list[Any]) -> int:
 
 
 class BulkRestoringRecovery(Recovery):
-    """Faust's recovery service, bringing lagging partitions up to date in bulk first."""
+    """Faust's recovery service, bringing lagging partitions up to date in bulk first,
+    and reading changelog offsets with a :class:`ChangelogReader`."""
+
+    _reader: ChangelogReader | None = None
+
+    def _changelog_reader(self) -> ChangelogReader | None:
+        settings = _SETTINGS.get(cast(faust.App, self.app))
+        if settings is None:
+            return None
+        if self._reader is None:
+            self._reader = ChangelogReader(settings)
+        return self._reader
+
+    async def on_stop(self) -> None:
+        await super().on_stop()
+        if self._reader is not None:
+            await self._reader.stop()
+
+    async def _build_highwaters(
+        self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str,
+    ) -> None:
+        reader = self._changelog_reader()
+        if reader is None:
+            await super()._build_highwaters(consumer, tps, destination, title)
+            return
+        # Faust reads the actives' highwaters first, then their offsets, then the
+        # standbys': restoring just before that, both sets are known, nothing reads
+        # yet, and the highwaters Faust then reads are at or past what was restored.
+        if title == "active":
+            await self._bulk_restore(reader)
+        await super()._build_highwaters(cast(ConsumerT, reader), tps, destination, title)
 
     async def _build_offsets(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
-        # Faust builds the actives' offsets right after their highwaters and before the
-        # standbys' offsets: the one point where both sets are known and nothing reads yet.
-        if title == "active":
-            await self._bulk_restore()
-        await super()._build_offsets(consumer, tps, destination, title)
+        reader = self._changelog_reader()
+        await super()._build_offsets(cast(ConsumerT, reader) if reader else consumer, tps, destination, title)
 
-    async def _bulk_restore(self) -> None:
-        settings = _SETTINGS.get(cast(faust.App, self.app))
-        if settings is None or not settings.bulk_restore:
+    async def _bulk_restore(self, reader: ChangelogReader) -> None:
+        if not reader.settings.bulk_restore:
             return
         targets: dict[TopicPartition, PartitionTarget] = {}
-        limits: dict[TopicPartition, int] = {}
         for tp in sorted(self.active_tps | self.standby_tps):
             store = cast(Any, self.tp_to_table[tp]).data
             if not isinstance(store, RocksDBStore) or not _can_open(store, tp):
                 continue
-            active = tp in self.active_tps
-            key = TopicPartition(tp.topic, tp.partition)
-            targets[key] = _RecoveringPartition(store, tp, self.active_offsets if active else self.standby_offsets)
-            if active:
-                # Not past the highwater Faust just read: it checks offsets against it.
-                limits[key] = self.active_highwaters[tp] + 1
+            offsets = self.active_offsets if tp in self.active_tps else self.standby_offsets
+            targets[TopicPartition(tp.topic, tp.partition)] = _RecoveringPartition(store, tp, offsets)
         if targets:
             # Faust gives this step broker_request_timeout and stops recovering for good
             # when it runs out; what the budget leaves over, Faust's reader restores.
             budget_s = 0.6 * float(self.app.conf.broker_request_timeout)
-            await restore_changelog(settings, targets, settings.bulk_restore_min_lag, limits=limits, budget_s=budget_s)
+            await reader.restore(targets, reader.settings.bulk_restore_min_lag, budget_s=budget_s)
 
 
 @dataclass

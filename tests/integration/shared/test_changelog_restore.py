@@ -11,9 +11,10 @@ from typing import cast
 
 import pytest
 from aiokafka import TopicPartition
+from faust.types import TP
 from rocksdict import Options, Rdict
 
-from shared.changelog_restore import restore_changelog
+from shared.changelog_restore import ChangelogReader, restore_changelog
 from shared.faust_internals import FAUST_OFFSET_KEY
 from shared.partitioning import partition_for
 from shared.settings import Settings
@@ -116,3 +117,24 @@ def test_restore_reads_only_past_the_persisted_offset_and_respects_the_threshold
     assert restore(kafka_bootstrap, changelog, targets, min_lag=1) == lag
     assert all(targets[partition_for(k, PARTITIONS)].db().get(k) == b"tail" for k, _ in tail)
     assert targets[partition_for(b"key-00001", PARTITIONS)].db().get(b"key-00001") == b"local"
+
+
+def test_the_reader_answers_highwaters_and_earliest_offsets_as_faust_asks_them(
+    kafka_bootstrap: str, changelog: str,
+) -> None:
+    records, _ = history(n_keys=200, rounds=1)
+    produce(changelog, records)
+    per_partition = {p: sum(1 for k, _ in records if partition_for(k, PARTITIONS) == p) for p in range(PARTITIONS)}
+
+    async def lookups() -> tuple[dict[TP, int], dict[TP, int], dict[TP, int]]:
+        reader = ChangelogReader(Settings(kafka_bootstrap_servers=kafka_bootstrap))
+        try:
+            tps = [TP(changelog, p) for p in range(PARTITIONS)]
+            return await reader.highwaters(*tps), await reader.earliest_offsets(*tps), await reader.highwaters()
+        finally:
+            await reader.stop()
+
+    highwaters, earliest, none = asyncio.run(lookups())
+    assert highwaters == {TP(changelog, p): n for p, n in per_partition.items()}
+    assert earliest == {TP(changelog, p): 0 for p in range(PARTITIONS)}
+    assert none == {}
