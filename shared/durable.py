@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -69,6 +70,9 @@ log = logging.getLogger(__name__)
 
 #: (partition, key) -> value; ``None`` deletes the row (a tombstone in the changelog)
 Rows = Mapping[tuple[int, bytes], bytes | None]
+
+#: How long a wait for acknowledgements goes before it is logged (and then again as often).
+SLOW_ACK_WARNING_S = 30.0
 
 #: Prefix of the rows holding an input partition's next expected offset. A table that
 #: holds them must have no key of its own starting with NUL.
@@ -145,11 +149,10 @@ class DurableTable:
         return sent
 
     @staticmethod
-    async def _acknowledged(sent: Sequence[tuple[int, Awaitable[Any]]]) -> dict[int, int]:
+    def _last_offsets(sent: Sequence[tuple[int, Awaitable[Any]]], acks: Sequence[Any]) -> dict[int, int]:
         """Per changelog partition, the offset of the last record acknowledged."""
         offsets: dict[int, int] = {}
-        for partition, fut in sent:
-            metadata = await fut
+        for (partition, _), metadata in zip(sent, acks, strict=True):
             offsets[partition] = max(offsets.get(partition, -1), int(metadata.offset))
         return offsets
 
@@ -164,6 +167,24 @@ class DurableTable:
             self.table.data.set_persisted_offset(TP(self.changelog, partition), offset)
 
 
+async def acknowledged(aws: Sequence[Awaitable[Any]], what: str, warn_every_s: float = SLOW_ACK_WARNING_S) -> list[Any]:
+    """Every result of ``aws`` in order (the first error raises), with a warning logged each
+    ``warn_every_s`` while any is outstanding: a producer that stopped delivering shows
+    otherwise only as an agent that stopped processing, for as long as Faust's request
+    timeout (20 minutes)."""
+    gathered = asyncio.gather(*aws)
+    started = time.monotonic()
+    try:
+        while True:
+            done, _ = await asyncio.wait({gathered}, timeout=warn_every_s)
+            if done:
+                return list(gathered.result())
+            log.warning("%s: still not acknowledged by the broker after %.0fs", what, time.monotonic() - started)
+    except asyncio.CancelledError:
+        gathered.cancel()
+        raise
+
+
 async def write_all(writes: Iterable[tuple[DurableTable, Rows]]) -> None:
     """:meth:`DurableTable.write` for several tables with one round trip: every changelog
     record is sent, every acknowledgement awaited, and only then are the rows put into
@@ -175,9 +196,14 @@ async def write_all(writes: Iterable[tuple[DurableTable, Rows]]) -> None:
     """
     pending = [(table, rows) for table, rows in writes if rows]
     sent = [await table._send(rows) for table, rows in pending]
-    acked = [await DurableTable._acknowledged(s) for s in sent]
-    for (table, rows), offsets in zip(pending, acked, strict=True):
-        table._apply(rows, offsets)
+    # One wait for all of them: the first failure raises, and the acknowledgements still
+    # to come are collected by the same wait instead of being left unretrieved.
+    changelogs = ", ".join(table.changelog for table, _ in pending)
+    acks = await acknowledged([fut for s in sent for _, fut in s], f"{sum(map(len, sent))} records to {changelogs}")
+    start = 0
+    for (table, rows), table_sent in zip(pending, sent, strict=True):
+        table._apply(rows, DurableTable._last_offsets(table_sent, acks[start:start + len(table_sent)]))
+        start += len(table_sent)
 
 
 class Backfill:

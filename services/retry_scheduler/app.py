@@ -512,7 +512,9 @@ class RetrySchedulerService:
                 continue
             pending.append((d, fut))
         if pending:
-            await self.app.producer.flush()
+            # Bounded: a redelivery not acknowledged in time fails below (logged, entry kept,
+            # retried on a later tick) rather than holding up the partition's agent.
+            await asyncio.wait({asyncio.ensure_future(self.app.producer.flush())}, timeout=SEND_TIMEOUT_S)
         sent_at = now_ms()
         for d, fut in pending:
             if not fut.done():

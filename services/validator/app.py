@@ -86,7 +86,7 @@ from services.validator.state import (
 )
 from shared import codecs, dead_letters
 from shared.dead_letter_sink import DeadLetterSink
-from shared.durable import Backfill, DurableTable, InRecord, OrderedInput, Rows, ordered_rows
+from shared.durable import Backfill, DurableTable, InRecord, OrderedInput, Rows, acknowledged, ordered_rows
 from shared.faust_app import app_id, create_app
 from shared.faust_internals import active_partitions, partition_db, partition_items
 from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED, REGISTRY
@@ -206,9 +206,7 @@ class ValidatorService:
 
     async def _acknowledged(self, futures: Sequence[Awaitable[Any]]) -> None:
         """Wait until every send is acknowledged by the broker; raises if any failed."""
-        await self.app.producer.flush()
-        for fut in futures:
-            await fut
+        await acknowledged([self.app.producer.flush(), *futures], f"validator: {len(futures)} records sent")
 
     # -- commands ---------------------------------------------------------------------------
 

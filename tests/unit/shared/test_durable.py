@@ -6,14 +6,18 @@ database only once the changelog has acknowledged them."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from shared.durable import (
     NEXT_OFFSET_PREFIX,
     DurableTable,
     InRecord,
     OrderedInput,
+    acknowledged,
     is_next_offset_key,
     next_offset_key,
     ordered_rows,
@@ -270,3 +274,32 @@ def test_writes_put_the_offsets_after_the_state_of_every_table() -> None:
         pass
     else:
         raise AssertionError("state rows of a table without the offsets must be refused")
+
+
+def test_a_slow_acknowledgement_is_logged_until_it_arrives(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        first, second = loop.create_future(), loop.create_future()
+        loop.call_later(0.01, first.set_result, "first")
+        loop.call_later(0.25, second.set_result, "second")
+        return await acknowledged([first, second], "2 records to t", warn_every_s=0.1)
+
+    with caplog.at_level(logging.WARNING, logger="shared.durable"):
+        assert asyncio.run(scenario()) == ["first", "second"]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2 and all(w.startswith("2 records to t: still not acknowledged") for w in warnings)
+
+
+def test_waiting_for_acknowledgements_can_be_cancelled() -> None:
+    async def scenario() -> asyncio.Future[Any]:
+        pending: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        waiter = asyncio.ensure_future(acknowledged([pending], "t", warn_every_s=0.05))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            return pending
+        raise AssertionError("the wait must end cancelled")
+
+    assert asyncio.run(scenario()).cancelled()
