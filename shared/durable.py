@@ -10,9 +10,9 @@ had already read (observed as a batch ending at offset 220 followed by one start
 table(s) it writes and written with the batch's state. :class:`OrderedInput` compares
 each batch with it: records below it are replays and are dropped; a hole above it is
 read back from Kafka with a plain consumer (:class:`Backfill`) and processed first.
-A hole is seen when the record after it arrives: records skipped at the very end of a
-partition wait for the partition's next record (or the next restart, as Faust does not
-commit past records it never delivered).
+A hole is seen when the record after it arrives; records skipped at the very end of a
+partition, with nothing after them, are found by :mod:`shared.trailing_holes`, which
+sends the consumer back to them.
 The rows live in partition ``p`` of the table for input partition ``p``, which relies on
 Faust assigning the same partition number of co-partitioned topics (same partition
 count) and tables to the same instance.

@@ -25,6 +25,12 @@ BATCH_SECONDS = Histogram(
     registry=REGISTRY,
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+TRAILING_HOLES_REREAD = Counter(
+    "statefleet_input_trailing_holes_reread_total",
+    "Times the consumer was sent back to input records the stream had skipped with nothing after them",
+    ["service"],
+    registry=REGISTRY,
+)
 HTTP_FORWARDED = Counter(
     "statefleet_http_forwarded_total",
     "Queries forwarded to the instance that owns the key",

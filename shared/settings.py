@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     stream_buffer_maxsize: int = Field(8192, ge=1)
     batch_size: int = Field(1000, ge=1, description="Events taken per processing batch")
     batch_within_s: float = Field(0.05, gt=0, description="Longest wait to fill a batch")
+    trailing_hole_check_s: float = Field(
+        5.0, gt=0, description="How often skipped input records with nothing after them are looked for",
+    )
 
     # Tallies
     tally_publish_interval_s: float = Field(1.0, gt=0, description="How often changed tallies are published")

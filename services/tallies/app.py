@@ -69,6 +69,7 @@ from shared.partitioning import partition_for
 from shared.settings import Settings
 from shared.topic_admin import TopicSpec
 from shared.topics import TopicNames, topic_names
+from shared.trailing_holes import TrailingHoleWatch
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,13 @@ class TalliesService:
         app.agent(self.inputs, name=f"{SERVICE}.route_inputs")(self.route_inputs)
         app.agent(self.by_program, name=f"{SERVICE}.apply_inputs")(self.apply_inputs)
         app.timer(settings.tally_publish_interval_s, name=f"{SERVICE}.publish")(self.publish_dirty)
+        self.trailing_holes = TrailingHoleWatch(app, SERVICE, {
+            **dict.fromkeys(
+                (self.topics.account_events, self.topics.logins, self.topics.service_retry(SERVICE)), self.input_order,
+            ),
+            self.by_program_topic_name: self.program_order,
+        })
+        app.timer(settings.trailing_hole_check_s, name=f"{SERVICE}.trailing_holes")(self.trailing_holes.check)
         self.memberships.on_recover(self.rebuild_counts)
 
     def topic_specs(self) -> list[TopicSpec]:

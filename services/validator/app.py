@@ -94,6 +94,7 @@ from shared.partitioning import partition_for
 from shared.settings import Settings
 from shared.topic_admin import TopicSpec
 from shared.topics import topic_names
+from shared.trailing_holes import TrailingHoleWatch
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,12 @@ class ValidatorService:
         app.agent(self.outcomes_topic, name=f"{SERVICE}.record_outcomes")(self.record_outcomes)
         app.agent(self.events, name=f"{SERVICE}.route_events")(self.route_events)
         app.agent(self.by_program, name=f"{SERVICE}.project")(self.project)
+        self.trailing_holes = TrailingHoleWatch(app, SERVICE, {
+            topics.account_commands: self.command_input, self.retry_topic_name: self.retry_input,
+            self.outcomes_topic_name: self.outcome_input, topics.account_events: self.event_input,
+            self.by_program_topic_name: self.listing_input,
+        })
+        app.timer(settings.trailing_hole_check_s, name=f"{SERVICE}.trailing_holes")(self.trailing_holes.check)
 
     def topic_specs(self) -> list[TopicSpec]:
         n = self.settings.topic_partitions

@@ -4,6 +4,7 @@ restarts, crashes or losing the local state."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 from pathlib import Path
@@ -12,10 +13,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from shared import dead_letters as dl
 from tests.support.accounts import event, generate
-from tests.support.kafka import produce, read_all
+from tests.support.kafka import BOOTSTRAP, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -142,3 +144,45 @@ def test_sigkill_mid_stream_never_double_counts(start_tallies, tally_topics) -> 
     proc.kill()
     restarted = start_tallies()
     wait_tallies(restarted, history.expected, timeout=90)
+
+
+def test_input_skipped_at_the_end_of_a_partition_is_read_again(start_tallies, tally_topics) -> None:  # type: ignore[no-untyped-def]
+    """The group's committed offset is moved past the last record of a partition while the
+    worker is down, so Faust's stream starts after it and no later record shows the hole:
+    the worker still finds it (its next-offset row is behind the consumer) and reads it."""
+    history = generate(programs=4, accounts_per_program=5, seed=9)
+    settings = {"STATEFLEET_STATIC_MEMBERSHIP": "false", "STATEFLEET_TRAILING_HOLE_CHECK_S": "0.5"}
+    proc = start_tallies(**settings)
+    produce(tally_topics["events"], history.events)
+    produce(tally_topics["logins"], history.logins)
+    wait_tallies(proc, history.expected)
+    proc.stop()  # without static membership a clean stop leaves the group empty
+
+    prefix = tally_topics["events"].removesuffix("account-events")
+    marker = orjson.dumps(event("late-acct", "late-program", "AccountCreated", 1))
+
+    async def skip_past(topic: str) -> tuple[int, int]:
+        producer = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP)
+        await producer.start()
+        try:
+            sent = await (await producer.send(topic, marker, key=b"late-acct"))
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, group_id=f"{prefix}statefleet-tallies",
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tp = TopicPartition(topic, sent.partition)
+            consumer.assign([tp])
+            await consumer.commit({tp: sent.offset + 1})
+        finally:
+            await consumer.stop()
+        return sent.partition, sent.offset
+
+    partition, offset = asyncio.run(skip_past(tally_topics["events"]))
+    restarted = start_tallies(**settings)
+    expected = {**history.expected, "late-program": {
+        "program_id": "late-program", "numberActive": 1, "numberInactive": 0, "lastLogin": None}}
+    wait_tallies(restarted, expected, timeout=30)
+    assert (f"skipped {tally_topics['events']}[{partition}] offsets {offset}..{offset}"
+            in restarted.log_path.read_text())

@@ -1,0 +1,88 @@
+"""Input records the stream skipped with no record after them.
+
+:class:`~shared.durable.OrderedInput` finds a hole in an input partition when the record
+after the hole arrives. Records skipped at the very end of a partition have no record
+after them: without more input they would wait for the next restart, and a command
+among them would stay pending. (Faust skips records when it drops a fetched batch
+around a rebalance, or starts from a committed offset past records the agent never
+processed, e.g. after the group's offsets were moved.)
+
+:class:`TrailingHoleWatch` compares, every few seconds and per assigned input partition,
+the next offset the agent expects (its next-offset row) with the Faust consumer's
+position. When the consumer has moved past records the agent never processed, none of
+them is waiting in the stream (no unacknowledged message of that partition), and nothing
+changed since the previous check, it seeks the consumer back to the expected offset so
+the stream delivers those records again. A record delivered twice this way is a replay
+to ``OrderedInput`` (dropped) and to Faust's acknowledgements (counted once by offset),
+so a seek that was not needed costs a re-read and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Protocol
+
+import faust
+from faust.types import TP
+
+from shared.faust_internals import has_unacked_messages, recovery_done
+from shared.metrics import TRAILING_HOLES_REREAD
+
+log = logging.getLogger(__name__)
+
+#: Longest wait for the consumer's position of one partition.
+POSITION_TIMEOUT_S = 5.0
+
+
+class NextOffsets(Protocol):
+    """Where the agent's next expected offset per input partition is read (an ``OrderedInput``)."""
+
+    def next_offset(self, topic: str, partition: int) -> int | None: ...
+
+
+class TrailingHoleWatch:
+    """Sends the consumer back to input records an agent never got; see the module docs.
+
+    ``inputs`` maps each input topic to the ``OrderedInput`` of the agent that reads it.
+    Call :meth:`check` from a timer.
+    """
+
+    def __init__(self, app: faust.App, service: str, inputs: Mapping[str, NextOffsets]) -> None:
+        self.app = app
+        self.service = service
+        self.inputs = dict(inputs)
+        #: Per partition, what the last check saw: (expected offset, consumer position).
+        self._suspects: dict[TP, tuple[int, int]] = {}
+        self.rereads = 0
+
+    async def check(self) -> None:
+        if not recovery_done(self.app):
+            self._suspects.clear()
+            return
+        seen: dict[TP, tuple[int, int]] = {}
+        for tp in sorted(self.app.consumer.assignment()):
+            reader = self.inputs.get(tp.topic)
+            if reader is None:
+                continue
+            expected = reader.next_offset(tp.topic, tp.partition)
+            if expected is None:  # nothing processed yet: the first record read decides
+                continue
+            try:
+                position = await asyncio.wait_for(self.app.consumer.position(tp), POSITION_TIMEOUT_S)
+            except TimeoutError:  # a partition still resetting its position: the next check sees it
+                continue
+            if position is None or position <= expected or has_unacked_messages(self.app, tp):
+                continue
+            if self._suspects.get(tp) != (expected, position):
+                seen[tp] = (expected, position)  # first sighting: the stream may still be on its way
+                continue
+            log.warning(
+                "the stream skipped %s[%d] offsets %d..%d with nothing after them; reading them again",
+                tp.topic, tp.partition, expected, position - 1,
+            )
+            await self.app.consumer.seek_wait({tp: expected})
+            TRAILING_HOLES_REREAD.labels(self.service).inc()
+            self.rereads += 1
+        self._suspects = seen
