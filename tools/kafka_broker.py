@@ -14,6 +14,7 @@ local runs start the broker through the same code.
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import shutil
 import signal
@@ -138,15 +139,24 @@ def write_config(layout: BrokerLayout) -> None:
     layout.config.write_text(text)
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id: 16 bytes, URL-safe base64 without padding.
+
+    Never starting with "-", which the storage tool would read as an option (Kafka's own
+    ``Uuid.randomUuid`` draws again for the same reason).
+    """
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def format_storage(layout: BrokerLayout) -> None:
     """Format KRaft storage once; an existing ``meta.properties`` means it is done."""
     if (layout.data / "meta.properties").exists():
         return
     layout.data.mkdir(parents=True, exist_ok=True)
-    cluster_id = uuid.uuid4().bytes
-    import base64
-
-    cid = base64.urlsafe_b64encode(cluster_id).decode().rstrip("=")
+    cid = new_cluster_id()
     _log(f"formatting KRaft storage in {layout.data} (cluster id {cid})")
     proc = subprocess.run(
         _java_cmd(layout, "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(layout.config), "--standalone"),
