@@ -87,7 +87,7 @@ from services.validator.state import (
 from shared import codecs, dead_letters
 from shared.dead_letter_sink import DeadLetterSink
 from shared.durable import Backfill, DurableTable, InRecord, OrderedInput, Rows, acknowledged, ordered_rows
-from shared.faust_app import app_id, create_app
+from shared.faust_app import app_id, changelog_topic_specs, create_app
 from shared.faust_internals import active_partitions, partition_db, partition_items
 from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED, REGISTRY
 from shared.partitioning import partition_for
@@ -200,8 +200,7 @@ class ValidatorService:
             TopicSpec(self.by_program_topic_name, n),
             # Changelogs too, so they exist before the first assignment (Faust would create
             # them at start-up, racing the group's first metadata read).
-            *(TopicSpec(t.changelog_topic.get_topic_name(), n, compacted=True)
-              for t in (self.accounts, self.outcomes, self.program_accounts)),
+            *changelog_topic_specs(self.app, self.settings),
         ]
 
     async def _send(self, topic: str, key: bytes | None, value: bytes | None, *, partition: int | None = None,
