@@ -27,7 +27,10 @@ class Record:
     timestamp: int
 
 
-def create_topics(names: Iterable[str], partitions: int = 8, compacted: Iterable[str] = ()) -> None:
+def create_topics(
+    names: Iterable[str], partitions: int = 8, compacted: Iterable[str] = (), configs: dict[str, str] | None = None,
+) -> None:
+    """Create the topics that do not exist yet; ``configs`` apply to each of them."""
     compact = set(compacted)
 
     async def run() -> None:
@@ -36,7 +39,9 @@ def create_topics(names: Iterable[str], partitions: int = 8, compacted: Iterable
         try:
             existing = set(await admin.list_topics())
             new = [
-                NewTopic(n, partitions, 1, topic_configs={"cleanup.policy": "compact"} if n in compact else {})
+                NewTopic(n, partitions, 1, topic_configs={
+                    **(configs or {}), **({"cleanup.policy": "compact"} if n in compact else {}),
+                })
                 for n in names if n not in existing
             ]
             if new:

@@ -47,7 +47,9 @@ def fake_checkpoint(root: Path, query_id: str, planned: int, committed: int | No
 
 def test_a_rerun_batch_writes_only_what_is_missing(spark, settings, spark_settings, topics, tmp_path: Path) -> None:
     topic = topics.activations
-    create_topics([topic], partitions=3)
+    # One record is stamped 30 days back, past the broker's 7-day retention: without this
+    # the retention check (every 5 minutes) may delete it before the test reads it.
+    create_topics([topic], partitions=3, configs={"retention.ms": "-1"})
     now = int(time.time() * 1000)
     old = now - 30 * 86_400_000
 
