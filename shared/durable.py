@@ -123,6 +123,29 @@ class OffsetStore(Protocol):
     def get(self, partition: int, key: bytes) -> bytes | None: ...
 
 
+class TableOffsets:
+    """An :class:`OffsetStore` over a table its agent writes with ``table[key] = value``
+    (in the event's context), for an agent whose state is not written through
+    :class:`DurableTable`: its next-offset rows are as durable as the rest of its state."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def get(self, partition: int, key: bytes) -> bytes | None:
+        raw: bytes | None = partition_db(self.table, partition).get(key)
+        return raw
+
+
+class ReadBackEvent:
+    """A record read back from Kafka, standing in for a Faust event (``event.message``),
+    e.g. as the current event of table writes."""
+
+    __slots__ = ("__weakref__", "message")
+
+    def __init__(self, record: InRecord) -> None:
+        self.message = record
+
+
 class DurableTable:
     """Write-through access to a raw-bytes Faust table (``key_type=bytes, value_type=bytes``)."""
 

@@ -70,6 +70,7 @@ from services.retry_scheduler.state import (
     scan_due,
 )
 from shared import dead_letters
+from shared.durable import Backfill, OrderedInput, ReadBackEvent, TableOffsets
 from shared.faust_app import app_id, changelog_topic_specs, create_app
 from shared.faust_internals import active_partitions, event_context, partition_db, recovery_done
 from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED
@@ -77,6 +78,7 @@ from shared.partitioning import partition_for
 from shared.settings import Settings
 from shared.topic_admin import TopicSpec
 from shared.topics import TopicNames, topic_names
+from shared.trailing_holes import TrailingHoleWatch
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +198,14 @@ class RetrySchedulerService:
         self.waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
         app.agent(self.dead_letter_input, name=f"{SERVICE}.route")(self.route)
+        # The inbox is read exactly in order (OrderedInput): Faust can acknowledge records it
+        # skips around a rebalance, and a dead letter skipped there would never be scheduled.
+        # Its next offsets are rows of the index table, written with the batch's state.
+        self.backfill = Backfill(settings)
+        self.inbox_order = OrderedInput(app, TableOffsets(self.index), self.backfill)
+        self.trailing_holes = TrailingHoleWatch(app, SERVICE, {self.inbox_topic_name: self.inbox_order})
         app.agent(self.inbox, name=f"{SERVICE}.schedule", concurrency=1)(self.process_inbox)
+        app.timer(settings.trailing_hole_check_s, name=f"{SERVICE}.trailing_holes")(self.trailing_holes.check)
         app.timer(settings.retry_tick_interval_s, name=f"{SERVICE}.tick")(self.send_ticks)
         self.schedule.on_recover(self.on_recovered)
 
@@ -257,7 +266,10 @@ class RetrySchedulerService:
     async def process_inbox(self, stream: Any) -> None:
         async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
             started = time.perf_counter()
-            for event in events:
+            batch = await self.inbox_order.batch(events)
+            delivered = {(e.message.partition, e.message.offset): e for e in events}
+            for record in batch.records:
+                event: Any = delivered.get((record.partition, record.offset)) or ReadBackEvent(record)
                 value = event.message.value
                 kind = value[:1] if isinstance(value, bytes) else b""
                 try:
@@ -274,6 +286,12 @@ class RetrySchedulerService:
                         "ignoring malformed inbox record at %s[%s]@%s: %s",
                         event.message.topic, event.message.partition, event.message.offset, exc,
                     )
+            # Each partition's next expected offset, after the batch's state rows.
+            last_of = {e.message.partition: e for e in events}
+            for (partition, key), offset in batch.offset_rows.items():
+                with event_context(last_of[partition]):
+                    self.index[key] = offset
+            await self.inbox_order.done(batch)
             MESSAGES_PROCESSED.labels(SERVICE, "inbox").inc(len(events))
             BATCH_SECONDS.labels(SERVICE, "inbox").observe(time.perf_counter() - started)
 
