@@ -100,6 +100,6 @@ async def mark_consumed(app: faust.App, topic: str, partition: int, first: int, 
         await cast(Any, app.consumer)._add_gap(TP(topic, partition), first, last)
 
 
-def has_unacked_messages(app: faust.App, tp: TP) -> bool:
-    """True while a record of ``tp`` handed to a stream is not yet acknowledged by its agent."""
-    return any(message.tp == tp for message in list(cast(Any, app.consumer)._unacked_messages))
+def tps_with_unacked_messages(app: faust.App) -> set[TP]:
+    """The partitions with a record handed to a stream and not yet acknowledged by its agent."""
+    return {message.tp for message in list(cast(Any, app.consumer)._unacked_messages)}

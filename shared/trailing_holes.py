@@ -27,7 +27,7 @@ from typing import Protocol
 import faust
 from faust.types import TP
 
-from shared.faust_internals import has_unacked_messages, recovery_done
+from shared.faust_internals import recovery_done, tps_with_unacked_messages
 from shared.metrics import TRAILING_HOLES_REREAD
 
 log = logging.getLogger(__name__)
@@ -45,23 +45,25 @@ class NextOffsets(Protocol):
 class TrailingHoleWatch:
     """Sends the consumer back to input records an agent never got; see the module docs.
 
-    ``inputs`` maps each input topic to the ``OrderedInput`` of the agent that reads it.
-    Call :meth:`check` from a timer.
+    ``inputs`` maps each input topic to the ``OrderedInput`` of the agent that reads it;
+    :meth:`check` runs on a timer of the app every ``interval_s``.
     """
 
-    def __init__(self, app: faust.App, service: str, inputs: Mapping[str, NextOffsets]) -> None:
+    def __init__(self, app: faust.App, service: str, inputs: Mapping[str, NextOffsets], interval_s: float) -> None:
         self.app = app
         self.service = service
         self.inputs = dict(inputs)
         #: Per partition, what the last check saw: (expected offset, consumer position).
         self._suspects: dict[TP, tuple[int, int]] = {}
         self.rereads = 0
+        app.timer(interval_s, name=f"{service}.trailing_holes")(self.check)
 
     async def check(self) -> None:
         if not recovery_done(self.app):
             self._suspects.clear()
             return
         seen: dict[TP, tuple[int, int]] = {}
+        in_streams = tps_with_unacked_messages(self.app)
         for tp in sorted(self.app.consumer.assignment()):
             reader = self.inputs.get(tp.topic)
             if reader is None:
@@ -73,7 +75,7 @@ class TrailingHoleWatch:
                 position = await asyncio.wait_for(self.app.consumer.position(tp), POSITION_TIMEOUT_S)
             except TimeoutError:  # a partition still resetting its position: the next check sees it
                 continue
-            if position is None or position <= expected or has_unacked_messages(self.app, tp):
+            if position is None or position <= expected or tp in in_streams:
                 continue
             if self._suspects.get(tp) != (expected, position):
                 seen[tp] = (expected, position)  # first sighting: the stream may still be on its way

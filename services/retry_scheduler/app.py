@@ -203,9 +203,10 @@ class RetrySchedulerService:
         # Its next offsets are rows of the index table, written with the batch's state.
         self.backfill = Backfill(settings)
         self.inbox_order = OrderedInput(app, TableOffsets(self.index), self.backfill)
-        self.trailing_holes = TrailingHoleWatch(app, SERVICE, {self.inbox_topic_name: self.inbox_order})
+        self.trailing_holes = TrailingHoleWatch(
+            app, SERVICE, {self.inbox_topic_name: self.inbox_order}, settings.trailing_hole_check_s,
+        )
         app.agent(self.inbox, name=f"{SERVICE}.schedule", concurrency=1)(self.process_inbox)
-        app.timer(settings.trailing_hole_check_s, name=f"{SERVICE}.trailing_holes")(self.trailing_holes.check)
         app.timer(settings.retry_tick_interval_s, name=f"{SERVICE}.tick")(self.send_ticks)
         self.schedule.on_recover(self.on_recovered)
 

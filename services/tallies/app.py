@@ -193,8 +193,7 @@ class TalliesService:
                 (self.topics.account_events, self.topics.logins, self.topics.service_retry(SERVICE)), self.input_order,
             ),
             self.by_program_topic_name: self.program_order,
-        })
-        app.timer(settings.trailing_hole_check_s, name=f"{SERVICE}.trailing_holes")(self.trailing_holes.check)
+        }, settings.trailing_hole_check_s)
         self.memberships.on_recover(self.rebuild_counts)
 
     def topic_specs(self) -> list[TopicSpec]:

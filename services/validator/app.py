@@ -185,8 +185,7 @@ class ValidatorService:
             topics.account_commands: self.command_input, self.retry_topic_name: self.retry_input,
             self.outcomes_topic_name: self.outcome_input, topics.account_events: self.event_input,
             self.by_program_topic_name: self.listing_input,
-        })
-        app.timer(settings.trailing_hole_check_s, name=f"{SERVICE}.trailing_holes")(self.trailing_holes.check)
+        }, settings.trailing_hole_check_s)
 
     def topic_specs(self) -> list[TopicSpec]:
         n = self.settings.topic_partitions

@@ -44,7 +44,7 @@ class FakeInput:
 def fake_app(consumer: FakeConsumer, recovered: bool = True) -> Any:
     completed = SimpleNamespace(is_set=lambda: recovered)
     return SimpleNamespace(
-        consumer=consumer, rebalancing=False,
+        consumer=consumer, rebalancing=False, timer=lambda interval, name: lambda fun: fun,
         tables=SimpleNamespace(recovery=SimpleNamespace(completed=completed, in_recovery=False)),
     )
 
@@ -60,7 +60,7 @@ def checks(watch: TrailingHoleWatch, n: int) -> None:
 def test_a_hole_seen_twice_sends_the_consumer_back_to_the_expected_offset() -> None:
     consumer = FakeConsumer({EVENTS: 12, OTHER: 40})
     reader = FakeInput({("events", 0): 10, ("other", 0): 5})
-    watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": reader})  # "other" is not an input
+    watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": reader}, 5.0)  # "other" is not an input
     checks(watch, 1)
     assert consumer.seeks == []  # first sighting: the records may still be on their way
     checks(watch, 1)
@@ -72,7 +72,7 @@ def test_a_hole_seen_twice_sends_the_consumer_back_to_the_expected_offset() -> N
 def test_progress_between_checks_is_not_a_hole() -> None:
     consumer = FakeConsumer({EVENTS: 12})
     reader = FakeInput({("events", 0): 10})
-    watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": reader})
+    watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": reader}, 5.0)
     checks(watch, 1)
     reader.offsets[("events", 0)] = 11  # the agent processed one meanwhile
     checks(watch, 1)
@@ -81,18 +81,18 @@ def test_progress_between_checks_is_not_a_hole() -> None:
 
 def test_records_still_in_the_stream_or_a_recovery_are_left_alone() -> None:
     consumer = FakeConsumer({EVENTS: 12}, _unacked_messages=[SimpleNamespace(tp=EVENTS)])
-    watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": FakeInput({("events", 0): 10})})
+    watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": FakeInput({("events", 0): 10})}, 5.0)
     checks(watch, 3)
     assert consumer.seeks == []
 
     recovering = FakeConsumer({EVENTS: 12})
-    watch = TrailingHoleWatch(fake_app(recovering, recovered=False), "svc", {"events": FakeInput({("events", 0): 10})})
+    watch = TrailingHoleWatch(fake_app(recovering, recovered=False), "svc", {"events": FakeInput({("events", 0): 10})}, 5.0)
     checks(watch, 3)
     assert recovering.seeks == []
 
 
 def test_an_input_with_nothing_processed_yet_is_left_to_the_stream() -> None:
     consumer = FakeConsumer({EVENTS: 12})
-    watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": FakeInput({})})
+    watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": FakeInput({})}, 5.0)
     checks(watch, 3)
     assert consumer.seeks == []
