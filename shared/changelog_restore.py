@@ -14,8 +14,9 @@ assigned partition (active or standby) whose local copy lags its changelog by at
 ``bulk_restore_min_lag`` records: from the partition's persisted offset to the
 changelog's end offset (Faust reads the highwaters it checks offsets against only
 afterwards), writing the rows (a record with no value deletes its key) and advancing
-the persisted offset, and Faust's own offset for the partition, after each write batch. Faust's reader then starts from there,
-reads whatever arrived since, and runs the tables' ``on_recover`` callbacks as before.
+the persisted offset, and Faust's own offset for the partition, after each write batch.
+Faust's reader then starts from there, reads whatever arrived since, and runs the
+tables' ``on_recover`` callbacks as before.
 A crash mid-restore leaves rows and offset consistent: the rows of a batch are written
 before the offset that covers them, and re-applying a changelog record is harmless (last
 write wins, in log order).
@@ -240,8 +241,6 @@ class BulkRestoringRecovery(Recovery):
         await super()._build_offsets(cast(ConsumerT, reader) if reader else consumer, tps, destination, title)
 
     async def _bulk_restore(self, reader: ChangelogReader) -> None:
-        if not reader.settings.bulk_restore:
-            return
         targets: dict[TopicPartition, PartitionTarget] = {}
         for tp in sorted(self.active_tps | self.standby_tps):
             store = cast(Any, self.tp_to_table[tp]).data

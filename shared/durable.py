@@ -124,9 +124,9 @@ class OffsetStore(Protocol):
 
 
 class TableOffsets:
-    """An :class:`OffsetStore` over a table its agent writes with ``table[key] = value``
-    (in the event's context), for an agent whose state is not written through
-    :class:`DurableTable`: its next-offset rows are as durable as the rest of its state."""
+    """Reads of a table's partitions, as an :class:`OffsetStore`. On its own, for an agent
+    that writes the table with ``table[key] = value`` (in the event's context): its
+    next-offset rows are then as durable as the rest of its state."""
 
     def __init__(self, table: Any) -> None:
         self.table = table
@@ -146,17 +146,13 @@ class ReadBackEvent:
         self.message = record
 
 
-class DurableTable:
+class DurableTable(TableOffsets):
     """Write-through access to a raw-bytes Faust table (``key_type=bytes, value_type=bytes``)."""
 
     def __init__(self, app: faust.App, table: Any) -> None:
+        super().__init__(table)
         self.app = app
-        self.table = table
         self.changelog = table.changelog_topic.get_topic_name()
-
-    def get(self, partition: int, key: bytes) -> bytes | None:
-        raw: bytes | None = partition_db(self.table, partition).get(key)
-        return raw
 
     async def write(self, rows: Rows) -> None:
         """Make ``rows`` durable (changelog acknowledged), then visible locally, in ``rows`` order."""

@@ -1,7 +1,7 @@
 """Build a service's Faust app and run its worker.
 
-Every service gets the same shape: the RocksDB store (rocksdict; with
-``bulk_restore``, lagging partitions restored in bulk, see :mod:`shared.changelog_restore`), a data dir per
+Every service gets the same shape: the RocksDB store (rocksdict; with ``bulk_restore``,
+lagging partitions restored in bulk, see :mod:`shared.changelog_restore`), a data dir per
 service and instance, topics as raw bytes (decoded in the agent, so bad input is a
 dead letter and not a crash), at-least-once processing, static group membership,
 standby replicas, and a FastAPI app served on the worker's own event loop.
