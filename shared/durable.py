@@ -59,10 +59,10 @@ from typing import Any, Protocol
 
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from faust.types import TP
+from rocksdict import WriteBatch
 
 from shared import dead_letters
-from shared.faust_internals import AnyTable, mark_consumed, partition_db, partition_items
+from shared.faust_internals import FAUST_OFFSET_KEY, AnyTable, mark_consumed, partition_db, partition_items
 from shared.kafka_clients import client_kwargs
 from shared.settings import Settings
 
@@ -176,14 +176,24 @@ class DurableTable(TableOffsets):
         return offsets
 
     def _apply(self, rows: Rows, offsets: Mapping[int, int]) -> None:
+        """Rows and the changelog offset they bring a partition to, in one RocksDB write batch per
+        partition: a crash leaves a partition with all of them or none."""
+        batches: dict[int, WriteBatch] = {}
         for (partition, key), value in rows.items():
-            db = partition_db(self.table, partition)
+            wb = batches.get(partition)
+            if wb is None:
+                wb = batches[partition] = WriteBatch(raw_mode=True)
             if value is None:
-                db.delete(key)
+                wb.delete(key)
             else:
-                db.put(key, value)
+                wb.put(key, value)
         for partition, offset in offsets.items():
-            self.table.data.set_persisted_offset(TP(self.changelog, partition), offset)
+            wb = batches.get(partition)
+            if wb is None:
+                wb = batches[partition] = WriteBatch(raw_mode=True)
+            wb.put(FAUST_OFFSET_KEY, str(offset).encode())
+        for partition, wb in batches.items():
+            partition_db(self.table, partition).write(wb)
 
 
 async def acknowledged(aws: Sequence[Awaitable[Any]], what: str, warn_every_s: float = SLOW_ACK_WARNING_S) -> list[Any]:
@@ -313,9 +323,11 @@ class OrderedInput:
         return min(found)
 
     async def batch(self, events: Sequence[Any]) -> Batch:
+        return await self.batch_records([InRecord.of_event(event) for event in events])
+
+    async def batch_records(self, arrivals: Sequence[InRecord]) -> Batch:
         by_tp: dict[tuple[str, int], list[InRecord]] = {}
-        for event in events:
-            record = InRecord.of_event(event)
+        for record in arrivals:
             by_tp.setdefault((record.topic, record.partition), []).append(record)
         records: list[InRecord] = []
         offset_rows: dict[tuple[int, bytes], bytes] = {}

@@ -49,7 +49,9 @@ def broker_credentials(settings: Settings) -> Any:
     return faust.SSLCredentials(context)
 
 
-def create_app(service: str, settings: Settings, default_port: int) -> faust.App:
+def create_app(
+    service: str, settings: Settings, default_port: int, app_class: type[faust.App] = faust.App,
+) -> faust.App:
     track_used_topics()  # or a send can wait 20 minutes for metadata it dropped (see the module)
     port = settings.port_for(default_port)
     datadir = instance_data_dir(service, settings)
@@ -83,7 +85,7 @@ def create_app(service: str, settings: Settings, default_port: int) -> faust.App
         conf["TableManager"] = BulkRestoringTableManager
     if settings.static_membership:
         conf["consumer_group_instance_id"] = f"{service}-{settings.instance_id}"
-    app = faust.App(app_id(service, settings), **conf)
+    app = app_class(app_id(service, settings), **conf)
     register_settings(app, settings)
     return app
 

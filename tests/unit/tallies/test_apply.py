@@ -5,10 +5,12 @@ in order to be applied once the rows are written."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any, cast
 
-from services.tallies.app import BatchWrites, TalliesService
+from services.tallies.app import TalliesService
 from services.tallies.domain import ACTIVE, INACTIVE, AccountChange, Membership
 from services.tallies.state import ProgramCounts, decode_membership, encode_membership, membership_key
+from shared.engine import InputBatch
 
 
 class Store:
@@ -25,8 +27,11 @@ def service(memberships: Store, logins: Store) -> TalliesService:
 
 def test_changes_in_one_batch_see_each_other_and_replays_write_nothing() -> None:
     stored = {(2, membership_key("P", "old")): encode_membership(Membership(ACTIVE, 3))}
-    svc = service(Store(stored), Store())
-    writes = BatchWrites()
+    memberships = Store(stored)
+    svc = service(memberships, Store())
+    batch = InputBatch("by-program", 2, [])
+    moves: list[tuple[str, str | None, str]] = []
+    programs: set[str] = set()
     for change in (
         AccountChange("a", "P", "AccountCreated", 1),
         AccountChange("a", "P", "AccountDeactivated", 2),
@@ -34,25 +39,28 @@ def test_changes_in_one_batch_see_each_other_and_replays_write_nothing() -> None
         AccountChange("old", "P", "AccountUpdated", 3),  # a replay of a stored version
         AccountChange("old", "P", "AccountDeactivated", 4),
     ):
-        TalliesService.apply_change(svc, writes, 2, change)
-    assert {k: decode_membership(v) for k, v in writes.memberships.items()} == {
+        TalliesService.apply_change(svc, batch, change, moves, programs)
+    rows = batch.rows[cast(Any, memberships)]
+    assert {k: decode_membership(v) for k, v in rows.items() if v is not None} == {
         (2, membership_key("P", "a")): Membership(INACTIVE, 2),
         (2, membership_key("P", "old")): Membership(INACTIVE, 4),
     }
-    assert writes.moves == [(2, "P", None, ACTIVE), (2, "P", ACTIVE, INACTIVE), (2, "P", ACTIVE, INACTIVE)]
+    assert moves == [("P", None, ACTIVE), ("P", ACTIVE, INACTIVE), ("P", ACTIVE, INACTIVE)]
     counts = ProgramCounts()
     counts.rebuild({2: [(membership_key("P", "old"), stored[(2, membership_key("P", "old"))])]})
-    for move in writes.moves:
-        counts.move(*move)
+    for program_id, before, after in moves:
+        counts.move(2, program_id, before, after)
     assert counts.get(2, "P") == (0, 2)
-    assert writes.programs == {"P"}
+    assert programs == {"P"}
 
 
 def test_logins_keep_the_largest_ts_across_the_batch_and_the_table() -> None:
-    svc = service(Store(), Store({(1, b"P"): b"50"}))
-    writes = BatchWrites()
-    TalliesService.apply_login(svc, writes, 1, "P", 40)
-    assert writes.last_logins == {} and writes.programs == set()
-    TalliesService.apply_login(svc, writes, 1, "P", 70)
-    TalliesService.apply_login(svc, writes, 1, "P", 60)
-    assert writes.last_logins == {(1, b"P"): b"70"} and writes.programs == {"P"}
+    logins = Store({(1, b"P"): b"50"})
+    svc = service(Store(), logins)
+    batch = InputBatch("by-program", 1, [])
+    programs: set[str] = set()
+    TalliesService.apply_login(svc, batch, "P", 40, programs)
+    assert batch.rows == {} and programs == set()
+    TalliesService.apply_login(svc, batch, "P", 70, programs)
+    TalliesService.apply_login(svc, batch, "P", 60, programs)
+    assert batch.rows[cast(Any, logins)] == {(1, b"P"): b"70"} and programs == {"P"}

@@ -1,0 +1,128 @@
+"""One partition's batch as a handler sees it, and the one place a batch is committed.
+
+A handler reads :attr:`InputBatch.records` and stages what the batch produces: records
+to send (:meth:`InputBatch.send`, :meth:`InputBatch.dead_letter`), table rows to write
+(:meth:`InputBatch.write`) and what to do once all of it is durable
+(:meth:`InputBatch.after_commit`). It does no I/O of its own. :func:`commit` then does,
+in this order and nowhere else:
+
+1. every staged record is sent and its acknowledgement awaited;
+2. the table rows, coalesced per key, and the input's next offset go to the changelogs,
+   and their acknowledgements are awaited;
+3. rows, next offset and the changelog offset go into the local RocksDB partition in one
+   write batch;
+4. the after-commit callbacks run (in-memory state derived from the rows), with no
+   await between 3 and 4.
+
+A crash before 2 completes leaves the input's next offset where it was: the batch is
+read again and its sends repeated (at-least-once; outputs carry ids derived from the
+input, so readers recognise a repeat). A crash after 2 and before 3 leaves the local
+database behind its changelog, which the next start restores from (the changelog offset
+is written in 3).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.dead_letters import DeadLetter, dead_letter_for
+from shared.durable import Batch, DurableTable, InRecord, OrderedInput, acknowledged, write_all
+from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
+
+Headers = Sequence[tuple[str, bytes]] | None
+
+
+@dataclass(slots=True)
+class Send:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers = None
+    partition: int | None = None
+
+
+@dataclass(slots=True)
+class DeadLetterRoute:
+    """Where a handler's rejected records go."""
+
+    service: str
+    topic: str
+    retry_topic: str
+
+
+@dataclass
+class InputBatch:
+    """Records of one input partition, in offset order, exactly once each (replays dropped, skipped
+    offsets read back), and what the handler stages for :func:`commit`."""
+
+    topic: str
+    partition: int
+    records: list[InRecord]
+    dead_letter_route: DeadLetterRoute | None = None
+    sends: list[Send] = field(default_factory=list)
+    rows: dict[DurableTable, dict[tuple[int, bytes], bytes | None]] = field(default_factory=dict)
+    callbacks: list[Callable[[], None]] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    #: Input records this batch stands for, when not one per record (packed inputs).
+    counted: int | None = None
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, *,
+             headers: Headers = None, partition: int | None = None) -> None:
+        """Stage a record to send; it is acknowledged before any state of this batch is written."""
+        self.sends.append(Send(topic, key, value, headers, partition))
+
+    def write(self, table: DurableTable, key: bytes, value: bytes | None, *, partition: int | None = None) -> None:
+        """Stage a row (``None`` deletes it) in ``partition`` (default: the input partition). The last
+        write of a key in a batch wins, and only it goes to the changelog."""
+        rows = self.rows.setdefault(table, {})
+        row = (self.partition if partition is None else partition, key)
+        rows.pop(row, None)  # keep write order: a rewritten key moves to the end
+        rows[row] = value
+
+    def read(self, table: DurableTable, key: bytes, *, partition: int | None = None) -> bytes | None:
+        """A row as this batch sees it: staged writes first, then the table."""
+        row = (self.partition if partition is None else partition, key)
+        staged = self.rows.get(table)
+        if staged is not None and row in staged:
+            return staged[row]
+        return table.get(*row)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` right after the batch's rows are in the local tables."""
+        self.callbacks.append(callback)
+
+    def dead_letter(self, record: InRecord, error: BaseException) -> DeadLetter:
+        """Stage ``record`` for ``dead-letters`` with the error in its headers."""
+        route = self.dead_letter_route
+        if route is None:
+            raise RuntimeError("this handler has no dead-letter route")
+        letter = dead_letter_for(
+            record.key, record.value, record.headers, topic=record.topic, partition=record.partition,
+            offset=record.offset, error=error, retry_topic=route.retry_topic,
+        )
+        self.send(route.topic, letter.key, letter.value, headers=letter.headers())
+        self.dead_letters.append(letter)
+        return letter
+
+
+Send_ = Callable[[Send], Awaitable[Awaitable[Any]]]
+
+
+async def commit(send: Send_, order: OrderedInput, ordered: Batch, batch: InputBatch, what: str) -> None:
+    """Make ``batch`` durable in the order the module docs give."""
+    if batch.sends:
+        acks = [await send(s) for s in batch.sends]
+        await acknowledged(acks, f"{what}: {len(acks)} records sent")
+    await write_all(order.writes(ordered, batch.rows))
+    for callback in batch.callbacks:
+        callback()
+
+
+def observe(service: str, stream: str, batch: InputBatch, started: float) -> None:
+    MESSAGES_PROCESSED.labels(service, stream).inc(len(batch.records) if batch.counted is None else batch.counted)
+    BATCH_SECONDS.labels(service, stream).observe(time.perf_counter() - started)
+    for letter in batch.dead_letters:
+        DEAD_LETTERS_WRITTEN.labels(service, letter.error_class).inc()

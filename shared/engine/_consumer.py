@@ -1,0 +1,187 @@
+"""The consumer that hands whole per-partition batches to handlers.
+
+Faust's own consumer turns every fetched record into a message, awaits a callback for
+it (several tasks and an ``asyncio.wait`` each), puts an event on a channel queue and
+lets the agent's stream take it off again: about 90 µs a record before any handler
+code runs. :class:`BatchConsumer` keeps everything else of Faust's consumer (group
+membership, the fetcher thread, pausing during recovery, periodic commits) and replaces
+only that hand-over, for the topics the engine registered: each fetched
+``TopicPartition``'s record list goes to one awaited call of the engine's deliver
+function. Records of other topics (changelogs read during recovery, anything an
+agent reads) keep Faust's path unchanged.
+
+What it owns, since Faust's bookkeeping never sees these records:
+
+* **Offsets.** After a batch is delivered, the partition's next offset to commit is
+  its last offset + 1; :meth:`_new_offset` and :meth:`_filter_tps_with_pending_acks`
+  answer Faust's periodic commit from it.
+* **No batch for a partition that is not ours.** Before each delivery it re-checks that
+  flow is active, the consumer generation has not changed and the partition is still
+  assigned and not paused; otherwise the consumer is sent back to the batch's first
+  offset, so nothing fetched is dropped (Faust itself drops such records and seeks to
+  the committed offset, which a partition never committed does not have).
+* **Revocation.** Faust waits for ``wait_empty()`` before giving partitions up; that
+  wait includes the running batch. The revoked partitions' delivered offsets are then
+  committed, so a rebalance does not make the next owner re-read work already done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
+
+from faust.transport.drivers import aiokafka as aiokafka_driver
+from faust.types import TP
+
+log = logging.getLogger(__name__)
+
+#: Called with one partition and its fetched records (aiokafka ``ConsumerRecord``s), in offset order.
+Deliver = Callable[[TP, Sequence[Any]], Awaitable[None]]
+
+#: Longest wait for the commit of revoked partitions' offsets (a failed commit only costs a re-read).
+REVOKE_COMMIT_TIMEOUT_S = 5.0
+
+
+class BatchConsumer(aiokafka_driver.Consumer):
+    """Faust's aiokafka consumer with the per-record hand-over replaced for ``batch_topics``.
+
+    The engine subclasses it per app and sets :attr:`batch_topics` and :attr:`deliver`.
+    """
+
+    batch_topics: frozenset[str] = frozenset()
+    deliver: Deliver | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._delivered: dict[TP, int] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- the hand-over ------------------------------------------------------------------
+
+    async def _drain_messages(self, fetcher: Any) -> None:
+        consumer_stopped = self._stopped.is_set
+        fetcher_stopped = fetcher._stopped.is_set
+        batch_topics = self.batch_topics
+        try:
+            while not (consumer_stopped() or fetcher_stopped()):
+                records, active = await self._wait_next_records(1.0)
+                await asyncio.sleep(0)  # the fetch may return at once, again and again
+                if not records or self.should_stop:
+                    continue
+                generation = self.app.consumer_generation_id
+                stock: dict[TP, Sequence[Any]] = {}
+                for tp, batch in records.items():
+                    if not batch:
+                        continue
+                    if tp.topic not in batch_topics:
+                        stock[tp] = batch
+                    elif self._may_deliver(tp, active, generation):
+                        await self._deliver(tp, batch)
+                    else:
+                        await self._seek_back(tp, batch[0].offset)
+                if stock:
+                    await self._drain_stock(stock, active, generation)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except Exception as exc:
+            log.exception("the consumer's fetch loop failed: %r", exc)
+            raise
+
+    def _may_deliver(self, tp: TP, active: set[TP] | None, generation: int) -> bool:
+        return (
+            self.flow_active
+            and not self.should_stop
+            and self.app.consumer_generation_id == generation
+            and (active is None or tp in active)
+            and tp in self.assignment()
+        )
+
+    async def _deliver(self, tp: TP, batch: Sequence[Any]) -> None:
+        deliver = self.deliver
+        if deliver is None:
+            raise RuntimeError("BatchConsumer.deliver is not set: the engine registers it before the worker starts")
+        self._idle.clear()
+        try:
+            await deliver(tp, batch)
+        finally:
+            self._idle.set()
+        last = int(batch[-1].offset)
+        self._delivered[tp] = last + 1
+        self._read_offset[tp] = last
+
+    async def _seek_back(self, tp: TP, offset: int) -> None:
+        """Fetch ``tp`` again from ``offset`` when it is ours again (a later owner starts from its commit)."""
+        try:
+            await self.seek(tp, offset)
+        except Exception as exc:  # revoked meanwhile: nothing to do, the new owner reads it
+            log.debug("not seeking %s back to %d: %r", tp, offset, exc)
+
+    async def _drain_stock(self, records: dict[TP, Sequence[Any]], active: set[TP] | None, generation: int) -> None:
+        """Faust's own per-record path (``Consumer.getmany`` + ``_drain_messages``) for the other topics."""
+        if not self.flow_active:
+            try:
+                await self.perform_seek()
+            except Exception as exc:
+                log.warning("seek to committed offsets failed while flow is stopped: %r", exc)
+            return
+        callback = self.callback
+        to_message = self._to_message
+        for tp, batch in records.items():
+            if not (active is None or tp in active or tp in self._buffered_partitions):
+                continue
+            self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
+            for n, record in enumerate(batch):
+                if not self.flow_active or self.app.consumer_generation_id != generation:
+                    return
+                if n % 100 == 99:
+                    await asyncio.sleep(0)
+                read_offset = self._read_offset[tp]
+                offset = record.offset
+                if read_offset is not None and offset < read_offset:
+                    continue
+                if read_offset and offset - read_offset > 1 and self.app.topics.acks_enabled_for(record.topic):
+                    await self._add_gap(tp, read_offset + 1, offset)
+                await self.wait_first(callback(to_message(tp, record)), self.suspend_flow.wait())
+                self._read_offset[tp] = offset
+
+    # -- offsets ------------------------------------------------------------------------
+
+    def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
+        yield from super()._filter_tps_with_pending_acks(topics)
+        for tp in list(self._delivered):
+            if topics is None or tp in topics or tp.topic in topics:
+                yield tp
+
+    def _new_offset(self, tp: TP) -> int | None:
+        if tp.topic in self.batch_topics:
+            return self._delivered.get(tp)
+        offset: int | None = super()._new_offset(tp)
+        return offset
+
+    def delivered_offset(self, tp: TP) -> int | None:
+        """The offset after the last record of ``tp`` delivered by this consumer (not yet necessarily committed)."""
+        return self._delivered.get(tp)
+
+    async def wait_empty(self) -> None:
+        await self._idle.wait()
+        await super().wait_empty()
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        await super().on_partitions_revoked(revoked)  # stops the flow and waits for the running batch
+        ours = {tp for tp in revoked if tp in self._delivered}
+        if ours:
+            try:
+                await asyncio.wait_for(self.commit(ours), REVOKE_COMMIT_TIMEOUT_S)
+            except Exception as exc:  # the next owner re-reads those records and drops them as replays
+                log.info("offsets of revoked partitions not committed (%r): the next owner re-reads them", exc)
+        for tp in revoked:
+            self._delivered.pop(tp, None)

@@ -1,0 +1,163 @@
+"""The engine a service is built on: its inputs, tables and batch handlers, run on Faust.
+
+A service declares raw-bytes tables (:meth:`Engine.table`) and registers batch handlers
+for its input topics (:meth:`Engine.handler`). The engine does the rest, once for every
+service: whole per-partition batches straight from the consumer's fetch
+(:class:`~shared.engine._consumer.BatchConsumer`), exactly the next records of each
+input partition (replays dropped, skipped offsets read back: :class:`OrderedInput`),
+the commit of what a handler staged (:func:`~shared.engine._batch.commit`), metrics,
+records skipped at a partition's end (:class:`TrailingHoleWatch`), and the worker's
+life cycle with the HTTP API on its loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from shared.durable import Backfill, DurableTable, InRecord, OrderedInput
+from shared.engine._batch import DeadLetterRoute, InputBatch, Send, commit, observe
+from shared.engine._consumer import BatchConsumer
+from shared.faust_app import create_app
+from shared.settings import Settings
+from shared.trailing_holes import TrailingHoleWatch
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[InputBatch], Awaitable[None]]
+
+
+@dataclass
+class _Registration:
+    name: str
+    stream: str
+    topics: tuple[str, ...]
+    handle: Handler
+    order: OrderedInput
+    dead_letters: DeadLetterRoute | None
+
+
+class _EngineApp(faust.App):
+    """A Faust app whose consumer is the engine's :class:`BatchConsumer`."""
+
+    consumer_class: type[BatchConsumer] = BatchConsumer
+
+    def _new_consumer(self) -> Any:
+        transport = self.transport
+        return self.consumer_class(
+            transport,
+            callback=self.topics.on_message,
+            on_partitions_revoked=self._on_partitions_revoked,
+            on_partitions_assigned=self._on_partitions_assigned,
+            beacon=self.beacon,
+            loop=transport.loop,
+        )
+
+
+class Engine:
+    def __init__(self, service: str, settings: Settings, default_port: int) -> None:
+        self.service = service
+        self.settings = settings
+        self.app: faust.App = create_app(service, settings, default_port, app_class=_EngineApp)
+        self.backfill = Backfill(settings)
+        self._by_topic: dict[str, _Registration] = {}
+        self._handlers: list[_Registration] = []
+        consumer_class: type[BatchConsumer] = type(
+            f"{service.title()}BatchConsumer", (BatchConsumer,), {"deliver": staticmethod(self._deliver)},
+        )
+        self.app.consumer_class = consumer_class  # type: ignore[attr-defined]
+        self._consumer_class = consumer_class
+        self._trailing_holes: TrailingHoleWatch | None = None
+
+    # -- declaring a service -------------------------------------------------------------
+
+    def table(self, name: str, partitions: int | None = None) -> DurableTable:
+        """A raw-bytes table with a compacted changelog, written only through batches."""
+        table = self.app.Table(
+            name, partitions=partitions or self.settings.topic_partitions, key_type=bytes, value_type=bytes,
+        )
+        return DurableTable(self.app, table)
+
+    def handler(
+        self, *topics: str, name: str, offsets: DurableTable | Sequence[DurableTable],
+        dead_letters: DeadLetterRoute | None = None, internal_partitions: int | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Register a batch handler for ``topics``.
+
+        ``offsets`` are the tables that keep the input's next offset per partition: the tables
+        the handler writes (each keeps a copy, the smallest wins), or one table of the same
+        partition count for a handler that writes none. ``internal_partitions`` declares the
+        topics as the service's own (created with that partition count).
+        """
+        def register(fn: Handler) -> Handler:
+            for topic in topics:
+                if topic in self._by_topic:
+                    raise ValueError(f"topic {topic!r} already has the handler {self._by_topic[topic].name!r}")
+            channel = self.app.topic(
+                *topics, key_type=bytes, value_type=bytes,
+                partitions=internal_partitions, internal=internal_partitions is not None,
+            )
+            self.app.topics.add(channel)
+            reg = _Registration(
+                name=f"{self.service}.{name}", stream=name, topics=tuple(topics), handle=fn,
+                order=OrderedInput(self.app, offsets, self.backfill), dead_letters=dead_letters,
+            )
+            self._handlers.append(reg)
+            for topic in topics:
+                self._by_topic[topic] = reg
+            self._consumer_class.batch_topics = frozenset(self._by_topic)
+            return fn
+        return register
+
+    def watch_trailing_holes(self) -> None:
+        """Look for input records skipped at a partition's end (see :mod:`shared.trailing_holes`)."""
+        self._trailing_holes = TrailingHoleWatch(
+            self.app, self.service, {topic: reg.order for topic, reg in self._by_topic.items()},
+            self.settings.trailing_hole_check_s,
+        )
+
+    def timer(self, interval_s: float, name: str) -> Callable[[Callable[[], Awaitable[None]]], Any]:
+        """Run a coroutine every ``interval_s`` on the worker's loop (not for table writes)."""
+        timer: Callable[[Callable[[], Awaitable[None]]], Any] = self.app.timer(interval_s, name=f"{self.service}.{name}")
+        return timer
+
+    def on_recovered(self, table: DurableTable, callback: Callable[[], Awaitable[None]]) -> None:
+        """Call ``callback`` each time ``table``'s partitions are restored after a rebalance."""
+        table.table.on_recover(callback)
+
+    # -- sending -------------------------------------------------------------------------
+
+    async def send(self, topic: str, key: bytes | None, value: bytes | None, *,
+                   headers: Sequence[tuple[str, bytes]] | None = None, partition: int | None = None) -> Awaitable[Any]:
+        """Queue a record; returns the awaitable acknowledgement."""
+        ack: Awaitable[Any] = await self.app.producer.send(
+            topic, key, value, partition=partition, timestamp=None, headers=list(headers) if headers else None,
+        )
+        return ack
+
+    async def _send(self, s: Send) -> Awaitable[Any]:
+        return await self.send(s.topic, s.key, s.value, headers=s.headers, partition=s.partition)
+
+    # -- the hand-over -------------------------------------------------------------------
+
+    async def _deliver(self, tp: TP, fetched: Sequence[Any]) -> None:
+        reg = self._by_topic[tp.topic]
+        started = time.perf_counter()
+        arrivals = [
+            InRecord(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers),
+                     r.timestamp / 1000 if r.timestamp is not None else None)
+            for r in fetched
+        ]
+        ordered = await reg.order.batch_records(arrivals)
+        if not ordered.records:
+            return  # every record a replay
+        batch = InputBatch(tp.topic, tp.partition, ordered.records, dead_letter_route=reg.dead_letters)
+        await reg.handle(batch)
+        await commit(self._send, reg.order, ordered, batch, reg.name)
+        observe(self.service, reg.stream, batch, started)
