@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from rocksdict import Options, Rdict
 
 from shared.durable import (
     NEXT_OFFSET_PREFIX,
@@ -23,6 +25,7 @@ from shared.durable import (
     ordered_rows,
     write_all,
 )
+from shared.faust_internals import FAUST_OFFSET_KEY
 
 
 @dataclass
@@ -170,26 +173,28 @@ class FakeProducer:
 
 
 class FakeData:
+    """A table's store with real RocksDB partitions (rocksdict), in a temporary directory."""
+
     def __init__(self) -> None:
-        self.dbs: dict[int, dict[bytes, bytes]] = {}
-        self.persisted: dict[Any, int] = {}
+        self.dir = tempfile.mkdtemp(prefix="durable-test-")
+        self.dbs: dict[int, Rdict] = {}
 
-    def _db_for_partition(self, partition: int) -> Any:
-        return FakeDb(self.dbs.setdefault(partition, {}))
+    def _db_for_partition(self, partition: int) -> Rdict:
+        if partition not in self.dbs:
+            self.dbs[partition] = Rdict(f"{self.dir}/{partition}.db", Options(raw_mode=True))
+        return self.dbs[partition]
 
-    def set_persisted_offset(self, tp: Any, offset: int) -> None:
-        self.persisted[(tp.topic, tp.partition)] = offset
+    @property
+    def persisted(self) -> dict[tuple[str, int], int]:
+        """The changelog offset each partition's rows were written up to (Faust's offset row)."""
+        out: dict[tuple[str, int], int] = {}
+        for partition, db in self.dbs.items():
+            raw = db.get(FAUST_OFFSET_KEY)
+            if raw is not None:
+                out[(self.topic, partition)] = int(raw)
+        return out
 
-
-@dataclass
-class FakeDb:
-    rows: dict[bytes, bytes]
-
-    def get(self, key: bytes) -> bytes | None:
-        return self.rows.get(key)
-
-    def put(self, key: bytes, value: bytes) -> None:
-        self.rows[key] = value
+    topic = ""
 
 
 class FakeChangelog:
@@ -204,6 +209,7 @@ class FakeTable:
     def __init__(self, name: str) -> None:
         self.changelog_topic = FakeChangelog(f"{name}-changelog")
         self.data = FakeData()
+        self.data.topic = f"{name}-changelog"
 
 
 class FakeApp:
