@@ -104,7 +104,7 @@ class InRecord:
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes]] = field(default_factory=list)
-    timestamp: float | None = None  # seconds, as Faust gives it
+    timestamp: int | None = None  # epoch ms, as Kafka keeps it
 
     @property
     def message(self) -> InRecord:
@@ -114,7 +114,9 @@ class InRecord:
     @classmethod
     def of_event(cls, event: Any) -> InRecord:
         m = event.message
-        return cls(m.topic, m.partition, m.offset, m.key, m.value, dead_letters.header_items(m.headers), m.timestamp)
+        ts = m.timestamp  # Faust gives seconds
+        return cls(m.topic, m.partition, m.offset, m.key, m.value, dead_letters.header_items(m.headers),
+                   round(ts * 1000) if ts is not None else None)
 
 
 class OffsetStore(Protocol):
@@ -273,7 +275,7 @@ class Backfill:
                     if start <= m.offset < end:
                         out.append(InRecord(
                             m.topic, m.partition, m.offset, m.key, m.value, list(m.headers),
-                            m.timestamp / 1000 if m.timestamp is not None else None,
+                            m.timestamp,
                         ))
             return out
 

@@ -57,7 +57,7 @@ class Settings(BaseSettings):
 
     # Processing
     log_level: str = "INFO"
-    consumer_max_poll_records: int = Field(2000, ge=1)
+    consumer_max_poll_records: int = Field(10000, ge=1, description="Most records one fetch hands over")
     stream_buffer_maxsize: int = Field(8192, ge=1)
     batch_size: int = Field(1000, ge=1, description="Events taken per processing batch")
     batch_within_s: float = Field(0.05, gt=0, description="Longest wait to fill a batch")

@@ -1,16 +1,15 @@
-"""The validator service: Faust app, tables and agents.
+"""The validator service: its topology and batch handlers on the engine.
 
-Agents:
+Handlers (each gets one input partition's records exactly once, in order; the engine
+sends what it staged, waits for the acknowledgements, and only then writes its rows
+with the input's next offset, changelog first):
 
 ``validate`` (``account-commands``)
-    Takes a batch, completes it per partition (:class:`~shared.durable.OrderedInput`:
-    replays dropped, records the Faust stream skipped read back), decides every
-    command in order against an in-batch copy of the ``accounts`` rows
-    (:func:`~services.validator.domain.plan_batch`, so command n+1 sees command n),
-    sends the events, rejections and outcome records, waits until the broker has
-    acknowledged all of them, and only then writes the changed ``accounts`` rows and
-    the partitions' next offsets (changelog acknowledged first, see
-    :class:`~shared.durable.DurableTable`). A SIGKILL at any point
+    Decides every command of the batch in order against an in-batch copy of the
+    ``accounts`` rows (:func:`~services.validator.domain.plan_batch`, so command n+1
+    sees command n) and stages the events, rejections and outcome records, then the
+    changed ``accounts`` rows: the rows are written only once the broker has
+    acknowledged every record that implies them. A SIGKILL at any point
     therefore leaves one of two situations: the state was not written, and the batch
     is decided again against the same state, re-sending identical events (same
     event_id, same version) that consumers drop; or it was written, and the replayed
@@ -43,10 +42,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from mode import CrashingSupervisor
 from prometheus_client import Counter
 
 from services.validator import DEFAULT_PORT, SERVICE
@@ -85,16 +82,15 @@ from services.validator.state import (
     unpack_ts,
 )
 from shared import codecs, dead_letters
-from shared.dead_letter_sink import DeadLetterSink
-from shared.durable import Backfill, DurableTable, InRecord, OrderedInput, Rows, acknowledged, ordered_rows
-from shared.faust_app import app_id, changelog_topic_specs, create_app
+from shared.durable import InRecord
+from shared.engine import DeadLetterRoute, Engine, InputBatch, Outgoing
+from shared.faust_app import app_id, changelog_topic_specs
 from shared.faust_internals import active_partitions, partition_db, partition_items
-from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED, REGISTRY
+from shared.metrics import REGISTRY
 from shared.partitioning import partition_for
 from shared.settings import Settings
 from shared.topic_admin import TopicSpec
 from shared.topics import topic_names
-from shared.trailing_holes import TrailingHoleWatch
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +116,7 @@ def now_ms() -> int:
 
 
 def record_timestamp_ms(record: InRecord) -> int:
-    ts = record.timestamp
-    return round(ts * 1000) if ts else 0
+    return record.timestamp or 0
 
 
 def encode_routed(change: AccountChange) -> bytes:
@@ -138,54 +133,40 @@ class ValidatorService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topics = topics = topic_names(settings)
-        self.app = app = create_app(SERVICE, settings, DEFAULT_PORT)
+        self.engine = engine = Engine(SERVICE, settings, DEFAULT_PORT)
+        self.app = engine.app
         n = settings.topic_partitions
         self.partitions = n
         self.retry_topic_name = topics.service_retry(SERVICE)
         self.outcomes_topic_name = f"{app_id(SERVICE, settings)}-outcomes"
         self.by_program_topic_name = f"{app_id(SERVICE, settings)}-by-program"
 
-        self.commands = app.topic(topics.account_commands, key_type=bytes, value_type=bytes)
-        self.retries = app.topic(self.retry_topic_name, key_type=bytes, value_type=bytes)
-        self.events = app.topic(topics.account_events, key_type=bytes, value_type=bytes)
-        self.outcomes_topic = app.topic(
-            self.outcomes_topic_name, partitions=n, internal=True, key_type=bytes, value_type=bytes,
-        )
-        self.by_program = app.topic(
-            self.by_program_topic_name, partitions=n, internal=True, key_type=bytes, value_type=bytes,
-        )
-        self.accounts = app.Table("accounts", partitions=n, key_type=bytes, value_type=bytes)
-        self.outcomes = app.Table("outcomes", partitions=n, key_type=bytes, value_type=bytes)
-        self.program_accounts = app.Table("program-accounts", partitions=n, key_type=bytes, value_type=bytes)
-        self.accounts_store = DurableTable(app, self.accounts)
-        self.outcomes_store = DurableTable(app, self.outcomes)
-        self.listing_store = DurableTable(app, self.program_accounts)
-        self.backfill = Backfill(settings)
-        # Each input's next expected offsets live in the table its agent writes, so they
-        # move with the partition and are restored with it.
-        self.command_input = OrderedInput(app, self.accounts_store, self.backfill)
-        self.retry_input = OrderedInput(app, self.accounts_store, self.backfill)
-        self.outcome_input = OrderedInput(app, self.outcomes_store, self.backfill)
-        self.event_input = OrderedInput(app, self.listing_store, self.backfill)
-        self.listing_input = OrderedInput(app, self.listing_store, self.backfill)
-        self.dead_letters = DeadLetterSink(app, SERVICE, topics.dead_letters, retry_topic=self.retry_topic_name)
+        self.accounts_store = engine.table("accounts")
+        self.outcomes_store = engine.table("outcomes")
+        self.listing_store = engine.table("program-accounts")
+        self.accounts = self.accounts_store.table
+        self.outcomes = self.outcomes_store.table
+        self.program_accounts = self.listing_store.table
         self.waiters: dict[str, list[asyncio.Future[None]]] = {}
         #: Per outcomes partition, the last expiry row deleted: later scans seek past the
         #: tombstones below it instead of stepping over them.
         self._expiry_from: dict[int, bytes] = {}
-        self.outcomes.on_recover(self._on_outcomes_recovered)
+        dead_letters_route = DeadLetterRoute(SERVICE, topics.dead_letters, self.retry_topic_name)
 
-        # A failed batch must not be skipped: crash the worker so the batch is redone after restart.
-        app.agent(self.commands, name=f"{SERVICE}.validate", supervisor_strategy=CrashingSupervisor)(self.validate)
-        app.agent(self.retries, name=f"{SERVICE}.redeliver", supervisor_strategy=CrashingSupervisor)(self.redeliver)
-        app.agent(self.outcomes_topic, name=f"{SERVICE}.record_outcomes")(self.record_outcomes)
-        app.agent(self.events, name=f"{SERVICE}.route_events")(self.route_events)
-        app.agent(self.by_program, name=f"{SERVICE}.project")(self.project)
-        self.trailing_holes = TrailingHoleWatch(app, SERVICE, {
-            topics.account_commands: self.command_input, self.retry_topic_name: self.retry_input,
-            self.outcomes_topic_name: self.outcome_input, topics.account_events: self.event_input,
-            self.by_program_topic_name: self.listing_input,
-        }, settings.trailing_hole_check_s)
+        # Each input's next expected offsets live in the table its handler writes, so they
+        # move with the partition and are restored with it.
+        engine.handler(topics.account_commands, name="commands", offsets=self.accounts_store,
+                       dead_letters=dead_letters_route)(self.validate)
+        engine.handler(self.retry_topic_name, name="retry", offsets=self.accounts_store,
+                       dead_letters=dead_letters_route)(self.redeliver)
+        engine.handler(self.outcomes_topic_name, name="outcomes", offsets=self.outcomes_store,
+                       internal_partitions=n)(self.record_outcomes)
+        engine.handler(topics.account_events, name="events", offsets=self.listing_store,
+                       dead_letters=dead_letters_route)(self.route_events)
+        engine.handler(self.by_program_topic_name, name="by-program", offsets=self.listing_store,
+                       internal_partitions=n)(self.project)
+        engine.watch_trailing_holes()
+        engine.on_recovered(self.outcomes_store, self._on_outcomes_recovered)
 
     def topic_specs(self) -> list[TopicSpec]:
         n = self.settings.topic_partitions
@@ -202,43 +183,21 @@ class ValidatorService:
             *changelog_topic_specs(self.app, self.settings),
         ]
 
-    async def _send(self, topic: str, key: bytes | None, value: bytes | None, *, partition: int | None = None,
-                    timestamp: float | None = None, headers: Any = None) -> Awaitable[Any]:
-        fut: Awaitable[Any] = await self.app.producer.send(
-            topic, key, value, partition=partition, timestamp=timestamp, headers=headers,
-        )
-        return fut
-
-    async def _acknowledged(self, futures: Sequence[Awaitable[Any]]) -> None:
-        """Wait until every send is acknowledged by the broker; raises if any failed."""
-        await acknowledged([self.app.producer.flush(), *futures], f"validator: {len(futures)} records sent")
-
     # -- commands ---------------------------------------------------------------------------
-
-    async def validate(self, stream: Any) -> None:
-        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
-            started = time.perf_counter()
-            batch = await self.command_input.batch(events)
-            await self.process_commands(batch.records, batch.offset_rows)
-            await self.command_input.done(batch)
-            MESSAGES_PROCESSED.labels(SERVICE, "commands").inc(len(batch.records))
-            BATCH_SECONDS.labels(SERVICE, "commands").observe(time.perf_counter() - started)
 
     @staticmethod
     def _read_command(record: InRecord) -> Command:
         return parse_command(codecs.loads_object(record.value), default_issued_at=record_timestamp_ms(record))
 
-    async def process_commands(self, records: Sequence[InRecord], offset_rows: Rows) -> None:
-        """Decide ``records`` (in order per partition), publish the outcomes, then write the state."""
+    async def validate(self, batch: InputBatch) -> None:
+        """Decide the batch's commands in order, stage the outcomes, then the state they imply."""
         n = self.partitions
-        futures: list[Awaitable[Any]] = []
         commands: list[Command] = []
-        home_of: dict[str, int] = {}
-        for record in records:
+        for record in batch.records:
             try:
                 command = self._read_command(record)
             except (codecs.DecodeError, MalformedCommand) as exc:
-                await self.dead_letters.send(record, exc)
+                batch.dead_letter(record, exc)
                 COMMAND_OUTCOMES.labels("dead_lettered").inc()
                 continue
             if command.storable:
@@ -246,17 +205,14 @@ class ValidatorService:
                 home = partition_for(key, n)
                 if record.partition != home or record.key != key:
                     # Not where this account's commands are decided: move it there, unchanged.
-                    futures.append(await self._send(
-                        self.topics.account_commands, key, record.value, partition=home,
-                        timestamp=record.timestamp, headers=record.headers or None,
-                    ))
+                    batch.send(self.topics.account_commands, key, record.value, partition=home,
+                               timestamp_ms=record.timestamp, headers=record.headers or None)
                     COMMAND_OUTCOMES.labels("rerouted").inc()
                     continue
-                home_of[command.account_id] = home
             commands.append(command)
 
         def load(account_id: str) -> AccountState | None:
-            raw = self.accounts_store.get(home_of[account_id], account_key(account_id))
+            raw = self.accounts_store.get(batch.partition, account_key(account_id))
             return decode_state(account_id, raw) if raw is not None else None
 
         plan = plan_batch(commands, load, self.settings.command_history_per_account)
@@ -267,86 +223,68 @@ class ValidatorService:
                 continue
             key = account_key(command.account_id)
             if isinstance(outcome, Accepted):
-                futures.append(await self._send(self.topics.account_events, key, codecs.dumps(outcome.event.to_json())))
+                batch.send(self.topics.account_events, key, codecs.dumps(outcome.event.to_json()))
                 COMMAND_OUTCOMES.labels("accepted").inc()
             else:
-                futures.append(await self._send(
-                    self.topics.account_rejections, key, codecs.dumps(outcome.rejection.to_json()),
-                ))
+                batch.send(self.topics.account_rejections, key, codecs.dumps(outcome.rejection.to_json()))
                 COMMAND_OUTCOMES.labels("rejected").inc()
-            futures.append(await self._send(
-                self.outcomes_topic_name, command.command_id.encode(), codecs.dumps(outcome_record(outcome, at=at)),
-            ))
+            batch.send(self.outcomes_topic_name, command.command_id.encode(), codecs.dumps(outcome_record(outcome, at=at)))
         # Events, rejections, outcome records, reroutes and dead letters are acknowledged
-        # before any state that implies them is written.
-        await self._acknowledged(futures)
-        state_rows = (
-            ((home_of[account_id], account_key(account_id)), encode_state(account_id, state))
-            for account_id, state in plan.states.items()
-        )
-        await self.accounts_store.write(ordered_rows(state_rows, offset_rows.items()))
+        # before any state that implies them is written (the engine's commit order).
+        for account_id, state in plan.states.items():
+            batch.write(self.accounts_store, account_key(account_id), encode_state(account_id, state))
 
     # -- redelivered dead letters ------------------------------------------------------------------
 
-    async def redeliver(self, stream: Any) -> None:
-        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
-            batch = await self.retry_input.batch(events)
-            futures: list[Awaitable[Any]] = []
-            for record in batch.records:
-                origin = dead_letters.headers_dict(record.headers).get(dead_letters.ORIGINAL_TOPIC, "")
-                try:
-                    if origin == self.topics.account_events:
-                        change = parse_account_event(codecs.loads_object(record.value))
-                        futures.append(await self._send(
-                            self.by_program_topic_name, change.program_id.encode(), encode_routed(change),
-                        ))
-                        continue
-                    command = self._read_command(record)
-                except (codecs.DecodeError, MalformedCommand, InvalidEvent) as exc:
-                    await self.dead_letters.send(record, exc)
+    async def redeliver(self, batch: InputBatch) -> None:
+        for record in batch.records:
+            origin = dead_letters.headers_dict(record.headers).get(dead_letters.ORIGINAL_TOPIC, "")
+            try:
+                if origin == self.topics.account_events:
+                    change = parse_account_event(codecs.loads_object(record.value))
+                    batch.send(self.by_program_topic_name, change.program_id.encode(), encode_routed(change))
                     continue
-                key = account_key(command.account_id)
-                futures.append(await self._send(
-                    self.topics.account_commands, key, record.value,
-                    partition=partition_for(key, self.partitions) if command.storable else None,
-                    timestamp=record.timestamp, headers=record.headers or None,
-                ))
-            await self._acknowledged(futures)
-            await self.accounts_store.write(batch.offset_rows)
-            await self.retry_input.done(batch)
-            MESSAGES_PROCESSED.labels(SERVICE, "retry").inc(len(batch.records))
+                command = self._read_command(record)
+            except (codecs.DecodeError, MalformedCommand, InvalidEvent) as exc:
+                batch.dead_letter(record, exc)
+                continue
+            key = account_key(command.account_id)
+            batch.send(
+                self.topics.account_commands, key, record.value,
+                partition=partition_for(key, self.partitions) if command.storable else None,
+                timestamp_ms=record.timestamp, headers=record.headers or None,
+            )
 
     # -- outcomes (GET /commands/{command_id}) --------------------------------------------------
 
-    async def record_outcomes(self, stream: Any) -> None:
+    async def record_outcomes(self, batch: InputBatch) -> None:
         retention_ms = round(self.settings.command_outcome_retention_s * 1000)
-        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
-            batch = await self.outcome_input.batch(events)
-            now = now_ms()
-            rows: dict[tuple[int, bytes], bytes | None] = {}
-            for record in batch.records:
-                if record.key is None or record.value is None:
-                    continue
-                try:
-                    status = outcome_status(record.value)
-                except codecs.DecodeError:
-                    log.warning("skipping an outcome record that is not JSON at %s[%s]@%s",
-                                record.topic, record.partition, record.offset)
-                    continue
-                row = (record.partition, record.key)
-                known = row in rows or self.outcomes_store.get(*row) is not None
-                if status == PENDING and known:
-                    continue  # a command is pending only until it has an answer
-                if not known:
-                    rows[(record.partition, expiry_key(now + retention_ms, record.key))] = b""
-                rows[row] = record.value
-            rows.update(self.expired_outcomes(now))
-            await self.outcomes_store.write(ordered_rows(rows.items(), batch.offset_rows.items()))
-            await self.outcome_input.done(batch)
-            for (_, key), value in rows.items():
-                if value:
-                    self._wake(key.decode("utf-8", errors="replace"))
-            MESSAGES_PROCESSED.labels(SERVICE, "outcomes").inc(len(batch.records))
+        now = now_ms()
+        answered: list[str] = []
+        for record in batch.records:
+            if record.key is None or record.value is None:
+                continue
+            try:
+                status = outcome_status(record.value)
+            except codecs.DecodeError:
+                log.warning("skipping an outcome record that is not JSON at %s[%s]@%s",
+                            record.topic, record.partition, record.offset)
+                continue
+            known = batch.read(self.outcomes_store, record.key) is not None
+            if status == PENDING and known:
+                continue  # a command is pending only until it has an answer
+            if not known:
+                batch.write(self.outcomes_store, expiry_key(now + retention_ms, record.key), b"")
+            batch.write(self.outcomes_store, record.key, record.value)
+            answered.append(record.key.decode("utf-8", errors="replace"))
+        for (partition, key), value in self.expired_outcomes(now).items():
+            batch.write(self.outcomes_store, key, value, partition=partition)
+
+        def wake() -> None:
+            for command_id in answered:
+                self._wake(command_id)
+
+        batch.after_commit(wake)
 
     def expired_outcomes(self, now: int) -> dict[tuple[int, bytes], None]:
         """Deletes of the outcome rows (and their expiry rows) past retention, in every
@@ -407,15 +345,11 @@ class ValidatorService:
     async def submit(self, command: dict[str, Any]) -> None:
         """Write a command to ``account-commands``, marking it pending first; returns once both are acknowledged."""
         command_id, account_id = command["command_id"], command["account_id"]
-        futures = [
-            await self._send(
-                self.outcomes_topic_name, command_id.encode(),
-                codecs.dumps(pending_record(command_id, account_id, at=now_ms())),
-            ),
-            await self._send(self.topics.account_commands, account_id.encode(), codecs.dumps(command)),
-        ]
-        for fut in futures:
-            await fut
+        await self.engine.send_all([
+            Outgoing(self.outcomes_topic_name, command_id.encode(),
+                     codecs.dumps(pending_record(command_id, account_id, at=now_ms()))),
+            Outgoing(self.topics.account_commands, account_id.encode(), codecs.dumps(command)),
+        ])
 
     # -- accounts (GET /accounts/{account_id}) --------------------------------------------------
 
@@ -426,59 +360,40 @@ class ValidatorService:
 
     # -- the category projection ------------------------------------------------------------------
 
-    async def route_events(self, stream: Any) -> None:
-        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
-            batch = await self.event_input.batch(events)
-            futures: list[Awaitable[Any]] = []
-            for record in batch.records:
-                try:
-                    change = parse_account_event(codecs.loads_object(record.value))
-                except (codecs.DecodeError, InvalidEvent) as exc:
-                    await self.dead_letters.send(record, exc)
-                    continue
-                futures.append(await self._send(
-                    self.by_program_topic_name, change.program_id.encode(), encode_routed(change),
-                ))
-            await self._acknowledged(futures)
-            await self.listing_store.write(batch.offset_rows)
-            await self.event_input.done(batch)
-            MESSAGES_PROCESSED.labels(SERVICE, "events").inc(len(batch.records))
+    async def route_events(self, batch: InputBatch) -> None:
+        for record in batch.records:
+            try:
+                change = parse_account_event(codecs.loads_object(record.value))
+            except (codecs.DecodeError, InvalidEvent) as exc:
+                batch.dead_letter(record, exc)
+                continue
+            batch.send(self.by_program_topic_name, change.program_id.encode(), encode_routed(change))
 
-    async def project(self, stream: Any) -> None:
-        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
-            batch = await self.listing_input.batch(events)
-            rows: dict[tuple[int, bytes], bytes] = {}
-            for record in batch.records:
-                try:
-                    change = decode_routed(record.value)
-                except (codecs.DecodeError, KeyError):
-                    log.warning("skipping a by-program record that is not one this service wrote at %s[%s]@%s",
-                                record.topic, record.partition, record.offset)
-                    continue
-                self.apply_listing_change(rows, record.partition, change)
-            await self.listing_store.write(ordered_rows(rows.items(), batch.offset_rows.items()))
-            await self.listing_input.done(batch)
-            MESSAGES_PROCESSED.labels(SERVICE, "by-program").inc(len(batch.records))
+    async def project(self, batch: InputBatch) -> None:
+        for record in batch.records:
+            try:
+                change = decode_routed(record.value)
+            except (codecs.DecodeError, KeyError):
+                log.warning("skipping a by-program record that is not one this service wrote at %s[%s]@%s",
+                            record.topic, record.partition, record.offset)
+                continue
+            self.apply_listing_change(batch, change)
 
-    def apply_listing_change(self, rows: dict[tuple[int, bytes], bytes], partition: int, change: AccountChange) -> None:
-        """Add the rows ``change`` writes to ``rows`` (which also holds this batch's earlier writes)."""
-
-        def read(key: bytes) -> bytes | None:
-            pending = rows.get((partition, key))
-            return pending if pending is not None else self.listing_store.get(partition, key)
-
+    def apply_listing_change(self, batch: InputBatch, change: AccountChange) -> None:
+        """Stage the rows ``change`` writes (read against this batch's earlier writes)."""
+        store = self.listing_store
         idx = index_key(change.program_id, change.account_id)
-        created = read(idx)
+        created = batch.read(store, idx)
         current = None
         if created is not None:
-            raw = read(listing_key(change.program_id, unpack_ts(created), change.account_id))
+            raw = batch.read(store, listing_key(change.program_id, unpack_ts(created), change.account_id))
             current = decode_listing(change.program_id, raw) if raw is not None else None
         updated = apply_to_listing(current, change)
         if updated is None:
             return
         if created is None:
-            rows[(partition, idx)] = pack_ts(updated.created_at)
-        rows[(partition, listing_key(change.program_id, updated.created_at, change.account_id))] = encode_listing(updated)
+            batch.write(store, idx, pack_ts(updated.created_at))
+        batch.write(store, listing_key(change.program_id, updated.created_at, change.account_id), encode_listing(updated))
 
     def list_program(
         self, program_id: str, *, limit: int, before: bytes | None, status: str | None,

@@ -10,5 +10,6 @@ from shared.durable import DurableTable as Table
 from shared.durable import InRecord as Record
 from shared.engine._batch import DeadLetterRoute, InputBatch
 from shared.engine._engine import Engine, Handler
+from shared.engine._producer import Outgoing
 
-__all__ = ["DeadLetterRoute", "Engine", "Handler", "InputBatch", "Record", "Table"]
+__all__ = ["DeadLetterRoute", "Engine", "Handler", "InputBatch", "Outgoing", "Record", "Table"]

@@ -24,24 +24,15 @@ is written in 3).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from shared.dead_letters import DeadLetter, dead_letter_for
-from shared.durable import Batch, DurableTable, InRecord, OrderedInput, acknowledged, write_all
+from shared.durable import Batch, DurableTable, InRecord, OrderedInput
+from shared.engine._producer import BatchProducer, Outgoing
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
 
 Headers = Sequence[tuple[str, bytes]] | None
-
-
-@dataclass(slots=True)
-class Send:
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: Headers = None
-    partition: int | None = None
 
 
 @dataclass(slots=True)
@@ -62,7 +53,7 @@ class InputBatch:
     partition: int
     records: list[InRecord]
     dead_letter_route: DeadLetterRoute | None = None
-    sends: list[Send] = field(default_factory=list)
+    sends: list[Outgoing] = field(default_factory=list)
     rows: dict[DurableTable, dict[tuple[int, bytes], bytes | None]] = field(default_factory=dict)
     callbacks: list[Callable[[], None]] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
@@ -70,9 +61,9 @@ class InputBatch:
     counted: int | None = None
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, *,
-             headers: Headers = None, partition: int | None = None) -> None:
+             headers: Headers = None, partition: int | None = None, timestamp_ms: int | None = None) -> None:
         """Stage a record to send; it is acknowledged before any state of this batch is written."""
-        self.sends.append(Send(topic, key, value, headers, partition))
+        self.sends.append(Outgoing(topic, key, value, headers, partition, timestamp_ms))
 
     def write(self, table: DurableTable, key: bytes, value: bytes | None, *, partition: int | None = None) -> None:
         """Stage a row (``None`` deletes it) in ``partition`` (default: the input partition). The last
@@ -108,15 +99,17 @@ class InputBatch:
         return letter
 
 
-Send_ = Callable[[Send], Awaitable[Awaitable[Any]]]
-
-
-async def commit(send: Send_, order: OrderedInput, ordered: Batch, batch: InputBatch, what: str) -> None:
+async def commit(producer: BatchProducer, order: OrderedInput, ordered: Batch, batch: InputBatch, what: str) -> None:
     """Make ``batch`` durable in the order the module docs give."""
-    if batch.sends:
-        acks = [await send(s) for s in batch.sends]
-        await acknowledged(acks, f"{what}: {len(acks)} records sent")
-    await write_all(order.writes(ordered, batch.rows))
+    await producer.send(batch.sends, what)
+    writes = order.writes(ordered, batch.rows)
+    last = await producer.send(
+        [Outgoing(table.changelog, key, value, partition=partition)
+         for table, rows in writes for (partition, key), value in rows.items()],
+        what,
+    )
+    for table, rows in writes:
+        table._apply(rows, {partition: offset for (topic, partition), offset in last.items() if topic == table.changelog})
     for callback in batch.callbacks:
         callback()
 

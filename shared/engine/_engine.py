@@ -16,14 +16,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.types import TP
 
 from shared.durable import Backfill, DurableTable, InRecord, OrderedInput
-from shared.engine._batch import DeadLetterRoute, InputBatch, Send, commit, observe
+from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
 from shared.engine._consumer import BatchConsumer
+from shared.engine._producer import BatchProducer, Outgoing
 from shared.faust_app import create_app
 from shared.settings import Settings
 from shared.trailing_holes import TrailingHoleWatch
@@ -74,6 +75,11 @@ class Engine:
         self.app.consumer_class = consumer_class  # type: ignore[attr-defined]
         self._consumer_class = consumer_class
         self._trailing_holes: TrailingHoleWatch | None = None
+        self.producer = BatchProducer(settings, client_id=f"{service}-{settings.instance_id}")
+        self.app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
+
+    async def _on_shutdown(self, app: Any, **_: Any) -> None:
+        await self.producer.stop()
 
     # -- declaring a service -------------------------------------------------------------
 
@@ -134,30 +140,32 @@ class Engine:
     # -- sending -------------------------------------------------------------------------
 
     async def send(self, topic: str, key: bytes | None, value: bytes | None, *,
-                   headers: Sequence[tuple[str, bytes]] | None = None, partition: int | None = None) -> Awaitable[Any]:
-        """Queue a record; returns the awaitable acknowledgement."""
-        ack: Awaitable[Any] = await self.app.producer.send(
-            topic, key, value, partition=partition, timestamp=None, headers=list(headers) if headers else None,
-        )
-        return ack
+                   headers: Sequence[tuple[str, bytes]] | None = None, partition: int | None = None) -> None:
+        """Send one record and wait for its acknowledgement (outside batches: timers, HTTP)."""
+        await self.send_all([Outgoing(topic, key, value, headers, partition)])
 
-    async def _send(self, s: Send) -> Awaitable[Any]:
-        return await self.send(s.topic, s.key, s.value, headers=s.headers, partition=s.partition)
+    async def send_all(self, records: Sequence[Outgoing]) -> None:
+        """Send records and wait until every one is acknowledged (the first failure raises)."""
+        await self.producer.send(records, f"{self.service}: {len(records)} records")
 
     # -- the hand-over -------------------------------------------------------------------
 
     async def _deliver(self, tp: TP, fetched: Sequence[Any]) -> None:
         reg = self._by_topic[tp.topic]
         started = time.perf_counter()
-        arrivals = [
-            InRecord(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers),
-                     r.timestamp / 1000 if r.timestamp is not None else None)
-            for r in fetched
-        ]
-        ordered = await reg.order.batch_records(arrivals)
+        # aiokafka's records are handed over as they are: they have every field a handler reads.
+        ordered = await reg.order.batch_records(cast(Sequence[InRecord], fetched))
         if not ordered.records:
             return  # every record a replay
         batch = InputBatch(tp.topic, tp.partition, ordered.records, dead_letter_route=reg.dead_letters)
-        await reg.handle(batch)
-        await commit(self._send, reg.order, ordered, batch, reg.name)
+        try:
+            await reg.handle(batch)
+            await commit(self.producer, reg.order, ordered, batch, reg.name)
+        except Exception as exc:
+            # Nothing of the batch is committed: stop the worker, so that it (or the instance
+            # taking its partitions) reads the batch again, rather than go on past it.
+            log.exception("%s failed on %s[%d] offsets %d..%d; stopping the worker",
+                          reg.name, tp.topic, tp.partition, fetched[0].offset, fetched[-1].offset)
+            await self.app.crash(exc)
+            raise
         observe(self.service, reg.stream, batch, started)

@@ -62,7 +62,7 @@ class FakeBackfill:
 
     async def read(self, topic: str, partition: int, start: int, end: int) -> list[InRecord]:
         self.reads.append((topic, partition, start, end))
-        return [InRecord(topic, partition, o, b"k", b"back", [], 1.0) for o in range(start, end)]
+        return [InRecord(topic, partition, o, b"k", b"back", [], 1000) for o in range(start, end)]
 
 
 def events(topic: str, partition: int, *offsets: int) -> list[FakeEvent]:
