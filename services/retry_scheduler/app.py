@@ -1,21 +1,26 @@
-"""The retry scheduler service: Faust app, tables, agents and the tick timer.
+"""The retry scheduler service: its topology, batch handlers and the tick timer.
 
 Two hops, so that everything about one ``dlq.id`` lives in one partition:
 
 1. ``route`` reads ``dead-letters`` (anyone may write there, with any key and missing
-   headers), reads the ``dlq.*`` headers with the contract's defaults, and forwards the
-   message to the internal ``…-inbox`` topic keyed and partitioned by ``dlq.id``.
-2. ``schedule`` is the only agent that changes state. Per inbox partition it handles,
-   in order: dead letters (schedule, or park when out of attempts), ticks (redeliver
-   what is due), and replay / cancel / unpark commands sent by the HTTP API. A table
-   can only be changed from the agent that owns the event, so ticks and commands travel
-   through the same topic as the dead letters, and one partition's work is serialised.
+   headers, on any number of partitions), reads the ``dlq.*`` headers with the
+   contract's defaults, and forwards the message to the internal ``…-inbox`` topic keyed
+   and partitioned by ``dlq.id``. It keeps no state: the engine commits its input only
+   after the forwarded records are acknowledged, and a record read twice is forwarded
+   twice, which the second hop recognises by ``dlq.id`` and attempt.
+2. ``process_inbox`` is the only handler that changes state. Per inbox partition it
+   handles, in order: dead letters (schedule, or park when out of attempts), ticks
+   (redeliver what is due), and replay / cancel / unpark commands sent by the HTTP API.
+   A table can only be changed from the handler that owns the partition, so ticks and
+   commands travel through the same topic as the dead letters, and one partition's
+   work is serialised. Its writes are staged on the batch and committed by the engine
+   (changelog acknowledged, then RocksDB, with the inbox's next offset).
 
 A timer sends a tick to every inbox partition this instance owns, every
 ``retry_tick_interval_s``. On a tick the agent seeks to the partition's low-water key,
 reads only the entries due now (at most ``retry_batch_limit``), redelivers them with
 key, value and headers kept, waits until the broker has acknowledged every one, and
-only then deletes them from the schedule (tombstones in the changelog), leaving in the
+only then stages their deletes from the schedule (tombstones in the changelog), leaving in the
 index a done marker that drops copies of the same dead letter read again later. A crash
 before the deletes redelivers them again after the restart, with the same ``dlq.id``
 and ``dlq.attempt``; a crash before the acknowledgement loses nothing, because the
@@ -70,15 +75,14 @@ from services.retry_scheduler.state import (
     scan_due,
 )
 from shared import dead_letters
-from shared.durable import Backfill, OrderedInput, ReadBackEvent, TableOffsets
-from shared.faust_app import app_id, changelog_topic_specs, create_app
-from shared.faust_internals import active_partitions, event_context, partition_db, recovery_done
-from shared.metrics import BATCH_SECONDS, MESSAGES_PROCESSED
+from shared.durable import InRecord
+from shared.engine import Engine, InputBatch, Outgoing, Table
+from shared.faust_app import app_id, changelog_topic_specs
+from shared.faust_internals import active_partitions, partition_db, recovery_done
 from shared.partitioning import partition_for
 from shared.settings import Settings
 from shared.topic_admin import TopicSpec
 from shared.topics import TopicNames, topic_names
-from shared.trailing_holes import TrailingHoleWatch
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +100,6 @@ SEND_TIMEOUT_S = 15.0
 MAX_SEND_FAILURES = 5
 #: Largest expiry row (a JSON list of ids), well below the broker's message size limit.
 EXPIRY_BATCH_BYTES = 256 * 1024
-#: Largest producer batch (changelogs, redeliveries, inbox).
-PRODUCER_BATCH_BYTES = 512 * 1024  # well below the broker's default message.max.bytes (1 MiB)
 #: Lateness samples kept for GET /retries/stats.
 LATENESS_SAMPLES = 1000
 #: Ticks that redelivered something, kept for GET /retries/stats.
@@ -155,12 +157,8 @@ class RetrySchedulerService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topics: TopicNames = topic_names(settings)
-        self.app = app = create_app(SERVICE, settings, DEFAULT_PORT)
-        # aiokafka starts a partition's next batch only once the previous one is acknowledged,
-        # so with Faust's 16 KiB batches (about 20 stored entries) every changelog partition
-        # waits a round trip per 20 writes. Larger batches took ingest from ~500 to ~1,300
-        # dead letters/s on the benchmark machine.
-        app.conf.producer_max_batch_size = PRODUCER_BATCH_BYTES
+        self.engine = engine = Engine(SERVICE, settings, DEFAULT_PORT)
+        self.app = engine.app
         partitions = settings.topic_partitions
         self.inbox_topic_name = f"{app_id(SERVICE, settings)}-inbox"
         self.policies: PolicyBook = build_policy_book(
@@ -174,14 +172,14 @@ class RetrySchedulerService:
         # Redelivering to these would feed the message straight back into the scheduler.
         self.looping_topics = frozenset({self.topics.dead_letters, self.inbox_topic_name})
 
-        self.dead_letter_input = app.topic(self.topics.dead_letters, key_type=bytes, value_type=bytes)
-        self.inbox = app.topic(
-            self.inbox_topic_name, partitions=partitions, internal=True, key_type=bytes, value_type=bytes,
-        )
-        self.schedule = app.Table("schedule", partitions=partitions, key_type=bytes, value_type=bytes)
-        self.index = app.Table("index", partitions=partitions, key_type=bytes, value_type=bytes)
-        self.expiry = app.Table("expiry", partitions=partitions, key_type=bytes, value_type=bytes)
-        self.parked = app.Table("parked", partitions=partitions, key_type=bytes, value_type=bytes)
+        self.schedule_store = engine.table("schedule")
+        self.index_store = engine.table("index")
+        self.expiry_store = engine.table("expiry")
+        self.parked_store = engine.table("parked")
+        self.schedule = self.schedule_store.table
+        self.index = self.index_store.table
+        self.expiry = self.expiry_store.table
+        self.parked = self.parked_store.table
 
         self.counts = Counts()
         #: Per partition, a key no live entry sorts below; absent means "scan from the first key".
@@ -197,18 +195,16 @@ class RetrySchedulerService:
         self.totals = {"redelivered": 0, "parked": 0, "scheduled": 0, "cancelled": 0}
         self.waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
-        app.agent(self.dead_letter_input, name=f"{SERVICE}.route")(self.route)
-        # The inbox is read exactly in order (OrderedInput): Faust can acknowledge records it
-        # skips around a rebalance, and a dead letter skipped there would never be scheduled.
-        # Its next offsets are rows of the index table, written with the batch's state.
-        self.backfill = Backfill(settings)
-        self.inbox_order = OrderedInput(app, TableOffsets(self.index), self.backfill)
-        self.trailing_holes = TrailingHoleWatch(
-            app, SERVICE, {self.inbox_topic_name: self.inbox_order}, settings.trailing_hole_check_s,
-        )
-        app.agent(self.inbox, name=f"{SERVICE}.schedule", concurrency=1)(self.process_inbox)
-        app.timer(settings.retry_tick_interval_s, name=f"{SERVICE}.tick")(self.send_ticks)
-        self.schedule.on_recover(self.on_recovered)
+        engine.handler(self.topics.dead_letters, name="dead-letters", offsets=None)(self.route)
+        # Every table the inbox handler writes keeps a copy of its next offsets, written with
+        # the batch's rows; the input resumes from the smallest.
+        engine.handler(
+            self.inbox_topic_name, name="inbox", internal_partitions=partitions,
+            offsets=[self.index_store, self.schedule_store, self.expiry_store, self.parked_store],
+        )(self.process_inbox)
+        engine.watch_trailing_holes()
+        engine.timer(settings.retry_tick_interval_s, name="tick")(self.send_ticks)
+        engine.on_recovered(self.schedule_store, self.on_recovered)
 
     def topic_specs(self) -> list[TopicSpec]:
         n = self.settings.topic_partitions
@@ -227,77 +223,51 @@ class RetrySchedulerService:
 
     # -- hop 1: read dead letters, key them by dlq.id ---------------------------------------------
 
-    async def route(self, stream: Any) -> None:
-        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
-            started = time.perf_counter()
-            received_at = now_ms()
-            for event in events:
-                msg = event.message
-                try:
-                    raw_headers = dead_letters.header_items(msg.headers)
-                    letter = dead_letters.parse_dead_letter(
-                        msg.key, msg.value, raw_headers,
-                        topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                        timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None,
-                        default_retry_topic=self.topics.retry,
-                    )
-                    encoded = KIND_LETTER + encode_entry(entry_from_letter(letter, raw_headers, received_at))
-                except Exception as exc:  # never expected: parsing is lenient; keep the message anyway
-                    log.exception("unreadable dead letter at %s[%s]@%s", msg.topic, msg.partition, msg.offset)
-                    await self._park_unreadable(msg, exc)
-                    continue
-                await self.app.producer.send(
-                    self.inbox_topic_name, letter.id.encode(), encoded,
-                    partition=self.partition_of(letter.id), timestamp=None, headers=None,
+    async def route(self, batch: InputBatch) -> None:
+        received_at = now_ms()
+        for record in batch.records:
+            try:
+                raw_headers = dead_letters.header_items(record.headers)
+                letter = dead_letters.parse_dead_letter(
+                    record.key, record.value, raw_headers,
+                    topic=record.topic, partition=record.partition, offset=record.offset,
+                    timestamp_ms=record.timestamp or None, default_retry_topic=self.topics.retry,
                 )
-            MESSAGES_PROCESSED.labels(SERVICE, "dead-letters").inc(len(events))
-            BATCH_SECONDS.labels(SERVICE, "dead-letters").observe(time.perf_counter() - started)
+                encoded = KIND_LETTER + encode_entry(entry_from_letter(letter, raw_headers, received_at))
+            except Exception as exc:  # never expected: parsing is lenient; keep the message anyway
+                log.exception("unreadable dead letter at %s[%s]@%s", record.topic, record.partition, record.offset)
+                self._park_unreadable(batch, record, exc)
+                continue
+            batch.send(self.inbox_topic_name, letter.id.encode(), encoded, partition=self.partition_of(letter.id))
 
-    async def _park_unreadable(self, msg: Any, exc: Exception) -> None:
+    def _park_unreadable(self, batch: InputBatch, record: InRecord, exc: Exception) -> None:
         """Publish a dead letter that cannot be read to the parking lot as it came, with the reason."""
-        headers = [*dead_letters.header_items(msg.headers), ("dlq.parked.reason", f"unreadable: {exc}"[:2000].encode())]
-        value = msg.value if msg.key is not None or msg.value is not None else b""
-        await self.app.producer.send(
-            self.topics.parking_lot, msg.key, value, partition=None, timestamp=None, headers=headers,
-        )
+        headers = [*dead_letters.header_items(record.headers), ("dlq.parked.reason", f"unreadable: {exc}"[:2000].encode())]
+        value = record.value if record.key is not None or record.value is not None else b""
+        batch.send(self.topics.parking_lot, record.key, value, headers=headers)
         PARKED.inc()
 
     # -- hop 2: the per-partition schedule ------------------------------------------------------------
 
-    async def process_inbox(self, stream: Any) -> None:
-        async for events in stream.take_events(self.settings.batch_size, self.settings.batch_within_s):
-            started = time.perf_counter()
-            batch = await self.inbox_order.batch(events)
-            delivered = {(e.message.partition, e.message.offset): e for e in events}
-            for record in batch.records:
-                event: Any = delivered.get((record.partition, record.offset)) or ReadBackEvent(record)
-                value = event.message.value
-                kind = value[:1] if isinstance(value, bytes) else b""
-                try:
-                    if kind == KIND_LETTER:
-                        await self.ingest(event, decode_entry(value[1:]))
-                    elif kind == KIND_TICK:
-                        await self.tick(event)
-                    elif kind in COMMANDS:
-                        await self.command(event, kind, orjson.loads(value[1:]))
-                    else:
-                        log.warning("ignoring inbox record of unknown kind %r at offset %s", kind, event.message.offset)
-                except (ValueError, KeyError, TypeError) as exc:
-                    log.warning(
-                        "ignoring malformed inbox record at %s[%s]@%s: %s",
-                        event.message.topic, event.message.partition, event.message.offset, exc,
-                    )
-            # Each partition's next expected offset, after the batch's state rows.
-            last_of = {e.message.partition: e for e in events}
-            for (partition, key), offset in batch.offset_rows.items():
-                with event_context(last_of[partition]):
-                    self.index[key] = offset
-            await self.inbox_order.done(batch)
-            MESSAGES_PROCESSED.labels(SERVICE, "inbox").inc(len(events))
-            BATCH_SECONDS.labels(SERVICE, "inbox").observe(time.perf_counter() - started)
+    async def process_inbox(self, batch: InputBatch) -> None:
+        for record in batch.records:
+            value = record.value
+            kind = value[:1] if isinstance(value, bytes) else b""
+            try:
+                if kind == KIND_LETTER:
+                    await self.ingest(batch, decode_entry(value[1:]))  # type: ignore[index]
+                elif kind == KIND_TICK:
+                    await self.tick(batch)
+                elif kind in COMMANDS:
+                    await self.command(batch, kind, orjson.loads(value[1:]))  # type: ignore[index]
+                else:
+                    log.warning("ignoring inbox record of unknown kind %r at offset %s", kind, record.offset)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring malformed inbox record at %s[%s]@%s: %s",
+                            record.topic, record.partition, record.offset, exc)
 
-    async def ingest(self, event: Any, entry: Entry) -> None:
-        partition = event.message.partition
+    async def ingest(self, batch: InputBatch, entry: Entry) -> None:
+        partition = batch.partition
         now = now_ms()
         idk = id_key(entry.id)
         decision = decide(
@@ -306,37 +276,31 @@ class RetrySchedulerService:
             now_ms=now, forbidden_retry_topics=self.looping_topics,
             has_key_or_value=entry.key is not None or entry.value is not None,
         )
-        with event_context(event):
-            current = self._index_state(idk)
-            if isinstance(current, Done):
-                if entry.attempt <= current.attempt:
-                    DUPLICATES.labels(DONE_KINDS[current.kind]).inc()  # that attempt is already done
-                    return
-            elif current is not None:
-                current_key, current_raw, current_entry = current
-                if current_entry.attempt > entry.attempt:
-                    DUPLICATES.labels("stale").inc()
-                    return
-                if current_entry.attempt == entry.attempt:
-                    # The same dead letter again. Write the rows again (same key, same due
-                    # time: the jitter depends only on id and attempt), so the changelog has
-                    # them even if the first write never reached it before a crash.
-                    self.schedule[current_key] = current_raw
-                    self.index[idk] = current_key
-                    DUPLICATES.labels("scheduled").inc()
-                    return
-                self._finish(partition, current_key, current_entry, done=None)
-            if isinstance(decision, Park):
-                parked_raw = self.parked.get(idk)
-                if parked_raw is not None and decode_entry(parked_raw).attempt > entry.attempt:
-                    DUPLICATES.labels("stale").inc()
-                    return
-                await self._park(event, entry.parked(now, decision.reason, decision.policy.max_attempts))
+        current = self._index_state(batch, idk)
+        if isinstance(current, Done):
+            if entry.attempt <= current.attempt:
+                DUPLICATES.labels(DONE_KINDS[current.kind]).inc()  # that attempt is already done
                 return
-            scheduled = entry.scheduled(decision.due_at, decision.policy.max_attempts)
-            key = due_key(scheduled.due_at, scheduled.id)
-            self.schedule[key] = encode_entry(scheduled)
-            self.index[idk] = key
+        elif current is not None:
+            current_key, _, current_entry = current
+            if current_entry.attempt > entry.attempt:
+                DUPLICATES.labels("stale").inc()
+                return
+            if current_entry.attempt == entry.attempt:
+                DUPLICATES.labels("scheduled").inc()  # the same dead letter again: already scheduled
+                return
+            self._finish(batch, current_key, current_entry, done=None)
+        if isinstance(decision, Park):
+            parked_raw = batch.read(self.parked_store, idk)
+            if parked_raw is not None and decode_entry(parked_raw).attempt > entry.attempt:
+                DUPLICATES.labels("stale").inc()
+                return
+            await self._park(batch, entry.parked(now, decision.reason, decision.policy.max_attempts))
+            return
+        scheduled = entry.scheduled(decision.due_at, decision.policy.max_attempts)
+        key = due_key(scheduled.due_at, scheduled.id)
+        batch.write(self.schedule_store, key, encode_entry(scheduled))
+        batch.write(self.index_store, idk, key)
         self.counts.add("scheduled", partition, scheduled)
         low = self.low_water.get(partition)
         if low is not None and key < low:
@@ -344,38 +308,33 @@ class RetrySchedulerService:
         SCHEDULED.inc()
         self.totals["scheduled"] += 1
 
-    def _index_state(self, idk: bytes) -> tuple[bytes, bytes, Entry] | Done | None:
-        """What the index says of an id in the current event's partition: scheduled (key,
-        stored bytes, entry), a done marker, or nothing."""
-        raw_index = self.index.get(idk)
+    def _index_state(self, batch: InputBatch, idk: bytes) -> tuple[bytes, bytes, Entry] | Done | None:
+        """What the index says of an id in the batch's partition: scheduled (key, stored bytes,
+        entry), a done marker, or nothing."""
+        raw_index = batch.read(self.index_store, idk)
         if raw_index is None:
             return None
         state = decode_index(raw_index)
         if isinstance(state, Done):
             return state
-        raw = self.schedule.get(state)
+        raw = batch.read(self.schedule_store, state)
         return (state, raw, decode_entry(raw)) if raw is not None else None
 
-    async def _park(self, event: Any, entry: Entry) -> None:
-        """Publish to the parking lot and keep it in the parked table (caller holds the event context)."""
-        partition = event.message.partition
+    async def _park(self, batch: InputBatch, entry: Entry) -> None:
+        """Publish to the parking lot and keep it in the parked table."""
+        partition = batch.partition
         # A record needs a key or a value; a message that had neither is parked with an empty value.
         value = entry.value if entry.key is not None or entry.value is not None else b""
-        try:
-            await asyncio.wait_for(
-                self.app.producer.send(
-                    self.topics.parking_lot, entry.key, value, partition=None, timestamp=None,
-                    headers=entry.parking_headers(),
-                ),
-                SEND_TIMEOUT_S,
-            )
-        except Exception as exc:  # too large for the parking lot, say: it is still kept in the parked table
-            log.error("could not publish dlq.id=%s to %s: %s", entry.id, self.topics.parking_lot, exc)
+        [error] = await self.engine.deliver_each(
+            [Outgoing(self.topics.parking_lot, entry.key, value, entry.parking_headers())], SEND_TIMEOUT_S,
+        )
+        if error is not None:  # too large for the parking lot, say: it is still kept in the parked table
+            log.error("could not publish dlq.id=%s to %s: %s", entry.id, self.topics.parking_lot, error)
         idk = id_key(entry.id)
-        if self.parked.get(idk) is not None:
-            previous = decode_entry(self.parked[idk])
-            self.counts.add("parked", partition, previous, -1)
-        self.parked[idk] = encode_entry(entry)
+        previous_raw = batch.read(self.parked_store, idk)
+        if previous_raw is not None:
+            self.counts.add("parked", partition, decode_entry(previous_raw), -1)
+        batch.write(self.parked_store, idk, encode_entry(entry))
         self.counts.add("parked", partition, entry)
         PARKED.inc()
         self.totals["parked"] += 1
@@ -383,50 +342,47 @@ class RetrySchedulerService:
             "parked dlq.id=%s attempt=%s from %s: %s", entry.id, entry.attempt, entry.origin_topic, entry.parked_reason,
         )
 
-    def _delete(self, table: Any, key: bytes) -> bool:
-        """Delete ``key`` of the current event's partition, with a tombstone in the changelog.
-
-        Reading the key first tells Faust which partition holds it; without that a delete
-        is applied to every partition database this instance has open.
-        """
-        if table.get(key) is None:
+    @staticmethod
+    def _delete(batch: InputBatch, table: Table, key: bytes) -> bool:
+        """Stage the delete of ``key`` (a tombstone in the changelog); False when there is no such row."""
+        if batch.read(table, key) is None:
             return False
-        del table[key]
+        batch.write(table, key, None)
         return True
 
-    def _finish(self, partition: int, key: bytes, entry: Entry, done: bytes | None) -> None:
-        """Remove a scheduled entry (caller holds the event context).
+    def _finish(self, batch: InputBatch, key: bytes, entry: Entry, done: bytes | None) -> None:
+        """Remove a scheduled entry.
 
         With ``done`` the index keeps a marker that this attempt was redelivered or
         cancelled, so a copy of its dead letter read later is dropped; without, the
         index row goes too (the id is about to be scheduled again or parked).
         """
-        if self._delete(self.schedule, key):
-            self.counts.add("scheduled", partition, entry, -1)
+        if self._delete(batch, self.schedule_store, key):
+            self.counts.add("scheduled", batch.partition, entry, -1)
         idk = id_key(entry.id)
         if done is not None:
-            self._mark_done(idk, entry.id, done, entry.attempt)
-        elif self.index.get(idk) == key:
-            self._delete(self.index, idk)
+            self._mark_done(batch, idk, entry.id, done, entry.attempt)
+        elif batch.read(self.index_store, idk) == key:
+            self._delete(batch, self.index_store, idk)
         self.send_failures.pop(key, None)
 
-    def _mark_done(self, idk: bytes, dlq_id: str, kind: bytes, attempt: int) -> None:
-        """Leave a done marker in the index; its expiry is written with the others of this event."""
-        batch = self._expiry_batch
-        if batch is None:
+    def _mark_done(self, batch: InputBatch, idk: bytes, dlq_id: str, kind: bytes, attempt: int) -> None:
+        """Leave a done marker in the index; its expiry is written with the others of this record."""
+        expiry = self._expiry_batch
+        if expiry is None:
             expire_at = min(now_ms() + DONE_MEMORY_MS, MAX_DUE_MS)
-            batch = self._expiry_batch = ExpiryBatch(due_key(expire_at, f"~{uuid.uuid4().hex[:16]}"))
-        self.index[idk] = encode_done(kind, attempt, batch.key)
-        batch.ids.append(dlq_id)
-        batch.size += len(dlq_id) + 3
-        if batch.size >= EXPIRY_BATCH_BYTES:
-            self._write_expiry()
+            expiry = self._expiry_batch = ExpiryBatch(due_key(expire_at, f"~{uuid.uuid4().hex[:16]}"))
+        batch.write(self.index_store, idk, encode_done(kind, attempt, expiry.key))
+        expiry.ids.append(dlq_id)
+        expiry.size += len(dlq_id) + 3
+        if expiry.size >= EXPIRY_BATCH_BYTES:
+            self._write_expiry(batch)
 
-    def _write_expiry(self) -> None:
-        """One expiry row for all the markers left while handling the current event."""
-        batch, self._expiry_batch = self._expiry_batch, None
-        if batch is not None and batch.ids:
-            self.expiry[batch.key] = orjson.dumps(batch.ids)
+    def _write_expiry(self, batch: InputBatch) -> None:
+        """One expiry row for all the markers left while handling the current record."""
+        expiry, self._expiry_batch = self._expiry_batch, None
+        if expiry is not None and expiry.ids:
+            batch.write(self.expiry_store, expiry.key, orjson.dumps(expiry.ids))
 
     # -- ticks -------------------------------------------------------------------------------------------
 
@@ -444,36 +400,33 @@ class RetrySchedulerService:
 
     async def _send_tick(self, partition: int) -> None:
         self.tick_sent[partition] = time.monotonic()
-        await self.app.producer.send(
-            self.inbox_topic_name, None, KIND_TICK, partition=partition, timestamp=None, headers=None,
-        )
+        await self.engine.send(self.inbox_topic_name, None, KIND_TICK, partition=partition)
 
-    async def tick(self, event: Any) -> None:
-        partition = event.message.partition
+    async def tick(self, batch: InputBatch) -> None:
+        partition = batch.partition
         self.tick_sent.pop(partition, None)
         started = time.perf_counter()
         now = now_ms()
         limit = self.settings.retry_batch_limit
         start = self.low_water.get(partition, b"")
-        scan: DueScan = scan_due(partition_db(self.schedule, partition), now, limit, start)
+        scan: DueScan = scan_due(batch.view(self.schedule_store), now, limit, start)
         scanned = time.perf_counter()
         deliveries = await self._redeliver(scan.items, trigger="tick")
         failed_keys: list[bytes] = []
-        with event_context(event):
-            for d in deliveries:
-                if d.error is None:
-                    self._finish(partition, d.key, d.entry, done=DONE_REDELIVERED)
-                    continue
-                failures = self.send_failures.get(d.key, 0) + 1
-                self.send_failures[d.key] = failures
-                if failures >= MAX_SEND_FAILURES:
-                    self._finish(partition, d.key, d.entry, done=None)
-                    reason = f"redelivery to {d.entry.retry_topic!r} failed {failures} times: {d.error}"
-                    await self._park(event, d.entry.parked(now_ms(), reason, d.entry.max_attempts))
-                else:
-                    failed_keys.append(d.key)
-            self._write_expiry()
-            expired = self._expire_done_markers(partition, now, limit)
+        for d in deliveries:
+            if d.error is None:
+                self._finish(batch, d.key, d.entry, done=DONE_REDELIVERED)
+                continue
+            failures = self.send_failures.get(d.key, 0) + 1
+            self.send_failures[d.key] = failures
+            if failures >= MAX_SEND_FAILURES:
+                self._finish(batch, d.key, d.entry, done=None)
+                reason = f"redelivery to {d.entry.retry_topic!r} failed {failures} times: {d.error}"
+                await self._park(batch, d.entry.parked(now_ms(), reason, d.entry.max_attempts))
+            else:
+                failed_keys.append(d.key)
+        self._write_expiry(batch)
+        expired = self._expire_done_markers(batch, now, limit)
         self.low_water[partition] = next_low_water(start, now, scan, failed_keys)
         seconds = time.perf_counter() - started
         report = TickReport(
@@ -486,12 +439,15 @@ class RetrySchedulerService:
             self.busy_ticks.append(report)
         TICK_SECONDS.observe(seconds)
         if scan.more_due or expired.more_due:
-            await self._send_tick(partition)  # a backlog: go on at once rather than a tick later
+            # A backlog: go on at once rather than a tick later (after this batch's commit).
+            batch.send(self.inbox_topic_name, None, KIND_TICK, partition=partition)
+            self.tick_sent[partition] = time.monotonic()
 
-    def _expire_done_markers(self, partition: int, now: int, limit: int) -> DueScan:
-        """Forget the done markers whose time has come (caller holds the event context)."""
+    def _expire_done_markers(self, batch: InputBatch, now: int, limit: int) -> DueScan:
+        """Forget the done markers whose time has come."""
+        partition = batch.partition
         start = self.expiry_low_water.get(partition, b"")
-        scan = scan_due(partition_db(self.expiry, partition), now, limit, start)
+        scan = scan_due(batch.view(self.expiry_store), now, limit, start)
         for key, raw in scan.items:
             try:
                 ids = orjson.loads(raw)
@@ -499,53 +455,25 @@ class RetrySchedulerService:
                 ids = []
             for dlq_id in ids if isinstance(ids, list) else []:
                 idk = id_key(str(dlq_id))
-                raw_index = self.index.get(idk)
+                raw_index = batch.read(self.index_store, idk)
                 state = decode_index(raw_index) if raw_index is not None else None
                 if isinstance(state, Done) and state.expiry_key == key:
-                    self._delete(self.index, idk)
-            self._delete(self.expiry, key)
+                    self._delete(batch, self.index_store, idk)
+            self._delete(batch, self.expiry_store, key)
         self.expiry_low_water[partition] = next_low_water(start, now, scan, [])
         return scan
 
     async def _redeliver(self, items: list[tuple[bytes, bytes]], trigger: str) -> list[Delivery]:
-        """Send each entry to its retry topic and wait for the broker's acknowledgements."""
-        deliveries: list[Delivery] = []
-        pending: list[tuple[Delivery, Any]] = []
-        unavailable: dict[str, str] = {}
-        for key, raw in items:
-            entry = decode_entry(raw)
-            d = Delivery(key, entry)
-            deliveries.append(d)
-            if entry.retry_topic in unavailable:
-                d.error = unavailable[entry.retry_topic]
-                continue
-            try:
-                async with asyncio.timeout(SEND_TIMEOUT_S):  # waits only for unknown topics' metadata
-                    fut = await self.app.producer.send(
-                        entry.retry_topic, entry.key, entry.value, partition=None, timestamp=None,
-                        headers=list(entry.headers),
-                    )
-            except Exception as exc:  # any send error (unknown topic, too large, timeout) keeps the entry
-                d.error = f"{type(exc).__name__}: {exc}"
-                unavailable[entry.retry_topic] = d.error
-                continue
-            pending.append((d, fut))
-        if pending:
-            # Bounded: a redelivery not acknowledged in time fails below (logged, entry kept,
-            # retried on a later tick) rather than holding up the partition's agent.
-            await asyncio.wait({asyncio.ensure_future(self.app.producer.flush())}, timeout=SEND_TIMEOUT_S)
+        """Send each entry to its retry topic and wait (bounded) for the broker's acknowledgements:
+        a redelivery that fails or is not acknowledged in time keeps its entry for a later tick."""
+        deliveries = [Delivery(key, decode_entry(raw)) for key, raw in items]
+        errors = await self.engine.deliver_each(
+            [Outgoing(d.entry.retry_topic, d.entry.key, d.entry.value, list(d.entry.headers)) for d in deliveries],
+            SEND_TIMEOUT_S,
+        )
         sent_at = now_ms()
-        for d, fut in pending:
-            if not fut.done():
-                try:
-                    await asyncio.wait_for(asyncio.shield(fut), SEND_TIMEOUT_S)
-                except Exception as exc:
-                    d.error = f"{type(exc).__name__}: {exc}"
-                    continue
-            if fut.cancelled():
-                d.error = "send cancelled"
-            elif fut.exception() is not None:
-                d.error = f"{type(fut.exception()).__name__}: {fut.exception()}"
+        for d, error in zip(deliveries, errors, strict=True):
+            d.error = error
         for d in deliveries:
             if d.error is None:
                 if trigger == "tick":  # lateness: how long after its due time a tick sent it
@@ -561,56 +489,59 @@ class RetrySchedulerService:
 
     # -- commands from the HTTP API ------------------------------------------------------------------
 
-    async def command(self, event: Any, kind: bytes, body: dict[str, Any]) -> None:
-        partition = event.message.partition
+    async def command(self, batch: InputBatch, kind: bytes, body: dict[str, Any]) -> None:
+        partition = batch.partition
         dlq_id = body["id"]
         if not isinstance(dlq_id, str):
             raise ValueError("command without a string id")
         idk = id_key(dlq_id)
         result: dict[str, Any] = {"id": dlq_id, "status": "not_found"}
-        with event_context(event):
-            if kind in (KIND_REPLAY, KIND_CANCEL):
-                current = self._index_state(idk)
-                if current is not None and not isinstance(current, Done):
-                    key, raw, entry = current
-                    if kind == KIND_CANCEL:
-                        self._finish(partition, key, entry, done=DONE_CANCELLED)
-                        self._write_expiry()
-                        CANCELLED.inc()
-                        self.totals["cancelled"] += 1
-                        log.info("cancelled dlq.id=%s attempt=%s", dlq_id, entry.attempt)
-                        result = {"id": dlq_id, "status": "cancelled", "attempt": entry.attempt}
-                    else:
-                        [d] = await self._redeliver([(key, raw)], trigger="replay")
-                        if d.error is None:
-                            self._finish(partition, key, entry, done=DONE_REDELIVERED)
-                            self._write_expiry()
-                            result = {
-                                "id": dlq_id, "status": "redelivered", "attempt": entry.attempt,
-                                "topic": entry.retry_topic,
-                            }
-                        else:
-                            result = {"id": dlq_id, "status": "failed", "detail": d.error}
-            elif kind == KIND_UNPARK:
-                parked_raw = self.parked.get(idk)
-                if parked_raw is not None:
-                    entry = decode_entry(parked_raw)
-                    [d] = await self._redeliver([(idk, parked_raw)], trigger="unpark")
+        if kind in (KIND_REPLAY, KIND_CANCEL):
+            current = self._index_state(batch, idk)
+            if current is not None and not isinstance(current, Done):
+                key, raw, entry = current
+                if kind == KIND_CANCEL:
+                    self._finish(batch, key, entry, done=DONE_CANCELLED)
+                    self._write_expiry(batch)
+                    CANCELLED.inc()
+                    self.totals["cancelled"] += 1
+                    log.info("cancelled dlq.id=%s attempt=%s", dlq_id, entry.attempt)
+                    result = {"id": dlq_id, "status": "cancelled", "attempt": entry.attempt}
+                else:
+                    [d] = await self._redeliver([(key, raw)], trigger="replay")
                     if d.error is None:
-                        if self._delete(self.parked, idk):
-                            self.counts.add("parked", partition, entry, -1)
-                        self._mark_done(idk, dlq_id, DONE_UNPARKED, entry.attempt)
-                        self._write_expiry()
-                        log.info("replayed parked dlq.id=%s attempt=%s", dlq_id, entry.attempt)
+                        self._finish(batch, key, entry, done=DONE_REDELIVERED)
+                        self._write_expiry(batch)
                         result = {
                             "id": dlq_id, "status": "redelivered", "attempt": entry.attempt,
                             "topic": entry.retry_topic,
                         }
                     else:
                         result = {"id": dlq_id, "status": "failed", "detail": d.error}
+        elif kind == KIND_UNPARK:
+            parked_raw = batch.read(self.parked_store, idk)
+            if parked_raw is not None:
+                entry = decode_entry(parked_raw)
+                [d] = await self._redeliver([(idk, parked_raw)], trigger="unpark")
+                if d.error is None:
+                    if self._delete(batch, self.parked_store, idk):
+                        self.counts.add("parked", partition, entry, -1)
+                    self._mark_done(batch, idk, dlq_id, DONE_UNPARKED, entry.attempt)
+                    self._write_expiry(batch)
+                    log.info("replayed parked dlq.id=%s attempt=%s", dlq_id, entry.attempt)
+                    result = {
+                        "id": dlq_id, "status": "redelivered", "attempt": entry.attempt,
+                        "topic": entry.retry_topic,
+                    }
+                else:
+                    result = {"id": dlq_id, "status": "failed", "detail": d.error}
         waiter = self.waiters.get(str(body.get("req", "")))
-        if waiter is not None and not waiter.done():
-            waiter.set_result(result)
+
+        def answer() -> None:  # once the command's changes are committed
+            if waiter is not None and not waiter.done():
+                waiter.set_result(result)
+
+        batch.after_commit(answer)
 
     async def request(self, kind: bytes, dlq_id: str, timeout_s: float) -> dict[str, Any]:
         """Send a command to the partition of ``dlq_id`` and wait for the agent's answer.
@@ -622,11 +553,10 @@ class RetrySchedulerService:
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.waiters[req] = waiter
         try:
-            ack = await self.app.producer.send(
+            await self.engine.send(
                 self.inbox_topic_name, dlq_id.encode(), kind + orjson.dumps({"id": dlq_id, "req": req}),
-                partition=self.partition_of(dlq_id), timestamp=None, headers=None,
+                partition=self.partition_of(dlq_id),
             )
-            await ack
             return await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
         except TimeoutError:
             return {"id": dlq_id, "status": "accepted"}

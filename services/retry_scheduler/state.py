@@ -39,6 +39,7 @@ import orjson
 
 from services.retry_scheduler.domain import MAX_DUE_MS, merge_headers
 from shared.dead_letters import DLQ_PREFIX, DeadLetter
+from shared.durable import is_next_offset_key
 
 #: Faust keeps each partition's committed changelog offset under this key in the same database.
 FAUST_OFFSET_KEY = b"__faust\x00offset__"
@@ -110,7 +111,9 @@ def due_prefix(due_at: int) -> bytes:
 
 
 def is_due_key(key: bytes) -> bool:
-    return len(key) > DUE_WIDTH and key[0] == 0 and key != FAUST_OFFSET_KEY
+    """A schedule or expiry key; not Faust's offset row nor a handler's next-offset row (the
+    tables the inbox handler writes each keep a copy of its next offsets)."""
+    return len(key) > DUE_WIDTH and key[0] == 0 and key != FAUST_OFFSET_KEY and not is_next_offset_key(key)
 
 
 def split_due_key(key: bytes) -> tuple[int, str]:
@@ -373,9 +376,9 @@ def scan_ids(
 
 
 def iter_items(db: Any) -> Iterator[tuple[bytes, bytes]]:
-    """Every (key, value) of a partition database except Faust's offset key."""
+    """Every (key, value) of a partition database except Faust's offset row and next-offset rows."""
     for key, value in db.items():
-        if key != FAUST_OFFSET_KEY:
+        if key != FAUST_OFFSET_KEY and not is_next_offset_key(key):
             yield bytes(key), bytes(value)
 
 

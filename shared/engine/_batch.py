@@ -23,13 +23,16 @@ is written in 3).
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.dead_letters import DeadLetter, dead_letter_for
 from shared.durable import Batch, DurableTable, InRecord, OrderedInput
 from shared.engine._producer import BatchProducer, Outgoing
+from shared.faust_internals import partition_db
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
 
 Headers = Sequence[tuple[str, bytes]] | None
@@ -81,6 +84,13 @@ class InputBatch:
             return staged[row]
         return table.get(*row)
 
+    def view(self, table: DurableTable, *, partition: int | None = None) -> StagedView:
+        """A partition of ``table`` as this batch sees it, for ordered scans: the stored rows with
+        the batch's staged writes laid over them."""
+        p = self.partition if partition is None else partition
+        staged = {key: value for (row_partition, key), value in self.rows.get(table, {}).items() if row_partition == p}
+        return StagedView(table, p, staged)
+
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` right after the batch's rows are in the local tables."""
         self.callbacks.append(callback)
@@ -99,17 +109,23 @@ class InputBatch:
         return letter
 
 
-async def commit(producer: BatchProducer, order: OrderedInput, ordered: Batch, batch: InputBatch, what: str) -> None:
+async def commit(
+    producer: BatchProducer, order: OrderedInput | None, ordered: Batch | None, batch: InputBatch, what: str,
+) -> None:
     """Make ``batch`` durable in the order the module docs give."""
     await producer.send(batch.sends, what)
-    writes = order.writes(ordered, batch.rows)
-    last = await producer.send(
-        [Outgoing(table.changelog, key, value, partition=partition)
-         for table, rows in writes for (partition, key), value in rows.items()],
-        what,
-    )
-    for table, rows in writes:
-        table._apply(rows, {partition: offset for (topic, partition), offset in last.items() if topic == table.changelog})
+    if order is None or ordered is None:
+        if batch.rows:
+            raise RuntimeError(f"{what}: a handler without an offsets table cannot write rows")
+    else:
+        writes = order.writes(ordered, batch.rows)
+        last = await producer.send(
+            [Outgoing(table.changelog, key, value, partition=partition)
+             for table, rows in writes for (partition, key), value in rows.items()],
+            what,
+        )
+        for table, rows in writes:
+            table._apply(rows, {partition: offset for (topic, partition), offset in last.items() if topic == table.changelog})
     for callback in batch.callbacks:
         callback()
 
@@ -119,3 +135,74 @@ def observe(service: str, stream: str, batch: InputBatch, started: float) -> Non
     BATCH_SECONDS.labels(service, stream).observe(time.perf_counter() - started)
     for letter in batch.dead_letters:
         DEAD_LETTERS_WRITTEN.labels(service, letter.error_class).inc()
+
+
+class StagedView:
+    """A table partition with a batch's staged rows over it (``iter()`` as rocksdict's raw
+    iterator: ``seek``, ``valid``, ``key``, ``value``, ``next``)."""
+
+    def __init__(self, table: DurableTable, partition: int, staged: dict[bytes, bytes | None]) -> None:
+        self.table = table
+        self.partition = partition
+        self.staged = staged
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self.staged:
+            return self.staged[key]
+        return self.table.get(self.partition, key)
+
+    def iter(self) -> _MergedIterator:
+        return _MergedIterator(partition_db(self.table.table, self.partition).iter(), self.staged)
+
+
+class _MergedIterator:
+    def __init__(self, stored: Any, staged: dict[bytes, bytes | None]) -> None:
+        self._stored = stored
+        self._staged = staged
+        self._keys = sorted(staged)
+        self._i = 0
+        self._current: tuple[bytes, bytes] | None = None
+        self._from_stored = False
+
+    def seek(self, key: bytes) -> None:
+        self._stored.seek(key)
+        self._i = bisect.bisect_left(self._keys, key)
+        self._settle()
+
+    def seek_to_first(self) -> None:
+        self.seek(b"")
+
+    def _settle(self) -> None:
+        while True:
+            stored_key = bytes(self._stored.key()) if self._stored.valid() else None
+            staged_key = self._keys[self._i] if self._i < len(self._keys) else None
+            if staged_key is not None and (stored_key is None or staged_key <= stored_key):
+                if stored_key == staged_key:
+                    self._stored.next()  # the staged row replaces the stored one
+                self._i += 1
+                value = self._staged[staged_key]
+                if value is None:
+                    continue  # staged delete
+                self._current, self._from_stored = (staged_key, value), False
+                return
+            if stored_key is None:
+                self._current = None
+                return
+            self._current, self._from_stored = (stored_key, bytes(self._stored.value())), True
+            return
+
+    def valid(self) -> bool:
+        return self._current is not None
+
+    def key(self) -> bytes:
+        assert self._current is not None
+        return self._current[0]
+
+    def value(self) -> bytes:
+        assert self._current is not None
+        return self._current[1]
+
+    def next(self) -> None:
+        if self._from_stored:
+            self._stored.next()
+        self._settle()

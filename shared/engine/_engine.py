@@ -40,7 +40,7 @@ class _Registration:
     stream: str
     topics: tuple[str, ...]
     handle: Handler
-    order: OrderedInput
+    order: OrderedInput | None
     dead_letters: DeadLetterRoute | None
 
 
@@ -91,14 +91,16 @@ class Engine:
         return DurableTable(self.app, table)
 
     def handler(
-        self, *topics: str, name: str, offsets: DurableTable | Sequence[DurableTable],
+        self, *topics: str, name: str, offsets: DurableTable | Sequence[DurableTable] | None,
         dead_letters: DeadLetterRoute | None = None, internal_partitions: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register a batch handler for ``topics``.
 
         ``offsets`` are the tables that keep the input's next offset per partition: the tables
         the handler writes (each keeps a copy, the smallest wins), or one table of the same
-        partition count for a handler that writes none. ``internal_partitions`` declares the
+        partition count for a handler that writes none. ``None`` for a stateless handler of a
+        topic with any partition count: its records are delivered at least once (a replay is
+        handed over again), and it writes no rows. ``internal_partitions`` declares the
         topics as the service's own (created with that partition count).
         """
         def register(fn: Handler) -> Handler:
@@ -112,7 +114,8 @@ class Engine:
             self.app.topics.add(channel)
             reg = _Registration(
                 name=f"{self.service}.{name}", stream=name, topics=tuple(topics), handle=fn,
-                order=OrderedInput(self.app, offsets, self.backfill), dead_letters=dead_letters,
+                order=OrderedInput(self.app, offsets, self.backfill) if offsets is not None else None,
+                dead_letters=dead_letters,
             )
             self._handlers.append(reg)
             for topic in topics:
@@ -124,7 +127,8 @@ class Engine:
     def watch_trailing_holes(self) -> None:
         """Look for input records skipped at a partition's end (see :mod:`shared.trailing_holes`)."""
         self._trailing_holes = TrailingHoleWatch(
-            self.app, self.service, {topic: reg.order for topic, reg in self._by_topic.items()},
+            self.app, self.service,
+            {topic: reg.order for topic, reg in self._by_topic.items() if reg.order is not None},
             self.settings.trailing_hole_check_s,
         )
 
@@ -148,16 +152,24 @@ class Engine:
         """Send records and wait until every one is acknowledged (the first failure raises)."""
         await self.producer.send(records, f"{self.service}: {len(records)} records")
 
+    async def deliver_each(self, records: Sequence[Outgoing], timeout_s: float) -> list[str | None]:
+        """Send each record on its own and wait (bounded) for the acknowledgements: per record,
+        ``None`` when acknowledged or the error (unknown topic, too large, no answer in time).
+        For sends whose failure is an outcome to record, not a reason to stop."""
+        return await self.producer.deliver_each(records, timeout_s)
+
     # -- the hand-over -------------------------------------------------------------------
 
     async def _deliver(self, tp: TP, fetched: Sequence[Any]) -> None:
         reg = self._by_topic[tp.topic]
         started = time.perf_counter()
         # aiokafka's records are handed over as they are: they have every field a handler reads.
-        ordered = await reg.order.batch_records(cast(Sequence[InRecord], fetched))
-        if not ordered.records:
+        records = cast(Sequence[InRecord], fetched)
+        ordered = await reg.order.batch_records(records) if reg.order is not None else None
+        if ordered is not None and not ordered.records:
             return  # every record a replay
-        batch = InputBatch(tp.topic, tp.partition, ordered.records, dead_letter_route=reg.dead_letters)
+        batch = InputBatch(tp.topic, tp.partition, ordered.records if ordered is not None else list(records),
+                           dead_letter_route=reg.dead_letters)
         try:
             await reg.handle(batch)
             await commit(self.producer, reg.order, ordered, batch, reg.name)

@@ -117,3 +117,37 @@ class BatchProducer:
         for (tp, n, _), meta in zip(pending, metadata, strict=True):
             last[tp] = max(last.get(tp, -1), int(meta.offset) + n - 1)
         return last
+
+    async def deliver_each(self, records: Sequence[Outgoing], timeout_s: float) -> list[str | None]:
+        """See :meth:`shared.engine.Engine.deliver_each`."""
+        if self._producer is None:
+            await self.start()
+        producer = self._producer
+        assert producer is not None
+        errors: list[str | None] = [None] * len(records)
+        pending: list[tuple[int, asyncio.Future[Any]]] = []
+        unavailable: dict[str, str] = {}
+        for i, record in enumerate(records):
+            if record.topic in unavailable:
+                errors[i] = unavailable[record.topic]
+                continue
+            try:
+                async with asyncio.timeout(timeout_s):  # waits only for an unknown topic's metadata
+                    fut = await producer.send(
+                        record.topic, record.value, key=record.key, partition=record.partition,
+                        timestamp_ms=record.timestamp_ms, headers=list(record.headers) if record.headers else None,
+                    )
+            except Exception as exc:  # unknown topic, too large, timeout: the record's outcome
+                errors[i] = unavailable[record.topic] = f"{type(exc).__name__}: {exc}"
+                continue
+            pending.append((i, fut))
+        if pending:
+            await asyncio.wait([fut for _, fut in pending], timeout=timeout_s)
+        for i, fut in pending:
+            if not fut.done():
+                errors[i] = f"not acknowledged within {timeout_s:.0f}s"
+            elif fut.cancelled():
+                errors[i] = "send cancelled"
+            elif (failure := fut.exception()) is not None:
+                errors[i] = f"{type(failure).__name__}: {failure}"
+        return errors
