@@ -84,6 +84,19 @@ class Settings(BaseSettings):
     retry_policy_overrides: str = Field("", description="JSON: per origin topic / error class overrides")
     retry_batch_limit: int = Field(5000, ge=1, description="Most entries redelivered per partition per tick")
 
+    # Operator console (services.console; it listens on STATEFLEET_HTTP_PORT, default 8000)
+    console_validator_url: str = Field(
+        "http://127.0.0.1:8001", description="Validator base URL(s), comma-separated; the first that answers is asked",
+    )
+    console_tallies_url: str = Field("http://127.0.0.1:8002", description="Tallies base URL(s), comma-separated")
+    console_retry_scheduler_url: str = Field(
+        "http://127.0.0.1:8003", description="Retry scheduler base URL(s), comma-separated",
+    )
+    console_sample_interval_s: float = Field(2.0, gt=0, description="How often the console polls every instance")
+    console_history_s: float = Field(600.0, gt=0, description="How far back the fleet page's records/s chart goes")
+    console_refresh_s: float = Field(3.0, gt=0, description="How often an open fleet page refreshes itself")
+    console_upstream_timeout_s: float = Field(5.0, gt=0, description="Longest wait for one call to a service")
+
     def port_for(self, service_default: int) -> int:
         return self.http_port if self.http_port is not None else service_default
 
