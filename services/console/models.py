@@ -93,6 +93,9 @@ def union_partitions(by_topic: dict[str, list[int]], *, changelogs: bool) -> lis
 # -- the records/s chart -----------------------------------------------------------------------------
 
 
+MIN_CHART_SPAN_S = 60.0
+
+
 @dataclass
 class Chart:
     points: str
@@ -104,8 +107,13 @@ class Chart:
 
 
 def chart(history: list[tuple[float, float | None]], now: float, span_s: float, width: int = 180, height: int = 36) -> Chart:
-    """An SVG polyline of records/s over the last ``span_s`` seconds (gaps where unknown drawn as 0)."""
+    """An SVG polyline of records/s over the last ``span_s`` seconds (gaps where unknown drawn as 0).
+
+    While the history is shorter than that, the chart spans what there is (a minute at least).
+    """
     recent = [(t, r) for t, r in history if t >= now - span_s]
+    if recent:
+        span_s = min(span_s, max(MIN_CHART_SPAN_S, now - recent[0][0]))
     peak = max((r for _, r in recent if r is not None), default=0.0)
     scale = peak if peak > 0 else 1.0
     pts = []
