@@ -25,7 +25,7 @@ from services.console.models import FleetSnapshot, InstanceView, ServiceView
 
 log = logging.getLogger(__name__)
 
-PROCESSED = "statefleet_messages_processed"
+PROCESSED = "statefleet_messages_processed_total"
 
 #: An instance no peer names any more is dropped after this long without an answer.
 FORGET_AFTER_S = 120.0
@@ -33,11 +33,12 @@ FORGET_AFTER_S = 120.0
 
 def processed_total(metrics_text: str) -> float:
     """Sum of statefleet_messages_processed_total over its labels."""
-    total = 0.0
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name == PROCESSED:
-            total += sum(s.value for s in family.samples if s.name == f"{PROCESSED}_total")
-    return total
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+        if sample.name == PROCESSED
+    )
 
 
 @dataclass
