@@ -86,7 +86,8 @@ class Settings(BaseSettings):
 
     # Operator console (services.console; it listens on STATEFLEET_HTTP_PORT, default 8000)
     console_validator_url: str = Field(
-        "http://127.0.0.1:8001", description="Validator base URL(s), comma-separated; the first that answers is asked",
+        "http://127.0.0.1:8001",
+        description="Validator base URL(s), comma-separated; the first that answers is asked; empty: not deployed",
     )
     console_tallies_url: str = Field("http://127.0.0.1:8002", description="Tallies base URL(s), comma-separated")
     console_retry_scheduler_url: str = Field(

@@ -61,11 +61,9 @@ class Answer:
 
 
 class ServiceClient:
-    """One service's API through its base URLs."""
+    """One service's API through its base URLs (none: the service is not deployed)."""
 
     def __init__(self, name: str, label: str, base_urls: list[str], http: httpx.AsyncClient) -> None:
-        if not base_urls:
-            raise ValueError(f"no base URL configured for {name}")
         self.name = name
         self.label = label
         self.base_urls = [u.rstrip("/") for u in base_urls]
@@ -77,6 +75,8 @@ class ServiceClient:
         base_url: str | None = None, wait_s: float | None = None,
     ) -> Answer:
         """The service's answer; raises UpstreamError unless it is 2xx."""
+        if not self.base_urls and not base_url:
+            raise UpstreamError(self.label, None, "not deployed with this console (no base URL configured)", "")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         query = {k: v for k, v in (params or {}).items() if v is not None and v != ""}
         bases = [base_url] if base_url else self.base_urls[self._preferred:] + self.base_urls[: self._preferred]
@@ -124,6 +124,9 @@ class Clients:
 
     def all(self) -> list[ServiceClient]:
         return [self.validator, self.tallies, self.retry_scheduler]
+
+    def deployed(self) -> list[ServiceClient]:
+        return [c for c in self.all() if c.base_urls]
 
 
 def split_urls(value: str) -> list[str]:

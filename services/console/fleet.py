@@ -60,7 +60,7 @@ class FleetMonitor:
         self.timeout_s = timeout_s
         self._tracks: dict[str, _Track] = {}
         self._service_history: dict[str, deque[tuple[float, float | None]]] = {}
-        self._snapshot = FleetSnapshot(None, [ServiceView(c.name, c.label, c.base_urls) for c in clients.all()])
+        self._snapshot = FleetSnapshot(None, [ServiceView(c.name, c.label, c.base_urls) for c in clients.deployed()])
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -88,7 +88,7 @@ class FleetMonitor:
     async def poll(self) -> FleetSnapshot:
         async with self._lock:
             now = time.time()
-            services = await asyncio.gather(*(self._poll_service(c, now) for c in self.clients.all()))
+            services = await asyncio.gather(*(self._poll_service(c, now) for c in self.clients.deployed()))
             self._snapshot = FleetSnapshot(now, list(services))
             return self._snapshot
 
