@@ -87,8 +87,10 @@ def fleet(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             proc.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[object]:
+    """The browser, for this module only: Playwright's sync API keeps an event loop running in
+    the main thread while it is open, which the async tests of other modules could not share."""
     if not Path(CHROMIUM).exists():
         pytest.fail(
             f"the console's browser tests need Chromium at {CHROMIUM}: install Debian's package "
