@@ -52,7 +52,8 @@ def test_it_reads_every_service_through_its_client_service(render):
 
 
 def test_services_not_deployed_are_left_out(render):
-    env = env_of(container(render("minimal").get("Deployment", CONSOLE)))
+    m = render(sets=["services.validator.enabled=false", "services.retryScheduler.enabled=false"])
+    env = env_of(container(m.get("Deployment", CONSOLE)))
     assert env["STATEFLEET_CONSOLE_TALLIES_URL"]["value"].startswith(f"http://{RELEASE}-statefleet-tallies.")
     assert env["STATEFLEET_CONSOLE_VALIDATOR_URL"]["value"] == ""
     assert env["STATEFLEET_CONSOLE_RETRY_SCHEDULER_URL"]["value"] == ""
