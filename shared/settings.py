@@ -49,7 +49,7 @@ class Settings(BaseSettings):
 
     # HTTP
     http_host: str = "127.0.0.1"
-    http_port: int | None = Field(None, description="Defaults: validator 8001, tallies 8002, retry scheduler 8003")
+    http_port: int | None = Field(None, description="Defaults: validator 8001, tallies 8002, retry scheduler 8003, console 8000")
     advertised_url: str | None = Field(None, description="URL peers use to forward queries here; default http://<host>:<port>")
     admin_token: str = Field("statefleet-dev-token", description="Bearer token for changing calls (retry scheduler)")
     max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies get 413")

@@ -50,10 +50,14 @@ def scheduler(request: httpx.Request, calls: list[httpx.Request]) -> httpx.Respo
         return httpx.Response(401, json={"error": "unauthorized", "detail": "a valid bearer token is required"})
     if path == "/retries/stats":
         return httpx.Response(200, json=STATS)
-    if path == "/retries/m1":
+    if path == "/retries/m1" and request.method == "GET":
         return httpx.Response(200, json=entry("m1", value_base64=base64.b64encode(b'{"a": 1}').decode()))
     if path == "/retries/m1/replay":
         return httpx.Response(200, json={"id": "m1", "status": "redelivered", "attempt": 1, "topic": "retry"})
+    if path == "/retries/m1" and request.method == "DELETE":
+        return httpx.Response(200, json={"id": "m1", "status": "cancelled"})
+    if path == "/retries/moved/replay":
+        return httpx.Response(409, json={"error": "conflict", "detail": "it changed meanwhile"})
     if path == "/retries/busy/replay":
         return httpx.Response(503, json={"error": "unavailable", "detail": "state is being restored"})
     if path.endswith("/replay") and path.startswith("/retries/console-token-check-"):
@@ -131,9 +135,22 @@ def test_a_refused_call_is_shown_with_its_status(console: TestClient, calls: lis
     console.cookies.set(TOKEN_COOKIE, TOKEN)
     busy = console.post("/act", data={"kind": "retry", "action": "replay", "id": "busy"})
     assert busy.status_code == 503 and "recovering or rebalancing" in busy.text
+    moved = console.post("/act", data={"kind": "retry", "action": "replay", "id": "moved"})
+    assert moved.status_code == 409 and "it changed meanwhile" in moved.text
     ok = console.post("/act", data={"kind": "retry", "action": "replay", "id": "m1"})
     assert ok.status_code == 200 and "redelivered to retry" in ok.text
     assert calls[-1].headers["authorization"] == f"Bearer {TOKEN}"
+    cancelled = console.post("/act", data={"kind": "retry", "action": "cancel", "id": "m1"})
+    assert cancelled.status_code == 200 and "m1: cancelled" in cancelled.text
+    assert calls[-1].method == "DELETE"
+
+
+def test_confirmation_comes_before_any_change(console: TestClient, calls: list[httpx.Request]) -> None:
+    console.cookies.set(TOKEN_COOKIE, TOKEN)
+    page = console.get("/confirm", params={"kind": "retry", "action": "cancel", "id": "m1"})
+    assert 'method="post" action="/act"' in page.text and 'id="confirm"' in page.text
+    assert ' disabled' not in page.text.split('id="confirm"')[1].split(">")[0]
+    assert not [c for c in calls if c.method != "GET"], "showing the confirmation changes nothing"
 
 
 def test_token_is_checked_before_it_is_kept(console: TestClient) -> None:
