@@ -289,9 +289,10 @@ async def parked_message(request: Request, id: Annotated[str, Query(min_length=1
 
 _ACTIONS: dict[tuple[str, str], tuple[str, str, str]] = {
     # (kind, action) -> (method, API path template, what it does)
-    ("retry", "replay"): ("POST", "/retries/{id}/replay", "Redeliver it to its retry topic now"),
-    ("retry", "cancel"): ("DELETE", "/retries/{id}", "Cancel it: it is not redelivered"),
-    ("parked", "replay"): ("POST", "/parked/{id}/replay", "Redeliver it to its retry topic and unpark it"),
+    ("retry", "replay"): ("POST", "/retries/{id}/replay", "Redeliver the scheduled message {id} to its retry topic now."),
+    ("retry", "cancel"): ("DELETE", "/retries/{id}", "Cancel the scheduled message {id}: it will not be redelivered."),
+    ("parked", "replay"): ("POST", "/parked/{id}/replay",
+                           "Redeliver the parked message {id} to its retry topic and unpark it."),
 }
 
 
@@ -305,7 +306,7 @@ async def confirm(
     if (kind, action) not in _ACTIONS:
         return page(request, "result.html", status_code=400, title="Unknown action", ok=False,
                     text=f"{action} is not an action on a {kind} message", back="/retries")
-    what = _ACTIONS[(kind, action)][2]
+    what = _ACTIONS[(kind, action)][2].format(id=id)
     return page(request, "confirm.html", nav="parked" if kind == "parked" else "retries", kind=kind, action=action,
                 dlq_id=id, what=what)
 
