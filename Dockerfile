@@ -2,7 +2,7 @@
 #
 # One image for every statefleet service and Spark job. The container's
 # arguments choose what runs (see helm/image/entrypoint.py):
-#   docker run IMAGE services.tallies          # or services.validator, services.retry_scheduler
+#   docker run IMAGE services.tallies          # or services.validator, services.retry_scheduler, services.console
 #   docker run IMAGE spark_jobs.activation_join --available-now
 #   docker run IMAGE tools.helm_topics         # the chart's topic Job
 #
@@ -91,6 +91,6 @@ ENV PATH=/opt/statefleet/venv/bin:$PATH \
 
 USER 10001:10001
 WORKDIR /home/statefleet
-EXPOSE 8001 8002 8003
+EXPOSE 8000 8001 8002 8003
 ENTRYPOINT ["/usr/bin/tini", "--", "python", "/opt/statefleet/bin/entrypoint.py"]
 CMD ["services.tallies"]

@@ -13,6 +13,8 @@ export PYTHONPATH := $(CURDIR)
 TALLIES ?= 1
 VALIDATOR ?= 1
 RETRY_SCHEDULER ?= 1
+# Port of the operator console `make up` starts (0: none).
+CONSOLE_PORT ?= 8000
 
 .PHONY: help
 help: ## List the targets
@@ -33,8 +35,9 @@ broker: venv ## Resolve Kafka's jars (Maven), format KRaft storage once, start t
 	$(PY) -m tools.kafka_broker start
 
 .PHONY: up
-up: broker ## Start the broker and every service in the background (TALLIES=n VALIDATOR=n RETRY_SCHEDULER=n)
-	$(PY) -m tools.fleet up --tallies $(TALLIES) --validator $(VALIDATOR) --retry-scheduler $(RETRY_SCHEDULER)
+up: broker ## Start the broker, every service and the console (http://127.0.0.1:8000) in the background (TALLIES=n ... CONSOLE_PORT=p)
+	$(PY) -m tools.fleet up --tallies $(TALLIES) --validator $(VALIDATOR) --retry-scheduler $(RETRY_SCHEDULER) \
+		--console-port $(CONSOLE_PORT)
 
 .PHONY: down
 down: ## Stop the services and the broker

@@ -103,3 +103,37 @@ async def mark_consumed(app: faust.App, topic: str, partition: int, first: int, 
 def tps_with_unacked_messages(app: faust.App) -> set[TP]:
     """The partitions with a record handed to a stream and not yet acknowledged by its agent."""
     return {message.tp for message in list(cast(Any, app.consumer)._unacked_messages)}
+
+
+# -- Fleet view (GET /instance): what this instance owns and how far behind it is -------------------
+
+
+def assigned_partitions(app: faust.App) -> tuple[set[TP], set[TP]]:
+    """(active, standby) topic partitions Faust's assignor gave this instance at the last rebalance."""
+    assignor = cast(Any, app.assignor)
+    return set(assignor.assigned_actives()), set(assignor.assigned_standbys())
+
+
+def known_instance_urls(app: faust.App) -> set[str]:
+    """Canonical URLs of every instance the last assignment gave changelog partitions to."""
+    distribution = cast(Any, app.assignor).changelog_distribution or {}
+    return {str(url).rstrip("/") for url in distribution}
+
+
+def input_lag(app: faust.App, tps: set[TP]) -> dict[TP, int | None]:
+    """Records of each partition not yet committed: the consumer's last seen high watermark
+    minus its committed offset (None until the consumer has fetched from the partition).
+
+    Reads what the consumer already knows; it asks the broker nothing. Faust keeps a
+    committed offset of 0 as None, so None counts as 0.
+    """
+    consumer = cast(Any, app.consumer)
+    committed: dict[TP, int | None] = consumer._committed_offset
+    out: dict[TP, int | None] = {}
+    for tp in tps:
+        try:
+            highwater = consumer.highwater(tp)
+        except Exception:  # not started, or the partition was just revoked
+            highwater = None
+        out[tp] = None if highwater is None else max(0, int(highwater) - int(committed.get(tp) or 0))
+    return out

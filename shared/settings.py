@@ -49,7 +49,7 @@ class Settings(BaseSettings):
 
     # HTTP
     http_host: str = "127.0.0.1"
-    http_port: int | None = Field(None, description="Defaults: validator 8001, tallies 8002, retry scheduler 8003")
+    http_port: int | None = Field(None, description="Defaults: validator 8001, tallies 8002, retry scheduler 8003, console 8000")
     advertised_url: str | None = Field(None, description="URL peers use to forward queries here; default http://<host>:<port>")
     admin_token: str = Field("statefleet-dev-token", description="Bearer token for changing calls (retry scheduler)")
     max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies get 413")
@@ -83,6 +83,20 @@ class Settings(BaseSettings):
     retry_jitter: Literal["full", "equal", "none"] = "equal"
     retry_policy_overrides: str = Field("", description="JSON: per origin topic / error class overrides")
     retry_batch_limit: int = Field(5000, ge=1, description="Most entries redelivered per partition per tick")
+
+    # Operator console (services.console; it listens on STATEFLEET_HTTP_PORT, default 8000)
+    console_validator_url: str = Field(
+        "http://127.0.0.1:8001",
+        description="Validator base URL(s), comma-separated; the first that answers is asked; empty: not deployed",
+    )
+    console_tallies_url: str = Field("http://127.0.0.1:8002", description="Tallies base URL(s), comma-separated")
+    console_retry_scheduler_url: str = Field(
+        "http://127.0.0.1:8003", description="Retry scheduler base URL(s), comma-separated",
+    )
+    console_sample_interval_s: float = Field(2.0, gt=0, description="How often the console polls every instance")
+    console_history_s: float = Field(600.0, gt=0, description="How far back the fleet page's records/s chart goes")
+    console_refresh_s: float = Field(3.0, gt=0, description="How often an open fleet page refreshes itself")
+    console_upstream_timeout_s: float = Field(5.0, gt=0, description="Longest wait for one call to a service")
 
     def port_for(self, service_default: int) -> int:
         return self.http_port if self.http_port is not None else service_default

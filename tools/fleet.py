@@ -3,6 +3,8 @@
 Each instance is ``python -m services.<module>`` with its own instance id, port and
 data dir; logs go to ``.local/logs/<service>-<n>.log`` and pids to ``.local/run``.
 Instance n of a service listens on the service's port + 10 * n (8002, 8012, 8022…).
+The operator console (``services.console``) comes up with them, on port 8000 unless
+``--console-port`` says otherwise, reading every instance of every service.
 
     python -m tools.fleet up --tallies 3
     python -m tools.fleet down
@@ -38,6 +40,13 @@ SERVICES = (
     ServiceKind("tallies", "services.tallies", 8002),
     ServiceKind("retry-scheduler", "services.retry_scheduler", 8003),
 )
+CONSOLE = ServiceKind("console", "services.console", 8000)
+#: The console's setting naming each service's base URLs.
+CONSOLE_URL_SETTINGS = {
+    "validator": "STATEFLEET_CONSOLE_VALIDATOR_URL",
+    "tallies": "STATEFLEET_CONSOLE_TALLIES_URL",
+    "retry-scheduler": "STATEFLEET_CONSOLE_RETRY_SCHEDULER_URL",
+}
 
 
 def _available(kind: ServiceKind) -> bool:
@@ -68,7 +77,7 @@ def url(kind: ServiceKind, n: int = 0) -> str:
     return f"http://127.0.0.1:{kind.port + 10 * n}"
 
 
-def start_instance(kind: ServiceKind, n: int) -> None:
+def start_instance(kind: ServiceKind, n: int, extra_env: dict[str, str] | None = None) -> None:
     if _running(kind, n):
         print(f"  {kind.name}-{n}: already running ({url(kind, n)})")
         return
@@ -81,6 +90,7 @@ def start_instance(kind: ServiceKind, n: int) -> None:
         "STATEFLEET_HTTP_PORT": str(port),
         "STATEFLEET_DATA_DIR": os.environ.get("STATEFLEET_DATA_DIR", str(REPO / ".local" / "data")),
         "PYTHONPATH": str(REPO),
+        **(extra_env or {}),
     }
     log_path = LOG_DIR / f"{kind.name}-{n}.log"
     with open(log_path, "ab") as log:
@@ -106,18 +116,32 @@ def wait_ready(kind: ServiceKind, n: int, timeout: float) -> bool:
     return False
 
 
-def up(counts: dict[str, int], timeout: float) -> int:
+def console_env(counts: dict[str, int]) -> dict[str, str]:
+    """The console's settings: every instance of each service as a base URL (the first that answers is asked)."""
+    return {
+        setting: ",".join(url(kind, n) for n in range(counts.get(kind.name, 1)))
+        for kind in SERVICES if (setting := CONSOLE_URL_SETTINGS.get(kind.name))
+    }
+
+
+def up(counts: dict[str, int], timeout: float, console_port: int | None = CONSOLE.port) -> int:
     print("starting the fleet:")
     wanted = [(k, n) for k in SERVICES if _available(k) for n in range(counts.get(k.name, 1))]
     for kind, n in wanted:
         start_instance(kind, n)
+    console = ServiceKind(CONSOLE.name, CONSOLE.module, console_port) if console_port else None
+    if console is not None and _available(console):
+        start_instance(console, 0, console_env(counts))
+        wanted.append((console, 0))
     failed = [f"{k.name}-{n}" for k, n in wanted if not wait_ready(k, n, timeout)]
     if failed:
         print(f"not ready within {timeout:.0f}s: {', '.join(failed)} — see .local/logs/", file=sys.stderr)
         return 1
     print("fleet ready:")
     for kind, n in wanted:
-        print(f"  {kind.name}-{n}: {url(kind, n)}/docs")
+        print(f"  {kind.name}-{n}: {url(kind, n)}{'' if kind.name == CONSOLE.name else '/docs'}")
+    if console is not None:
+        print(f"operator console: {url(console)}")
     return 0
 
 
@@ -146,7 +170,7 @@ def down() -> int:
 
 
 def status() -> int:
-    for kind in SERVICES:
+    for kind in (*SERVICES, CONSOLE):
         n = 0
         while _pid_file(kind, n).exists():
             pid = _running(kind, n)
@@ -162,12 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     for kind in SERVICES:
         up_p.add_argument(f"--{kind.name}", type=int, default=1, metavar="N", help=f"instances of {kind.name}")
     up_p.add_argument("--timeout", type=float, default=120.0)
+    up_p.add_argument(
+        "--console-port", type=int, default=CONSOLE.port, metavar="PORT", help="port of the operator console (0: none)",
+    )
     sub.add_parser("down")
     sub.add_parser("status")
     args = parser.parse_args(argv)
     if args.action == "up":
         counts = {k.name: getattr(args, k.name.replace("-", "_")) for k in SERVICES}
-        return up(counts, args.timeout)
+        return up(counts, args.timeout, args.console_port)
     if args.action == "down":
         return down()
     return status()

@@ -2,7 +2,8 @@
 
     entrypoint.py MODULE [ARGS...]   run ``python -m MODULE ARGS...``, e.g.
                                      services.tallies, services.validator,
-                                     services.retry_scheduler, spark_jobs.activation_join,
+                                     services.retry_scheduler, services.console,
+                                     spark_jobs.activation_join,
                                      spark_jobs.backfill_tallies, tools.helm_topics
     entrypoint.py driver ARGS...     a Spark driver started by Spark on Kubernetes
                                      (the Spark operator): spark-submit in client mode

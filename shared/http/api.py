@@ -10,6 +10,7 @@ from shared.http.context import ServiceContext
 from shared.http.errors import install_error_handlers
 from shared.http.forwarding import SERVED_BY
 from shared.http.health import router as health_router
+from shared.http.instance import router as instance_router
 from shared.http.limits import BodySizeLimit
 
 
@@ -27,4 +28,5 @@ def create_api(ctx: ServiceContext, *, title: str, description: str, version: st
         return response
 
     api.include_router(health_router)
+    api.include_router(instance_router)
     return api

@@ -104,7 +104,7 @@ def test_batch_pods_follow_the_join_driver_to_its_read_write_once_volume(render)
 def test_spark_job_settings_from_values(render):
     m = render(sets=["spark.env.STATEFLEET_SPARK_SHUFFLE_PARTITIONS=16", "spark.archiveDir=hdfs://nn:8020/archive"])
     for where, pod in m.pod_specs():
-        if where.startswith(("Deployment/", "CronJob/")):
+        if where.startswith(("Deployment/", "CronJob/")) and not where.endswith("-console"):
             e = env(pod["containers"][0])
             assert e["STATEFLEET_SPARK_SHUFFLE_PARTITIONS"]["value"] == "16", where
             assert e["STATEFLEET_SPARK_ARCHIVE_DIR"]["value"] == "hdfs://nn:8020/archive", where
@@ -156,7 +156,7 @@ def test_scheduled_batch_jobs_run_on_their_schedule(render):
 
 def test_spark_operator_mode_renders_a_spark_application(render):
     m = render("spark-operator")
-    assert not m.all("Deployment")
+    assert [d["metadata"]["name"] for d in m.all("Deployment")] == [f"{NAME}-console"], "no driver Deployment"
     app = m.get("SparkApplication", f"{NAME}-activation-join")
     assert app["apiVersion"] == "sparkoperator.k8s.io/v1beta2"
     spec = app["spec"]

@@ -53,7 +53,7 @@ def test_service_account_tokens_are_not_mounted(render, scenario):
         assert sa["automountServiceAccountToken"] is False
     for where, pod in m.pod_specs():
         spark_driver_on_k8s = scenario in ("spark-cluster", "spark-operator") and (
-            where.startswith("Deployment/") or where.startswith("CronJob/"))
+            where.startswith("Deployment/") or where.startswith("CronJob/")) and not where.endswith("-console")
         if spark_driver_on_k8s:
             # These drivers create executor pods through the API: they, and only they, get the token.
             assert pod["automountServiceAccountToken"] is True, where

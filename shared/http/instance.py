@@ -1,0 +1,72 @@
+"""GET /instance: what this instance owns, how far behind its input is, and which peers it knows.
+
+The operator console reads it from one instance of a service to find the others (the
+``peers``), then from each of them; the answer is this instance's own view and is
+never forwarded.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import APIRouter
+from faust.types import TP
+from pydantic import BaseModel, Field
+
+from shared.faust_internals import assigned_partitions, input_lag, known_instance_urls
+from shared.http.deps import Ctx
+
+router = APIRouter(tags=["health"])
+
+#: Faust's own topic for electing the group leader: not an input anyone produces to.
+_LEADER_TOPIC_SUFFIX = "__assignor-__leader"
+
+
+class TopicLag(BaseModel):
+    total: int | None = Field(description="Sum over the partitions; null while any is unknown")
+    partitions: dict[str, int | None] = Field(description="Partition number -> records not yet committed")
+
+
+class InstanceOut(BaseModel):
+    service: str
+    instance: str = Field(description="STATEFLEET_INSTANCE_ID")
+    url: str = Field(description="The URL peers forward queries to")
+    ready: bool = Field(description="State restored; queries answered")
+    rebalancing: bool
+    active: dict[str, list[int]] = Field(description="Topic -> partitions this instance owns as active")
+    standby: dict[str, list[int]] = Field(description="Changelog topic -> partitions kept here as standby copies")
+    lag: dict[str, TopicLag] = Field(description="Input topic -> consumer lag (high watermark minus committed offset)")
+    peers: list[str] = Field(description="URLs of every instance of the service the last assignment named, this one included")
+
+
+def _by_topic(tps: Iterable[TP]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = defaultdict(list)
+    for tp in tps:
+        out[tp.topic].append(tp.partition)
+    return {topic: sorted(parts) for topic, parts in sorted(out.items())}
+
+
+@router.get("/instance", response_model=InstanceOut, summary="This instance: partitions, input lag, peers")
+async def instance(ctx: Ctx) -> Any:
+    app = ctx.app
+    changelogs = {table.changelog_topic.get_topic_name() for table in app.tables.values()}
+    active, standby = assigned_partitions(app)
+    inputs = {tp for tp in active if tp.topic not in changelogs and not tp.topic.endswith(_LEADER_TOPIC_SUFFIX)}
+    lag: dict[str, dict[str, Any]] = {}
+    for tp, behind in sorted(input_lag(app, inputs).items()):
+        topic = lag.setdefault(tp.topic, {"total": 0, "partitions": {}})
+        topic["partitions"][str(tp.partition)] = behind
+        topic["total"] = None if behind is None or topic["total"] is None else topic["total"] + behind
+    return {
+        "service": ctx.service,
+        "instance": ctx.settings.instance_id,
+        "url": ctx.url,
+        "ready": ctx.ready(),
+        "rebalancing": bool(app.rebalancing),
+        "active": _by_topic(active),
+        "standby": _by_topic(standby),
+        "lag": lag,
+        "peers": sorted(known_instance_urls(app) | {ctx.url}),
+    }

@@ -1,0 +1,231 @@
+"""The console against fake services (httpx.MockTransport): what each page shows, token gating,
+refusals shown with their status, the console's own filters, the fleet poll."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from services.console.api import TOKEN_COOKIE
+from services.console.app import create_app
+from services.console.clients import Clients, ServiceClient
+from services.console.fleet import FleetMonitor, processed_total
+from services.console.models import chart, ranges, render_bytes
+from shared.settings import Settings
+
+VALIDATOR, TALLIES, SCHEDULER = "http://validator:8001", "http://tallies:8002", "http://scheduler:8003"
+TOKEN = "s3cret"
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def entry(dlq_id: str, **over: Any) -> dict[str, Any]:
+    item = {
+        "id": dlq_id, "key": "k", "key_base64": "aw==", "value_bytes": 2, "attempt": 1, "max_attempts": 3,
+        "retry_topic": "retry", "origin_topic": "orders", "origin_partition": 0, "origin_offset": 1,
+        "error_class": "Boom", "error_message": "it broke", "first_failed_at": 1_700_000_000_000,
+        "failed_at": 1_700_000_000_000, "received_at": 1_700_000_000_100, "due_at": 1_700_000_060_000,
+        "headers": {"dlq.id": dlq_id, "traceparent": "00-x"},
+    }
+    return {**item, **over}
+
+
+STATS = {"scheduled": 1, "parked": 1, "by_origin_topic": {"orders": 1}, "by_error_class": {"Boom": 1},
+         "parked_by_origin_topic": {"orders": 1}, "oldest_due_at": None, "redelivered_total": 0, "parked_total": 0,
+         "lateness": {"count": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}, "last_ticks": [], "busy_ticks": [],
+         "instances": 1, "policy": {}}
+
+
+def scheduler(request: httpx.Request, calls: list[httpx.Request]) -> httpx.Response:
+    calls.append(request)
+    path = request.url.path
+    authorized = request.headers.get("authorization") == f"Bearer {TOKEN}"
+    if request.method != "GET" and not authorized:
+        return httpx.Response(401, json={"error": "unauthorized", "detail": "a valid bearer token is required"})
+    if path == "/retries/stats":
+        return httpx.Response(200, json=STATS)
+    if path == "/retries/m1" and request.method == "GET":
+        return httpx.Response(200, json=entry("m1", value_base64=base64.b64encode(b'{"a": 1}').decode()))
+    if path == "/retries/m1/replay":
+        return httpx.Response(200, json={"id": "m1", "status": "redelivered", "attempt": 1, "topic": "retry"})
+    if path == "/retries/m1" and request.method == "DELETE":
+        return httpx.Response(200, json={"id": "m1", "status": "cancelled"})
+    if path == "/retries/moved/replay":
+        return httpx.Response(409, json={"error": "conflict", "detail": "it changed meanwhile"})
+    if path == "/retries/busy/replay":
+        return httpx.Response(503, json={"error": "unavailable", "detail": "state is being restored"})
+    if path.endswith("/replay") and path.startswith("/retries/console-token-check-"):
+        return httpx.Response(404, json={"error": "not_found", "detail": "no such message"})
+    if path == "/parked":
+        return httpx.Response(200, json={"items": [entry(f"p{i}", error_class="A" if i % 2 else "B", parked_at=1,
+                                                          parked_reason="max") for i in range(4)], "next_cursor": None})
+    if path.startswith("/parked/") and path.endswith("/replay"):
+        return httpx.Response(200, json={"id": path.split("/")[2], "status": "redelivered"})
+    if path == "/retries":
+        cursor = request.url.params.get("cursor")
+        if cursor is None:
+            return httpx.Response(200, json={"items": [entry("a1", attempt=1), entry("a2", attempt=2)], "next_cursor": "c1"})
+        return httpx.Response(200, json={"items": [entry("a3", attempt=2)], "next_cursor": None})
+    return httpx.Response(404, json={"error": "not_found", "detail": f"no {path}"})
+
+
+@pytest.fixture
+def calls() -> list[httpx.Request]:
+    return []
+
+
+@pytest.fixture
+def console(calls: list[httpx.Request]) -> Iterator[TestClient]:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "scheduler":
+            return scheduler(request, calls)
+        if request.url.host == "tallies" and request.url.path == "/tallies":
+            items = [{"program_id": f"p{i}", "numberActive": i, "numberInactive": 10 - i, "lastLogin": None} for i in range(5)]
+            return httpx.Response(200, json={"items": items, "next_cursor": None})
+        raise httpx.ConnectError("connection refused", request=request)
+
+    settings = Settings(console_validator_url=VALIDATOR, console_tallies_url=TALLIES, console_retry_scheduler_url=SCHEDULER)
+    with TestClient(create_app(settings, httpx.MockTransport(handler), monitor=False)) as client:
+        yield client
+
+
+def test_values_are_json_text_or_hex() -> None:
+    b64 = lambda data: base64.b64encode(data).decode()  # noqa: E731
+    assert render_bytes(b64(b'{"a":[1,2]}')).kind == "json"
+    assert '"a": [' in render_bytes(b64(b'{"a":[1,2]}')).text
+    assert render_bytes(b64("héllo".encode())).text == "héllo"
+    assert render_bytes(b64(b"\xff\x00\x01")).kind == "hex"
+    assert render_bytes(b64(bytes(range(20)))).kind == "hex", "control bytes are not text"
+    assert render_bytes(None).kind == "none"
+
+
+def test_partition_ranges_and_metrics() -> None:
+    assert ranges([0, 1, 2, 5, 7, 8]) == "0\u20132, 5, 7\u20138"
+    assert ranges([]) == "none"
+    text = (
+        '# TYPE statefleet_messages_processed_total counter\n'
+        'statefleet_messages_processed_total{service="tallies",stream="events"} 10.0\n'
+        'statefleet_messages_processed_total{service="tallies",stream="logins"} 5.0\n'
+    )
+    assert processed_total(text) == 15.0
+    c = chart([(100.0, 1.0), (130.0, 3.0)], now=130.0, span_s=600.0)
+    assert c.span_s == 60.0 and c.peak == 3.0 and c.samples == 2
+
+
+def test_without_token_actions_are_disabled_and_say_why(console: TestClient) -> None:
+    page = console.get("/retries/message", params={"id": "m1"})
+    assert page.status_code == 200
+    assert "traceparent" in page.text and "shown as json" in page.text
+    assert 'data-action="replay" disabled' in page.text
+    assert "enter the admin token</a> to redeliver or cancel it" in page.text
+
+
+def test_a_refused_call_is_shown_with_its_status(console: TestClient, calls: list[httpx.Request]) -> None:
+    resp = console.post("/act", data={"kind": "retry", "action": "replay", "id": "m1"})
+    assert resp.status_code == 401
+    assert "retry scheduler answered 401" in resp.text and "Replay refused" in resp.text
+    assert "Authorization" not in calls[-1].headers
+
+    console.cookies.set(TOKEN_COOKIE, TOKEN)
+    busy = console.post("/act", data={"kind": "retry", "action": "replay", "id": "busy"})
+    assert busy.status_code == 503 and "recovering or rebalancing" in busy.text
+    moved = console.post("/act", data={"kind": "retry", "action": "replay", "id": "moved"})
+    assert moved.status_code == 409 and "it changed meanwhile" in moved.text
+    ok = console.post("/act", data={"kind": "retry", "action": "replay", "id": "m1"})
+    assert ok.status_code == 200 and "redelivered to retry" in ok.text
+    assert calls[-1].headers["authorization"] == f"Bearer {TOKEN}"
+    cancelled = console.post("/act", data={"kind": "retry", "action": "cancel", "id": "m1"})
+    assert cancelled.status_code == 200 and "m1: cancelled" in cancelled.text
+    assert calls[-1].method == "DELETE"
+
+
+def test_confirmation_comes_before_any_change(console: TestClient, calls: list[httpx.Request]) -> None:
+    console.cookies.set(TOKEN_COOKIE, TOKEN)
+    page = console.get("/confirm", params={"kind": "retry", "action": "cancel", "id": "m1"})
+    assert 'method="post" action="/act"' in page.text and 'id="confirm"' in page.text
+    assert ' disabled' not in page.text.split('id="confirm"')[1].split(">")[0]
+    assert not [c for c in calls if c.method != "GET"], "showing the confirmation changes nothing"
+
+
+def test_token_is_checked_before_it_is_kept(console: TestClient) -> None:
+    wrong = console.post("/token", data={"token": "nope", "next": "/parked"})
+    assert wrong.status_code == 401 and TOKEN_COOKIE not in wrong.cookies
+    right = console.post("/token", data={"token": TOKEN, "next": "https://elsewhere.example/"})
+    assert right.status_code == 200 and right.cookies[TOKEN_COOKIE] == TOKEN
+    assert 'href="/fleet" id="continue"' in right.text, "only the console's own paths are followed"
+
+
+def test_console_filters_follow_the_api_cursor(console: TestClient) -> None:
+    page = console.get("/retries", params={"attempt": "2"})
+    assert 'data-id="a2"' in page.text and 'data-id="a3"' in page.text and 'data-id="a1"' not in page.text
+
+
+def test_replay_all_counts_first_then_replays_what_the_filter_selects(
+    console: TestClient, calls: list[httpx.Request],
+) -> None:
+    dry = console.get("/parked/replay-all", params={"error_class": "A"})
+    assert "<strong>2</strong> parked messages match" in dry.text
+    assert not [c for c in calls if c.method == "POST"], "a dry run replays nothing"
+    refused = console.post("/parked/replay-all", data={"error_class": "A", "counted": "2"})
+    assert refused.status_code == 401
+    assert len([c for c in calls if c.method == "POST"]) == 1, "a refused token stops the rest"
+    console.cookies.set(TOKEN_COOKIE, TOKEN)
+    done = console.post("/parked/replay-all", data={"error_class": "A", "counted": "2"})
+    assert "Replayed 2 of 2 selected (the dry run counted 2)" in done.text
+    assert sorted(c.url.path for c in calls if c.method == "POST")[-2:] == ["/parked/p1/replay", "/parked/p3/replay"]
+
+
+def test_tallies_search_and_sort(console: TestClient) -> None:
+    page = console.get("/tallies", params={"sort": "numberActive", "order": "desc"})
+    assert page.text.index('data-program="p4"') < page.text.index('data-program="p0"')
+    assert 'aria-sort="descending"' in page.text
+    found = console.get("/tallies", params={"q": "P3"})
+    assert 'data-program="p3"' in found.text and 'data-program="p2"' not in found.text
+
+
+def test_a_service_that_does_not_answer_is_shown_down_with_the_error(console: TestClient) -> None:
+    page = console.get("/accounts", params={"account_id": "a1"})
+    assert page.status_code == 200
+    assert "validator did not answer" in page.text and "connection refused" in page.text
+
+
+async def test_fleet_poll_rates_and_down_instances() -> None:
+    totals = {"n": 100.0}
+    up = {"tallies": True}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "tallies" and not up["tallies"]:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/instance":
+            base = f"http://{request.url.host}:{request.url.port}"
+            return httpx.Response(200, json={
+                "service": request.url.host, "instance": f"{request.url.host}-0", "url": base, "ready": True,
+                "rebalancing": False, "active": {"events": [0, 1]}, "standby": {}, "peers": [base],
+                "lag": {"events": {"total": 3, "partitions": {"0": 1, "1": 2}}},
+            })
+        totals["n"] += 50
+        body = f'statefleet_messages_processed_total{{service="x",stream="s"}} {totals["n"]}\n'
+        return httpx.Response(200, text=body, headers={"content-type": "text/plain"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        clients = Clients(*(ServiceClient(n, n, [u], http) for n, u in
+                            (("validator", VALIDATOR), ("tallies", TALLIES), ("retry-scheduler", SCHEDULER))))
+        monitor = FleetMonitor(clients, interval_s=1, history_s=600, timeout_s=1)
+        await monitor.poll()
+        await asyncio.sleep(0.05)
+        snap = await monitor.poll()
+        tallies = next(s for s in snap.services if s.name == "tallies")
+        assert tallies.state == "up" and tallies.instances[0].lag == {"events": 3}
+        assert tallies.instances[0].rate is not None and tallies.instances[0].rate > 0
+
+        up["tallies"] = False
+        snap = await monitor.poll()
+        tallies = next(s for s in snap.services if s.name == "tallies")
+        assert tallies.state == "down" and "did not answer" in (tallies.error or "")
+        assert [i.state for i in tallies.instances] == ["down"], "the instance seen before stays listed, as down"
