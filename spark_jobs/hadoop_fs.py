@@ -10,11 +10,11 @@ from pyspark.sql import SparkSession
 
 class HadoopFs:
     def __init__(self, spark: SparkSession, root: str) -> None:
-        jvm = spark.sparkContext._jvm  # Hadoop FileSystem through py4j
+        jvm = spark.sparkContext._jvm  # noqa: SLF001 - PySpark's only way to the JVM (Hadoop FileSystem through py4j)
         assert jvm is not None
         self._jvm = jvm
         self._root = jvm.org.apache.hadoop.fs.Path(root)
-        self._fs = self._root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        self._fs = self._root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # noqa: SLF001
 
     def path(self, *parts: str) -> Any:
         p = self._root

@@ -17,12 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 
-from shared.kafka_clients import client_kwargs
+from shared.engine import KafkaTopicPartition, PlainConsumer, TopicSpec, client_kwargs, ensure_topics, refresh_metadata
 from shared.settings import Settings
-from shared.topic_admin import TopicSpec, ensure_topics
 from spark_jobs.config import SparkSettings
 
 
@@ -95,19 +93,19 @@ class TopicRange:
 
 
 async def _ranges(settings: Settings, topics: Iterable[str], isolation_level: str) -> dict[str, TopicRange | None]:
-    consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level=isolation_level, **client_kwargs(settings))
+    consumer = PlainConsumer(enable_auto_commit=False, isolation_level=isolation_level, **client_kwargs(settings))
     await consumer.start()
     try:
         out: dict[str, TopicRange | None] = {}
         for topic in topics:
             partitions = consumer.partitions_for_topic(topic)
             if not partitions:
-                await consumer._client.force_metadata_update()  # metadata refresh for a new topic
+                await refresh_metadata(consumer)  # metadata refresh for a new topic
                 partitions = consumer.partitions_for_topic(topic)
             if not partitions:
                 out[topic] = None
                 continue
-            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+            tps = [KafkaTopicPartition(topic, p) for p in sorted(partitions)]
             starts = await consumer.beginning_offsets(tps)
             ends = await consumer.end_offsets(tps)
             out[topic] = TopicRange(

@@ -17,10 +17,9 @@ import uuid
 from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaProducer
 
 from shared.codecs import dumps
-from shared.kafka_clients import client_kwargs
+from shared.engine import PlainProducer, client_kwargs
 from shared.settings import get_settings
 from shared.topics import topic_names
 from tools.fleet import SERVICES, url
@@ -73,7 +72,7 @@ EVENT_OF = {
 async def send_traffic(plan: list[tuple[str, str, list[str]]], via_validator: bool) -> int:
     settings = get_settings()
     topics = topic_names(settings)
-    producer = AIOKafkaProducer(**client_kwargs(settings))
+    producer = PlainProducer(**client_kwargs(settings))
     await producer.start()
     last_login = 0
     try:

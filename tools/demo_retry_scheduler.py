@@ -19,10 +19,9 @@ import uuid
 from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from shared import dead_letters as dl
-from shared.kafka_clients import client_kwargs
+from shared.engine import KafkaTopicPartition, PlainConsumer, PlainProducer, client_kwargs, refresh_metadata
 from shared.settings import get_settings
 from shared.topics import topic_names
 
@@ -48,15 +47,15 @@ async def _demo(base_url: str, admin_token: str) -> None:
     dlq_id = f"demo-poison-{uuid.uuid4().hex[:8]}"
     key, value = b"order-42", b'{"order_id": "order-42", "amount": "forty-two"}'
     http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=10)
-    producer = AIOKafkaProducer(**client_kwargs(settings), acks="all")
-    consumer = AIOKafkaConsumer(**client_kwargs(settings), enable_auto_commit=False)
+    producer = PlainProducer(**client_kwargs(settings), acks="all")
+    consumer = PlainConsumer(**client_kwargs(settings), enable_auto_commit=False)
     await producer.start()
     await consumer.start()
     try:
         stats = (await http.get("/retries/stats")).json()
         say(f"policy in force: {stats['policy']['default']}")
-        await consumer._client.force_metadata_update()
-        tps = [TopicPartition(topics.retry, p) for p in sorted(consumer.partitions_for_topic(topics.retry) or [0])]
+        await refresh_metadata(consumer)
+        tps = [KafkaTopicPartition(topics.retry, p) for p in sorted(consumer.partitions_for_topic(topics.retry) or [0])]
         consumer.assign(tps)
         await consumer.seek_to_end(*tps)
         for tp in tps:

@@ -22,8 +22,8 @@ import re
 import sys
 from typing import Any
 
+from shared.engine import TopicSpec, ensure_topics_async
 from shared.settings import Settings
-from shared.topic_admin import TopicSpec, ensure_topics_async
 
 log = logging.getLogger("statefleet.topics")
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")

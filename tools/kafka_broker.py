@@ -191,15 +191,15 @@ def is_ready(layout: BrokerLayout, timeout: float = 5.0) -> bool:
     if not port_open(layout.port):
         return False
     try:
-        from aiokafka.admin import AIOKafkaAdminClient  # noqa: F401
+        from shared.engine import PlainAdmin  # noqa: F401
     except ImportError:
         return True
     import asyncio
 
     async def probe() -> bool:
-        from aiokafka.admin import AIOKafkaAdminClient
+        from shared.engine import PlainAdmin
 
-        admin = AIOKafkaAdminClient(bootstrap_servers=layout.bootstrap, request_timeout_ms=int(timeout * 1000))
+        admin = PlainAdmin(bootstrap_servers=layout.bootstrap, request_timeout_ms=int(timeout * 1000))
         try:
             await asyncio.wait_for(admin.start(), timeout)
             await asyncio.wait_for(admin.list_topics(), timeout)

@@ -38,7 +38,7 @@ from services.retry_scheduler.state import (
     scan_page,
     split_due_key,
 )
-from shared.faust_internals import partition_db
+from shared.engine import partition_db
 from shared.http.deps import Admin, Ctx
 from shared.http.errors import NotFound, Unavailable
 from shared.http.forwarding import gather, is_local_scope, route

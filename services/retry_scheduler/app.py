@@ -75,13 +75,21 @@ from services.retry_scheduler.state import (
     scan_due,
 )
 from shared import dead_letters
-from shared.durable import InRecord
-from shared.engine import Engine, InputBatch, Outgoing, Table
-from shared.faust_app import app_id, changelog_topic_specs
-from shared.faust_internals import active_partitions, partition_db, recovery_done
-from shared.partitioning import partition_for
+from shared.engine import (
+    Engine,
+    InputBatch,
+    Outgoing,
+    Table,
+    TopicSpec,
+    active_partitions,
+    app_id,
+    changelog_topic_specs,
+    partition_db,
+    partition_for,
+    recovery_done,
+)
+from shared.engine import Record as InRecord
 from shared.settings import Settings
-from shared.topic_admin import TopicSpec
 from shared.topics import TopicNames, topic_names
 
 log = logging.getLogger(__name__)

@@ -39,7 +39,7 @@ import orjson
 
 from services.retry_scheduler.domain import MAX_DUE_MS, merge_headers
 from shared.dead_letters import DLQ_PREFIX, DeadLetter
-from shared.durable import is_next_offset_key
+from shared.engine import is_next_offset_key
 
 #: Faust keeps each partition's committed changelog offset under this key in the same database.
 FAUST_OFFSET_KEY = b"__faust\x00offset__"

@@ -50,13 +50,18 @@ from services.tallies.state import (
     pack_by_partition,
 )
 from shared import codecs, dead_letters
-from shared.durable import state_items
-from shared.engine import DeadLetterRoute, Engine, InputBatch
-from shared.faust_app import app_id, changelog_topic_specs
-from shared.faust_internals import active_partitions
-from shared.partitioning import partition_for
+from shared.engine import (
+    DeadLetterRoute,
+    Engine,
+    InputBatch,
+    TopicSpec,
+    active_partitions,
+    app_id,
+    changelog_topic_specs,
+    partition_for,
+    state_items,
+)
 from shared.settings import Settings
-from shared.topic_admin import TopicSpec
 from shared.topics import TopicNames, topic_names
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,9 @@ whatever memberships were restored.
 
 Both tables (``memberships``: program_id NUL account_id → ``status:version``;
 ``last-logins``: program_id → largest login ts) also hold the agents' next expected
-input offsets, under ``shared.durable.NEXT_OFFSET_PREFIX`` + topic. Program ids are
+input offsets, under ``shared.engine._durable.NEXT_OFFSET_PREFIX`` + topic. Program ids are
 non-empty and contain no NUL, so no tally key starts with that prefix; listings of the
-tables go through ``shared.durable.state_items``, which leaves those rows out.
+tables go through ``shared.engine._durable.state_items``, which leaves those rows out.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from services.tallies.domain import ACTIVE, INACTIVE, AccountChange, Login, Membership, count_delta, latest_login
 from shared import codecs
-from shared.partitioning import partition_for
+from shared.engine import partition_for
 
 SEPARATOR = b"\x00"
 

@@ -16,16 +16,15 @@ from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 import httpx
-from aiokafka.errors import KafkaError
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
-from faust.exceptions import ProducerSendError
 
 from services.validator.app import ValidatorService
 from services.validator.domain import PENDING
 from services.validator.models import AccountOut, CommandAccepted, CommandIn, CommandStatus, ProgramAccountsPage
 from services.validator.state import listing_cursor, listing_key_from_cursor
 from shared import codecs
+from shared.engine import SendFailed
 from shared.http.context import ServiceContext
 from shared.http.deps import Ctx
 from shared.http.errors import ApiError, NotFound, Unavailable
@@ -119,7 +118,7 @@ async def post_command(
         command["issued_at"] = int(time.time() * 1000)
     try:
         await svc.submit(command)
-    except (KafkaError, ProducerSendError) as exc:
+    except SendFailed as exc:
         raise Unavailable(f"the command could not be written to Kafka: {exc}") from exc
     if not wait:
         # The command is written either way; its status is readable once the group settles.

@@ -82,14 +82,22 @@ from services.validator.state import (
     unpack_ts,
 )
 from shared import codecs, dead_letters
-from shared.durable import InRecord
-from shared.engine import DeadLetterRoute, Engine, InputBatch, Outgoing
-from shared.faust_app import app_id, changelog_topic_specs
-from shared.faust_internals import active_partitions, partition_db, partition_items
+from shared.engine import (
+    DeadLetterRoute,
+    Engine,
+    InputBatch,
+    Outgoing,
+    TopicSpec,
+    active_partitions,
+    app_id,
+    changelog_topic_specs,
+    partition_db,
+    partition_for,
+    partition_items,
+)
+from shared.engine import Record as InRecord
 from shared.metrics import REGISTRY
-from shared.partitioning import partition_for
 from shared.settings import Settings
-from shared.topic_admin import TopicSpec
 from shared.topics import topic_names
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@
     → the 8 created_at bytes, to find an account's listing row when it changes.
 
 Each table also holds its agents' next expected input offsets, under
-``shared.durable.NEXT_OFFSET_PREFIX`` + topic. Account ids, command ids and program ids
+``shared.engine._durable.NEXT_OFFSET_PREFIX`` + topic. Account ids, command ids and program ids
 cannot contain NUL, so those keys collide with none of the above.
 """
 

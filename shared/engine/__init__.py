@@ -1,15 +1,81 @@
-"""statefleet's engine: the one seam between the services and Faust.
+"""statefleet's engine: the one seam between the services and Faust, aiokafka and mode.
 
-A service builds an :class:`Engine`, declares its tables and registers batch handlers;
-each handler gets one input partition's records (:class:`InputBatch`) and stages what
-they produce, and the engine commits it (sends acknowledged, then changelogs, then the
-local tables with the input's next offset).
+Nothing outside this package imports those three (the lint enforces it). A service
+builds an :class:`Engine`, declares its tables and registers batch handlers; each
+handler gets one input partition's records (:class:`InputBatch`) and stages what they
+produce, and the engine commits it: sends acknowledged, then the changelogs, then the
+local tables with the input's next offset in one RocksDB write batch.
+
+The rest of this surface is what services and their HTTP APIs need around that:
+topic creation, the partitioner, the owner of a partition (query forwarding), ordered
+reads of a table partition (range scans), and running the worker.
 """
 
-from shared.durable import DurableTable as Table
-from shared.durable import InRecord as Record
-from shared.engine._batch import DeadLetterRoute, InputBatch
-from shared.engine._engine import Engine, Handler
+from shared.engine._admin import TopicSpec, ensure_topics, ensure_topics_async
+from shared.engine._app import App, app_id, changelog_topic_specs
+from shared.engine._batch import DeadLetterRoute, InputBatch, StagedView
+from shared.engine._clients import client_kwargs
+from shared.engine._durable import DurableTable as Table
+from shared.engine._durable import InRecord as Record
+from shared.engine._durable import is_next_offset_key, state_items
+from shared.engine._engine import Engine, Handler, SendFailed
+from shared.engine._internals import (
+    FAUST_OFFSET_KEY,
+    AnyTable,
+    TopicPartition,
+    active_partitions,
+    all_owner_urls,
+    assigned_partitions,
+    input_lag,
+    known_instance_urls,
+    partition_db,
+    partition_items,
+    partition_owner_url,
+    recovery_done,
+)
+from shared.engine._partitioning import partition_for
+from shared.engine._plain import KafkaTopicPartition, PlainAdmin, PlainConsumer, PlainProducer, refresh_metadata
 from shared.engine._producer import Outgoing
+from shared.engine._runtime import StreamService, run, serve_http
 
-__all__ = ["DeadLetterRoute", "Engine", "Handler", "InputBatch", "Outgoing", "Record", "Table"]
+__all__ = [
+    "FAUST_OFFSET_KEY",
+    "AnyTable",
+    "App",
+    "DeadLetterRoute",
+    "Engine",
+    "Handler",
+    "InputBatch",
+    "KafkaTopicPartition",
+    "Outgoing",
+    "PlainAdmin",
+    "PlainConsumer",
+    "PlainProducer",
+    "Record",
+    "SendFailed",
+    "StagedView",
+    "StreamService",
+    "Table",
+    "TopicPartition",
+    "TopicSpec",
+    "active_partitions",
+    "all_owner_urls",
+    "app_id",
+    "assigned_partitions",
+    "changelog_topic_specs",
+    "client_kwargs",
+    "ensure_topics",
+    "ensure_topics_async",
+    "input_lag",
+    "is_next_offset_key",
+    "known_instance_urls",
+    "partition_db",
+    "partition_for",
+    "partition_items",
+    "partition_owner_url",
+    "recovery_done",
+    "refresh_metadata",
+    "run",
+    "serve_http",
+    "state_items",
+]

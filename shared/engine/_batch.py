@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.dead_letters import DeadLetter, dead_letter_for
-from shared.durable import Batch, DurableTable, InRecord, OrderedInput
+from shared.engine._durable import Batch, DurableTable, InRecord, OrderedInput
+from shared.engine._internals import partition_db
 from shared.engine._producer import BatchProducer, Outgoing
-from shared.faust_internals import partition_db
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
 
 Headers = Sequence[tuple[str, bytes]] | None

@@ -19,19 +19,24 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
+from aiokafka.errors import KafkaError
+from faust.exceptions import ProducerSendError
 from faust.types import TP
 
-from shared.durable import Backfill, DurableTable, InRecord, OrderedInput
+from shared.engine._app import create_app
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
 from shared.engine._consumer import BatchConsumer
+from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._producer import BatchProducer, Outgoing
-from shared.faust_app import create_app
+from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.settings import Settings
-from shared.trailing_holes import TrailingHoleWatch
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[InputBatch], Awaitable[None]]
+
+#: What a failed send raises (the broker refused it, or it was not acknowledged).
+SendFailed = (KafkaError, ProducerSendError)
 
 
 @dataclass
@@ -125,7 +130,7 @@ class Engine:
         return register
 
     def watch_trailing_holes(self) -> None:
-        """Look for input records skipped at a partition's end (see :mod:`shared.trailing_holes`)."""
+        """Look for input records skipped at a partition's end (see :mod:`shared.engine._trailing_holes`)."""
         self._trailing_holes = TrailingHoleWatch(
             self.app, self.service,
             {topic: reg.order for topic, reg in self._by_topic.items() if reg.order is not None},

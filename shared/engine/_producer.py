@@ -20,9 +20,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from shared.durable import acknowledged
-from shared.kafka_clients import client_kwargs
-from shared.partitioning import partition_for
+from shared.engine._clients import client_kwargs
+from shared.engine._durable import acknowledged
+from shared.engine._partitioning import partition_for
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)

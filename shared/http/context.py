@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import faust
 import httpx
 
-from shared.faust_internals import recovery_done
-from shared.partitioning import partition_for
+from shared.engine import App, partition_for, recovery_done
 from shared.settings import Settings
 from shared.topics import TopicNames
 
@@ -18,7 +16,7 @@ from shared.topics import TopicNames
 class ServiceContext:
     service: str
     settings: Settings
-    app: faust.App
+    app: App
     topics: TopicNames
     url: str
     extras: dict[str, Any] = field(default_factory=dict)

@@ -19,7 +19,7 @@ import httpx
 from fastapi import Request, Response
 
 from shared.codecs import loads
-from shared.faust_internals import AnyTable, partition_owner_url
+from shared.engine import AnyTable, partition_owner_url
 from shared.http.context import ServiceContext
 from shared.http.errors import Unavailable
 from shared.metrics import HTTP_FORWARDED

@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from fastapi import APIRouter
-from faust.types import TP
 from pydantic import BaseModel, Field
 
-from shared.faust_internals import assigned_partitions, input_lag, known_instance_urls
+from shared.engine import TopicPartition as TP
+from shared.engine import assigned_partitions, input_lag, known_instance_urls
 from shared.http.deps import Ctx
 
 router = APIRouter(tags=["health"])

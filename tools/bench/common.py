@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from shared.engine import refresh_metadata
 from tools.kafka_broker import default_layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ async def raw_consume_rate(topics: Sequence[str], expected: int) -> tuple[int, f
     )
     await consumer.start()
     try:
-        await consumer._client.force_metadata_update()
+        await refresh_metadata(consumer)
         tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or [])]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)

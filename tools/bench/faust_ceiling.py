@@ -23,8 +23,8 @@ from typing import Any
 import faust
 import orjson
 
+from shared.engine import TopicSpec, ensure_topics_async
 from shared.settings import Settings
-from shared.topic_admin import TopicSpec, ensure_topics_async
 from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate
 
 REPO = Path(__file__).resolve().parents[2]

@@ -56,9 +56,8 @@ from services.retry_scheduler.state import (
     split_due_key,
 )
 from shared import dead_letters as dl
-from shared.partitioning import partition_for
+from shared.engine import TopicSpec, ensure_topics_async, partition_for, refresh_metadata
 from shared.settings import Settings
-from shared.topic_admin import TopicSpec, ensure_topics_async
 from tools.bench.common import bootstrap, machine, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -243,7 +242,7 @@ async def read_timestamps(topic: str, label: str) -> list[int]:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(), enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
-        await consumer._client.force_metadata_update()
+        await refresh_metadata(consumer)
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
@@ -263,7 +262,7 @@ async def topic_size(topic: str) -> int:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap())
     await consumer.start()
     try:
-        await consumer._client.force_metadata_update()
+        await refresh_metadata(consumer)
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         ends = await consumer.end_offsets(tps) if tps else {}
         return sum(ends.values())

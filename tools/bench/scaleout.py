@@ -39,8 +39,8 @@ from pathlib import Path
 import httpx
 import orjson
 
+from shared.engine import TopicSpec, ensure_topics_async
 from shared.settings import Settings
-from shared.topic_admin import TopicSpec, ensure_topics_async
 from tools.bench.common import bootstrap, machine, produce_bulk, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]

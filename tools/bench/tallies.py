@@ -26,8 +26,8 @@ from collections.abc import Iterator
 import httpx
 import orjson
 
+from shared.engine import TopicSpec, ensure_topics_async
 from shared.settings import Settings
-from shared.topic_admin import TopicSpec, ensure_topics_async
 from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate, service_worker
 
 LIFECYCLES = (

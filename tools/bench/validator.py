@@ -33,8 +33,8 @@ import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from shared.engine import TopicSpec, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
-from shared.topic_admin import TopicSpec, ensure_topics_async
 from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate, service_worker
 
 COMMANDS_PER_ACCOUNT = 5
@@ -69,7 +69,7 @@ def percentile(values: list[float], q: float) -> float:
 async def tail_consumer(topic: str) -> AIOKafkaConsumer:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(), enable_auto_commit=False, fetch_max_wait_ms=5)
     await consumer.start()
-    await consumer._client.force_metadata_update()
+    await refresh_metadata(consumer)
     tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
     consumer.assign(tps)
     await consumer.seek_to_end(*tps)
@@ -186,7 +186,7 @@ async def read_events(topic: str, expected: int) -> list[tuple[int, bytes]]:
                                 max_partition_fetch_bytes=4 * 1024 * 1024)
     await consumer.start()
     try:
-        await consumer._client.force_metadata_update()
+        await refresh_metadata(consumer)
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)

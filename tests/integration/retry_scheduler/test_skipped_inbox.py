@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from services.retry_scheduler.app import KIND_LETTER
 from services.retry_scheduler.state import encode_entry, entry_from_letter
 from shared import dead_letters as dl
-from shared.partitioning import partition_for
+from shared.engine._partitioning import partition_for
 from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env, start_scheduler
 from tests.support.kafka import BOOTSTRAP, create_topics
 from tests.support.services import wait_for

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
+from shared.engine._partitioning import partition_for
 from shared.http.errors import ApiError
 from shared.http.pagination import decode_cursor, encode_cursor, merge_pages
-from shared.partitioning import partition_for
 
 
 @pytest.mark.parametrize("key", ["a", "program-17", "ümlaut", "x" * 300])

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from services.tallies.domain import AccountChange, Login
 from services.tallies.state import MAX_CHANGES_PER_RECORD, PackedInputs, pack_by_partition
-from shared.partitioning import partition_for
+from shared.engine._partitioning import partition_for
 
 
 def test_pack_groups_by_partition_and_program_keeps_order_and_takes_max_login() -> None:

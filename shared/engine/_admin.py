@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from shared.kafka_clients import client_kwargs
+from shared.engine._clients import client_kwargs
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)

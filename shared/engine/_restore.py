@@ -49,8 +49,8 @@ from faust.tables.recovery import Recovery
 from faust.types import TP, ConsumerT
 from rocksdict import Rdict, WriteBatch
 
-from shared.faust_internals import store_partition_db
-from shared.kafka_clients import client_kwargs
+from shared.engine._clients import client_kwargs
+from shared.engine._internals import store_partition_db
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ from aiokafka import TopicPartition
 from faust.types import TP
 from rocksdict import Options, Rdict
 
-from shared.changelog_restore import ChangelogReader, restore_changelog
-from shared.faust_internals import FAUST_OFFSET_KEY
-from shared.partitioning import partition_for
+from shared.engine._internals import FAUST_OFFSET_KEY
+from shared.engine._partitioning import partition_for
+from shared.engine._restore import ChangelogReader, restore_changelog
 from shared.settings import Settings
 from tests.support.kafka import create_topics, produce
 

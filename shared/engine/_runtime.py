@@ -7,11 +7,11 @@ from typing import Protocol
 import faust
 from fastapi import APIRouter, FastAPI
 
-from shared.faust_app import run_worker, serve_api
+from shared.engine._admin import TopicSpec, ensure_topics
+from shared.engine._app import run_worker, serve_api
 from shared.http.api import create_api
 from shared.http.context import ServiceContext
 from shared.settings import Settings
-from shared.topic_admin import TopicSpec, ensure_topics
 from shared.topics import TopicNames
 
 

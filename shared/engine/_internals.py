@@ -20,6 +20,9 @@ from rocksdict import Rdict
 
 AnyTable = TableT[Any, Any]
 
+#: A topic partition as Faust names it (topic, partition).
+TopicPartition = TP
+
 #: Faust keeps each partition's committed offset under this key in the table's own database.
 FAUST_OFFSET_KEY = b"__faust\x00offset__"
 

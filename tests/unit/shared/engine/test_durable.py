@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from rocksdict import Options, Rdict
 
-from shared.durable import (
+from shared.engine._durable import (
     NEXT_OFFSET_PREFIX,
     DurableTable,
     InRecord,
@@ -25,7 +25,7 @@ from shared.durable import (
     ordered_rows,
     write_all,
 )
-from shared.faust_internals import FAUST_OFFSET_KEY
+from shared.engine._internals import FAUST_OFFSET_KEY
 
 
 @dataclass
@@ -290,7 +290,7 @@ def test_a_slow_acknowledgement_is_logged_until_it_arrives(caplog: pytest.LogCap
         loop.call_later(0.25, second.set_result, "second")
         return await acknowledged([first, second], "2 records to t", warn_every_s=0.1)
 
-    with caplog.at_level(logging.WARNING, logger="shared.durable"):
+    with caplog.at_level(logging.WARNING, logger="shared.engine._durable"):
         assert asyncio.run(scenario()) == ["first", "second"]
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 2 and all(w.startswith("2 records to t: still not acknowledged") for w in warnings)

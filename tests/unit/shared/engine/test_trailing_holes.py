@@ -10,7 +10,7 @@ from typing import Any
 
 from faust.types import TP
 
-from shared.trailing_holes import TrailingHoleWatch
+from shared.engine._trailing_holes import TrailingHoleWatch
 
 EVENTS = TP("events", 0)
 OTHER = TP("other", 0)

@@ -11,7 +11,7 @@ table(s) it writes and written with the batch's state. :class:`OrderedInput` com
 each batch with it: records below it are replays and are dropped; a hole above it is
 read back from Kafka with a plain consumer (:class:`Backfill`) and processed first.
 A hole is seen when the record after it arrives; records skipped at the very end of a
-partition, with nothing after them, are found by :mod:`shared.trailing_holes`, which
+partition, with nothing after them, are found by :mod:`shared.engine._trailing_holes`, which
 sends the consumer back to them.
 The rows live in partition ``p`` of the table for input partition ``p``, which relies on
 Faust assigning the same partition number of co-partitioned topics (same partition
@@ -62,8 +62,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from rocksdict import WriteBatch
 
 from shared import dead_letters
-from shared.faust_internals import FAUST_OFFSET_KEY, AnyTable, mark_consumed, partition_db, partition_items
-from shared.kafka_clients import client_kwargs
+from shared.engine._clients import client_kwargs
+from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, mark_consumed, partition_db, partition_items
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Build a service's Faust app and run its worker.
 
 Every service gets the same shape: the RocksDB store (rocksdict; with ``bulk_restore``,
-lagging partitions restored in bulk, see :mod:`shared.changelog_restore`), a data dir per
+lagging partitions restored in bulk, see :mod:`shared.engine._restore`), a data dir per
 service and instance, topics as raw bytes (decoded in the agent, so bad input is a
 dead letter and not a crash), at-least-once processing, static group membership,
 standby replicas, and a FastAPI app served on the worker's own event loop.
@@ -17,14 +17,17 @@ import faust
 from fastapi import FastAPI
 from faust.contrib.asgi import serve_asgi
 
-from shared.changelog_restore import BulkRestoringTableManager, register_settings
-from shared.kafka_clients import require_sasl_credentials, ssl_context
-from shared.kafka_metadata import track_used_topics
+from shared.engine._admin import TopicSpec
+from shared.engine._clients import require_sasl_credentials, ssl_context
+from shared.engine._metadata import track_used_topics
+from shared.engine._restore import BulkRestoringTableManager, register_settings
 from shared.log_config import logging_config
 from shared.settings import Settings, env_snapshot
-from shared.topic_admin import TopicSpec
 
 log = logging.getLogger(__name__)
+
+#: The Faust app a service runs on (for type annotations outside the engine).
+App = faust.App
 
 
 def app_id(service: str, settings: Settings) -> str:

@@ -1,6 +1,6 @@
 """Input records the stream skipped with no record after them.
 
-:class:`~shared.durable.OrderedInput` finds a hole in an input partition when the record
+:class:`~shared.engine._durable.OrderedInput` finds a hole in an input partition when the record
 after the hole arrives. Records skipped at the very end of a partition have no record
 after them: without more input they would wait for the next restart, and a command
 among them would stay pending. (Faust skips records when it drops a fetched batch
@@ -27,7 +27,7 @@ from typing import Protocol
 import faust
 from faust.types import TP
 
-from shared.faust_internals import recovery_done, tps_with_unacked_messages
+from shared.engine._internals import recovery_done, tps_with_unacked_messages
 from shared.metrics import TRAILING_HOLES_REREAD
 
 log = logging.getLogger(__name__)
