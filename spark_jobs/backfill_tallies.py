@@ -34,8 +34,14 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from services.tallies.domain import AccountChange, InvalidInput, Login, Tally, fold_program
+from services.tallies.domain import (
+    InvalidInput,
+    Login,
+    Tally,
+    fold_program,
+)
 from shared import codecs
+from shared.accounts import AccountChange
 from shared.settings import Settings
 from shared.topics import topic_names
 from spark_jobs import cli, kafka_io, tally_compare

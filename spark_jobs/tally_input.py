@@ -10,8 +10,14 @@ imports only pure modules (no Faust).
 
 from __future__ import annotations
 
-from services.tallies.domain import AccountChange, InvalidInput, Login, parse_account_change, parse_login
+from services.tallies.domain import (
+    InvalidInput,
+    Login,
+    parse_account_change,
+    parse_login,
+)
 from shared import codecs
+from shared.accounts import AccountChange
 
 CHANGE = "change"
 LOGIN = "login"

@@ -33,7 +33,6 @@ from typing import Any
 
 from services.tallies import DEFAULT_PORT, SERVICE
 from services.tallies.domain import (
-    AccountChange,
     InvalidInput,
     Login,
     Tally,
@@ -50,6 +49,7 @@ from services.tallies.state import (
     pack_by_partition,
 )
 from shared import codecs, dead_letters
+from shared.accounts import AccountChange
 from shared.engine import (
     DeadLetterRoute,
     Engine,

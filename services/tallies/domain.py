@@ -14,38 +14,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-ACTIVE = "active"
-INACTIVE = "inactive"
-DELETED = "deleted"
-UNKNOWN = "unknown"
-
-ACCOUNT_CREATED = "AccountCreated"
-ACCOUNT_UPDATED = "AccountUpdated"
-ACCOUNT_DEACTIVATED = "AccountDeactivated"
-ACCOUNT_REACTIVATED = "AccountReactivated"
-ACCOUNT_DELETED = "AccountDeleted"
-
-#: Status an account has after each event type; AccountUpdated keeps the status it had.
-STATUS_AFTER: Mapping[str, str] = {
-    ACCOUNT_CREATED: ACTIVE,
-    ACCOUNT_DEACTIVATED: INACTIVE,
-    ACCOUNT_REACTIVATED: ACTIVE,
-    ACCOUNT_DELETED: DELETED,
-}
-EVENT_TYPES = frozenset(STATUS_AFTER) | {ACCOUNT_UPDATED}
+from shared.accounts import (
+    EVENT_TYPES,
+    AccountChange,
+    status_after,
+    tally_counts,
+)
 
 
 class InvalidInput(ValueError):
     """A message that cannot be applied; it goes to dead-letters with this message."""
-
-
-class AccountChange(NamedTuple):
-    """The part of an account event that tallies need."""
-
-    account_id: str
-    program_id: str
-    type: str
-    version: int
 
 
 class Login(NamedTuple):
@@ -136,17 +114,14 @@ def apply_change(current: Membership | None, change: AccountChange) -> Membershi
     """The account's membership after ``change``, or ``None`` when it is a replay."""
     if current is not None and change.version <= current.version:
         return None
-    status = STATUS_AFTER.get(change.type)
-    if status is None:  # AccountUpdated keeps the status; before any create it is unknown
-        status = current.status if current is not None else UNKNOWN
-    return Membership(status=status, version=change.version)
+    return Membership(status=status_after(change.type, current.status if current is not None else None), version=change.version)
 
 
 def count_delta(before: str | None, after: str) -> tuple[int, int]:
     """(Δ numberActive, Δ numberInactive) when an account moves from ``before`` to ``after``."""
-    d_active = (after == ACTIVE) - (before == ACTIVE)
-    d_inactive = (after == INACTIVE) - (before == INACTIVE)
-    return d_active, d_inactive
+    after_active, after_inactive = tally_counts(after)
+    before_active, before_inactive = tally_counts(before)
+    return after_active - before_active, after_inactive - before_inactive
 
 
 def latest_login(current: int | None, ts: int) -> int:
@@ -164,8 +139,9 @@ def fold_program(program_id: str, changes: Iterable[AccountChange], logins: Iter
         updated = apply_change(members.get(change.account_id), change)
         if updated is not None:
             members[change.account_id] = updated
-    active = sum(1 for m in members.values() if m.status == ACTIVE)
-    inactive = sum(1 for m in members.values() if m.status == INACTIVE)
+    counts = [tally_counts(m.status) for m in members.values()]
+    active = sum(a for a, _ in counts)
+    inactive = sum(i for _, i in counts)
     last: int | None = None
     for login in logins:
         last = latest_login(last, login.ts)

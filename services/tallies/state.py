@@ -19,8 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from services.tallies.domain import ACTIVE, INACTIVE, AccountChange, Login, Membership, count_delta, latest_login
+from services.tallies.domain import (
+    Login,
+    Membership,
+    count_delta,
+    latest_login,
+)
 from shared import codecs
+from shared.accounts import AccountChange, tally_counts
 from shared.engine import partition_for
 
 SEPARATOR = b"\x00"
@@ -59,10 +65,10 @@ class ProgramCounts:
             for key, raw in items:
                 rows += 1
                 program, _ = split_membership_key(key)
-                status = decode_membership(raw).status
+                active, inactive = tally_counts(decode_membership(raw).status)
                 entry = counts.setdefault(program, [0, 0])
-                entry[0] += status == ACTIVE
-                entry[1] += status == INACTIVE
+                entry[0] += active
+                entry[1] += inactive
             fresh[partition] = counts
         self.by_partition = fresh
         return rows

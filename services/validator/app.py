@@ -51,7 +51,6 @@ from services.validator.domain import (
     PENDING,
     Accepted,
     Account,
-    AccountChange,
     AccountState,
     Command,
     Duplicate,
@@ -82,6 +81,7 @@ from services.validator.state import (
     unpack_ts,
 )
 from shared import codecs, dead_letters
+from shared.accounts import AccountChange
 from shared.engine import (
     DeadLetterRoute,
     Engine,

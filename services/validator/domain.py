@@ -40,6 +40,21 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.accounts import (
+    ACCOUNT_CREATED,
+    ACCOUNT_DEACTIVATED,
+    ACCOUNT_DELETED,
+    ACCOUNT_REACTIVATED,
+    ACCOUNT_UPDATED,
+    ACTIVE,
+    DELETED,
+    EVENT_TYPES,
+    INACTIVE,
+    STATUS_AFTER,
+    AccountChange,
+    status_after,
+)
+
 CREATE_ACCOUNT = "CreateAccount"
 UPDATE_ACCOUNT = "UpdateAccount"
 DEACTIVATE_ACCOUNT = "DeactivateAccount"
@@ -47,11 +62,6 @@ REACTIVATE_ACCOUNT = "ReactivateAccount"
 DELETE_ACCOUNT = "DeleteAccount"
 COMMAND_TYPES = (CREATE_ACCOUNT, UPDATE_ACCOUNT, DEACTIVATE_ACCOUNT, REACTIVATE_ACCOUNT, DELETE_ACCOUNT)
 
-ACCOUNT_CREATED = "AccountCreated"
-ACCOUNT_UPDATED = "AccountUpdated"
-ACCOUNT_DEACTIVATED = "AccountDeactivated"
-ACCOUNT_REACTIVATED = "AccountReactivated"
-ACCOUNT_DELETED = "AccountDeleted"
 EVENT_FOR: Mapping[str, str] = {
     CREATE_ACCOUNT: ACCOUNT_CREATED,
     UPDATE_ACCOUNT: ACCOUNT_UPDATED,
@@ -59,19 +69,7 @@ EVENT_FOR: Mapping[str, str] = {
     REACTIVATE_ACCOUNT: ACCOUNT_REACTIVATED,
     DELETE_ACCOUNT: ACCOUNT_DELETED,
 }
-EVENT_TYPES = frozenset(EVENT_FOR.values())
-
-ACTIVE = "active"
-INACTIVE = "inactive"
-DELETED = "deleted"
-STATUSES = (ACTIVE, INACTIVE, DELETED)
-#: Status after each event type; AccountUpdated keeps the status the account had.
-STATUS_AFTER: Mapping[str, str] = {
-    ACCOUNT_CREATED: ACTIVE,
-    ACCOUNT_DEACTIVATED: INACTIVE,
-    ACCOUNT_REACTIVATED: ACTIVE,
-    ACCOUNT_DELETED: DELETED,
-}
+assert frozenset(EVENT_FOR.values()) == EVENT_TYPES, "every event type of the contract has its command"
 
 NOT_FOUND = "NOT_FOUND"
 ALREADY_EXISTS = "ALREADY_EXISTS"
@@ -458,17 +456,6 @@ class InvalidEvent(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class AccountChange:
-    """The part of an account event the program listing needs."""
-
-    account_id: str
-    program_id: str
-    type: str
-    version: int
-    occurred_at: int
-
-
-@dataclass(frozen=True, slots=True)
 class Listing:
     """An account as its program's listing shows it."""
 
@@ -516,13 +503,14 @@ def apply_to_listing(current: Listing | None, change: AccountChange) -> Listing 
     if current is not None and change.version <= current.version:
         return None
     if current is None:
-        status = STATUS_AFTER.get(change.type, "unknown")
+        status = status_after(change.type, None)
+        at = change.occurred_at or 0
         return Listing(
             account_id=change.account_id, program_id=change.program_id, status=status, version=change.version,
-            created_at=change.occurred_at, updated_at=change.occurred_at,
+            created_at=at, updated_at=at,
         )
     return Listing(
         account_id=current.account_id, program_id=current.program_id,
-        status=STATUS_AFTER.get(change.type, current.status), version=change.version,
-        created_at=current.created_at, updated_at=change.occurred_at,
+        status=status_after(change.type, current.status), version=change.version,
+        created_at=current.created_at, updated_at=change.occurred_at or current.updated_at,
     )

@@ -29,6 +29,7 @@ from shared.engine._consumer import BatchConsumer
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._producer import BatchProducer, Outgoing
 from shared.engine._trailing_holes import TrailingHoleWatch
+from shared.engine._versions import check_versions
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class _EngineApp(faust.App):
 
 class Engine:
     def __init__(self, service: str, settings: Settings, default_port: int) -> None:
+        check_versions()
         self.service = service
         self.settings = settings
         self.app: faust.App = create_app(service, settings, default_port, app_class=_EngineApp)

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from services.tallies.app import parse_input as service_parse_input
-from services.tallies.domain import AccountChange, InvalidInput, Login
+from services.tallies.domain import InvalidInput, Login
 from shared import codecs
+from shared.accounts import AccountChange
 from shared.topics import TopicNames
 from spark_jobs.tally_input import CHANGE, LOGIN, parse_input
 

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from services.tallies.app import TalliesService
-from services.tallies.domain import ACTIVE, INACTIVE, AccountChange, Membership
+from services.tallies.domain import Membership
 from services.tallies.state import ProgramCounts, decode_membership, encode_membership, membership_key
+from shared.accounts import ACTIVE, INACTIVE, AccountChange
 from shared.engine import InputBatch
 
 

@@ -8,11 +8,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.tallies.domain import (
-    ACTIVE,
-    DELETED,
-    INACTIVE,
-    UNKNOWN,
-    AccountChange,
     InvalidInput,
     Login,
     Membership,
@@ -22,6 +17,7 @@ from services.tallies.domain import (
     parse_account_change,
     parse_login,
 )
+from shared.accounts import ACTIVE, DELETED, INACTIVE, UNKNOWN, AccountChange
 
 
 def change(account: str, type_: str, version: int, program: str = "P") -> AccountChange:

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from services.tallies.domain import AccountChange, Login
+from services.tallies.domain import Login
 from services.tallies.state import MAX_CHANGES_PER_RECORD, PackedInputs, pack_by_partition
+from shared.accounts import AccountChange
 from shared.engine._partitioning import partition_for
 
 

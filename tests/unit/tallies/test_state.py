@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from services.tallies.domain import ACTIVE, DELETED, INACTIVE, Membership
+from services.tallies.domain import Membership
 from services.tallies.state import (
     ProgramCounts,
     decode_membership,
@@ -8,6 +8,7 @@ from services.tallies.state import (
     membership_key,
     split_membership_key,
 )
+from shared.accounts import ACTIVE, DELETED, INACTIVE
 
 
 def test_membership_roundtrip() -> None:

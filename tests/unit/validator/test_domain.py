@@ -8,9 +8,6 @@ from typing import Any
 import pytest
 
 from services.validator.domain import (
-    ACTIVE,
-    DELETED,
-    INACTIVE,
     Accepted,
     Account,
     AccountState,
@@ -23,6 +20,7 @@ from services.validator.domain import (
     parse_command,
     plan_batch,
 )
+from shared.accounts import ACTIVE, DELETED, INACTIVE
 
 
 def cmd(type_: str, command_id: str = "c", account_id: str = "a1", **kw: Any) -> Command:

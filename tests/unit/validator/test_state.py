@@ -7,7 +7,6 @@ import pytest
 
 from services.validator.domain import (
     COMMAND_TYPES,
-    AccountChange,
     AccountState,
     Command,
     InvalidEvent,
@@ -37,6 +36,7 @@ from services.validator.state import (
     unpack_ts,
 )
 from shared import codecs
+from shared.accounts import AccountChange
 
 
 def test_state_round_trips_with_history_order() -> None:
