@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from services.retry_scheduler import DEFAULT_PORT, SERVICE
 from services.retry_scheduler.api import router
 from services.retry_scheduler.app import RetrySchedulerService
-from shared.engine import run, serve_http
+from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings
 
 

@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from services.tallies import DEFAULT_PORT, SERVICE
 from services.tallies.api import router
 from services.tallies.app import TalliesService
-from shared.engine import run, serve_http
+from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings
 
 

@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from services.validator import DEFAULT_PORT, SERVICE
 from services.validator.api import router
 from services.validator.app import ValidatorService
-from shared.engine import run, serve_http
+from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings
 
 

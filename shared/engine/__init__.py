@@ -12,7 +12,7 @@ reads of a table partition (range scans), and running the worker.
 """
 
 from shared.engine._admin import TopicSpec, ensure_topics, ensure_topics_async
-from shared.engine._app import App, app_id, changelog_topic_specs
+from shared.engine._app import App, app_id, changelog_topic_specs, run_worker, serve_api
 from shared.engine._batch import DeadLetterRoute, InputBatch, StagedView
 from shared.engine._clients import client_kwargs
 from shared.engine._durable import DurableTable as Table
@@ -36,7 +36,6 @@ from shared.engine._internals import (
 from shared.engine._partitioning import partition_for
 from shared.engine._plain import KafkaTopicPartition, PlainAdmin, PlainConsumer, PlainProducer, refresh_metadata
 from shared.engine._producer import Outgoing
-from shared.engine._runtime import StreamService, run, serve_http
 
 __all__ = [
     "FAUST_OFFSET_KEY",
@@ -54,7 +53,6 @@ __all__ = [
     "Record",
     "SendFailed",
     "StagedView",
-    "StreamService",
     "Table",
     "TopicPartition",
     "TopicSpec",
@@ -75,7 +73,7 @@ __all__ = [
     "partition_owner_url",
     "recovery_done",
     "refresh_metadata",
-    "run",
-    "serve_http",
+    "run_worker",
+    "serve_api",
     "state_items",
 ]

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import faust
 from fastapi import APIRouter, FastAPI
 
-from shared.engine._admin import TopicSpec, ensure_topics
-from shared.engine._app import run_worker, serve_api
+from shared.engine import App, TopicSpec, ensure_topics, run_worker, serve_api
 from shared.http.api import create_api
 from shared.http.context import ServiceContext
 from shared.settings import Settings
@@ -18,7 +16,7 @@ from shared.topics import TopicNames
 class StreamService(Protocol):
     """What every service's app class offers."""
 
-    app: faust.App
+    app: App
     topics: TopicNames
 
     def topic_specs(self) -> list[TopicSpec]: ...
