@@ -472,7 +472,8 @@ def parse_args(argv: list[str]) -> tuple[Options, str | None]:
 
 def main(argv: list[str]) -> None:
     opts, json_path = parse_args(argv)
-    print(f"[peers] machine: {describe_machine()}", flush=True)
+    at_start = describe_machine()
+    print(f"[peers] machine: {at_start}", flush=True)
     print(f"[peers] broker {bootstrap()}; systems {', '.join(opts.systems)}; {opts.rounds} round(s); "
           f"{'exactly-once' if opts.exactly_once else 'at-least-once'}", flush=True)
     started = time.perf_counter()
@@ -485,7 +486,7 @@ def main(argv: list[str]) -> None:
     print(f"\n{table(summaries)}\n", flush=True)
     print(f"[peers] done in {time.perf_counter() - started:.0f}s", flush=True)
     if json_path:
-        Path(json_path).write_bytes(orjson.dumps({"machine": describe_machine(), "options": asdict(opts),
+        Path(json_path).write_bytes(orjson.dumps({"machine": at_start, "options": asdict(opts),
                                                   "runs": [asdict(r) for r in runs],
                                                   "summary": [asdict(s) for s in summaries]},
                                                  option=orjson.OPT_INDENT_2))
