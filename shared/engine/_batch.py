@@ -31,6 +31,7 @@ from typing import Any
 
 from shared.dead_letters import DeadLetter, dead_letter_for
 from shared.engine._durable import Batch, DurableTable, InRecord, OrderedInput
+from shared.engine._faults import CRASH
 from shared.engine._internals import partition_db
 from shared.engine._producer import BatchProducer, Outgoing
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
@@ -113,7 +114,9 @@ async def commit(
     producer: BatchProducer, order: OrderedInput | None, ordered: Batch | None, batch: InputBatch, what: str,
 ) -> None:
     """Make ``batch`` durable in the order the module docs give."""
+    CRASH.reached("handled")
     await producer.send(batch.sends, what)
+    CRASH.reached("sent")
     if order is None or ordered is None:
         if batch.rows:
             raise RuntimeError(f"{what}: a handler without an offsets table cannot write rows")
@@ -124,6 +127,7 @@ async def commit(
              for table, rows in writes for (partition, key), value in rows.items()],
             what,
         )
+        CRASH.reached("logged")
         for table, rows in writes:
             table._apply(rows, {partition: offset for (topic, partition), offset in last.items() if topic == table.changelog})
     for callback in batch.callbacks:

@@ -118,6 +118,20 @@ def test_sigkill_mid_stream_leaves_each_event_exactly_once_per_version(
     feeder.join(60)
     record_count.close()
 
+    events, by_id = assert_each_event_once(prefix, proc)
+    print(f"killed with {killed_at} records on {events_topic}; {len(events)} records, {len(by_id)} distinct events "
+          f"({len(events) - len(by_id)} replays dropped by event_id)")
+
+
+def assert_each_event_once(
+    prefix: str, proc: Any, accounts: int = ACCOUNTS, steps: int = STEPS,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Once every command of :func:`commands_in_order` is decided: exactly one event per
+    (account, version), in command order, no gaps, no rejection; returns every event record
+    read and the distinct events by event_id."""
+    events_topic = f"{prefix}account-events"
+    expected = accounts * steps
+
     def distinct_events() -> list[dict[str, Any]] | None:
         events = [orjson.loads(r.value) for r in read_all(events_topic)]
         return events if len({e["event_id"] for e in events}) >= expected else None
@@ -138,18 +152,17 @@ def test_sigkill_mid_stream_leaves_each_event_exactly_once_per_version(
     per_account: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in by_id.values():
         per_account[e["account_id"]].append(e)
-    assert len(per_account) == ACCOUNTS
+    assert len(per_account) == accounts
     for account_id, evs in per_account.items():
         evs.sort(key=lambda e: e["version"])
-        assert [e["version"] for e in evs] == list(range(1, STEPS + 1)), account_id
-        assert [e["command_id"] for e in evs] == [f"{account_id}-{s}" for s in range(STEPS)], account_id
-        assert [e["data"]["n"] for e in evs] == list(range(STEPS))
-        assert [e["type"] for e in evs] == ["AccountCreated"] + ["AccountUpdated"] * (STEPS - 1)
+        assert [e["version"] for e in evs] == list(range(1, steps + 1)), account_id
+        assert [e["command_id"] for e in evs] == [f"{account_id}-{s}" for s in range(steps)], account_id
+        assert [e["data"]["n"] for e in evs] == list(range(steps))
+        assert [e["type"] for e in evs] == ["AccountCreated"] + ["AccountUpdated"] * (steps - 1)
 
     rejections = read_all(f"{prefix}account-rejections")
     assert rejections == [], f"no command may be rejected: {[r.value for r in rejections[:5]]}"
-    for i in (0, 1, ACCOUNTS - 1):
+    for i in (0, 1, accounts - 1):
         body = httpx.get(f"{proc.url}/accounts/crash-{i}", timeout=10).json()
-        assert body == {"account_id": f"crash-{i}", "program_id": f"prog-{i % 4}", "status": "active", "version": STEPS}
-    print(f"killed with {killed_at} records on {events_topic}; {len(events)} records, {len(by_id)} distinct events "
-          f"({len(events) - len(by_id)} replays dropped by event_id)")
+        assert body == {"account_id": f"crash-{i}", "program_id": f"prog-{i % 4}", "status": "active", "version": steps}
+    return events, by_id
