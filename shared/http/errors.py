@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -62,10 +63,21 @@ def error_body(code: str, detail: Any) -> dict[str, Any]:
     return {"error": code, "detail": detail}
 
 
+class ErrorResponse(JSONResponse):
+    """A JSON error that renders whatever the request held: a field name or value with a
+    lone surrogate (``"\\ud800"``, which JSON parsers accept) has no UTF-8 form, so it is
+    written replaced rather than failing the error response itself."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=str).encode(
+            "utf-8", errors="replace",
+        )
+
+
 def install_error_handlers(api: FastAPI) -> None:
     @api.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.detail), status_code=exc.status, headers=exc.headers)
+        return ErrorResponse(error_body(exc.code, exc.detail), status_code=exc.status, headers=exc.headers)
 
     @api.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -73,14 +85,14 @@ def install_error_handlers(api: FastAPI) -> None:
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
             for e in exc.errors()
         ]
-        return JSONResponse(error_body("invalid_request", errors), status_code=422)
+        return ErrorResponse(error_body("invalid_request", errors), status_code=422)
 
     @api.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, exc.detail), status_code=exc.status_code, headers=exc.headers)
+        return ErrorResponse(error_body(code, exc.detail), status_code=exc.status_code, headers=exc.headers)
 
     @api.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body("internal_error", "unexpected error; see the service log"), status_code=500)
+        return ErrorResponse(error_body("internal_error", "unexpected error; see the service log"), status_code=500)

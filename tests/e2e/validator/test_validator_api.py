@@ -174,6 +174,42 @@ def test_bad_input_gets_a_json_4xx(
     assert get(shared_validator, "/healthz").status_code == 200
 
 
+def _unrepresentable(command_id: str) -> list[bytes]:
+    """Bodies Python's JSON parser takes but no message can carry (orjson, UTF-8, 64-bit longs)."""
+    head = f'"type":"ReactivateAccount","program_id":"0","account_id":"0","command_id":"{command_id}"'
+    return [
+        ('{' + head + ',"issued_at":59539714981774057472,"data":{}}').encode(),
+        ('{' + head + ',"issued_at":-1}').encode(),
+        ('{' + head + ',"expected_version":9223372036854775808}').encode(),
+        ('{' + head + ',"data":{"n":[{"deep":18446744073709551616}]}}').encode(),
+        ('{' + head + ',"data":{"n":-9223372036854775809}}').encode(),
+        ('{' + head + ',"data":{"s":"\\ud800"}}').encode(),
+        ('{' + head + ',"data":{"\\udfff":1}}').encode(),
+        ('{' + head + ',"data":{"x":NaN}}').encode(),
+        ('{' + head + ',"data":{"x":1e400}}').encode(),
+        ('{' + head + ',"data":' + "[" * 100 + "]" * 100 + "}").encode(),
+        ('{' + head + ',"data":{"d":' + '{"a":' * 100 + "1" + "}" * 100 + "}}").encode(),
+        ('{' + head + ',"\\ud800":1}').encode(),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_unrepresentable("x"))))
+@pytest.mark.parametrize("wait", [True, False])
+def test_unrepresentable_values_get_422_and_leave_nothing_behind(
+    shared_validator: ServiceProcess, case: int, wait: bool,
+) -> None:
+    command_id = f"bad-{uuid.uuid4().hex[:8]}"
+    body = _unrepresentable(command_id)[case]
+    r = httpx.post(
+        shared_validator.url + "/commands", content=body, params={"wait": str(wait).lower()},
+        headers={"content-type": "application/json"}, timeout=15,
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "invalid_request"
+    assert get(shared_validator, f"/commands/{command_id}").status_code == 404
+    assert get(shared_validator, "/healthz").status_code == 200
+
+
 def test_two_instances_answer_for_any_key(start_validator: Any) -> None:
     first = start_validator("a")
     second = start_validator("b")
