@@ -210,7 +210,7 @@ async def list_retries(
 
 
 @router.get(
-    "/retries/{dlq_id}", response_model=RetryOut, summary="One scheduled message",
+    "/retries/{dlq_id:path}", response_model=RetryOut, summary="One scheduled message",
     responses={404: {"description": "Not scheduled (never seen, redelivered, cancelled or parked)"}, **_BUSY},
 )
 async def get_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
@@ -242,7 +242,7 @@ def _command_answer(result: dict[str, Any]) -> Any:
 
 
 @router.post(
-    "/retries/{dlq_id}/replay", response_model=CommandOut, dependencies=[Admin],
+    "/retries/{dlq_id:path}/replay", response_model=CommandOut, dependencies=[Admin],
     summary="Redeliver a scheduled message now",
     responses={**_AUTH, 404: {"description": "Not scheduled"}, 202: {"description": "Accepted; applied shortly"}},
 )
@@ -257,7 +257,7 @@ async def replay_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
 
 
 @router.delete(
-    "/retries/{dlq_id}", response_model=CommandOut, dependencies=[Admin],
+    "/retries/{dlq_id:path}", response_model=CommandOut, dependencies=[Admin],
     summary="Cancel a scheduled message (it is not redelivered)",
     responses={**_AUTH, 404: {"description": "Not scheduled"}, 202: {"description": "Accepted; applied shortly"}},
 )
@@ -307,7 +307,7 @@ async def list_parked(
 
 
 @router.get(
-    "/parked/{dlq_id}", response_model=ParkedOut, summary="One parked message",
+    "/parked/{dlq_id:path}", response_model=ParkedOut, summary="One parked message",
     responses={404: {"description": "Not parked"}, **_BUSY},
 )
 async def get_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
@@ -322,7 +322,7 @@ async def get_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
 
 
 @router.post(
-    "/parked/{dlq_id}/replay", response_model=CommandOut, dependencies=[Admin],
+    "/parked/{dlq_id:path}/replay", response_model=CommandOut, dependencies=[Admin],
     summary="Redeliver a parked message to its retry topic (dlq.attempt unchanged) and unpark it",
     responses={**_AUTH, 404: {"description": "Not parked"}, 202: {"description": "Accepted; applied shortly"}},
 )

@@ -20,7 +20,7 @@ def _service(ctx: Any) -> Any:
 
 
 @router.get(
-    "/tallies/{program_id}",
+    "/tallies/{program_id:path}",
     response_model=TallyOut,
     responses={404: {"description": "No account or login seen for this program"}, 503: {"description": "Owner recovering"}},
 )

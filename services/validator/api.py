@@ -184,7 +184,7 @@ async def get_account(account_id: str, request: Request, ctx: Ctx) -> Any:
 
 
 @router.get(
-    "/programs/{program_id}/accounts",
+    "/programs/{program_id:path}/accounts",
     response_model=ProgramAccountsPage,
     summary="A program's accounts with their status, newest first (the category projection)",
     responses={400: {"description": "Bad cursor or program id"}, 503: {"description": "Owner recovering"}},

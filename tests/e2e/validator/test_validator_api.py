@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -172,6 +173,25 @@ def test_bad_input_gets_a_json_4xx(
     assert r.status_code == status, r.text
     assert "error" in r.json()
     assert get(shared_validator, "/healthz").status_code == 200
+
+
+#: Ids with the characters a URL path treats specially; each must be readable back.
+ODD_IDS = ["a/b", "/lead", "trail/", "a//b", "x/accounts", "pct%2Fenc", "q?x=1#frag", "sp ace"]
+
+
+@pytest.mark.parametrize("odd", ODD_IDS)
+def test_ids_with_slashes_and_url_characters_read_back(shared_validator: ServiceProcess, odd: str) -> None:
+    v = shared_validator
+    tag = uuid.uuid4().hex[:6]
+    account, program, command = f"{tag}{odd}", f"{odd}{tag}", f"{odd}-cmd-{tag}"
+    r = post(v, {"command_id": command, "type": "CreateAccount", "account_id": account, "program_id": program})
+    assert r.status_code == 200 and r.json()["status"] == "accepted", r.text
+    for safe in ("/", ""):  # raw slashes and %2F
+        assert get(v, f"/commands/{quote(command, safe=safe)}").json()["command_id"] == command
+        assert get(v, f"/accounts/{quote(account, safe=safe)}").json()["account_id"] == account
+        path = f"/programs/{quote(program, safe=safe)}/accounts"
+        listed = wait_for(lambda p=path: get(v, p).json().get("items"), timeout=15, message="the listing")
+        assert [i["account_id"] for i in listed] == [account]
 
 
 def _unrepresentable(command_id: str) -> list[bytes]:
