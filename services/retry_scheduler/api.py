@@ -42,17 +42,19 @@ from shared.faust_internals import partition_db
 from shared.http.deps import Admin, Ctx
 from shared.http.errors import NotFound, Unavailable
 from shared.http.forwarding import gather, is_local_scope, route
-from shared.http.pagination import InvalidCursor, decode_cursor, encode_cursor
+from shared.http.pagination import CursorParam, InvalidCursor, decode_cursor, encode_cursor
 
 router = APIRouter(tags=["retries"])
 
 #: Most entries one partition examines for one list request (filters can skip many).
 SCAN_BUDGET = 50_000
 MAX_ID_LENGTH = 1024
+#: Names GET /parked in its cursors.
+PARKED = "parked"
 
 DlqId = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, description="dlq.id")]
 Limit = Annotated[int, Query(ge=1, le=1000)]
-Cursor = Annotated[str | None, Query(max_length=4096, description="next_cursor of the previous page")]
+Cursor = CursorParam
 OriginTopic = Annotated[str | None, Query(min_length=1, max_length=249, description="Only messages from this topic")]
 
 Responses = dict[int | str, dict[str, Any]]
@@ -110,11 +112,11 @@ def _parked_sort(item: dict[str, Any]) -> str:
 
 
 def _retry_cursor(due_at: int, dlq_id: str) -> str:
-    return encode_cursor(f"{due_at}:{dlq_id}")
+    return encode_cursor(f"{due_at}:{dlq_id}", "retries")
 
 
 def _decode_retry_cursor(cursor: str | None) -> bytes | None:
-    text = decode_cursor(cursor)
+    text = decode_cursor(cursor, "retries")
     if text is None:
         return None
     due, sep, dlq_id = text.partition(":")
@@ -283,7 +285,7 @@ async def list_parked(
     cursor: Cursor = None,
 ) -> Any:
     svc = _service(ctx)
-    after_id = decode_cursor(cursor)
+    after_id = decode_cursor(cursor, PARKED)
     after = id_key(after_id) if after_id is not None else None
 
     async def local() -> dict[str, Any]:
@@ -303,7 +305,8 @@ async def list_parked(
         return JSONResponse(await local())  # a peer's partial answer: not the public model
     pages = await gather(ctx, request, svc.schedule, local)
     items, frontier = _merge(pages, limit, _parked_sort, str)
-    return {"items": items, "next_cursor": _next_cursor(items, limit, frontier, _parked_sort, encode_cursor)}
+    next_cursor = _next_cursor(items, limit, frontier, _parked_sort, lambda key: encode_cursor(key, PARKED))
+    return {"items": items, "next_cursor": next_cursor}
 
 
 @router.get(

@@ -10,9 +10,12 @@ from services.tallies.models import TallyOut, TallyPage
 from shared.http.deps import Ctx
 from shared.http.errors import NotFound
 from shared.http.forwarding import gather, is_local_scope, route
-from shared.http.pagination import decode_cursor, encode_cursor, merge_pages
+from shared.http.pagination import CursorParam, decode_cursor, encode_cursor, merge_pages
 
 router = APIRouter(tags=["tallies"])
+
+#: Names GET /tallies in its cursors.
+LIST_NAME = "tallies"
 
 
 def _service(ctx: Any) -> Any:
@@ -40,10 +43,10 @@ async def list_tallies(
     request: Request,
     ctx: Ctx,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    cursor: CursorParam = None,
 ) -> Any:
     svc = _service(ctx)
-    after = decode_cursor(cursor)
+    after = decode_cursor(cursor, LIST_NAME)
 
     async def local_page() -> dict[str, Any]:
         programs = sorted(p for p in svc.local_programs() if after is None or p > after)[:limit]
@@ -54,7 +57,7 @@ async def list_tallies(
         return await local_page()
     pages = await gather(ctx, request, svc.memberships, local_page)
     items = merge_pages(pages, key="program_id", limit=limit)
-    next_cursor = encode_cursor(items[-1]["program_id"]) if len(items) == limit else None
+    next_cursor = encode_cursor(items[-1]["program_id"], LIST_NAME) if len(items) == limit else None
     return {"items": items, "next_cursor": next_cursor}
 
 

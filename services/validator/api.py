@@ -30,7 +30,7 @@ from shared.http.context import ServiceContext
 from shared.http.deps import Ctx
 from shared.http.errors import ApiError, NotFound, Unavailable
 from shared.http.forwarding import FORWARDED_BY, owner_of, route
-from shared.http.pagination import InvalidCursor, decode_cursor, encode_cursor
+from shared.http.pagination import CursorParam, InvalidCursor, decode_cursor, encode_cursor
 from shared.metrics import HTTP_FORWARDED
 
 router = APIRouter(tags=["validator"])
@@ -38,6 +38,8 @@ router = APIRouter(tags=["validator"])
 #: POST /commands without ?wait waits at most this long for the command to be readable
 #: as pending (so a GET right after the POST finds it); it returns 202 either way.
 PENDING_VISIBLE_WAIT_S = 1.0
+#: Names GET /programs/{program_id}/accounts in its cursors.
+LISTING = "program-accounts"
 
 
 def _service(ctx: ServiceContext) -> ValidatorService:
@@ -194,7 +196,7 @@ async def list_program_accounts(
     request: Request,
     ctx: Ctx,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    cursor: CursorParam = None,
     status: Annotated[
         Literal["active", "inactive", "deleted"] | None, Query(description="Only accounts with this status"),
     ] = None,
@@ -206,7 +208,7 @@ async def list_program_accounts(
     if forwarded is not None:
         return forwarded
     before = None
-    text = decode_cursor(cursor)
+    text = decode_cursor(cursor, LISTING)
     if text is not None:
         try:
             before = listing_key_from_cursor(program_id, text)
@@ -215,5 +217,5 @@ async def list_program_accounts(
     items, more = svc.list_program(program_id, limit=limit, before=before, status=status)
     return {
         "items": [item.to_json() for item in items],
-        "next_cursor": encode_cursor(listing_cursor(items[-1])) if more and items else None,
+        "next_cursor": encode_cursor(listing_cursor(items[-1]), LISTING) if more and items else None,
     }

@@ -68,7 +68,9 @@ def test_exact_tallies_api_topic_and_dead_letters(start_tallies, tally_topics) -
     missing = httpx.get(f"{proc.url}/tallies/no-such-program", timeout=5)
     assert missing.status_code == 404 and missing.json()["error"] == "not_found"
     assert httpx.get(f"{proc.url}/tallies", params={"limit": 0}, timeout=5).status_code == 422
-    assert httpx.get(f"{proc.url}/tallies", params={"cursor": "%%"}, timeout=5).status_code == 400
+    for cursor in ("%%", "bm90LWEtY3Vyc29y"):  # not base64; base64 of text this API never made
+        bad = httpx.get(f"{proc.url}/tallies", params={"cursor": cursor}, timeout=5)
+        assert bad.status_code == 400 and bad.json()["error"] == "invalid_cursor"
 
     wait_for(lambda: latest_published(tally_topics["tallies"]) == history.expected, timeout=30,
              message="program-tallies to hold the latest tallies")

@@ -274,6 +274,7 @@ def test_dead_letters_without_headers_are_accepted(scheduler: Scheduler) -> None
         ("GET", "/retries?origin_topic=" + "x" * 300, 422, "invalid_request"),
         ("GET", "/parked?limit=100000", 422, "invalid_request"),
         ("GET", "/parked?cursor=%%%", 400, "invalid_cursor"),
+        ("GET", "/parked?cursor=bm90LWEtY3Vyc29y", 400, "invalid_cursor"),
         ("GET", "/retries/no-such-id", 404, "not_found"),
         ("GET", "/parked/no-such-id", 404, "not_found"),
         ("GET", "/retries/" + "x" * 2000, 422, "invalid_request"),
