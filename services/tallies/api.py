@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
+import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
 from services.tallies.models import TallyOut, TallyPage
 from shared.http.deps import Ctx
-from shared.http.errors import NotFound
+from shared.http.errors import NotFound, error_responses
 from shared.http.forwarding import gather, is_local_scope, route
 from shared.http.pagination import CursorParam, decode_cursor, encode_cursor, merge_pages
 
@@ -16,6 +17,9 @@ router = APIRouter(tags=["tallies"])
 
 #: Names GET /tallies in its cursors.
 LIST_NAME = "tallies"
+#: Longest program id looked up (the validator accepts none longer than 256).
+MAX_PROGRAM_ID_LENGTH = 1024
+ProgramId = Annotated[str, Path(min_length=1, max_length=MAX_PROGRAM_ID_LENGTH)]
 
 
 def _service(ctx: Any) -> Any:
@@ -23,11 +27,11 @@ def _service(ctx: Any) -> Any:
 
 
 @router.get(
-    "/tallies/{program_id:path}",
+    "/tallies/{program_id:id}",
     response_model=TallyOut,
-    responses={404: {"description": "No account or login seen for this program"}, 503: {"description": "Owner recovering"}},
+    responses=error_responses(404, 503, _404="No account or login seen for this program"),
 )
-async def get_tally(program_id: str, request: Request, ctx: Ctx) -> Any:
+async def get_tally(program_id: ProgramId, request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)
     forwarded = await route(ctx, request, svc.memberships, ctx.partition_for(program_id))
     if forwarded is not None:
@@ -38,7 +42,10 @@ async def get_tally(program_id: str, request: Request, ctx: Ctx) -> Any:
     return tally.to_json()
 
 
-@router.get("/tallies", response_model=TallyPage, summary="All tallies, ordered by program_id")
+@router.get(
+    "/tallies", response_model=TallyPage, summary="All tallies, ordered by program_id",
+    responses=error_responses(400, 422, 503, _400="A cursor this API did not make"),
+)
 async def list_tallies(
     request: Request,
     ctx: Ctx,

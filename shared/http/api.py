@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
 from shared.http.context import ServiceContext
-from shared.http.errors import install_error_handlers
+from shared.http.errors import ERROR_DESCRIPTIONS, ErrorOut, install_error_handlers
 from shared.http.forwarding import SERVED_BY
 from shared.http.health import router as health_router
 from shared.http.limits import BodySizeLimit
@@ -27,4 +28,44 @@ def create_api(ctx: ServiceContext, *, title: str, description: str, version: st
         return response
 
     api.include_router(health_router)
+    _document_errors(api)
     return api
+
+
+_ERROR_REF = {"$ref": "#/components/schemas/ErrorOut"}
+
+
+def _error_response(status: int) -> dict[str, Any]:
+    return {"description": ERROR_DESCRIPTIONS[status], "content": {"application/json": {"schema": _ERROR_REF}}}
+
+
+def _document_errors(api: FastAPI) -> None:
+    """Make /openapi.json tell the errors every operation can answer, as they are sent.
+
+    FastAPI documents 422 with a body shape of its own, while the error handlers
+    answer ``ErrorOut`` for it; and it knows nothing of what happens before a handler:
+    a body that cannot be parsed (400) or is too large (413).
+    """
+    generate = api.openapi
+
+    def openapi() -> dict[str, Any]:
+        if api.openapi_schema:
+            return api.openapi_schema
+        schema = generate()
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        schemas.setdefault("ErrorOut", ErrorOut.model_json_schema(ref_template="#/components/schemas/{model}"))
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                if "422" in responses:
+                    responses["422"] = _error_response(422)
+                if "requestBody" in operation:
+                    responses.setdefault("400", _error_response(400))
+                    responses.setdefault("413", _error_response(413))
+        for unused in ("HTTPValidationError", "ValidationError"):
+            if unused not in str(schema.get("paths")):
+                schemas.pop(unused, None)
+        api.openapi_schema = schema
+        return schema
+
+    api.openapi = openapi  # type: ignore[method-assign]

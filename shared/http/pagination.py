@@ -21,12 +21,14 @@ from fastapi import Query
 
 from shared.http.errors import ApiError
 
-#: Longest cursor taken: a list key of the longest ids, encoded, fits well within it.
-MAX_CURSOR_LENGTH = 8192
+#: Longest cursor taken: the key after the longest id (1024 characters of up to 4 UTF-8
+#: bytes), encoded, fits; the whole request line stays within what the HTTP server reads.
+MAX_CURSOR_LENGTH = 6144
 _CHECK_BYTES = 6
 
 CursorParam = Annotated[
-    str | None, Query(max_length=MAX_CURSOR_LENGTH, description="next_cursor of the previous page"),
+    str | None,
+    Query(max_length=MAX_CURSOR_LENGTH, pattern="^[A-Za-z0-9_-]*$", description="next_cursor of the previous page"),
 ]
 
 

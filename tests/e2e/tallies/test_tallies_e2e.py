@@ -89,7 +89,7 @@ def test_exact_tallies_api_topic_and_dead_letters(start_tallies, tally_topics) -
 
 
 def test_program_ids_with_slashes_and_url_characters_read_back(start_tallies, tally_topics) -> None:  # type: ignore[no-untyped-def]
-    programs = ["a/b", "/lead", "trail/", "x/y/z", "pct%2Fenc", "q?x=1#frag"]
+    programs = ["a/b", "/lead", "trail/", "x/y/z", "pct%2Fenc", "q?x=1#frag", "line\nbreak"]
     proc = start_tallies()
     produce(tally_topics["events"], [
         (f"acct-{i}", orjson.dumps(event(f"acct-{i}", program, "AccountCreated", 1))) for i, program in enumerate(programs)

@@ -176,7 +176,7 @@ def test_bad_input_gets_a_json_4xx(
 
 
 #: Ids with the characters a URL path treats specially; each must be readable back.
-ODD_IDS = ["a/b", "/lead", "trail/", "a//b", "x/accounts", "pct%2Fenc", "q?x=1#frag", "sp ace"]
+ODD_IDS = ["a/b", "/lead", "trail/", "a//b", "x/accounts", "pct%2Fenc", "q?x=1#frag", "sp ace", "line\nbreak"]
 
 
 @pytest.mark.parametrize("odd", ODD_IDS)

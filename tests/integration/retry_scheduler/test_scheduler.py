@@ -168,7 +168,7 @@ def test_parked_messages_are_listed_and_replayed(scheduler: Scheduler) -> None:
     assert scheduler.admin("POST", f"/parked/{dlq_id}/replay").status_code == 404
 
 
-@pytest.mark.parametrize("odd", ["a/b", "/lead", "x/replay", "pct%2Fenc", "q?x=1#frag"])
+@pytest.mark.parametrize("odd", ["a/b", "/lead", "x/replay", "pct%2Fenc", "q?x=1#frag", "line\nbreak"])
 def test_ids_with_slashes_and_url_characters_are_addressable(scheduler: Scheduler, odd: str) -> None:
     topic = scheduler.retry_topic("odd")
     scheduled, parked = f"{new_id('s')}{odd}", f"{odd}{new_id('p')}"
