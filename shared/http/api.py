@@ -6,6 +6,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from swagger_ui_bundle import swagger_ui_path
 
 from shared.http.context import ServiceContext
 from shared.http.errors import ERROR_DESCRIPTIONS, ErrorOut, install_error_handlers
@@ -15,7 +19,9 @@ from shared.http.limits import BodySizeLimit
 
 
 def create_api(ctx: ServiceContext, *, title: str, description: str, version: str = "1.0.0") -> FastAPI:
-    api = FastAPI(title=title, description=description, version=version)
+    # /docs is served below from assets installed with the service, not from a CDN, so it
+    # works without internet access; ReDoc has no such assets and is not offered.
+    api = FastAPI(title=title, description=description, version=version, docs_url=None, redoc_url=None)
     api.state.ctx = ctx
     install_error_handlers(api)
     api.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes)
@@ -29,7 +35,32 @@ def create_api(ctx: ServiceContext, *, title: str, description: str, version: st
 
     api.include_router(health_router)
     _document_errors(api)
+    _serve_docs(api, title)
     return api
+
+
+DOCS_ASSETS = "/docs/assets"
+
+
+def _serve_docs(api: FastAPI, title: str) -> None:
+    """Swagger UI at /docs, with its scripts, styles and icon served by the service itself."""
+    api.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @api.get("/docs", include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{api.openapi_url}",
+            title=f"{title} - API docs",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon-32x32.png",
+            oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
+        )
+
+    @api.get("/docs/oauth2-redirect", include_in_schema=False)
+    async def oauth2_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
 
 
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorOut"}
