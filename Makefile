@@ -21,8 +21,9 @@ help: ## List the targets
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11+ is required: install python3"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[spark,dev]'
+	@# no -q: a first install downloads several hundred MB (pyspark), and its progress shows
+	$(PIP) install --upgrade pip
+	$(PIP) install -e '.[spark,dev]'
 	@touch $(STAMP)
 
 .PHONY: venv
