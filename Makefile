@@ -18,13 +18,26 @@ RETRY_SCHEDULER ?= 1
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml
+# requirements.lock pins every package, with its hashes (make lock writes it from
+# pyproject.toml); the project itself goes in editable, with nothing resolved anew.
+LOCK := requirements.lock
+PIP_TOOLS_VERSION ?= 7.6.2
+
+$(STAMP): pyproject.toml $(LOCK)
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11+ is required: install python3"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	@# no -q: a first install downloads several hundred MB (pyspark), and its progress shows
 	$(PIP) install --upgrade pip
-	$(PIP) install -e '.[spark,dev]'
+	$(PIP) install --require-hashes -r $(LOCK)
+	$(PIP) install --no-deps -e .
 	@touch $(STAMP)
+
+.PHONY: lock
+lock: ## Re-resolve requirements.lock from pyproject.toml (PIP_COMPILE_ARGS=--upgrade for the newest allowed)
+	@test -x $(PIP) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q pip-tools==$(PIP_TOOLS_VERSION)
+	$(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-find-links \
+		--extra spark --extra dev $(PIP_COMPILE_ARGS) --output-file $(LOCK) pyproject.toml
 
 .PHONY: venv
 venv: $(STAMP) ## Create the virtualenv and install the packages
