@@ -82,7 +82,19 @@ def process_state(pid: int) -> str | None:
     state, flags = fields[0], int(fields[6])
     if state in ("Z", "X", "x"):
         return "zombie"
-    return "exiting" if flags & _PF_EXITING else "running"
+    return "exiting" if flags & _PF_EXITING or _kill_pending(pid) else "running"
+
+
+def _kill_pending(pid: int) -> bool:
+    """Whether a SIGKILL is sent but not yet acted on (the moment right after ``kill -9``)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    bit = 1 << (signal.SIGKILL - 1)
+    return any(
+        int(line.split(":", 1)[1], 16) & bit for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))
+    )
 
 
 def _is_instance_of(pid: int, kind: ServiceKind) -> bool:

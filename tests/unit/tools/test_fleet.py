@@ -52,8 +52,9 @@ def test_an_instance_killed_a_moment_ago_is_started_again(fleet_home: Path) -> N
         assert fleet.wait_ready(kind, 0, timeout=15)
         assert httpx.get(fleet.url(kind, 0) + "/readyz", timeout=2).status_code == 200
     finally:
-        if (pid := fleet._running(kind, 0)) is not None:
-            os.kill(pid, signal.SIGKILL)
+        for pid in {first, fleet._recorded_pid(kind, 0)}:
+            if pid is not None and fleet.process_state(pid) is not None:
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_pid_file_naming_another_program_is_not_an_instance(fleet_home: Path) -> None:
