@@ -54,10 +54,13 @@ RUN apt-get update \
 RUN python -m venv /opt/statefleet/venv
 ENV PATH=/opt/statefleet/venv/bin:$PATH
 WORKDIR /src
-# .dockerignore lets in only pyproject.toml, README.md and the Python packages.
+# .dockerignore lets in only pyproject.toml, requirements.lock, README.md and the Python packages.
 COPY . .
-RUN echo "pyspark==${SPARK_VERSION}" > /tmp/constraints.txt \
-    && pip install --constraint /tmp/constraints.txt ".[spark]" \
+# Every package at the version and hash requirements.lock pins (make lock), then the
+# project itself with nothing resolved anew.
+RUN grep -q "^pyspark==${SPARK_VERSION} " requirements.lock \
+    && pip install --require-hashes --no-deps -r requirements.lock \
+    && pip install --no-deps . \
     && python -c "import services, shared, spark_jobs, pyspark; assert pyspark.__version__ == '${SPARK_VERSION}', pyspark.__version__"
 
 # ---------------------------------------------------------------------------

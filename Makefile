@@ -20,12 +20,26 @@ CONSOLE_PORT ?= 8000
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml
+# requirements.lock pins every package, with its hashes (make lock writes it from
+# pyproject.toml); the project itself goes in editable, with nothing resolved anew.
+LOCK := requirements.lock
+PIP_TOOLS_VERSION ?= 7.6.2
+
+$(STAMP): pyproject.toml $(LOCK)
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11+ is required: install python3"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[spark,dev]'
+	@# no -q: a first install downloads several hundred MB (pyspark), and its progress shows
+	$(PIP) install --upgrade pip
+	$(PIP) install --require-hashes -r $(LOCK)
+	$(PIP) install --no-deps -e .
 	@touch $(STAMP)
+
+.PHONY: lock
+lock: ## Re-resolve requirements.lock from pyproject.toml (PIP_COMPILE_ARGS=--upgrade for the newest allowed)
+	@test -x $(PIP) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q pip-tools==$(PIP_TOOLS_VERSION)
+	$(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-find-links \
+		--extra spark --extra dev $(PIP_COMPILE_ARGS) --output-file $(LOCK) pyproject.toml
 
 .PHONY: venv
 venv: $(STAMP) ## Create the virtualenv and install the packages
@@ -46,8 +60,9 @@ down: ## Stop the services and the broker
 
 .PHONY: status
 status: venv ## Show what is running
-	-$(PY) -m tools.kafka_broker status
-	$(PY) -m tools.fleet status
+	@# the broker's status exits 1 when it is stopped: an answer, not an error
+	@$(PY) -m tools.kafka_broker status || [ $$? -eq 1 ]
+	@$(PY) -m tools.fleet status
 
 .PHONY: demo
 demo: up ## Start the fleet, send sample traffic, print what the APIs answer

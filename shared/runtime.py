@@ -9,7 +9,7 @@ from fastapi import APIRouter, FastAPI
 from shared.engine import App, TopicSpec, ensure_topics, run_worker, serve_api
 from shared.http.api import create_api
 from shared.http.context import ServiceContext
-from shared.settings import Settings
+from shared.settings import Settings, UnsafeSettings
 from shared.topics import TopicNames
 
 
@@ -26,7 +26,14 @@ def serve_http(
     service: StreamService, name: str, default_port: int, settings: Settings, router: APIRouter,
     *, title: str, description: str,
 ) -> FastAPI:
-    """The service's FastAPI app (health, metrics, its router), served on the worker's loop."""
+    """The service's FastAPI app (health, metrics, its router), served on the worker's loop.
+
+    Exits, saying what to set, when the settings are fit only for a local run and this is not one.
+    """
+    try:
+        settings.check_deployable()
+    except UnsafeSettings as exc:
+        raise SystemExit(f"error: {exc}") from None
     ctx = ServiceContext(
         service=name, settings=settings, app=service.app, topics=service.topics,
         url=settings.url_for(default_port), extras={"service": service},

@@ -6,6 +6,7 @@ Every field below is one variable: ``kafka_bootstrap_servers`` is
 
 from __future__ import annotations
 
+import hmac
 import os
 import socket
 from functools import lru_cache
@@ -17,9 +18,24 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 
+#: The admin token of local runs. Everyone can read it here, so outside ``env=local``
+#: the services refuse to start with it.
+DEV_ADMIN_TOKEN = "statefleet-dev-token"
+LOCAL_ENV = "local"
+
+
+class UnsafeSettings(RuntimeError):
+    """Settings fit for a local run only, found outside one; the message says what to set."""
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STATEFLEET_", extra="ignore")
+
+    env: str = Field(
+        LOCAL_ENV, min_length=1,
+        description="Where this runs: local, or e.g. production (set by the Helm chart); outside local runs the "
+        "services refuse development defaults such as the admin token",
+    )
 
     # Kafka connection
     kafka_bootstrap_servers: str = Field("127.0.0.1:9092", description="Comma-separated host:port list")
@@ -51,7 +67,7 @@ class Settings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int | None = Field(None, description="Defaults: validator 8001, tallies 8002, retry scheduler 8003, console 8000")
     advertised_url: str | None = Field(None, description="URL peers use to forward queries here; default http://<host>:<port>")
-    admin_token: str = Field("statefleet-dev-token", description="Bearer token for changing calls (retry scheduler)")
+    admin_token: str = Field(DEV_ADMIN_TOKEN, description="Bearer token for changing calls (retry scheduler)")
     max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies get 413")
     forward_timeout_s: float = 5.0
 
@@ -97,6 +113,19 @@ class Settings(BaseSettings):
     console_history_s: float = Field(600.0, gt=0, description="How far back the fleet page's records/s chart goes")
     console_refresh_s: float = Field(3.0, gt=0, description="How often an open fleet page refreshes itself")
     console_upstream_timeout_s: float = Field(5.0, gt=0, description="Longest wait for one call to a service")
+
+    def check_deployable(self) -> None:
+        """Raise :class:`UnsafeSettings` when a non-local run has settings only a local run may have."""
+        if self.env == LOCAL_ENV:
+            return
+        token = self.admin_token.encode()
+        if not token.strip() or hmac.compare_digest(token, DEV_ADMIN_TOKEN.encode()):
+            raise UnsafeSettings(
+                f"STATEFLEET_ENV is {self.env!r}, but STATEFLEET_ADMIN_TOKEN is "
+                f"{'empty' if not token.strip() else 'the development default'}: anyone could replay or cancel "
+                "messages. Set STATEFLEET_ADMIN_TOKEN to a secret of your own (the Helm chart takes it from its "
+                "admin Secret), or STATEFLEET_ENV=local for a local run."
+            )
 
     def port_for(self, service_default: int) -> int:
         return self.http_port if self.http_port is not None else service_default

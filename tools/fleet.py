@@ -6,6 +6,11 @@ Instance n of a service listens on the service's port + 10 * n (8002, 8012, 8022
 The operator console (``services.console``) comes up with them, on port 8000 unless
 ``--console-port`` says otherwise, reading every instance of every service.
 
+A second fleet can run beside the first: ``STATEFLEET_PORT_OFFSET`` moves every
+service's port, ``STATEFLEET_FLEET_HOME`` its pids, logs and data (default ``.local``),
+and the services connect to the broker ``make broker`` runs (``STATEFLEET_BROKER_PORT``)
+unless ``STATEFLEET_KAFKA_BOOTSTRAP_SERVERS`` names another.
+
     python -m tools.fleet up --tallies 3
     python -m tools.fleet down
 """
@@ -23,9 +28,15 @@ from pathlib import Path
 
 import httpx
 
+from tools.kafka_broker import default_layout
+
 REPO = Path(__file__).resolve().parent.parent
-RUN_DIR = REPO / ".local" / "run"
-LOG_DIR = REPO / ".local" / "logs"
+FLEET_HOME = Path(os.environ.get("STATEFLEET_FLEET_HOME", REPO / ".local")).resolve()
+RUN_DIR = FLEET_HOME / "run"
+LOG_DIR = FLEET_HOME / "logs"
+PORT_OFFSET = int(os.environ.get("STATEFLEET_PORT_OFFSET", "0"))
+#: Longest wait for a killed instance to finish exiting before it is started again.
+EXIT_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -57,41 +68,112 @@ def _pid_file(kind: ServiceKind, n: int) -> Path:
     return RUN_DIR / f"{kind.name}-{n}.pid"
 
 
-def _alive(pid: int) -> bool:
+#: PF_EXITING in /proc/<pid>/stat's flags: the process is being torn down (after SIGKILL,
+#: releasing a large address space takes a while; its port and files are still held).
+_PF_EXITING = 0x4
+
+
+def process_state(pid: int) -> str | None:
+    """"running"; "exiting" (being torn down after a kill: it still holds its port and
+    files); "zombie" (dead, only its exit status left for its parent to collect); or
+    None (no such process)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # someone else's process holds the pid: it exists
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "running"  # no procfs (macOS): signal 0 is all there is to go on
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
+    state, flags = fields[0], int(fields[6])
+    if state in ("Z", "X", "x"):
+        return "zombie"
+    return "exiting" if flags & _PF_EXITING or _kill_pending(pid) else "running"
+
+
+def _kill_pending(pid: int) -> bool:
+    """Whether a SIGKILL is sent but not yet acted on (the moment right after ``kill -9``)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
         return False
-    return True
+    bit = 1 << (signal.SIGKILL - 1)
+    return any(
+        int(line.split(":", 1)[1], 16) & bit for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))
+    )
+
+
+def _is_instance_of(pid: int, kind: ServiceKind) -> bool:
+    """Whether ``pid`` runs ``kind`` (a pid file can outlive its process and the pid be reused)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # no procfs: trust the pid file
+    return kind.module.encode() in cmdline
+
+
+def _recorded_pid(kind: ServiceKind, n: int) -> int | None:
+    try:
+        return int(_pid_file(kind, n).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def _running(kind: ServiceKind, n: int) -> int | None:
-    try:
-        pid = int(_pid_file(kind, n).read_text())
-    except (FileNotFoundError, ValueError):
+    pid = _recorded_pid(kind, n)
+    if pid is None or process_state(pid) != "running" or not _is_instance_of(pid, kind):
         return None
-    return pid if _alive(pid) else None
+    return pid
+
+
+def _alive(pid: int) -> bool:
+    return process_state(pid) == "running"
+
+
+def port(kind: ServiceKind, n: int = 0) -> int:
+    return kind.port + PORT_OFFSET + 10 * n
 
 
 def url(kind: ServiceKind, n: int = 0) -> str:
-    return f"http://127.0.0.1:{kind.port + 10 * n}"
+    return f"http://127.0.0.1:{port(kind, n)}"
+
+
+def _wait_exited(pid: int, timeout: float = EXIT_WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while process_state(pid) == "exiting" and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def service_env(kind: ServiceKind, n: int) -> dict[str, str]:
+    """The environment instance ``n`` of ``kind`` runs with."""
+    return {
+        **os.environ,
+        "STATEFLEET_INSTANCE_ID": f"{kind.name}-{n}",
+        "STATEFLEET_HTTP_PORT": str(port(kind, n)),
+        "STATEFLEET_DATA_DIR": os.environ.get("STATEFLEET_DATA_DIR", str(FLEET_HOME / "data")),
+        # The broker `make broker` runs (STATEFLEET_BROKER_PORT moves it), unless told otherwise.
+        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": os.environ.get(
+            "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS", default_layout().bootstrap,
+        ),
+        "PYTHONPATH": str(REPO),
+    }
 
 
 def start_instance(kind: ServiceKind, n: int, extra_env: dict[str, str] | None = None) -> None:
     if _running(kind, n):
         print(f"  {kind.name}-{n}: already running ({url(kind, n)})")
         return
+    old = _recorded_pid(kind, n)
+    if old is not None and process_state(old) == "exiting":
+        # Killed a moment ago: it still holds its port and its RocksDB lock until it is gone.
+        print(f"  {kind.name}-{n}: pid {old} is still exiting; waiting for it")
+        _wait_exited(old)
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    port = kind.port + 10 * n
-    env = {
-        **os.environ,
-        "STATEFLEET_INSTANCE_ID": f"{kind.name}-{n}",
-        "STATEFLEET_HTTP_PORT": str(port),
-        "STATEFLEET_DATA_DIR": os.environ.get("STATEFLEET_DATA_DIR", str(REPO / ".local" / "data")),
-        "PYTHONPATH": str(REPO),
-        **(extra_env or {}),
-    }
+    env = {**service_env(kind, n), **(extra_env or {})}
     log_path = LOG_DIR / f"{kind.name}-{n}.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -99,7 +181,7 @@ def start_instance(kind: ServiceKind, n: int, extra_env: dict[str, str] | None =
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     _pid_file(kind, n).write_text(str(proc.pid))
-    print(f"  {kind.name}-{n}: started pid {proc.pid} on {url(kind, n)}; log {log_path.relative_to(REPO)}")
+    print(f"  {kind.name}-{n}: started pid {proc.pid} on {url(kind, n)}; log {log_path}")
 
 
 def wait_ready(kind: ServiceKind, n: int, timeout: float) -> bool:
@@ -135,7 +217,7 @@ def up(counts: dict[str, int], timeout: float, console_port: int | None = CONSOL
         wanted.append((console, 0))
     failed = [f"{k.name}-{n}" for k, n in wanted if not wait_ready(k, n, timeout)]
     if failed:
-        print(f"not ready within {timeout:.0f}s: {', '.join(failed)} — see .local/logs/", file=sys.stderr)
+        print(f"not ready within {timeout:.0f}s: {', '.join(failed)} — see {LOG_DIR}/", file=sys.stderr)
         return 1
     print("fleet ready:")
     for kind, n in wanted:
@@ -153,7 +235,8 @@ def down() -> int:
         except ValueError:
             pid_file.unlink()
             continue
-        if _alive(pid):
+        kind = next((k for k in (*SERVICES, CONSOLE) if pid_file.stem.rsplit("-", 1)[0] == k.name), None)
+        if _alive(pid) and kind is not None and _is_instance_of(pid, kind):
             os.kill(pid, signal.SIGTERM)
             pids.append((pid_file.stem, pid))
         else:
@@ -170,12 +253,16 @@ def down() -> int:
 
 
 def status() -> int:
+    shown = 0
     for kind in (*SERVICES, CONSOLE):
         n = 0
         while _pid_file(kind, n).exists():
             pid = _running(kind, n)
             print(f"  {kind.name}-{n}: {'running pid ' + str(pid) if pid else 'stopped'} ({url(kind, n)})")
             n += 1
+            shown += 1
+    if not shown:
+        print("  no service instances (make up starts them)")
     return 0
 
 

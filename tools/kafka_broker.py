@@ -111,13 +111,65 @@ def resolve_jars(layout: BrokerLayout) -> None:
         shutil.rmtree(layout.libs)
     layout.libs.mkdir(parents=True)
     cmd = [
-        "mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+        "mvn", "-B", "-f", str(pom), "dependency:copy-dependencies",
         f"-DoutputDirectory={layout.libs}", "-DincludeScope=runtime",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BrokerError(f"Maven could not resolve the broker's jars:\n{proc.stdout}\n{proc.stderr}")
+    returncode, tail = _run_maven(cmd)
+    if returncode != 0:
+        raise BrokerError("Maven could not resolve the broker's jars:\n" + "\n".join(tail))
     stamp.write_text(pom.read_text())
+
+
+class MavenProgress:
+    """Condenses Maven's output to a progress line every ``interval`` seconds at most.
+
+    A first run downloads a few hundred files (Maven's plugins, then Kafka's jars);
+    one line per file would flood the terminal, none at all looks like a hang.
+    """
+
+    def __init__(self, interval: float = 2.0) -> None:
+        self.interval = interval
+        self.files = 0
+        self.last_file = ""
+        self._last_report = float("-inf")
+
+    def feed(self, line: str, now: float) -> str | None:
+        """The progress line to show after ``line``, if one is due."""
+        text = line.strip()
+        if text.startswith("[INFO] "):
+            text = text[len("[INFO] "):]
+        if text.startswith("Downloaded from "):
+            self.files += 1
+            url = text.split(": ", 1)[-1].split(" ", 1)[0]
+            self.last_file = url.rsplit("/", 1)[-1]
+        elif not text.startswith("Copying "):
+            return None
+        if now - self._last_report < self.interval:
+            return None
+        self._last_report = now
+        if text.startswith("Copying "):
+            return f"Maven: {text}"
+        return f"Maven: {self.files} files downloaded (latest {self.last_file})"
+
+    def summary(self) -> str:
+        return f"Maven: done, {self.files} files downloaded" if self.files else "Maven: done (all files were cached)"
+
+
+def _run_maven(cmd: list[str]) -> tuple[int, list[str]]:
+    """Run Maven showing condensed progress; its exit code and the last lines it wrote."""
+    progress = MavenProgress()
+    tail: list[str] = []
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        tail = [*tail[-199:], line.rstrip("\n")]
+        shown = progress.feed(line, time.monotonic())
+        if shown:
+            _log(shown)
+    returncode = proc.wait()
+    if returncode == 0:
+        _log(progress.summary())
+    return returncode, tail
 
 
 def _java_cmd(layout: BrokerLayout, main_class: str, *args: str) -> list[str]:

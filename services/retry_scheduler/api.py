@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
+import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
 from services.retry_scheduler.app import KIND_CANCEL, KIND_REPLAY, KIND_UNPARK, RetrySchedulerService
 from services.retry_scheduler.domain import MAX_DUE_MS, percentile
 from services.retry_scheduler.models import (
@@ -40,24 +41,31 @@ from services.retry_scheduler.state import (
 )
 from shared.engine import partition_db
 from shared.http.deps import Admin, Ctx
-from shared.http.errors import NotFound, Unavailable
+from shared.http.errors import NotFound, Unavailable, error_responses
 from shared.http.forwarding import gather, is_local_scope, route
-from shared.http.pagination import InvalidCursor, decode_cursor, encode_cursor
+from shared.http.pagination import CursorParam, InvalidCursor, decode_cursor, encode_cursor
 
 router = APIRouter(tags=["retries"])
 
 #: Most entries one partition examines for one list request (filters can skip many).
 SCAN_BUDGET = 50_000
 MAX_ID_LENGTH = 1024
+#: Names GET /parked in its cursors.
+PARKED = "parked"
 
 DlqId = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, description="dlq.id")]
 Limit = Annotated[int, Query(ge=1, le=1000)]
-Cursor = Annotated[str | None, Query(max_length=4096, description="next_cursor of the previous page")]
+Cursor = CursorParam
 OriginTopic = Annotated[str | None, Query(min_length=1, max_length=249, description="Only messages from this topic")]
 
 Responses = dict[int | str, dict[str, Any]]
-_AUTH: Responses = {401: {"description": "Missing or wrong bearer token"}}
-_BUSY: Responses = {503: {"description": "Owner recovering or rebalancing; retry"}}
+_AUTH: Responses = error_responses(401)
+_BUSY: Responses = error_responses(503)
+_LIST: Responses = error_responses(400, 422, 503, _400="A cursor this API did not make")
+_ACCEPTED: Responses = {202: {"model": CommandOut, "description": "Accepted; applied shortly"}}
+_COMMAND_BUSY: Responses = error_responses(
+    503, _503="Owner recovering or rebalancing, or the redelivery failed (the message is kept); retry",
+)
 
 
 def _service(ctx: Any) -> RetrySchedulerService:
@@ -110,11 +118,11 @@ def _parked_sort(item: dict[str, Any]) -> str:
 
 
 def _retry_cursor(due_at: int, dlq_id: str) -> str:
-    return encode_cursor(f"{due_at}:{dlq_id}")
+    return encode_cursor(f"{due_at}:{dlq_id}", "retries")
 
 
 def _decode_retry_cursor(cursor: str | None) -> bytes | None:
-    text = decode_cursor(cursor)
+    text = decode_cursor(cursor, "retries")
     if text is None:
         return None
     due, sep, dlq_id = text.partition(":")
@@ -175,7 +183,7 @@ async def retry_stats(request: Request, ctx: Ctx) -> Any:
     return out
 
 
-@router.get("/retries", response_model=RetryPage, summary="Scheduled messages in due order", responses=_BUSY)
+@router.get("/retries", response_model=RetryPage, summary="Scheduled messages in due order", responses=_LIST)
 async def list_retries(
     request: Request,
     ctx: Ctx,
@@ -210,8 +218,8 @@ async def list_retries(
 
 
 @router.get(
-    "/retries/{dlq_id}", response_model=RetryOut, summary="One scheduled message",
-    responses={404: {"description": "Not scheduled (never seen, redelivered, cancelled or parked)"}, **_BUSY},
+    "/retries/{dlq_id:id}", response_model=RetryOut, summary="One scheduled message",
+    responses=error_responses(404, 422, 503, _404="Not scheduled (never seen, redelivered, cancelled or parked)"),
 )
 async def get_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)
@@ -242,9 +250,9 @@ def _command_answer(result: dict[str, Any]) -> Any:
 
 
 @router.post(
-    "/retries/{dlq_id}/replay", response_model=CommandOut, dependencies=[Admin],
+    "/retries/{dlq_id:id}/replay", response_model=CommandOut, dependencies=[Admin],
     summary="Redeliver a scheduled message now",
-    responses={**_AUTH, 404: {"description": "Not scheduled"}, 202: {"description": "Accepted; applied shortly"}},
+    responses={**_ACCEPTED, **_AUTH, **error_responses(404, 422, _404="Not scheduled"), **_COMMAND_BUSY},
 )
 async def replay_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)
@@ -257,9 +265,9 @@ async def replay_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
 
 
 @router.delete(
-    "/retries/{dlq_id}", response_model=CommandOut, dependencies=[Admin],
+    "/retries/{dlq_id:id}", response_model=CommandOut, dependencies=[Admin],
     summary="Cancel a scheduled message (it is not redelivered)",
-    responses={**_AUTH, 404: {"description": "Not scheduled"}, 202: {"description": "Accepted; applied shortly"}},
+    responses={**_ACCEPTED, **_AUTH, **error_responses(404, 422, _404="Not scheduled"), **_COMMAND_BUSY},
 )
 async def cancel_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)
@@ -274,7 +282,7 @@ async def cancel_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
 # -- parked ------------------------------------------------------------------------------------------
 
 
-@router.get("/parked", response_model=ParkedPage, summary="Parked messages, ordered by dlq.id", responses=_BUSY)
+@router.get("/parked", response_model=ParkedPage, summary="Parked messages, ordered by dlq.id", responses=_LIST)
 async def list_parked(
     request: Request,
     ctx: Ctx,
@@ -283,7 +291,7 @@ async def list_parked(
     cursor: Cursor = None,
 ) -> Any:
     svc = _service(ctx)
-    after_id = decode_cursor(cursor)
+    after_id = decode_cursor(cursor, PARKED)
     after = id_key(after_id) if after_id is not None else None
 
     async def local() -> dict[str, Any]:
@@ -303,12 +311,13 @@ async def list_parked(
         return JSONResponse(await local())  # a peer's partial answer: not the public model
     pages = await gather(ctx, request, svc.schedule, local)
     items, frontier = _merge(pages, limit, _parked_sort, str)
-    return {"items": items, "next_cursor": _next_cursor(items, limit, frontier, _parked_sort, encode_cursor)}
+    next_cursor = _next_cursor(items, limit, frontier, _parked_sort, lambda key: encode_cursor(key, PARKED))
+    return {"items": items, "next_cursor": next_cursor}
 
 
 @router.get(
-    "/parked/{dlq_id}", response_model=ParkedOut, summary="One parked message",
-    responses={404: {"description": "Not parked"}, **_BUSY},
+    "/parked/{dlq_id:id}", response_model=ParkedOut, summary="One parked message",
+    responses=error_responses(404, 422, 503, _404="Not parked"),
 )
 async def get_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)
@@ -322,9 +331,9 @@ async def get_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
 
 
 @router.post(
-    "/parked/{dlq_id}/replay", response_model=CommandOut, dependencies=[Admin],
+    "/parked/{dlq_id:id}/replay", response_model=CommandOut, dependencies=[Admin],
     summary="Redeliver a parked message to its retry topic (dlq.attempt unchanged) and unpark it",
-    responses={**_AUTH, 404: {"description": "Not parked"}, 202: {"description": "Accepted; applied shortly"}},
+    responses={**_ACCEPTED, **_AUTH, **error_responses(404, 422, _404="Not parked"), **_COMMAND_BUSY},
 )
 async def replay_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
+import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
 from services.tallies.models import TallyOut, TallyPage
 from shared.http.deps import Ctx
-from shared.http.errors import NotFound
+from shared.http.errors import NotFound, error_responses
 from shared.http.forwarding import gather, is_local_scope, route
-from shared.http.pagination import decode_cursor, encode_cursor, merge_pages
+from shared.http.pagination import CursorParam, decode_cursor, encode_cursor, merge_pages
 
 router = APIRouter(tags=["tallies"])
+
+#: Names GET /tallies in its cursors.
+LIST_NAME = "tallies"
+#: Longest program id looked up (the validator accepts none longer than 256).
+MAX_PROGRAM_ID_LENGTH = 1024
+ProgramId = Annotated[str, Path(min_length=1, max_length=MAX_PROGRAM_ID_LENGTH)]
 
 
 def _service(ctx: Any) -> Any:
@@ -20,11 +27,11 @@ def _service(ctx: Any) -> Any:
 
 
 @router.get(
-    "/tallies/{program_id}",
+    "/tallies/{program_id:id}",
     response_model=TallyOut,
-    responses={404: {"description": "No account or login seen for this program"}, 503: {"description": "Owner recovering"}},
+    responses=error_responses(404, 503, _404="No account or login seen for this program"),
 )
-async def get_tally(program_id: str, request: Request, ctx: Ctx) -> Any:
+async def get_tally(program_id: ProgramId, request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)
     forwarded = await route(ctx, request, svc.memberships, ctx.partition_for(program_id))
     if forwarded is not None:
@@ -35,15 +42,18 @@ async def get_tally(program_id: str, request: Request, ctx: Ctx) -> Any:
     return tally.to_json()
 
 
-@router.get("/tallies", response_model=TallyPage, summary="All tallies, ordered by program_id")
+@router.get(
+    "/tallies", response_model=TallyPage, summary="All tallies, ordered by program_id",
+    responses=error_responses(400, 422, 503, _400="A cursor this API did not make"),
+)
 async def list_tallies(
     request: Request,
     ctx: Ctx,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    cursor: CursorParam = None,
 ) -> Any:
     svc = _service(ctx)
-    after = decode_cursor(cursor)
+    after = decode_cursor(cursor, LIST_NAME)
 
     async def local_page() -> dict[str, Any]:
         programs = sorted(p for p in svc.local_programs() if after is None or p > after)[:limit]
@@ -54,7 +64,7 @@ async def list_tallies(
         return await local_page()
     pages = await gather(ctx, request, svc.memberships, local_page)
     items = merge_pages(pages, key="program_id", limit=limit)
-    next_cursor = encode_cursor(items[-1]["program_id"]) if len(items) == limit else None
+    next_cursor = encode_cursor(items[-1]["program_id"], LIST_NAME) if len(items) == limit else None
     return {"items": items, "next_cursor": next_cursor}
 
 

@@ -16,27 +16,33 @@ from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 import httpx
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
+import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
 from services.validator.app import ValidatorService
-from services.validator.domain import PENDING
+from services.validator.domain import MAX_ID_LENGTH, PENDING
 from services.validator.models import AccountOut, CommandAccepted, CommandIn, CommandStatus, ProgramAccountsPage
 from services.validator.state import listing_cursor, listing_key_from_cursor
 from shared import codecs
 from shared.engine import SendFailed
 from shared.http.context import ServiceContext
 from shared.http.deps import Ctx
-from shared.http.errors import ApiError, NotFound, Unavailable
+from shared.http.errors import ApiError, NotFound, Unavailable, error_responses
 from shared.http.forwarding import FORWARDED_BY, owner_of, route
-from shared.http.pagination import InvalidCursor, decode_cursor, encode_cursor
+from shared.http.pagination import CursorParam, InvalidCursor, decode_cursor, encode_cursor
 from shared.metrics import HTTP_FORWARDED
 
 router = APIRouter(tags=["validator"])
 
+#: Ids in paths: none longer is ever accepted, so none longer can be found.
+IdPath = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH)]
+
 #: POST /commands without ?wait waits at most this long for the command to be readable
 #: as pending (so a GET right after the POST finds it); it returns 202 either way.
 PENDING_VISIBLE_WAIT_S = 1.0
+#: Names GET /programs/{program_id}/accounts in its cursors.
+LISTING = "program-accounts"
 
 
 def _service(ctx: ServiceContext) -> ValidatorService:
@@ -102,8 +108,11 @@ async def command_status(
     responses={
         200: {"model": CommandStatus, "description": "With ?wait=true: the command's outcome"},
         202: {"description": "Written to account-commands; with ?wait=true and no outcome in time, the pending status"},
-        422: {"description": "The body is not a valid command"},
-        503: {"description": "The command could not be written"},
+        **error_responses(
+            400, 413, 422, 503,
+            _422="The body is not a valid command, or holds a value no message can carry",
+            _503="The command could not be written to Kafka; retry",
+        ),
     },
 )
 async def post_command(
@@ -139,16 +148,13 @@ async def post_command(
 
 
 @router.get(
-    "/commands/{command_id:path}",
+    "/commands/{command_id:id}",
     response_model=CommandStatus,
     summary="A command's status: pending, accepted (with its event) or rejected (with the reason)",
-    responses={
-        404: {"description": "No command with this id was submitted or answered"},
-        503: {"description": "Owner recovering"},
-    },
+    responses=error_responses(404, 422, 503, _404="No command with this id was submitted or answered"),
 )
 async def get_command(
-    command_id: str,
+    command_id: IdPath,
     request: Request,
     ctx: Ctx,
     wait: Annotated[
@@ -166,12 +172,12 @@ async def get_command(
 
 
 @router.get(
-    "/accounts/{account_id:path}",
+    "/accounts/{account_id:id}",
     response_model=AccountOut,
     summary="An account's current status and version",
-    responses={404: {"description": "The account never existed"}, 503: {"description": "Owner recovering"}},
+    responses=error_responses(404, 503, _404="The account never existed"),
 )
-async def get_account(account_id: str, request: Request, ctx: Ctx) -> Any:
+async def get_account(account_id: IdPath, request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)
     forwarded = await route(ctx, request, svc.accounts, ctx.partition_for(account_id))
     if forwarded is not None:
@@ -183,17 +189,17 @@ async def get_account(account_id: str, request: Request, ctx: Ctx) -> Any:
 
 
 @router.get(
-    "/programs/{program_id}/accounts",
+    "/programs/{program_id:id}/accounts",
     response_model=ProgramAccountsPage,
     summary="A program's accounts with their status, newest first (the category projection)",
-    responses={400: {"description": "Bad cursor or program id"}, 503: {"description": "Owner recovering"}},
+    responses=error_responses(400, 422, 503, _400="A cursor this API did not make, or a program id holding NUL"),
 )
 async def list_program_accounts(
-    program_id: str,
+    program_id: IdPath,
     request: Request,
     ctx: Ctx,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    cursor: CursorParam = None,
     status: Annotated[
         Literal["active", "inactive", "deleted"] | None, Query(description="Only accounts with this status"),
     ] = None,
@@ -205,7 +211,7 @@ async def list_program_accounts(
     if forwarded is not None:
         return forwarded
     before = None
-    text = decode_cursor(cursor)
+    text = decode_cursor(cursor, LISTING)
     if text is not None:
         try:
             before = listing_key_from_cursor(program_id, text)
@@ -214,5 +220,5 @@ async def list_program_accounts(
     items, more = svc.list_program(program_id, limit=limit, before=before, status=status)
     return {
         "items": [item.to_json() for item in items],
-        "next_cursor": encode_cursor(listing_cursor(items[-1])) if more and items else None,
+        "next_cursor": encode_cursor(listing_cursor(items[-1]), LISTING) if more and items else None,
     }

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services.validator.domain import MAX_ID_LENGTH, REASONS
+from shared.http.bounds import MAX_JSON_DEPTH, JsonObject, NonNegativeInt64, Text
 
 CommandType = Literal["CreateAccount", "UpdateAccount", "DeactivateAccount", "ReactivateAccount", "DeleteAccount"]
 
@@ -24,20 +25,24 @@ class CommandIn(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    command_id: str | None = Field(
+    command_id: Text | None = Field(
         None, min_length=1, max_length=MAX_ID_LENGTH,
         description="Idempotency key; generated (UUID4) when absent. Sending the same id again yields the same outcome.",
     )
     type: CommandType
-    account_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
-    program_id: str | None = Field(
+    account_id: Text = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    program_id: Text | None = Field(
         None, min_length=1, max_length=MAX_ID_LENGTH, description="Required by CreateAccount",
     )
-    expected_version: int | None = Field(
-        None, ge=0, description="When given, the command is rejected with VERSION_CONFLICT unless it equals the current version",
+    expected_version: NonNegativeInt64 | None = Field(
+        None, description="When given, the command is rejected with VERSION_CONFLICT unless it equals the current version",
     )
-    data: dict[str, Any] = Field(default_factory=dict, description="CreateAccount: initial data; UpdateAccount: merged in")
-    issued_at: int | None = Field(None, description="Epoch ms; defaults to the time the API received the command")
+    data: JsonObject = Field(
+        default_factory=dict,
+        description="CreateAccount: initial data; UpdateAccount: merged in. Integers must fit in 64 bits (signed), "
+        f"numbers be finite, nesting at most {MAX_JSON_DEPTH} levels deep",
+    )
+    issued_at: NonNegativeInt64 | None = Field(None, description="Epoch ms; defaults to the time the API received the command")
 
     _ids_without_nul = field_validator("command_id", "account_id", "program_id")(_no_nul)
 

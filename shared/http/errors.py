@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -58,14 +61,96 @@ class Unavailable(ApiError):
         super().__init__(detail, headers={"Retry-After": str(retry_after)})
 
 
+class ErrorOut(BaseModel):
+    """The body of every 4xx and 5xx answer."""
+
+    error: str = Field(description=(
+        "What went wrong, for programs: bad_request, invalid_cursor, unauthorized, not_found, "
+        "method_not_allowed, conflict, payload_too_large, invalid_request, unavailable"
+    ))
+    detail: Any = Field(description="For people: a message, or for invalid_request the list of problems found")
+
+
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "Malformed request: a cursor this API did not make, a body that cannot be parsed, a forbidden character",
+    401: "Missing or wrong 'Authorization: Bearer <token>' header",
+    404: "No such resource",
+    405: "Method not allowed on this path; the Allow header lists those that are",
+    409: "Conflicts with the current state",
+    413: "Request body larger than the configured limit",
+    422: "A parameter or the body does not match the schema",
+    503: "State is being restored or rebalanced, or Kafka is unreachable: retry after Retry-After seconds",
+}
+
+_ERROR_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    405: {"Allow": {"description": "The methods this path takes", "schema": {"type": "string"}}},
+    503: {"Retry-After": {"description": "Seconds to wait before retrying", "schema": {"type": "string"}}},
+}
+
+
+def error_responses(*statuses: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these error statuses, each with the shared :class:`ErrorOut` body.
+
+    ``descriptions`` override the generic text per status (``_404="No such account"``).
+    """
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        entry: dict[str, Any] = {
+            "model": ErrorOut, "description": descriptions.get(f"_{status}", ERROR_DESCRIPTIONS[status]),
+        }
+        if status in _ERROR_HEADERS:
+            entry["headers"] = _ERROR_HEADERS[status]
+        out[status] = entry
+    return out
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+_TEMPLATE_PARAM = re.compile(r"\\\{[^}]*\\\}")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods of the resource this path names, as the OpenAPI document lists them.
+
+    Ids may hold ``/``, so ``/parked/x/replay`` is both "replay parked message x" and
+    "parked message x/replay", and ``/retries/stats`` both the stats and message
+    "stats". The reading that takes the path most literally names the resource: no
+    slash inside an id if any template matches so, then the fewest ids. (Starlette
+    itself names only the methods of the first route that matched the path.)
+    """
+    path = request.scope.get("path", "")
+    paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
+    for param in ("[^/]+", ".+"):
+        matching = [
+            (template.count("{"), operations) for template, operations in paths.items()
+            if re.fullmatch(_TEMPLATE_PARAM.sub(param, re.escape(template)), path)
+        ]
+        if matching:
+            fewest = min(n for n, _ in matching)
+            methods = {m.upper() for n, operations in matching if n == fewest for m in operations}
+            return [m for m in _METHODS if m in methods]
+    return []
+
+
 def error_body(code: str, detail: Any) -> dict[str, Any]:
     return {"error": code, "detail": detail}
+
+
+class ErrorResponse(JSONResponse):
+    """A JSON error that renders whatever the request held: a field name or value with a
+    lone surrogate (``"\\ud800"``, which JSON parsers accept) has no UTF-8 form, so it is
+    written replaced rather than failing the error response itself."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=str).encode(
+            "utf-8", errors="replace",
+        )
 
 
 def install_error_handlers(api: FastAPI) -> None:
     @api.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.detail), status_code=exc.status, headers=exc.headers)
+        return ErrorResponse(error_body(exc.code, exc.detail), status_code=exc.status, headers=exc.headers)
 
     @api.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -73,14 +158,19 @@ def install_error_handlers(api: FastAPI) -> None:
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
             for e in exc.errors()
         ]
-        return JSONResponse(error_body("invalid_request", errors), status_code=422)
+        return ErrorResponse(error_body("invalid_request", errors), status_code=422)
 
     @api.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, exc.detail), status_code=exc.status_code, headers=exc.headers)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names only the methods of the first route that matched the path;
+            # /retries/{id} takes GET from one route and DELETE from another.
+            headers["Allow"] = ", ".join(allowed_methods(request)) or headers.get("Allow", "")
+        return ErrorResponse(error_body(code, exc.detail), status_code=exc.status_code, headers=headers)
 
     @api.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body("internal_error", "unexpected error; see the service log"), status_code=500)
+        return ErrorResponse(error_body("internal_error", "unexpected error; see the service log"), status_code=500)

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from fastapi import Request, Response
@@ -54,11 +55,23 @@ async def route(ctx: ServiceContext, request: Request, table: AnyTable, partitio
     return await forward(ctx, request, owner)
 
 
+def raw_path(request: Request) -> str:
+    """The path as the client sent it, still percent-encoded.
+
+    Ids may hold ``/``, ``%``, ``?`` or ``#``: the decoded path would forward
+    ``/tallies/a%3Fb`` as ``/tallies/a?b``, a different resource with a query.
+    """
+    raw = request.scope.get("raw_path")
+    if isinstance(raw, bytes) and raw:
+        return raw.decode("latin-1")
+    return quote(request.url.path, safe="/")
+
+
 async def forward(ctx: ServiceContext, request: Request, owner: str) -> Response:
     headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
     headers[FORWARDED_BY] = ctx.url
     body = await request.body()
-    url = owner + request.url.path
+    url = owner + raw_path(request)
     HTTP_FORWARDED.labels(ctx.service).inc()
     try:
         resp = await ctx.http.request(request.method, url, params=request.query_params, content=body, headers=headers)
@@ -100,7 +113,7 @@ async def gather(
         params = dict(request.query_params)
         params[LOCAL_SCOPE_PARAM] = "local"
         try:
-            resp = await ctx.http.get(owner + request.url.path, params=params, headers={FORWARDED_BY: ctx.url})
+            resp = await ctx.http.get(owner + raw_path(request), params=params, headers={FORWARDED_BY: ctx.url})
         except httpx.HTTPError as exc:
             raise Unavailable(f"instance {owner} did not answer; retry shortly") from exc
         if resp.status_code != 200:

@@ -1,4 +1,4 @@
-"""Reject oversized request bodies before they are read into memory."""
+"""Reject oversized request bodies before more than the limit is read into memory."""
 
 from __future__ import annotations
 
@@ -23,23 +23,30 @@ class BodySizeLimit:
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
                 await self._reject(send)
                 return
-        seen = 0
-        too_large = False
-
-        async def limited_receive() -> Message:
-            nonlocal seen, too_large
+        # The body is read here, in full, before the app sees it: a chunked body has no
+        # Content-Length to check, and an error raised while the app reads it would be
+        # taken by FastAPI as an unparsable body (400), not one that is too large.
+        body = bytearray()
+        more = True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    too_large = True
-                    raise _TooLarge()
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away before sending the whole body
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                await self._reject(send)
+                return
+            more = message.get("more_body", False)
+        replayed = False
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _TooLarge:
-            await self._reject(send)
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
 
     async def _reject(self, send: Send) -> None:
         body = dumps(error_body("payload_too_large", f"request body exceeds {self.max_bytes} bytes"))
@@ -49,7 +56,3 @@ class BodySizeLimit:
             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
         })
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass

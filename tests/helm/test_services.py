@@ -37,6 +37,8 @@ def test_one_statefulset_per_service_runs_its_module(render, service, port):
     env = env_of(c)
     assert env["STATEFLEET_HTTP_HOST"]["value"] == "0.0.0.0"
     assert env["STATEFLEET_HTTP_PORT"]["value"] == str(port)
+    # the service then refuses to start with the development admin token
+    assert env["STATEFLEET_ENV"]["value"] == "production"
 
 
 def test_replicas_and_per_service_overrides(render):

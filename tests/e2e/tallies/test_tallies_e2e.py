@@ -9,6 +9,7 @@ import re
 import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -67,7 +68,9 @@ def test_exact_tallies_api_topic_and_dead_letters(start_tallies, tally_topics) -
     missing = httpx.get(f"{proc.url}/tallies/no-such-program", timeout=5)
     assert missing.status_code == 404 and missing.json()["error"] == "not_found"
     assert httpx.get(f"{proc.url}/tallies", params={"limit": 0}, timeout=5).status_code == 422
-    assert httpx.get(f"{proc.url}/tallies", params={"cursor": "%%"}, timeout=5).status_code == 400
+    for cursor in ("%%", "bm90LWEtY3Vyc29y"):  # not base64; base64 of text this API never made
+        bad = httpx.get(f"{proc.url}/tallies", params={"cursor": cursor}, timeout=5)
+        assert bad.status_code == 400 and bad.json()["error"] == "invalid_cursor"
 
     wait_for(lambda: latest_published(tally_topics["tallies"]) == history.expected, timeout=30,
              message="program-tallies to hold the latest tallies")
@@ -83,6 +86,20 @@ def test_exact_tallies_api_topic_and_dead_letters(start_tallies, tally_topics) -
     assert by_key[b"bad-3"][dl.ORIGINAL_TOPIC] == tally_topics["logins"].encode()
     assert by_key[b"bad-1"][dl.ATTEMPT] == b"1"
     assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
+
+
+def test_program_ids_with_slashes_and_url_characters_read_back(start_tallies, tally_topics) -> None:  # type: ignore[no-untyped-def]
+    programs = ["a/b", "/lead", "trail/", "x/y/z", "pct%2Fenc", "q?x=1#frag", "line\nbreak"]
+    proc = start_tallies()
+    produce(tally_topics["events"], [
+        (f"acct-{i}", orjson.dumps(event(f"acct-{i}", program, "AccountCreated", 1))) for i, program in enumerate(programs)
+    ])
+    wait_for(lambda: len(all_tallies(proc)) == len(programs), timeout=30, message="every tally")
+    for program in programs:
+        for safe in ("/", ""):  # raw slashes and %2F
+            got = httpx.get(f"{proc.url}/tallies/{quote(program, safe=safe)}", timeout=5)
+            assert got.status_code == 200, (program, got.text)
+            assert got.json() == {"program_id": program, "numberActive": 1, "numberInactive": 0, "lastLogin": None}
 
 
 @pytest.mark.parametrize("bulk_restore", [True, False], ids=["bulk-restore", "faust-recovery"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -171,6 +172,61 @@ def test_bad_input_gets_a_json_4xx(
     r = httpx.request(method, shared_validator.url + path, timeout=10, **kwargs)
     assert r.status_code == status, r.text
     assert "error" in r.json()
+    assert get(shared_validator, "/healthz").status_code == 200
+
+
+#: Ids with the characters a URL path treats specially; each must be readable back.
+ODD_IDS = ["a/b", "/lead", "trail/", "a//b", "x/accounts", "pct%2Fenc", "q?x=1#frag", "sp ace", "line\nbreak"]
+
+
+@pytest.mark.parametrize("odd", ODD_IDS)
+def test_ids_with_slashes_and_url_characters_read_back(shared_validator: ServiceProcess, odd: str) -> None:
+    v = shared_validator
+    tag = uuid.uuid4().hex[:6]
+    account, program, command = f"{tag}{odd}", f"{odd}{tag}", f"{odd}-cmd-{tag}"
+    r = post(v, {"command_id": command, "type": "CreateAccount", "account_id": account, "program_id": program})
+    assert r.status_code == 200 and r.json()["status"] == "accepted", r.text
+    for safe in ("/", ""):  # raw slashes and %2F
+        assert get(v, f"/commands/{quote(command, safe=safe)}").json()["command_id"] == command
+        assert get(v, f"/accounts/{quote(account, safe=safe)}").json()["account_id"] == account
+        path = f"/programs/{quote(program, safe=safe)}/accounts"
+        listed = wait_for(lambda p=path: get(v, p).json().get("items"), timeout=15, message="the listing")
+        assert [i["account_id"] for i in listed] == [account]
+
+
+def _unrepresentable(command_id: str) -> list[bytes]:
+    """Bodies Python's JSON parser takes but no message can carry (orjson, UTF-8, 64-bit longs)."""
+    head = f'"type":"ReactivateAccount","program_id":"0","account_id":"0","command_id":"{command_id}"'
+    return [
+        ('{' + head + ',"issued_at":59539714981774057472,"data":{}}').encode(),
+        ('{' + head + ',"issued_at":-1}').encode(),
+        ('{' + head + ',"expected_version":9223372036854775808}').encode(),
+        ('{' + head + ',"data":{"n":[{"deep":18446744073709551616}]}}').encode(),
+        ('{' + head + ',"data":{"n":-9223372036854775809}}').encode(),
+        ('{' + head + ',"data":{"s":"\\ud800"}}').encode(),
+        ('{' + head + ',"data":{"\\udfff":1}}').encode(),
+        ('{' + head + ',"data":{"x":NaN}}').encode(),
+        ('{' + head + ',"data":{"x":1e400}}').encode(),
+        ('{' + head + ',"data":' + "[" * 100 + "]" * 100 + "}").encode(),
+        ('{' + head + ',"data":{"d":' + '{"a":' * 100 + "1" + "}" * 100 + "}}").encode(),
+        ('{' + head + ',"\\ud800":1}').encode(),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_unrepresentable("x"))))
+@pytest.mark.parametrize("wait", [True, False])
+def test_unrepresentable_values_get_422_and_leave_nothing_behind(
+    shared_validator: ServiceProcess, case: int, wait: bool,
+) -> None:
+    command_id = f"bad-{uuid.uuid4().hex[:8]}"
+    body = _unrepresentable(command_id)[case]
+    r = httpx.post(
+        shared_validator.url + "/commands", content=body, params={"wait": str(wait).lower()},
+        headers={"content-type": "application/json"}, timeout=15,
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "invalid_request"
+    assert get(shared_validator, f"/commands/{command_id}").status_code == 404
     assert get(shared_validator, "/healthz").status_code == 200
 
 

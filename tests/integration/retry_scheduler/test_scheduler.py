@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -167,6 +168,31 @@ def test_parked_messages_are_listed_and_replayed(scheduler: Scheduler) -> None:
     assert scheduler.admin("POST", f"/parked/{dlq_id}/replay").status_code == 404
 
 
+@pytest.mark.parametrize("odd", ["a/b", "/lead", "x/replay", "pct%2Fenc", "q?x=1#frag", "line\nbreak"])
+def test_ids_with_slashes_and_url_characters_are_addressable(scheduler: Scheduler, odd: str) -> None:
+    topic = scheduler.retry_topic("odd")
+    scheduled, parked = f"{new_id('s')}{odd}", f"{odd}{new_id('p')}"
+    send_letter(scheduler, b"k", b"v", letter_headers(scheduled, topic, origin="slow"))
+    send_letter(scheduler, b"k", b"v", letter_headers(parked, topic, error="ValidationError"))
+    for safe in ("/", ""):  # raw slashes and %2F
+        path = quote(scheduled, safe=safe)
+        wait_for(lambda p=path: scheduler.get(f"/retries/{p}").status_code == 200, timeout=15, message="scheduled")
+        assert scheduler.get(f"/retries/{path}").json()["id"] == scheduled
+        path = quote(parked, safe=safe)
+        wait_for(lambda p=path: scheduler.get(f"/parked/{p}").status_code == 200, timeout=15, message="parked")
+        assert scheduler.get(f"/parked/{path}").json()["id"] == parked
+    r = scheduler.admin("POST", f"/retries/{quote(scheduled, safe='/')}/replay")
+    assert r.status_code == 200 and r.json() == {**r.json(), "id": scheduled, "status": "redelivered"}
+    r = scheduler.admin("POST", f"/parked/{quote(parked, safe='/')}/replay")
+    assert r.status_code == 200 and r.json() == {**r.json(), "id": parked, "status": "redelivered"}
+    assert scheduler.get(f"/parked/{quote(parked, safe='')}").status_code == 404
+    again = f"{new_id('c')}{odd}"
+    send_letter(scheduler, b"k", b"v", letter_headers(again, topic, origin="slow"))
+    wait_for(lambda: scheduler.get(f"/retries/{quote(again, safe='')}").status_code == 200, timeout=15, message="scheduled")
+    r = scheduler.admin("DELETE", f"/retries/{quote(again, safe='/')}")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+
+
 def test_list_pages_in_due_order_with_filters(scheduler: Scheduler) -> None:
     topic = scheduler.retry_topic("pages")
     base = int(time.time() * 1000)
@@ -248,6 +274,7 @@ def test_dead_letters_without_headers_are_accepted(scheduler: Scheduler) -> None
         ("GET", "/retries?origin_topic=" + "x" * 300, 422, "invalid_request"),
         ("GET", "/parked?limit=100000", 422, "invalid_request"),
         ("GET", "/parked?cursor=%%%", 400, "invalid_cursor"),
+        ("GET", "/parked?cursor=bm90LWEtY3Vyc29y", 400, "invalid_cursor"),
         ("GET", "/retries/no-such-id", 404, "not_found"),
         ("GET", "/parked/no-such-id", 404, "not_found"),
         ("GET", "/retries/" + "x" * 2000, 422, "invalid_request"),

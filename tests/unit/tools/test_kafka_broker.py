@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import sys
 
-from tools.kafka_broker import new_cluster_id
+import pytest
+
+from tools.kafka_broker import MavenProgress, _run_maven, new_cluster_id
 
 
 def test_cluster_ids_are_16_random_bytes_and_never_look_like_an_option() -> None:
@@ -12,3 +15,28 @@ def test_cluster_ids_are_16_random_bytes_and_never_look_like_an_option() -> None
     assert len(set(ids)) == len(ids)
     assert not any(cid.startswith("-") for cid in ids)
     assert all(len(base64.urlsafe_b64decode(cid + "==")) == 16 for cid in ids)
+
+
+def downloaded(name: str) -> str:
+    return f"[INFO] Downloaded from central: https://repo.maven.apache.org/maven2/org/x/{name} (12 kB at 40 kB/s)\n"
+
+
+def test_maven_progress_shows_a_line_now_and_then_not_one_per_file() -> None:
+    progress = MavenProgress(interval=2.0)
+    shown = [
+        out for i in range(300)
+        if (out := progress.feed(downloaded(f"lib-{i}.jar"), now=i * 0.02)) is not None  # 300 files in 6 s
+    ]
+    assert 2 <= len(shown) <= 4
+    assert shown[0] == "Maven: 1 files downloaded (latest lib-0.jar)"
+    assert progress.feed("[INFO] Downloading from central: https://x/y.pom\n", now=100.0) is None
+    assert progress.feed("[INFO] BUILD SUCCESS\n", now=100.0) is None
+    assert progress.summary() == "Maven: done, 300 files downloaded"
+
+
+def test_maven_runs_streamed_and_a_failure_keeps_its_last_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    script = "import sys\nprint(" + repr(downloaded("kafka_2.13-4.1.1.jar")) + ")\nprint('[ERROR] no such artifact')\nsys.exit(3)"
+    returncode, tail = _run_maven([sys.executable, "-c", script])
+    assert returncode == 3
+    assert "[ERROR] no such artifact" in tail
+    assert "Maven: 1 files downloaded (latest kafka_2.13-4.1.1.jar)" in capsys.readouterr().err

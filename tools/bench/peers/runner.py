@@ -59,9 +59,10 @@ import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-
-from shared.settings import Settings
 from shared.topic_admin import TopicSpec, ensure_topics_async
+
+from shared.engine import refresh_metadata
+from shared.settings import Settings
 from tools.bench.common import REPO, bootstrap, machine, produce_bulk, stop_worker
 from tools.bench.peers.workload import Workload, build
 
@@ -303,7 +304,7 @@ async def watch_output(topic: str, expected: dict[str, dict[str, Any]], proc: su
     wrong = set(expected)
     unexpected: set[str] = set()
     try:
-        await consumer._client.force_metadata_update()
+        await refresh_metadata(consumer)
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)

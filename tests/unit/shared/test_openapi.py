@@ -1,0 +1,86 @@
+"""Each service's OpenAPI document tells every error it answers, with the shared error body,
+and a 405 names every method the path takes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from fastapi import APIRouter, FastAPI
+from fastapi.testclient import TestClient
+
+from services.retry_scheduler.api import router as retry_router
+from services.tallies.api import router as tallies_router
+from services.validator.api import router as validator_router
+from shared.http.api import create_api
+from shared.settings import Settings
+
+ROUTERS = {"validator": validator_router, "tallies": tallies_router, "retry_scheduler": retry_router}
+
+
+def service_api(router: APIRouter) -> FastAPI:
+    ctx = SimpleNamespace(settings=Settings(), url="http://127.0.0.1:1", service="test")
+    api = create_api(ctx, title="test", description="test")  # type: ignore[arg-type]
+    api.include_router(router)
+    return api
+
+
+def operations(schema: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [(path, method, op) for path, ops in schema["paths"].items() for method, op in ops.items()]
+
+
+@pytest.mark.parametrize("service", ROUTERS)
+def test_every_error_response_has_the_shared_error_body(service: str) -> None:
+    schema = service_api(ROUTERS[service]).openapi()
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    assert set(schema["components"]["schemas"]["ErrorOut"]["required"]) == {"error", "detail"}
+    for path, method, op in operations(schema):
+        for status, response in op["responses"].items():
+            if int(status) >= 400 and path != "/readyz":
+                content = response["content"]["application/json"]["schema"]
+                assert content == {"$ref": "#/components/schemas/ErrorOut"}, (method, path, status)
+
+
+EXPECTED = {
+    ("post", "/commands"): {"200", "202", "400", "413", "422", "503"},
+    ("get", "/commands/{command_id}"): {"200", "404", "422", "503"},
+    ("get", "/accounts/{account_id}"): {"200", "404", "422", "503"},
+    ("get", "/programs/{program_id}/accounts"): {"200", "400", "422", "503"},
+    ("get", "/tallies/{program_id}"): {"200", "404", "422", "503"},
+    ("get", "/tallies"): {"200", "400", "422", "503"},
+    ("get", "/retries"): {"200", "400", "422", "503"},
+    ("get", "/retries/{dlq_id}"): {"200", "404", "422", "503"},
+    ("post", "/retries/{dlq_id}/replay"): {"200", "202", "401", "404", "422", "503"},
+    ("delete", "/retries/{dlq_id}"): {"200", "202", "401", "404", "422", "503"},
+    ("get", "/parked"): {"200", "400", "422", "503"},
+    ("post", "/parked/{dlq_id}/replay"): {"200", "202", "401", "404", "422", "503"},
+    ("get", "/readyz"): {"200", "503"},
+}
+
+
+@pytest.mark.parametrize("service", ROUTERS)
+def test_the_statuses_each_operation_can_answer_are_documented(service: str) -> None:
+    schema = service_api(ROUTERS[service]).openapi()
+    documented = {(method, path): set(op["responses"]) for path, method, op in operations(schema)}
+    expected = {k: v for k, v in EXPECTED.items() if k in documented}
+    assert len(expected) >= 3
+    assert {k: documented[k] for k in expected} == expected
+    assert documented[("get", "/metrics")] == {"200"}
+
+
+@pytest.mark.parametrize(("service", "method", "path", "allow"), [
+    ("retry_scheduler", "PUT", "/retries/x", "GET, DELETE"),
+    ("retry_scheduler", "OPTIONS", "/parked/x/replay", "POST"),  # not GET of the parked id "x/replay"
+    ("retry_scheduler", "PUT", "/retries/x/replay", "POST"),
+    ("retry_scheduler", "OPTIONS", "/retries/stats", "GET"),
+    ("retry_scheduler", "PATCH", "/parked/a/b", "GET"),
+    ("validator", "PATCH", "/commands", "POST"),
+    ("tallies", "POST", "/tallies/a/b", "GET"),
+    ("tallies", "DELETE", "/healthz", "GET"),
+])
+def test_405_names_every_method_the_path_takes(service: str, method: str, path: str, allow: str) -> None:
+    r = TestClient(service_api(ROUTERS[service]), raise_server_exceptions=False).request(method, path)
+    assert r.status_code == 405
+    assert r.headers["allow"] == allow
+    assert r.json()["error"] == "method_not_allowed"

@@ -1,0 +1,65 @@
+"""The docs stay true to the project: links resolve, the configuration table lists every setting."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from shared.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+CODE_BLOCK = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = CODE_BLOCK.sub("", path.read_text())
+    return {github_anchor(m) for m in re.findall(r"^#+\s+(.*)$", text, re.M)}
+
+
+def relative_links(path: Path) -> list[str]:
+    text = CODE_BLOCK.sub("", path.read_text())
+    return [t for t in LINK.findall(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(doc: Path) -> None:
+    broken = []
+    for target in relative_links(doc):
+        file_part, _, anchor = target.partition("#")
+        resolved = (doc.parent / file_part).resolve() if file_part else doc
+        if not resolved.exists():
+            broken.append(f"{target} (no {resolved.relative_to(REPO) if resolved.is_relative_to(REPO) else resolved})")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            broken.append(f"{target} (no heading #{anchor})")
+    assert not broken, f"broken links in {doc.relative_to(REPO)}: {broken}"
+
+
+def readme_config_variables() -> set[str]:
+    """Every variable the README's configuration table names; ``/ `_X`` continues the previous name."""
+    section = REPO.joinpath("README.md").read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for row in re.findall(r"^\|\s*(`STATEFLEET_[^|]*)\|", section, re.M):
+        previous = ""
+        for token in re.findall(r"`([^`]+)`", row):
+            name = previous.rsplit("_", 1)[0] + token if token.startswith("_") and previous else token
+            names.add(name)
+            previous = name
+    return names
+
+
+def test_the_configuration_table_lists_exactly_the_settings() -> None:
+    settings = {f"STATEFLEET_{name.upper()}" for name in Settings.model_fields}
+    table = readme_config_variables()
+    assert sorted(settings - table) == [], "settings missing from the README's configuration table"
+    assert sorted(table - settings) == [], "the README's configuration table names variables Settings does not read"
