@@ -73,10 +73,10 @@ class Settings(BaseSettings):
 
     # Processing
     log_level: str = "INFO"
-    consumer_max_poll_records: int = Field(10000, ge=1, description="Most records one fetch hands over")
+    consumer_max_poll_records: int = Field(
+        10000, ge=1, description="Most records one fetch hands over to the batch handlers (all partitions together)",
+    )
     stream_buffer_maxsize: int = Field(8192, ge=1)
-    batch_size: int = Field(1000, ge=1, description="Events taken per processing batch")
-    batch_within_s: float = Field(0.05, gt=0, description="Longest wait to fill a batch")
     trailing_hole_check_s: float = Field(
         5.0, gt=0, description="How often skipped input records with nothing after them are looked for",
     )

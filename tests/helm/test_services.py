@@ -47,8 +47,8 @@ def test_replicas_and_per_service_overrides(render):
     assert m.get("StatefulSet", sts_name("validator"))["spec"]["replicas"] == 3
     tallies = container(m.get("StatefulSet", sts_name("tallies")))
     assert tallies["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
-    assert env_of(tallies)["STATEFLEET_BATCH_SIZE"]["value"] == "2000"
-    assert "STATEFLEET_BATCH_SIZE" not in env_of(container(m.get("StatefulSet", sts_name("validator"))))
+    assert env_of(tallies)["STATEFLEET_CONSUMER_MAX_POLL_RECORDS"]["value"] == "20000"
+    assert "STATEFLEET_CONSUMER_MAX_POLL_RECORDS" not in env_of(container(m.get("StatefulSet", sts_name("validator"))))
 
 
 @pytest.mark.parametrize("service,port", SERVICES.items())

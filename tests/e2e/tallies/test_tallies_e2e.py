@@ -149,7 +149,7 @@ def records_restored_in_bulk(proc: ServiceProcess) -> int:
 
 def test_sigkill_mid_stream_never_double_counts(start_tallies, tally_topics) -> None:  # type: ignore[no-untyped-def]
     history = generate(programs=10, accounts_per_program=300, seed=11)
-    proc = start_tallies(STATEFLEET_BATCH_SIZE="200")
+    proc = start_tallies(STATEFLEET_CONSUMER_MAX_POLL_RECORDS="200")
     produce(tally_topics["logins"], history.logins)
     produce(tally_topics["events"], history.events)
 
