@@ -199,7 +199,8 @@ class RetrySchedulerService:
         self.lateness_ms: deque[int] = deque(maxlen=LATENESS_SAMPLES)
         self.last_ticks: dict[int, TickReport] = {}
         self.busy_ticks: deque[TickReport] = deque(maxlen=BUSY_TICKS)
-        self._expiry_batch: ExpiryBatch | None = None
+        #: Per partition, the expiry row the done markers of the record being handled go in.
+        self._expiry_batch: dict[int, ExpiryBatch] = {}
         self.totals = {"redelivered": 0, "parked": 0, "scheduled": 0, "cancelled": 0}
         self.waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
@@ -376,10 +377,10 @@ class RetrySchedulerService:
 
     def _mark_done(self, batch: InputBatch, idk: bytes, dlq_id: str, kind: bytes, attempt: int) -> None:
         """Leave a done marker in the index; its expiry is written with the others of this record."""
-        expiry = self._expiry_batch
+        expiry = self._expiry_batch.get(batch.partition)
         if expiry is None:
             expire_at = min(now_ms() + DONE_MEMORY_MS, MAX_DUE_MS)
-            expiry = self._expiry_batch = ExpiryBatch(due_key(expire_at, f"~{uuid.uuid4().hex[:16]}"))
+            expiry = self._expiry_batch[batch.partition] = ExpiryBatch(due_key(expire_at, f"~{uuid.uuid4().hex[:16]}"))
         batch.write(self.index_store, idk, encode_done(kind, attempt, expiry.key))
         expiry.ids.append(dlq_id)
         expiry.size += len(dlq_id) + 3
@@ -388,7 +389,7 @@ class RetrySchedulerService:
 
     def _write_expiry(self, batch: InputBatch) -> None:
         """One expiry row for all the markers left while handling the current record."""
-        expiry, self._expiry_batch = self._expiry_batch, None
+        expiry = self._expiry_batch.pop(batch.partition, None)
         if expiry is not None and expiry.ids:
             batch.write(self.expiry_store, expiry.key, orjson.dumps(expiry.ids))
 

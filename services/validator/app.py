@@ -88,7 +88,6 @@ from shared.engine import (
     InputBatch,
     Outgoing,
     TopicSpec,
-    active_partitions,
     app_id,
     changelog_topic_specs,
     partition_db,
@@ -285,8 +284,8 @@ class ValidatorService:
                 batch.write(self.outcomes_store, expiry_key(now + retention_ms, record.key), b"")
             batch.write(self.outcomes_store, record.key, record.value)
             answered.append(record.key.decode("utf-8", errors="replace"))
-        for (partition, key), value in self.expired_outcomes(now).items():
-            batch.write(self.outcomes_store, key, value, partition=partition)
+        for key in self.expired_outcomes(batch.partition, now):
+            batch.write(self.outcomes_store, key, None)
 
         def wake() -> None:
             for command_id in answered:
@@ -294,20 +293,19 @@ class ValidatorService:
 
         batch.after_commit(wake)
 
-    def expired_outcomes(self, now: int) -> dict[tuple[int, bytes], None]:
-        """Deletes of the outcome rows (and their expiry rows) past retention, in every
-        partition this instance owns: bounded per batch, oldest first."""
-        deletes: dict[tuple[int, bytes], None] = {}
-        for partition in sorted(active_partitions(self.app, self.outcomes)):
-            start = self._expiry_from.get(partition, EXPIRY_PREFIX)
-            keys = (key for key, _ in partition_items(self.outcomes, partition, from_key=start))
-            due = expired(keys, now, EXPIRE_PER_BATCH)
-            for expiry_row, command_id in due:
-                deletes[(partition, command_id)] = None
-                deletes[(partition, expiry_row)] = None
-            if due:
-                self._expiry_from[partition] = due[-1][0]
-                OUTCOMES_EXPIRED.inc(len(due))
+    def expired_outcomes(self, partition: int, now: int) -> list[bytes]:
+        """Keys of the outcome rows (and their expiry rows) of ``partition`` past retention:
+        bounded per batch, oldest first. Each batch expires its own partition only, so no
+        two batches write one changelog partition at once."""
+        start = self._expiry_from.get(partition, EXPIRY_PREFIX)
+        keys = (key for key, _ in partition_items(self.outcomes, partition, from_key=start))
+        due = expired(keys, now, EXPIRE_PER_BATCH)
+        deletes: list[bytes] = []
+        for expiry_row, command_id in due:
+            deletes += [command_id, expiry_row]
+        if due:
+            self._expiry_from[partition] = due[-1][0]
+            OUTCOMES_EXPIRED.inc(len(due))
         return deletes
 
     async def _on_outcomes_recovered(self) -> None:

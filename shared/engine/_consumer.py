@@ -56,6 +56,7 @@ class BatchConsumer(aiokafka_driver.Consumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._delivered: dict[TP, int] = {}
+        self._running = 0  # batches being delivered now
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -73,15 +74,22 @@ class BatchConsumer(aiokafka_driver.Consumer):
                     continue
                 generation = self.app.consumer_generation_id
                 stock: dict[TP, Sequence[Any]] = {}
+                by_partition: dict[int, list[tuple[TP, Sequence[Any]]]] = {}
                 for tp, batch in records.items():
                     if not batch:
                         continue
                     if tp.topic not in batch_topics:
                         stock[tp] = batch
-                    elif self._may_deliver(tp, active, generation):
-                        await self._deliver(tp, batch)
                     else:
-                        await self._seek_back(tp, batch[0].offset)
+                        by_partition.setdefault(tp.partition, []).append((tp, batch))
+                if by_partition:
+                    # Partitions with different numbers share no table partition (tables are
+                    # co-partitioned with their inputs), so their batches run side by side and
+                    # one's wait for acknowledgements overlaps another's work; batches of one
+                    # partition number run in turn.
+                    await asyncio.gather(*(
+                        self._deliver_in_turn(batches, active, generation) for batches in by_partition.values()
+                    ))
                 if stock:
                     await self._drain_stock(stock, active, generation)
         except self.consumer_stopped_errors:
@@ -105,15 +113,26 @@ class BatchConsumer(aiokafka_driver.Consumer):
             and tp in self.assignment()
         )
 
+    async def _deliver_in_turn(self, batches: list[tuple[TP, Sequence[Any]]], active: set[TP] | None,
+                               generation: int) -> None:
+        for tp, batch in batches:
+            if self._may_deliver(tp, active, generation):
+                await self._deliver(tp, batch)
+            else:
+                await self._seek_back(tp, batch[0].offset)
+
     async def _deliver(self, tp: TP, batch: Sequence[Any]) -> None:
         deliver = self.deliver
         if deliver is None:
             raise RuntimeError("BatchConsumer.deliver is not set: the engine registers it before the worker starts")
+        self._running += 1
         self._idle.clear()
         try:
             await deliver(tp, batch)
         finally:
-            self._idle.set()
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
         last = int(batch[-1].offset)
         self._delivered[tp] = last + 1
         self._read_offset[tp] = last
