@@ -54,6 +54,8 @@ from shared.engine import (
     DeadLetterRoute,
     Engine,
     InputBatch,
+    Outgoing,
+    SendFailed,
     TopicSpec,
     active_partitions,
     app_id,
@@ -227,15 +229,22 @@ class TalliesService:
         return partition_for(program_id, self.partitions)
 
     async def publish_dirty(self) -> None:
+        """Send the tallies of the programs changed since the last call, all in one go."""
         if not self.dirty or self.app.rebalancing:
             return
         programs, self.dirty = self.dirty, set()
         owned = active_partitions(self.app, self.memberships)
+        records: list[Outgoing] = []
         for program_id in sorted(programs):
             if self._partition(program_id) not in owned:
                 continue
             tally = self.tally(program_id)
-            if tally is None:
-                continue
-            await self.engine.send(self.topics.program_tallies, program_id.encode(), codecs.dumps(tally.to_json()))
-            self.published += 1
+            if tally is not None:
+                records.append(Outgoing(self.topics.program_tallies, program_id.encode(), codecs.dumps(tally.to_json())))
+        try:
+            await self.engine.send_all(records)
+        except SendFailed as exc:  # published again with the next interval's changes
+            self.dirty |= programs
+            log.warning("publishing %d tallies failed (%s); retrying with the next interval", len(records), exc)
+            return
+        self.published += len(records)

@@ -245,6 +245,12 @@ class Backfill:
         self._consumer: AIOKafkaConsumer | None = None
         self._lock = asyncio.Lock()
 
+    async def start(self) -> None:
+        """Connect now (the first metadata fetch of a large cluster takes a while) rather than
+        at the first read-back."""
+        async with self._lock:
+            await self._client()
+
     async def _client(self) -> AIOKafkaConsumer:
         if self._consumer is None:
             consumer = AIOKafkaConsumer(

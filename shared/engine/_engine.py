@@ -84,9 +84,18 @@ class Engine:
         self._trailing_holes: TrailingHoleWatch | None = None
         self.producer = BatchProducer(settings, client_id=f"{service}-{settings.instance_id}")
         self.app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
+        # The engine's own clients connect as the worker starts: each one's first metadata
+        # fetch covers every topic of the cluster, which is better paid before the first batch.
+        self.app.task(self._start_clients)
+
+    async def _start_clients(self) -> None:
+        await self.producer.start()
+        if any(reg.order is not None for reg in self._handlers):
+            await self.backfill.start()
 
     async def _on_shutdown(self, app: Any, **_: Any) -> None:
         await self.producer.stop()
+        await self.backfill.stop()
 
     # -- declaring a service -------------------------------------------------------------
 

@@ -94,3 +94,17 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.25, message: 
             return last
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {message}; last value: {last!r}")
+
+
+def run_until_killed(module: str, env: dict[str, str], log: Path, port: int, crash_at: str) -> None:
+    """Run ``services.<module>`` with ``STATEFLEET_CRASH_AT=crash_at`` and check that it SIGKILLed
+    itself there (see ``shared/engine/_faults.py``)."""
+    proc = ServiceProcess(module, {**env, "STATEFLEET_CRASH_AT": crash_at}, log, port=port).start()
+    assert proc.proc is not None
+    try:
+        code = proc.proc.wait(120)
+    finally:
+        proc.kill()
+    assert code == -signal.SIGKILL, f"{module} was to kill itself at {crash_at} (exit {code}); log:\n{proc.log_tail()}"
+    point = crash_at.split(":")[0]
+    assert f"STATEFLEET_CRASH_AT={point}: killing this worker now" in log.read_text(errors="replace")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.tallies.test_tallies_e2e import all_tallies, latest_published
+from tests.e2e.tallies.test_tallies_e2e import all_tallies, assert_tallies_settle, latest_published
 from tests.support.accounts import generate
 from tests.support.kafka import produce
 from tests.support.services import ServiceProcess, wait_for
@@ -52,19 +52,7 @@ def test_instances_added_and_killed_mid_stream_keep_exact_tallies(
     expected = history.expected
     survivor = instances["b"]
 
-    def wrong() -> dict[str, tuple[Any, Any]]:
-        try:
-            got = all_tallies(survivor, limit=100)
-        except Exception as exc:  # a list gathered while partitions move may be refused (503)
-            return {"(no answer)": (repr(exc), None)}
-        return {p: (got.get(p), expected.get(p)) for p in set(got) | set(expected) if got.get(p) != expected.get(p)}
-
-    deadline = time.monotonic() + 120
-    while wrong() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    time.sleep(1.0)  # anything still to come would be a violation; give it a moment to show
-    diff = wrong()
-    assert not diff, f"{len(diff)} of {len(expected)} tallies wrong: {sorted(diff.items())[:3]}"
+    assert_tallies_settle(survivor, expected)
     for proc in instances.values():  # every live instance answers every program alike
         assert all_tallies(proc, limit=100) == expected
     wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,

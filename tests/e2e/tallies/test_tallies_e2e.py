@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -43,6 +44,25 @@ def all_tallies(proc: ServiceProcess, limit: int = 7) -> dict[str, dict[str, Any
 
 def wait_tallies(proc: ServiceProcess, expected: dict[str, dict[str, Any]], timeout: float = 60) -> None:
     wait_for(lambda: all_tallies(proc) == expected, timeout=timeout, message="tallies to match")
+
+
+def assert_tallies_settle(proc: ServiceProcess, expected: dict[str, dict[str, Any]], timeout: float = 120) -> None:
+    """Every tally over HTTP (from ``proc``, gathered from every owner) equals ``expected`` within
+    ``timeout``, and still does a moment later."""
+
+    def wrong() -> dict[str, tuple[Any, Any]]:
+        try:
+            got = all_tallies(proc, limit=100)
+        except Exception as exc:  # a list gathered while partitions move may be refused (503)
+            return {"(no answer)": (repr(exc), None)}
+        return {p: (got.get(p), expected.get(p)) for p in set(got) | set(expected) if got.get(p) != expected.get(p)}
+
+    deadline = time.monotonic() + timeout
+    while wrong() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(1.0)  # anything still to come would be a violation; give it a moment to show
+    diff = wrong()
+    assert not diff, f"{len(diff)} of {len(expected)} tallies wrong: {sorted(diff.items())[:3]}"
 
 
 def latest_published(topic: str) -> dict[str, dict[str, Any]]:

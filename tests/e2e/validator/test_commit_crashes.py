@@ -13,19 +13,9 @@ import pytest
 
 from tests.e2e.validator.test_validator_crash import assert_each_event_once, commands_in_order
 from tests.support.kafka import create_topics, produce
-from tests.support.services import ServiceProcess, free_port
+from tests.support.services import ServiceProcess, free_port, run_until_killed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def run_until_killed(env: dict[str, str], log: Path, port: int, crash_at: str) -> None:
-    proc = ServiceProcess("validator", {**env, "STATEFLEET_CRASH_AT": crash_at}, log, port=port).start()
-    assert proc.proc is not None
-    try:
-        code = proc.proc.wait(120)
-    finally:
-        proc.kill()
-    assert code == -9, f"the worker was to kill itself at {crash_at} (exit {code}); log:\n{proc.log_tail()}"
 
 
 @pytest.mark.parametrize("step", ["handled", "sent", "logged"])
@@ -38,10 +28,10 @@ def test_sigkill_at_each_commit_step_leaves_each_event_once(
     produce(f"{prefix}account-commands", stream[:half])
     env = {**service_env, "STATEFLEET_INSTANCE_ID": "c", "STATEFLEET_CONSUMER_MAX_POLL_RECORDS": "200"}
     port = free_port()
-    run_until_killed(env, tmp_path / "validator-1.log", port, f"{step}:3")
+    run_until_killed("validator", env, tmp_path / "validator-1.log", port, f"{step}:3")
     produce(f"{prefix}account-commands", stream[half:])
     shutil.rmtree(Path(service_env["STATEFLEET_DATA_DIR"]) / "validator" / "c")
-    run_until_killed(env, tmp_path / "validator-2.log", port, f"{step}:6")
+    run_until_killed("validator", env, tmp_path / "validator-2.log", port, f"{step}:6")
     proc = ServiceProcess("validator", env, tmp_path / "validator-3.log", port=port).start().wait_ready()
     try:
         assert_each_event_once(prefix, proc)
