@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from services.tallies import DEFAULT_PORT, SERVICE
@@ -74,16 +75,33 @@ def parse_input(topic: str, value: bytes | None, headers: Any, topics: TopicName
     origin = topic
     if topic == topics.service_retry(SERVICE):
         origin = dead_letters.headers_dict(dead_letters.header_items(headers)).get(dead_letters.ORIGINAL_TOPIC, "")
-    obj = codecs.loads_object(value)
-    if origin == topics.logins:
-        item: AccountChange | Login = parse_login(obj)
-    elif origin == topics.account_events:
-        item = parse_account_change(obj)
-    else:
+    parse = parser_for(origin, topics)
+    if parse is None:
         raise InvalidInput(f"cannot tell what a record from topic {origin!r} is")
+    return parse(value)
+
+
+def parse_change(value: bytes | None) -> AccountChange | Login:
+    return no_nul(parse_account_change(codecs.loads_object(value)))
+
+
+def parse_login_record(value: bytes | None) -> AccountChange | Login:
+    return no_nul(parse_login(codecs.loads_object(value)))
+
+
+def no_nul(item: AccountChange | Login) -> AccountChange | Login:
     if "\x00" in item.program_id:
         raise InvalidInput("'program_id' must not contain NUL")
     return item
+
+
+def parser_for(origin: str, topics: TopicNames) -> Callable[[bytes | None], AccountChange | Login] | None:
+    """How a record from topic ``origin`` is read (None: no input of this service comes from there)."""
+    if origin == topics.account_events:
+        return parse_change
+    if origin == topics.logins:
+        return parse_login_record
+    return None
 
 
 class TalliesService:
@@ -135,9 +153,15 @@ class TalliesService:
 
     async def route_inputs(self, batch: InputBatch) -> None:
         items: list[AccountChange | Login] = []
+        # Every record of a batch comes from one topic: one look-up of its reader, unless it is
+        # the retry topic, whose records each say where they came from.
+        parse = parser_for(batch.topic, self.topics)
         for record in batch.records:
             try:
-                items.append(parse_input(record.topic, record.value, record.headers, self.topics))
+                if parse is not None:
+                    items.append(parse(record.value))
+                else:
+                    items.append(parse_input(record.topic, record.value, record.headers, self.topics))
             except (codecs.DecodeError, InvalidInput) as exc:
                 batch.dead_letter(record, exc)
         for partition, packed in pack_by_partition(items, self.partitions):

@@ -37,6 +37,7 @@ from shared.engine._producer import BatchProducer, Outgoing
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
 
 Headers = Sequence[tuple[str, bytes]] | None
+_NOT_STAGED = object()
 
 
 @dataclass(slots=True)
@@ -63,6 +64,7 @@ class InputBatch:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     #: Input records this batch stands for, when not one per record (packed inputs).
     counted: int | None = None
+    _dbs: dict[tuple[DurableTable, int], Any] = field(default_factory=dict)
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, *,
              headers: Headers = None, partition: int | None = None, timestamp_ms: int | None = None) -> None:
@@ -79,11 +81,18 @@ class InputBatch:
 
     def read(self, table: DurableTable, key: bytes, *, partition: int | None = None) -> bytes | None:
         """A row as this batch sees it: staged writes first, then the table."""
-        row = (self.partition if partition is None else partition, key)
+        p = self.partition if partition is None else partition
         staged = self.rows.get(table)
-        if staged is not None and row in staged:
-            return staged[row]
-        return table.get(*row)
+        if staged is not None:
+            value = staged.get((p, key), _NOT_STAGED)
+            if value is not _NOT_STAGED:
+                return value  # type: ignore[return-value]
+        # The partition's database handle, kept for the batch (no rebalance happens during one).
+        db = self._dbs.get((table, p))
+        if db is None:
+            db = self._dbs[(table, p)] = table.db(p)
+        raw: bytes | None = db.get(key)
+        return raw
 
     def view(self, table: DurableTable, *, partition: int | None = None) -> StagedView:
         """A partition of ``table`` as this batch sees it, for ordered scans: the stored rows with

@@ -137,6 +137,10 @@ class TableOffsets:
         raw: bytes | None = partition_db(self.table, partition).get(key)
         return raw
 
+    def db(self, partition: int) -> Any:
+        """The partition's RocksDB database (valid until the next rebalance)."""
+        return partition_db(self.table, partition)
+
 
 class ReadBackEvent:
     """A record read back from Kafka, standing in for a Faust event (``event.message``),

@@ -21,6 +21,9 @@ class Store:
     def get(self, partition: int, key: bytes) -> bytes | None:
         return self.rows.get((partition, key))
 
+    def db(self, partition: int) -> dict[bytes, bytes]:
+        return {key: value for (p, key), value in self.rows.items() if p == partition}
+
 
 def service(memberships: Store, logins: Store) -> TalliesService:
     return SimpleNamespace(memberships_store=memberships, logins_store=logins)  # type: ignore[return-value]
