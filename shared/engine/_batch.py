@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from shared.dead_letters import DeadLetter, dead_letter_for
-from shared.engine._durable import Batch, DurableTable, InRecord, OrderedInput
+from shared.engine._durable import Batch, DurableTable, InRecord, OrderedInput, Rows
 from shared.engine._faults import CRASH
 from shared.engine._internals import partition_db
 from shared.engine._producer import BatchProducer, Outgoing
@@ -130,17 +130,26 @@ async def commit(
         if batch.rows:
             raise RuntimeError(f"{what}: a handler without an offsets table cannot write rows")
     else:
-        writes = order.writes(ordered, batch.rows)
-        last = await producer.send(
-            [Outgoing(table.changelog, key, value, partition=partition)
-             for table, rows in writes for (partition, key), value in rows.items()],
-            what,
-        )
-        CRASH.reached("logged")
-        for table, rows in writes:
-            table._apply(rows, {partition: offset for (topic, partition), offset in last.items() if topic == table.changelog})
+        await write_all(producer, order.writes(ordered, batch.rows), what)
     for callback in batch.callbacks:
         callback()
+
+
+async def write_all(producer: BatchProducer, writes: Iterable[tuple[DurableTable, Rows]], what: str) -> None:
+    """Every table's rows to its changelog, every acknowledgement awaited, and only then the rows
+    (with each partition's changelog offset) into the local databases, without yielding to the
+    event loop in between. Records of different changelogs can land in any order; only the order
+    within one changelog partition is kept, which is why a handler writing several tables keeps
+    its next-offset rows in each (see :meth:`OrderedInput.writes`)."""
+    pending = [(table, rows) for table, rows in writes if rows]
+    last = await producer.send(
+        [Outgoing(table.changelog, key, value, partition=partition)
+         for table, rows in pending for (partition, key), value in rows.items()],
+        what,
+    )
+    CRASH.reached("logged")
+    for table, rows in pending:
+        table._apply(rows, {partition: offset for (topic, partition), offset in last.items() if topic == table.changelog})
 
 
 def observe(service: str, stream: str, batch: InputBatch, started: float) -> None:

@@ -23,7 +23,7 @@ local RocksDB at once and queues its changelog record in the producer's buffer;
 still queued (it gives up after 100 ms without progress). An instance that then
 restores from the changelog would get an older row than the input already committed
 (or the output already sent) implies. So tables are written through
-:class:`DurableTable` (or :func:`write_all` for several tables at once):
+:class:`DurableTable`, committed by :func:`shared.engine._batch.write_all`:
 
 1. the changelog records are sent and each acknowledgement is awaited;
 2. then the rows go into the local RocksDB partition;
@@ -63,7 +63,7 @@ from rocksdict import WriteBatch
 
 from shared import dead_letters
 from shared.engine._clients import client_kwargs
-from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, mark_consumed, partition_db, partition_items
+from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, partition_db, partition_items
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -142,16 +142,6 @@ class TableOffsets:
         return partition_db(self.table, partition)
 
 
-class ReadBackEvent:
-    """A record read back from Kafka, standing in for a Faust event (``event.message``),
-    e.g. as the current event of table writes."""
-
-    __slots__ = ("__weakref__", "message")
-
-    def __init__(self, record: InRecord) -> None:
-        self.message = record
-
-
 class DurableTable(TableOffsets):
     """Write-through access to a raw-bytes Faust table (``key_type=bytes, value_type=bytes``)."""
 
@@ -159,27 +149,6 @@ class DurableTable(TableOffsets):
         super().__init__(table)
         self.app = app
         self.changelog = table.changelog_topic.get_topic_name()
-
-    async def write(self, rows: Rows) -> None:
-        """Make ``rows`` durable (changelog acknowledged), then visible locally, in ``rows`` order."""
-        await write_all([(self, rows)])
-
-    async def _send(self, rows: Rows) -> list[tuple[int, Awaitable[Any]]]:
-        sent: list[tuple[int, Awaitable[Any]]] = []
-        for (partition, key), value in rows.items():
-            fut = await self.app.producer.send(
-                self.changelog, key, value, partition=partition, timestamp=None, headers=None,
-            )
-            sent.append((partition, fut))
-        return sent
-
-    @staticmethod
-    def _last_offsets(sent: Sequence[tuple[int, Awaitable[Any]]], acks: Sequence[Any]) -> dict[int, int]:
-        """Per changelog partition, the offset of the last record acknowledged."""
-        offsets: dict[int, int] = {}
-        for (partition, _), metadata in zip(sent, acks, strict=True):
-            offsets[partition] = max(offsets.get(partition, -1), int(metadata.offset))
-        return offsets
 
     def _apply(self, rows: Rows, offsets: Mapping[int, int]) -> None:
         """Rows and the changelog offset they bring a partition to, in one RocksDB write batch per
@@ -218,27 +187,6 @@ async def acknowledged(aws: Sequence[Awaitable[Any]], what: str, warn_every_s: f
     except asyncio.CancelledError:
         gathered.cancel()
         raise
-
-
-async def write_all(writes: Iterable[tuple[DurableTable, Rows]]) -> None:
-    """:meth:`DurableTable.write` for several tables with one round trip: every changelog
-    record is sent, every acknowledgement awaited, and only then are the rows put into
-    the local databases, all of them without yielding to the event loop in between.
-
-    Records of different changelogs can land in any order; only the order within one
-    changelog partition is kept. An agent that relies on that order across tables keeps
-    its next-offset rows in each of them (see :meth:`OrderedInput.writes`).
-    """
-    pending = [(table, rows) for table, rows in writes if rows]
-    sent = [await table._send(rows) for table, rows in pending]
-    # One wait for all of them: the first failure raises, and the acknowledgements still
-    # to come are collected by the same wait instead of being left unretrieved.
-    changelogs = ", ".join(table.changelog for table, _ in pending)
-    acks = await acknowledged([fut for s in sent for _, fut in s], f"{sum(map(len, sent))} records to {changelogs}")
-    start = 0
-    for (table, rows), table_sent in zip(pending, sent, strict=True):
-        table._apply(rows, DurableTable._last_offsets(table_sent, acks[start:start + len(table_sent)]))
-        start += len(table_sent)
 
 
 class Backfill:
@@ -367,7 +315,7 @@ class OrderedInput:
         return Batch(records=records, offset_rows=offset_rows, backfilled=backfilled)
 
     def writes(self, batch: Batch, state: Mapping[DurableTable, Rows] | None = None) -> list[tuple[DurableTable, Rows]]:
-        """For :func:`write_all`: each table's state rows from ``state``, then the batch's
+        """For ``write_all``: each table's state rows from ``state``, then the batch's
         next-offset rows, for every table of this input (which must be :class:`DurableTable`)."""
         state = state or {}
         stray = [store for store in state if store not in self.stores]
@@ -379,11 +327,6 @@ class OrderedInput:
                 raise TypeError(f"cannot write to {store!r}")
             out.append((store, ordered_rows(state.get(store, {}).items(), batch.offset_rows.items())))
         return out
-
-    async def done(self, batch: Batch) -> None:
-        """After the batch's rows are written: let Faust commit past what was read back."""
-        for topic, partition, first, last in batch.backfilled:
-            await mark_consumed(self.app, topic, partition, first, last)
 
 
 def ordered_rows(*parts: Iterable[tuple[tuple[int, bytes], bytes | None]]) -> dict[tuple[int, bytes], bytes | None]:

@@ -92,17 +92,6 @@ def recovery_done(app: faust.App) -> bool:
     return bool(recovery.completed.is_set()) and not recovery.in_recovery and not app.rebalancing
 
 
-async def mark_consumed(app: faust.App, topic: str, partition: int, first: int, last: int) -> None:
-    """Tell the Faust consumer that offsets ``first``..``last`` of a partition are done.
-
-    For records an agent processed outside its stream (read back after the stream
-    skipped them): without this the consumer sees a hole below its acknowledged
-    offsets and stops committing that partition.
-    """
-    if first <= last:
-        await cast(Any, app.consumer)._add_gap(TP(topic, partition), first, last)
-
-
 def tps_with_unacked_messages(app: faust.App) -> set[TP]:
     """The partitions with a record handed to a stream and not yet acknowledged by its agent."""
     return {message.tp for message in list(cast(Any, app.consumer)._unacked_messages)}

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from rocksdict import Options, Rdict
 
+from shared.engine._batch import write_all
 from shared.engine._durable import (
     NEXT_OFFSET_PREFIX,
     DurableTable,
@@ -23,7 +24,6 @@ from shared.engine._durable import (
     is_next_offset_key,
     next_offset_key,
     ordered_rows,
-    write_all,
 )
 from shared.engine._internals import FAUST_OFFSET_KEY
 
@@ -149,27 +149,27 @@ class Metadata:
 
 
 class FakeProducer:
-    """Records each send; nothing is acknowledged until ``ack_all``."""
+    """The engine producer's interface: records each send; nothing is acknowledged until ``ack_all``."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[str, int, bytes, bytes]] = []
-        self.pending: list[tuple[asyncio.Future[Metadata], int]] = []
-        self.next_offset: dict[tuple[str, int], int] = {}
+        self.sent: list[tuple[str, int, bytes | None, bytes | None]] = []
+        self.acked: asyncio.Future[None] | None = None
 
-    async def send(self, topic: str, key: bytes, value: bytes, *, partition: int, timestamp: Any, headers: Any) -> Any:
-        self.sent.append((topic, partition, key, value))
-        offset = self.next_offset.get((topic, partition), 0)
-        self.next_offset[(topic, partition)] = offset + 1
-        fut: asyncio.Future[Metadata] = asyncio.get_running_loop().create_future()
-        self.pending.append((fut, offset))
-        return fut
+    async def send(self, records: list[Any], what: str) -> dict[tuple[str, int], int]:
+        last: dict[tuple[str, int], int] = {}
+        for r in records:
+            self.sent.append((r.topic, r.partition, r.key, r.value))
+            last[(r.topic, r.partition)] = last.get((r.topic, r.partition), -1) + 1
+        self.acked = asyncio.get_running_loop().create_future()
+        await self.acked
+        return last
 
     def ack_all(self, error: BaseException | None = None) -> None:
-        for fut, offset in self.pending:
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(Metadata(offset))
+        assert self.acked is not None
+        if error is not None:
+            self.acked.set_exception(error)
+        else:
+            self.acked.set_result(None)
 
 
 class FakeData:
@@ -226,10 +226,10 @@ def test_write_all_puts_nothing_locally_before_every_table_is_acknowledged() -> 
     app, a, b = tables()
 
     async def scenario() -> None:
-        task = asyncio.ensure_future(write_all([
+        task = asyncio.ensure_future(write_all(app.producer, [  # type: ignore[arg-type]
             (a, {(0, b"x"): b"1", (1, b"y"): b"2", (0, b"off"): b"9"}),
             (b, {(0, b"z"): b"3"}),
-        ]))
+        ], "test"))
         for _ in range(5):
             await asyncio.sleep(0)
         assert [(t, p, k) for t, p, k, _ in app.producer.sent] == [
@@ -249,7 +249,9 @@ def test_a_failed_acknowledgement_leaves_the_local_tables_untouched() -> None:
     app, a, b = tables()
 
     async def scenario() -> None:
-        task = asyncio.ensure_future(write_all([(a, {(0, b"x"): b"1"}), (b, {(0, b"z"): b"3"})]))
+        task = asyncio.ensure_future(write_all(
+            app.producer, [(a, {(0, b"x"): b"1"}), (b, {(0, b"z"): b"3"})], "test",  # type: ignore[arg-type]
+        ))
         for _ in range(5):
             await asyncio.sleep(0)
         app.producer.ack_all(RuntimeError("broker said no"))
