@@ -77,6 +77,10 @@ class Settings(BaseSettings):
         10000, ge=1, description="Most records one fetch hands over to the batch handlers (all partitions together)",
     )
     stream_buffer_maxsize: int = Field(8192, ge=1)
+    gc_thresholds: tuple[int, int, int] = Field(
+        (20000, 20, 50),
+        description="CPython garbage collector thresholds for the workers (gc.set_threshold; Python's own are 700, 10, 10)",
+    )
     trailing_hole_check_s: float = Field(
         5.0, gt=0, description="How often skipped input records with nothing after them are looked for",
     )

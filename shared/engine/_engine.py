@@ -27,6 +27,7 @@ from shared.engine._app import create_app
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
 from shared.engine._consumer import BatchConsumer
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
+from shared.engine._gc import freeze_startup_objects
 from shared.engine._producer import BatchProducer, Outgoing
 from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.engine._versions import check_versions
@@ -89,6 +90,7 @@ class Engine:
         self.app.task(self._start_clients)
 
     async def _start_clients(self) -> None:
+        freeze_startup_objects()
         await self.producer.start()
         if any(reg.order is not None for reg in self._handlers):
             await self.backfill.start()
