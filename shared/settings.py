@@ -77,6 +77,10 @@ class Settings(BaseSettings):
         10000, ge=1, description="Most records one fetch hands over to the batch handlers (all partitions together)",
     )
     stream_buffer_maxsize: int = Field(8192, ge=1)
+    consumer_fetch_max_wait_ms: int = Field(
+        50, ge=0, le=60_000,
+        description="Longest the broker holds a fetch that found no new records (the next fetch waits for it)",
+    )
     gc_thresholds: tuple[int, int, int] = Field(
         (20000, 20, 50),
         description="CPython garbage collector thresholds for the workers (gc.set_threshold; Python's own are 700, 10, 10)",

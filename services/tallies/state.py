@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from services.tallies.domain import (
     Login,
     Membership,
+    build_record,
     count_delta,
     latest_login,
 )
@@ -47,7 +48,7 @@ def encode_membership(m: Membership) -> bytes:
 
 def decode_membership(raw: bytes) -> Membership:
     status, _, version = raw.decode().rpartition(":")
-    return Membership(status=status, version=int(version))
+    return build_record(Membership, (status, int(version)))
 
 
 @dataclass
@@ -140,7 +141,7 @@ class PackedInputs:
         packed = PackedInputs(records=int(obj["n"]))
         for program, changes, last_login in obj["p"]:
             packed.programs[program] = ProgramInputs(
-                changes=[AccountChange(account_id=a, program_id=program, type=t, version=v) for a, t, v in changes],
+                changes=[build_record(AccountChange, (a, program, t, v, None)) for a, t, v in changes],
                 last_login=last_login,
             )
             packed.changes += len(changes)

@@ -78,7 +78,8 @@ class Engine:
         self._by_topic: dict[str, _Registration] = {}
         self._handlers: list[_Registration] = []
         consumer_class: type[BatchConsumer] = type(
-            f"{service.title()}BatchConsumer", (BatchConsumer,), {"deliver": staticmethod(self._deliver)},
+            f"{service.title()}BatchConsumer", (BatchConsumer,),
+            {"deliver": staticmethod(self._deliver), "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms},
         )
         self.app.consumer_class = consumer_class  # type: ignore[attr-defined]
         self._consumer_class = consumer_class

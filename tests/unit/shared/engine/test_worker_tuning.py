@@ -1,0 +1,40 @@
+"""The worker's consumer and garbage collector take their settings."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.engine import Engine
+from shared.engine._gc import freeze_startup_objects, set_thresholds
+from shared.settings import Settings
+
+
+@pytest.fixture
+def restore_gc() -> Iterator[None]:
+    thresholds = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
+async def test_the_worker_consumer_holds_fetches_no_longer_than_the_setting(tmp_path: Path) -> None:
+    settings = Settings(data_dir=str(tmp_path), consumer_fetch_max_wait_ms=35, topic_prefix="unit.")
+    engine = Engine("tuning", settings, 18999)
+    consumer = engine.app.consumer._thread._create_worker_consumer(engine.app.transport)
+    assert consumer._fetch_max_wait_ms == 35  # Faust's own choice is 1500
+
+
+def test_the_garbage_collector_takes_the_thresholds_and_freezes_start_up_objects(restore_gc: None) -> None:
+    set_thresholds((12345, 7, 3))
+    assert gc.get_threshold() == (12345, 7, 3)
+    startup_object = [["kept for the whole run"]]  # a list: always tracked by the collector
+    assert any(o is startup_object for o in gc.get_objects())
+    freeze_startup_objects()
+    # Frozen: out of every generation, so no collection walks it again.
+    assert gc.get_freeze_count() > 0
+    assert not any(o is startup_object for o in gc.get_objects())
+    assert Settings().gc_thresholds == (20000, 20, 50)
