@@ -69,6 +69,9 @@ class BatchConsumer(aiokafka_driver.Consumer):
 
     batch_topics: frozenset[str] = frozenset()
     deliver: Deliver | None = None
+    #: Topic → lane: batches of one partition number run side by side when their lanes differ
+    #: (their handlers write no common table), in turn when they are the same.
+    lanes: dict[str, int] = {}
     #: aiokafka's ``fetch_max_wait_ms`` for the worker's consumer (see :class:`_ConsumerThread`).
     fetch_max_wait_ms: int = 1500
 
@@ -88,6 +91,7 @@ class BatchConsumer(aiokafka_driver.Consumer):
         consumer_stopped = self._stopped.is_set
         fetcher_stopped = fetcher._stopped.is_set
         batch_topics = self.batch_topics
+        lanes = self.lanes
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 records, active = await self._wait_next_records(1.0)
@@ -96,21 +100,22 @@ class BatchConsumer(aiokafka_driver.Consumer):
                     continue
                 generation = self.app.consumer_generation_id
                 stock: dict[TP, Sequence[Any]] = {}
-                by_partition: dict[int, list[tuple[TP, Sequence[Any]]]] = {}
+                by_lane: dict[tuple[int, int], list[tuple[TP, Sequence[Any]]]] = {}
                 for tp, batch in records.items():
                     if not batch:
                         continue
                     if tp.topic not in batch_topics:
                         stock[tp] = batch
                     else:
-                        by_partition.setdefault(tp.partition, []).append((tp, batch))
-                if by_partition:
-                    # Partitions with different numbers share no table partition (tables are
-                    # co-partitioned with their inputs), so their batches run side by side and
-                    # one's wait for acknowledgements overlaps another's work; batches of one
+                        by_lane.setdefault((tp.partition, lanes.get(tp.topic, -1)), []).append((tp, batch))
+                if by_lane:
+                    # Batches share no table partition unless their partition numbers and lanes
+                    # are equal (tables are co-partitioned with their inputs; a lane is a set of
+                    # handlers writing common tables), so the others run side by side and one's
+                    # wait for acknowledgements overlaps another's work; batches of one lane and
                     # partition number run in turn.
                     await asyncio.gather(*(
-                        self._deliver_in_turn(batches, active, generation) for batches in by_partition.values()
+                        self._deliver_in_turn(batches, active, generation) for batches in by_lane.values()
                     ))
                 if stock:
                     await self._drain_stock(stock, active, generation)

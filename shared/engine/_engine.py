@@ -140,8 +140,23 @@ class Engine:
             for topic in topics:
                 self._by_topic[topic] = reg
             self._consumer_class.batch_topics = frozenset(self._by_topic)
+            self._consumer_class.lanes = self._lanes()
             return fn
         return register
+
+    def _lanes(self) -> dict[str, int]:
+        """Topic → lane: handlers that write a common table share a lane; every other pair of
+        handlers may run at once on the same partition number (see :class:`BatchConsumer`)."""
+        lane_of: dict[int, int] = {}  # handler index → lane (the smallest index of its group)
+        for i, reg in enumerate(self._handlers):
+            lane_of[i] = i
+            tables = set(reg.order.stores) if reg.order is not None else set()
+            for j in range(i):
+                other = self._handlers[j].order
+                if other is not None and tables & set(other.stores):
+                    merged, into = lane_of[i], lane_of[j]
+                    lane_of = {k: into if lane == merged else lane for k, lane in lane_of.items()}
+        return {topic: lane_of[i] for i, reg in enumerate(self._handlers) for topic in reg.topics}
 
     def watch_trailing_holes(self) -> None:
         """Look for input records skipped at a partition's end (see :mod:`shared.engine._trailing_holes`)."""

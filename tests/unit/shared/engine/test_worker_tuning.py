@@ -38,3 +38,26 @@ def test_the_garbage_collector_takes_the_thresholds_and_freezes_start_up_objects
     assert gc.get_freeze_count() > 0
     assert not any(o is startup_object for o in gc.get_objects())
     assert Settings().gc_thresholds == (20000, 20, 50)
+
+
+def test_handlers_share_a_lane_exactly_when_they_write_a_common_table(tmp_path: Path) -> None:
+    engine = Engine("lanes", Settings(data_dir=str(tmp_path), topic_prefix="unit."), 18999)
+    accounts, outcomes, listing, extra = (engine.table(name) for name in ("accounts", "outcomes", "listing", "extra"))
+
+    async def handle(batch: object) -> None:
+        return None
+
+    engine.handler("commands", name="commands", offsets=accounts)(handle)
+    engine.handler("outcomes", name="outcomes", offsets=outcomes)(handle)
+    engine.handler("events", name="events", offsets=listing)(handle)
+    engine.handler("by-program", name="by-program", offsets=[listing, extra])(handle)
+    engine.handler("retry", name="retry", offsets=accounts)(handle)
+    engine.handler("more", name="more", offsets=extra)(handle)
+    engine.handler("dead-letters", "other", name="stateless", offsets=None)(handle)
+
+    lanes = engine.app.consumer_class.lanes
+    assert lanes["commands"] == lanes["retry"]
+    assert lanes["events"] == lanes["by-program"] == lanes["more"]  # "more" joins through "extra"
+    assert lanes["dead-letters"] == lanes["other"]
+    distinct = {lanes["commands"], lanes["outcomes"], lanes["events"], lanes["dead-letters"]}
+    assert len(distinct) == 4
