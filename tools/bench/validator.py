@@ -207,7 +207,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--commands", type=int, default=100_000)
     parser.add_argument("--rates", default="500,2000,10000", help="comma-separated commands/s for the latency runs")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each latency run")
-    parser.add_argument("--batch-within", type=float, default=None, help="STATEFLEET_BATCH_WITHIN_S for the worker")
+    parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for the worker, e.g. STATEFLEET_CONSUMER_FETCH_MAX_WAIT_MS=10 (repeatable)")
     parser.add_argument("--port", type=int, default=18001)
     args, _ = parser.parse_known_args(argv)
     rates = [int(r) for r in args.rates.split(",") if r.strip()]
@@ -233,7 +234,7 @@ def main(argv: list[str]) -> None:
     asyncio.run(produce_bulk(commands_topic, backlog(n)))
     print(f"[bench] pre-loaded {n:,} commands", flush=True)
 
-    extra_env = {"STATEFLEET_BATCH_WITHIN_S": str(args.batch_within)} if args.batch_within is not None else {}
+    extra_env = {name: value for name, _, value in (item.partition("=") for item in args.worker_env)}
     with service_worker("validator", prefix, args.port, extra_env) as url:
         wait_decided(url, n, report=True)
         events = asyncio.run(read_events(events_topic, n))
