@@ -81,10 +81,6 @@ class Settings(BaseSettings):
         50, ge=0, le=60_000,
         description="Longest the broker holds a fetch that found no new records (the next fetch waits for it)",
     )
-    gc_thresholds: tuple[int, int, int] = Field(
-        (20000, 20, 50),
-        description="CPython garbage collector thresholds for the workers (gc.set_threshold; Python's own are 700, 10, 10)",
-    )
     trailing_hole_check_s: float = Field(
         5.0, gt=0, description="How often skipped input records with nothing after them are looked for",
     )

@@ -19,7 +19,6 @@ from faust.contrib.asgi import serve_asgi
 
 from shared.engine._admin import TopicSpec
 from shared.engine._clients import require_sasl_credentials, ssl_context
-from shared.engine._gc import set_thresholds
 from shared.engine._metadata import track_used_topics
 from shared.engine._restore import BulkRestoringTableManager, register_settings
 from shared.log_config import logging_config
@@ -114,6 +113,5 @@ def serve_api(app: faust.App, api: FastAPI, settings: Settings, default_port: in
 def run_worker(app: faust.App, service: str, settings: Settings) -> None:
     """Run the Faust worker in this process until SIGTERM/SIGINT."""
     log.info("starting %s (instance %s) with %s", service, settings.instance_id, env_snapshot())
-    set_thresholds(settings.gc_thresholds)
     worker = faust.Worker(app, loglevel=settings.log_level.upper(), logging_config=dict(app.conf.logging_config))
     worker.execute_from_commandline()

@@ -1,4 +1,4 @@
-"""The worker's consumer and garbage collector take their settings."""
+"""How the worker is tuned: its consumer's fetch wait, lanes of batches, the frozen start-up objects."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ from pathlib import Path
 import pytest
 
 from shared.engine import Engine
-from shared.engine._gc import freeze_startup_objects, set_thresholds
+from shared.engine._gc import freeze_startup_objects
 from shared.settings import Settings
 
 
 @pytest.fixture
 def restore_gc() -> Iterator[None]:
-    thresholds = gc.get_threshold()
     yield
     gc.unfreeze()
-    gc.set_threshold(*thresholds)
 
 
 async def test_the_worker_consumer_holds_fetches_no_longer_than_the_setting(tmp_path: Path) -> None:
@@ -28,16 +26,13 @@ async def test_the_worker_consumer_holds_fetches_no_longer_than_the_setting(tmp_
     assert consumer._fetch_max_wait_ms == 35  # Faust's own choice is 1500
 
 
-def test_the_garbage_collector_takes_the_thresholds_and_freezes_start_up_objects(restore_gc: None) -> None:
-    set_thresholds((12345, 7, 3))
-    assert gc.get_threshold() == (12345, 7, 3)
+def test_start_up_objects_are_frozen_out_of_collections(restore_gc: None) -> None:
     startup_object = [["kept for the whole run"]]  # a list: always tracked by the collector
     assert any(o is startup_object for o in gc.get_objects())
     freeze_startup_objects()
     # Frozen: out of every generation, so no collection walks it again.
     assert gc.get_freeze_count() > 0
     assert not any(o is startup_object for o in gc.get_objects())
-    assert Settings().gc_thresholds == (20000, 20, 50)
 
 
 def test_handlers_share_a_lane_exactly_when_they_write_a_common_table(tmp_path: Path) -> None:
