@@ -19,12 +19,31 @@ class _ContextFilter(logging.Filter):
         return True
 
 
+class _RetriedCoordinatorLookup(logging.Filter):
+    """aiokafka logs every failed group-coordinator lookup as an error, then retries it. On a
+    broker that has just started (its offsets topic being created) every worker's first
+    lookup fails that way and the next one succeeds: an error line that means nothing. A
+    lookup failing with a retriable error is logged as a warning that says it is retried;
+    the others stay errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and record.msg == "Group Coordinator Request failed: %s":
+            error = record.args[0] if isinstance(record.args, tuple) and record.args else None
+            if getattr(error, "retriable", False):
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+                record.msg = "group coordinator not found yet (%s); retrying"
+        return True
+
+
 def logging_config(service: str, instance: str, level: str) -> dict[str, object]:
     """A dictConfig for Faust's worker (``loghandlers`` are not enough for its own loggers)."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"ctx": {"()": _ContextFilter, "service": service, "instance": instance}},
+        "filters": {
+            "ctx": {"()": _ContextFilter, "service": service, "instance": instance},
+            "coordinator_lookup": {"()": _RetriedCoordinatorLookup},
+        },
         "formatters": {"line": {"format": FORMAT}},
         "handlers": {
             "stderr": {"class": "logging.StreamHandler", "formatter": "line", "filters": ["ctx"]},
@@ -32,6 +51,7 @@ def logging_config(service: str, instance: str, level: str) -> dict[str, object]
         "root": {"level": level.upper(), "handlers": ["stderr"]},
         "loggers": {
             "aiokafka": {"level": "WARNING"},
+            "aiokafka.consumer.group_coordinator": {"filters": ["coordinator_lookup"]},
             "uvicorn.access": {"level": "WARNING"},
         },
     }

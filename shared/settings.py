@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     command_outcome_retention_s: float = Field(
         7 * 24 * 3600.0, gt=0, description="How long GET /commands/{id} keeps answering for a command (then 404)",
     )
+    command_outcome_catch_up_s: float = Field(
+        2.0, gt=0, le=60,
+        description="Longest wait of GET /commands/{id} for outcomes already written to be recorded before it answers 404",
+    )
 
     # Retry scheduler
     retry_tick_interval_s: float = Field(1.0, gt=0)

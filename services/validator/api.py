@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
-from services.validator.app import ValidatorService
+from services.validator.app import OutcomesBehind, ValidatorService
 from services.validator.domain import MAX_ID_LENGTH, PENDING
 from services.validator.models import AccountOut, CommandAccepted, CommandIn, CommandStatus, ProgramAccountsPage
 from services.validator.state import listing_cursor, listing_key_from_cursor
@@ -79,6 +79,11 @@ async def command_status(
         if not ctx.ready():
             raise Unavailable("state is being restored; retry shortly")
         raw = await svc.wait_outcome(command_id, wait, final=final) if wait > 0 else svc.outcome(command_id)
+        if raw is None:
+            try:
+                raw = await svc.outcome_once_applied(command_id)
+            except OutcomesBehind as exc:
+                raise Unavailable(f"{exc}; retry shortly") from exc
         return status_body(raw) if raw is not None else None
     if forwarded:
         raise Unavailable("the command's partition moved while the request was forwarded; retry shortly")
@@ -151,7 +156,10 @@ async def post_command(
     "/commands/{command_id:id}",
     response_model=CommandStatus,
     summary="A command's status: pending, accepted (with its event) or rejected (with the reason)",
-    responses=error_responses(404, 422, 503, _404="No command with this id was submitted or answered"),
+    responses=error_responses(
+        404, 422, 503, _404="No command with this id was submitted or answered",
+        _503="State is being restored, or the outcomes are still being recorded; retry",
+    ),
 )
 async def get_command(
     command_id: IdPath,

@@ -136,6 +136,10 @@ def decode_routed(raw: bytes | None) -> AccountChange:
     return AccountChange(account_id=obj["a"], program_id=obj["p"], type=obj["t"], version=obj["v"], occurred_at=obj["o"])
 
 
+class OutcomesBehind(RuntimeError):
+    """The outcomes table has not yet recorded every outcome already written for it."""
+
+
 class ValidatorService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -322,6 +326,23 @@ class ValidatorService:
             return None  # no command has such an id; the table's own rows start with NUL
         key = command_id.encode()
         return self.outcomes_store.get(partition_for(key, self.partitions), key)
+
+    async def outcome_once_applied(self, command_id: str) -> bytes | None:
+        """The outcome of a command not found at first, read again once every outcome record
+        already written is in the table: the validator sends a command's event and its
+        outcome record together, so whoever saw the event can read the outcome.
+
+        Raises :class:`OutcomesBehind` when they are not recorded within
+        ``command_outcome_catch_up_s``: the command may have been decided, so "no such
+        command" would be wrong."""
+        if not command_id or "\x00" in command_id:
+            return None
+        partition = partition_for(command_id.encode(), self.partitions)
+        if not await self.engine.wait_applied(
+            self.outcomes_topic_name, partition, self.settings.command_outcome_catch_up_s,
+        ):
+            raise OutcomesBehind(f"outcomes of partition {partition} are still being recorded")
+        return self.outcome(command_id)
 
     async def wait_outcome(self, command_id: str, seconds: float, *, final: bool) -> bytes | None:
         """The outcome record once it is final (or, with ``final=False``, once there is one),

@@ -219,6 +219,14 @@ class Backfill:
             starts = await consumer.beginning_offsets([tp])
             return int(starts[tp])
 
+    async def log_end(self, topic: str, partition: int) -> int:
+        """The partition's end offset now (the offset its next record will get)."""
+        async with self._lock:
+            consumer = await self._client()
+            tp = TopicPartition(topic, partition)
+            ends = await consumer.end_offsets([tp])
+            return int(ends[tp])
+
     async def read(self, topic: str, partition: int, start: int, end: int) -> list[InRecord]:
         """Records with ``start <= offset < end`` (fewer when some are no longer in the log)."""
         async with self._lock:

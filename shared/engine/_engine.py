@@ -12,6 +12,7 @@ life cycle with the HTTP API on its loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,6 +35,9 @@ from shared.engine._versions import check_versions
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
+
+#: How often :meth:`Engine.wait_applied` looks at the stored next offset.
+APPLIED_POLL_S = 0.005
 
 Handler = Callable[[InputBatch], Awaitable[None]]
 
@@ -157,6 +161,23 @@ class Engine:
                     merged, into = lane_of[i], lane_of[j]
                     lane_of = {k: into if lane == merged else lane for k, lane in lane_of.items()}
         return {topic: lane_of[i] for i, reg in enumerate(self._handlers) for topic in reg.topics}
+
+    async def wait_applied(self, topic: str, partition: int, timeout_s: float) -> bool:
+        """Wait until every record ``topic``'s ``partition`` holds now is in this instance's tables
+        (True), or ``timeout_s`` has passed (False). For reads that must see what a record already
+        visible elsewhere implies: the handler's rows land a moment after the records sent with them."""
+        reg = self._by_topic.get(topic)
+        if reg is None or reg.order is None:
+            raise ValueError(f"{topic!r} has no handler that keeps its next offsets")
+        order = reg.order
+        end = await self.backfill.log_end(topic, partition)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (order.next_offset(topic, partition) or 0) < end:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(APPLIED_POLL_S)
+        return True
 
     def watch_trailing_holes(self) -> None:
         """Look for input records skipped at a partition's end (see :mod:`shared.engine._trailing_holes`)."""

@@ -1,0 +1,43 @@
+"""The workers' log configuration: aiokafka's retried coordinator lookups are not errors."""
+
+from __future__ import annotations
+
+import logging
+import logging.config
+from collections.abc import Iterator
+
+import pytest
+from aiokafka import errors
+
+from shared.log_config import logging_config
+
+
+@pytest.fixture
+def coordinator_log(caplog: pytest.LogCaptureFixture) -> Iterator[logging.Logger]:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    logger = logging.getLogger("aiokafka.consumer.group_coordinator")
+    logging.config.dictConfig(logging_config("svc", "a", "INFO"))
+    root.handlers = [caplog.handler]  # the config's stderr handler would outlive pytest's stream
+    try:
+        yield logger
+    finally:
+        root.handlers, level = saved
+        root.setLevel(level)
+        logger.filters.clear()
+
+
+def test_a_retriable_coordinator_lookup_failure_is_a_warning(
+    coordinator_log: logging.Logger, caplog: pytest.LogCaptureFixture,
+) -> None:
+    coordinator_log.error("Group Coordinator Request failed: %s", errors.CoordinatorNotAvailableError())
+    [record] = [r for r in caplog.records if r.name == coordinator_log.name]
+    assert record.levelname == "WARNING"
+    assert "retrying" in record.getMessage()
+
+
+def test_other_coordinator_errors_stay_errors(coordinator_log: logging.Logger, caplog: pytest.LogCaptureFixture) -> None:
+    coordinator_log.error("Group Coordinator Request failed: %s", errors.GroupAuthorizationFailedError())
+    coordinator_log.error("Heartbeat session expired - marking coordinator dead")
+    levels = [r.levelname for r in caplog.records if r.name == coordinator_log.name]
+    assert levels == ["ERROR", "ERROR"]
