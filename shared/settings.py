@@ -90,6 +90,9 @@ class Settings(BaseSettings):
 
     # Validator
     command_wait_timeout_s: float = Field(5.0, gt=0, description="Longest wait of POST /commands?wait=true")
+    batch_max_commands: int = Field(
+        1000, ge=1, le=100_000, description="Most commands in one batch (POST /commands/batch, account-command-batches)",
+    )
     command_history_per_account: int = Field(1000, ge=1, description="Command ids remembered per account for idempotency")
     command_outcome_retention_s: float = Field(
         7 * 24 * 3600.0, gt=0, description="How long GET /commands/{id} keeps answering for a command (then 404)",

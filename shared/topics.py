@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from shared.settings import Settings
 
 ACCOUNT_COMMANDS = "account-commands"
+ACCOUNT_COMMAND_BATCHES = "account-command-batches"
 ACCOUNT_EVENTS = "account-events"
 ACCOUNT_REJECTIONS = "account-rejections"
 LOGINS = "logins"
@@ -27,6 +28,10 @@ class TopicNames:
     @property
     def account_commands(self) -> str:
         return self.name(ACCOUNT_COMMANDS)
+
+    @property
+    def account_command_batches(self) -> str:
+        return self.name(ACCOUNT_COMMAND_BATCHES)
 
     @property
     def account_events(self) -> str:

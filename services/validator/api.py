@@ -9,6 +9,7 @@ partition of ``program-accounts``; other instances forward.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -21,14 +22,23 @@ from fastapi.responses import JSONResponse
 
 import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
 from services.validator.app import OutcomesBehind, ValidatorService
-from services.validator.domain import MAX_ID_LENGTH, PENDING
-from services.validator.models import AccountOut, CommandAccepted, CommandIn, CommandStatus, ProgramAccountsPage
+from services.validator.domain import MAX_ID_LENGTH, PENDING, CommandBatch
+from services.validator.models import (
+    AccountOut,
+    BatchAccepted,
+    BatchStatus,
+    CommandAccepted,
+    CommandBatchIn,
+    CommandIn,
+    CommandStatus,
+    ProgramAccountsPage,
+)
 from services.validator.state import listing_cursor, listing_key_from_cursor
 from shared import codecs
 from shared.engine import SendFailed
 from shared.http.context import ServiceContext
 from shared.http.deps import Ctx
-from shared.http.errors import ApiError, NotFound, Unavailable, error_responses
+from shared.http.errors import ApiError, NotFound, Unavailable, Unprocessable, error_responses
 from shared.http.forwarding import FORWARDED_BY, owner_of, route
 from shared.http.pagination import CursorParam, InvalidCursor, decode_cursor, encode_cursor
 from shared.metrics import HTTP_FORWARDED
@@ -230,3 +240,145 @@ async def list_program_accounts(
         "items": [item.to_json() for item in items],
         "next_cursor": encode_cursor(listing_cursor(items[-1]), LISTING) if more and items else None,
     }
+
+
+# -- batches ---------------------------------------------------------------------------------
+
+#: Cursors of GET /batches/{batch_id} name an item index in this list.
+BATCH_ITEMS = "batch-items"
+#: How often POST /commands/batch?wait=true looks at the batch's outcomes.
+BATCH_POLL_S = 0.05
+
+
+def batch_status_body(
+    batch_id: str, ids: list[str], outcomes: dict[int, dict[str, Any]], *, start: int, limit: int,
+) -> dict[str, Any]:
+    """GET /batches/{batch_id}: counts over every item, and the items from ``start`` on."""
+    counts = {PENDING: 0, "accepted": 0, "rejected": 0}
+    by_reason: dict[str, int] = {}
+    items: list[dict[str, Any]] = []
+    for index, command_id in enumerate(ids):
+        outcome = outcomes.get(index)
+        status = outcome["status"] if outcome is not None else PENDING
+        counts[status] += 1
+        if status == "rejected" and outcome is not None:
+            by_reason[outcome["reason"]] = by_reason.get(outcome["reason"], 0) + 1
+        if start <= index < start + limit:
+            items.append({
+                "index": index, "command_id": command_id, "status": status,
+                "reason": outcome.get("reason") if outcome else None,
+                "detail": outcome.get("detail") if outcome else None,
+                "version": outcome.get("version") if outcome else None,
+            })
+    end = start + len(items)
+    return {
+        "batch_id": batch_id, "total": len(ids),
+        "counts": {**counts, "rejected_by_reason": by_reason},
+        "items": items,
+        "next_cursor": encode_cursor(str(end - 1), BATCH_ITEMS) if items and end < len(ids) else None,
+    }
+
+
+async def batch_status(ctx: ServiceContext, batch_id: str, *, start: int, limit: int) -> dict[str, Any] | None:
+    """The batch's status from the instance that owns it (None: no such batch yet)."""
+    svc = _service(ctx)
+    owner = owner_of(ctx, svc.batches, ctx.partition_for(batch_id))
+    if owner == ctx.url:
+        if not ctx.ready():
+            raise Unavailable("state is being restored; retry shortly")
+        found = svc.batch_summary(batch_id)
+        if found is None:
+            return None
+        ids, outcomes = found
+        return batch_status_body(batch_id, ids, outcomes, start=start, limit=limit)
+    HTTP_FORWARDED.labels(ctx.service).inc()
+    cursor = encode_cursor(str(start - 1), BATCH_ITEMS) if start > 0 else None
+    try:
+        resp = await ctx.http.get(
+            f"{owner}/batches/{quote(batch_id, safe='')}", params={"limit": limit, **({"cursor": cursor} if cursor else {})},
+            headers={FORWARDED_BY: ctx.url}, timeout=ctx.settings.forward_timeout_s,
+        )
+    except httpx.HTTPError as exc:
+        raise Unavailable(f"the owning instance {owner} did not answer; retry shortly") from exc
+    if resp.status_code == 404:
+        return None
+    if resp.status_code != 200:
+        raise Unavailable(f"the owning instance {owner} answered {resp.status_code}; retry shortly")
+    body: dict[str, Any] = codecs.loads_object(resp.content)
+    return body
+
+
+@router.post(
+    "/commands/batch",
+    status_code=202,
+    response_model=BatchAccepted,
+    summary="Submit a batch of commands; each is decided once, like a single command",
+    responses={
+        200: {"model": BatchStatus, "description": "With ?wait=true: every item's outcome"},
+        202: {"description": "Written to account-command-batches; with ?wait=true and items still pending, their status"},
+        **error_responses(
+            400, 413, 422, 503,
+            _422="The body is not a batch (batch_id, 1 to STATEFLEET_BATCH_MAX_COMMANDS commands)",
+            _503="The batch could not be written to Kafka; retry (resending decides only what was not decided)",
+        ),
+    },
+)
+async def post_batch(
+    body: CommandBatchIn,
+    ctx: Ctx,
+    wait: Annotated[bool, Query(description="Wait (up to the configured timeout) for every item's outcome")] = False,
+) -> Any:
+    limit = ctx.settings.batch_max_commands
+    if len(body.commands) > limit:
+        raise Unprocessable(f"a batch holds at most {limit} commands, got {len(body.commands)}")
+    svc = _service(ctx)
+    batch = CommandBatch(batch_id=body.batch_id, items=tuple(body.commands))
+    try:
+        await svc.submit_batch(batch)
+    except SendFailed as exc:
+        raise Unavailable(f"the batch could not be written to Kafka: {exc}") from exc
+    accepted = {"batch_id": batch.batch_id, "command_ids": batch.command_ids()}
+    if not wait:
+        return JSONResponse(accepted, status_code=202)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ctx.settings.command_wait_timeout_s
+    status: dict[str, Any] | None = None
+    while loop.time() < deadline:
+        with contextlib.suppress(Unavailable):
+            status = await batch_status(ctx, batch.batch_id, start=0, limit=limit)
+        if status is not None and status["counts"][PENDING] == 0:
+            return JSONResponse(status, status_code=200)
+        await asyncio.sleep(BATCH_POLL_S)
+    return JSONResponse(status or accepted, status_code=202)
+
+
+@router.get(
+    "/batches/{batch_id:id}",
+    response_model=BatchStatus,
+    summary="A batch's counts by outcome and its items' outcomes, in pages",
+    responses=error_responses(
+        400, 404, 422, 503, _400="A cursor this API did not make", _404="No batch with this id was received",
+    ),
+)
+async def get_batch(
+    batch_id: IdPath,
+    request: Request,
+    ctx: Ctx,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: CursorParam = None,
+) -> Any:
+    svc = _service(ctx)
+    forwarded = await route(ctx, request, svc.batches, ctx.partition_for(batch_id))
+    if forwarded is not None:
+        return forwarded
+    start = 0
+    text = decode_cursor(cursor, BATCH_ITEMS)
+    if text is not None:
+        if not text.isdigit():
+            raise InvalidCursor("cursor is not one this API returned")
+        start = int(text) + 1
+    found = svc.batch_summary(batch_id)
+    if found is None:
+        raise NotFound(f"no batch {batch_id!r}")
+    ids, outcomes = found
+    return batch_status_body(batch_id, ids, outcomes, start=start, limit=limit)

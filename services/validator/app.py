@@ -32,6 +32,18 @@ with the input's next offset, changelog first):
     rows older than ``command_outcome_retention_s`` (found through their expiry rows,
     oldest first), so the table holds about one retention period of commands.
 
+``split_batches`` (``account-command-batches``, keyed by batch_id) and ``record_batch_outcomes``
+(internal ``…-batch-outcomes``, keyed by batch_id)
+    A batch becomes its commands: each item goes onto ``account-commands`` with its own
+    command id (its own, or the batch id and its index) and headers naming its batch and
+    index, and is then decided by ``validate`` exactly like a single command. ``validate``
+    sends each batch item's outcome to ``…-batch-outcomes`` too, and ``record_batch_outcomes``
+    keeps it in the ``batches`` table next to the batch's manifest (GET /batches/{batch_id}).
+    A resent batch re-sends only the items without a recorded outcome; those the validator
+    had already decided are recognised by their command ids and decided nothing again.
+    Items that are not even JSON objects are rejected INVALID_COMMAND by the splitter
+    itself and dead-lettered one by one; a record that is not a batch is a dead letter.
+
 ``route_events`` and ``project`` (``account-events`` → internal ``…-by-program``)
     The category projection: every account of a program with its status, kept in
     ``program-accounts`` and listed newest first by GET /programs/{id}/accounts.
@@ -48,18 +60,25 @@ from prometheus_client import Counter
 
 from services.validator import DEFAULT_PORT, SERVICE
 from services.validator.domain import (
+    BATCH_ID_HEADER,
+    BATCH_INDEX_HEADER,
     PENDING,
     Accepted,
     Account,
     AccountState,
     Command,
+    CommandBatch,
     Duplicate,
     InvalidEvent,
     Listing,
+    MalformedBatch,
     MalformedCommand,
     apply_to_listing,
+    batch_item,
+    batch_item_outcome,
     outcome_record,
     parse_account_event,
+    parse_batch,
     parse_command,
     pending_record,
     plan_batch,
@@ -67,6 +86,10 @@ from services.validator.domain import (
 from services.validator.state import (
     EXPIRY_PREFIX,
     account_key,
+    batch_item_index,
+    batch_item_key,
+    batch_item_prefix,
+    batch_manifest_key,
     decode_listing,
     decode_state,
     encode_listing,
@@ -136,6 +159,38 @@ def decode_routed(raw: bytes | None) -> AccountChange:
     return AccountChange(account_id=obj["a"], program_id=obj["p"], type=obj["t"], version=obj["v"], occurred_at=obj["o"])
 
 
+def batch_reference(headers: Any) -> tuple[str, int] | None:
+    """(batch id, item index) of a command split out of a batch, from its headers."""
+    if not headers:
+        return None
+    found = dead_letters.headers_dict(headers)
+    batch_id, index = found.get(BATCH_ID_HEADER), found.get(BATCH_INDEX_HEADER)
+    if not batch_id or index is None or not index.isdigit():
+        return None
+    return batch_id, int(index)
+
+
+def unreadable_item(batch_id: str, index: int, item: Any) -> Exception | None:
+    """Why a batch item cannot be read as a command at all (None: it can; it is then decided
+    like any command, and rejected INVALID_COMMAND if it breaks the command schema)."""
+    if not isinstance(item, dict):
+        return MalformedBatch(f"item {index} of batch {batch_id!r} is not a JSON object")
+    try:
+        parse_command(batch_item(batch_id, index, item), default_issued_at=0)
+    except MalformedCommand as exc:
+        return exc
+    return None
+
+
+def command_id_of(record: InRecord) -> str:
+    """The command id a record that is not a readable command carries, if any."""
+    try:
+        value = codecs.loads_object(record.value).get("command_id")
+    except codecs.DecodeError:
+        return ""
+    return value if isinstance(value, str) else ""
+
+
 class OutcomesBehind(RuntimeError):
     """The outcomes table has not yet recorded every outcome already written for it."""
 
@@ -151,13 +206,16 @@ class ValidatorService:
         self.retry_topic_name = topics.service_retry(SERVICE)
         self.outcomes_topic_name = f"{app_id(SERVICE, settings)}-outcomes"
         self.by_program_topic_name = f"{app_id(SERVICE, settings)}-by-program"
+        self.batch_outcomes_topic_name = f"{app_id(SERVICE, settings)}-batch-outcomes"
 
         self.accounts_store = engine.table("accounts")
         self.outcomes_store = engine.table("outcomes")
         self.listing_store = engine.table("program-accounts")
+        self.batches_store = engine.table("batches")
         self.accounts = self.accounts_store.table
         self.outcomes = self.outcomes_store.table
         self.program_accounts = self.listing_store.table
+        self.batches = self.batches_store.table
         self.waiters: dict[str, list[asyncio.Future[None]]] = {}
         #: Per outcomes partition, the last expiry row deleted: later scans seek past the
         #: tombstones below it instead of stepping over them.
@@ -172,6 +230,10 @@ class ValidatorService:
                        dead_letters=dead_letters_route)(self.redeliver)
         engine.handler(self.outcomes_topic_name, name="outcomes", offsets=self.outcomes_store,
                        internal_partitions=n)(self.record_outcomes)
+        engine.handler(topics.account_command_batches, name="batches", offsets=self.batches_store,
+                       dead_letters=dead_letters_route)(self.split_batches)
+        engine.handler(self.batch_outcomes_topic_name, name="batch-outcomes", offsets=self.batches_store,
+                       internal_partitions=n)(self.record_batch_outcomes)
         engine.handler(topics.account_events, name="events", offsets=self.listing_store,
                        dead_letters=dead_letters_route)(self.route_events)
         engine.handler(self.by_program_topic_name, name="by-program", offsets=self.listing_store,
@@ -188,6 +250,8 @@ class ValidatorService:
             TopicSpec(self.topics.dead_letters, n),
             TopicSpec(self.retry_topic_name, n),
             TopicSpec(self.outcomes_topic_name, n),
+            TopicSpec(self.topics.account_command_batches, n),
+            TopicSpec(self.batch_outcomes_topic_name, n),
             TopicSpec(self.by_program_topic_name, n),
             # Changelogs too, so they exist before the first assignment (Faust would create
             # them at start-up, racing the group's first metadata read).
@@ -204,12 +268,16 @@ class ValidatorService:
         """Decide the batch's commands in order, stage the outcomes, then the state they imply."""
         n = self.partitions
         commands: list[Command] = []
+        items: dict[int, tuple[str, int]] = {}  # position in commands → (batch id, item index)
         for record in batch.records:
+            item = batch_reference(record.headers)
             try:
                 command = self._read_command(record)
             except (codecs.DecodeError, MalformedCommand) as exc:
                 batch.dead_letter(record, exc)
                 COMMAND_OUTCOMES.labels("dead_lettered").inc()
+                if item is not None:
+                    self.send_batch_outcome(batch, item, batch_item_outcome(command_id_of(record), None, str(exc)))
                 continue
             if command.storable:
                 key = account_key(command.account_id)
@@ -220,6 +288,8 @@ class ValidatorService:
                                timestamp_ms=record.timestamp, headers=record.headers or None)
                     COMMAND_OUTCOMES.labels("rerouted").inc()
                     continue
+            if item is not None:
+                items[len(commands)] = item
             commands.append(command)
 
         def load(account_id: str) -> AccountState | None:
@@ -228,7 +298,10 @@ class ValidatorService:
 
         plan = plan_batch(commands, load, self.settings.command_history_per_account)
         at = now_ms()
-        for command, outcome in zip(commands, plan.outcomes, strict=True):
+        for position, (command, outcome) in enumerate(zip(commands, plan.outcomes, strict=True)):
+            item = items.get(position)
+            if item is not None:
+                self.send_batch_outcome(batch, item, batch_item_outcome(command.command_id, outcome))
             if isinstance(outcome, Duplicate):
                 COMMAND_OUTCOMES.labels("duplicate").inc()
                 continue
@@ -244,6 +317,81 @@ class ValidatorService:
         # before any state that implies them is written (the engine's commit order).
         for account_id, state in plan.states.items():
             batch.write(self.accounts_store, account_key(account_id), encode_state(account_id, state))
+
+    def send_batch_outcome(self, batch: InputBatch, item: tuple[str, int], outcome: dict[str, Any]) -> None:
+        batch_id, index = item
+        key = batch_id.encode()
+        batch.send(self.batch_outcomes_topic_name, key, codecs.dumps({"batch_id": batch_id, "index": index, **outcome}),
+                   partition=partition_for(key, self.partitions))
+
+    # -- batches of commands (POST /commands/batch, GET /batches/{batch_id}) ------------------------
+
+    async def split_batches(self, batch: InputBatch) -> None:
+        """Each batch's items onto ``account-commands``, but those already decided."""
+        n = self.partitions
+        for record in batch.records:
+            try:
+                parsed = parse_batch(codecs.loads_object(record.value), max_commands=self.settings.batch_max_commands)
+            except (codecs.DecodeError, MalformedBatch) as exc:
+                batch.dead_letter(record, exc)
+                continue
+            key = parsed.batch_id.encode()
+            home = partition_for(key, n)
+            if record.partition != home or record.key != key:
+                batch.send(self.topics.account_command_batches, key, record.value, partition=home,
+                           timestamp_ms=record.timestamp, headers=record.headers or None)
+                continue
+            ids = parsed.command_ids()
+            manifest = batch_manifest_key(parsed.batch_id)
+            if batch.read(self.batches_store, manifest) is None:
+                batch.write(self.batches_store, manifest, codecs.dumps({"ids": ids}))
+            for index, item in enumerate(parsed.items):
+                if batch.read(self.batches_store, batch_item_key(parsed.batch_id, index)) is not None:
+                    continue  # decided already: a resent batch decides only what was not
+                headers = [(BATCH_ID_HEADER, key), (BATCH_INDEX_HEADER, str(index).encode())]
+                unreadable = unreadable_item(parsed.batch_id, index, item)
+                if unreadable is not None:
+                    # Decided here, in the same commit as the split: a resent batch finds it decided.
+                    letter = batch.dead_letter(
+                        InRecord(record.topic, record.partition, record.offset, key, codecs.dumps(item), headers,
+                                 record.timestamp),
+                        unreadable,
+                    )
+                    batch.write(self.batches_store, batch_item_key(parsed.batch_id, index), codecs.dumps(
+                        {"batch_id": parsed.batch_id, "index": index,
+                         **batch_item_outcome(ids[index], None, letter.error_message)}))
+                    continue
+                account_id = item.get("account_id")
+                command_key = account_key(account_id) if isinstance(account_id, str) and account_id else key
+                batch.send(self.topics.account_commands, command_key,
+                           codecs.dumps(batch_item(parsed.batch_id, index, item)),
+                           partition=partition_for(command_key, n), timestamp_ms=record.timestamp, headers=headers)
+
+    async def record_batch_outcomes(self, batch: InputBatch) -> None:
+        for record in batch.records:
+            try:
+                outcome = codecs.loads_object(record.value)
+                batch_id, index = outcome["batch_id"], int(outcome["index"])
+            except (codecs.DecodeError, KeyError, TypeError, ValueError):
+                log.warning("skipping a batch outcome record that is not one this service wrote at %s[%s]@%s",
+                            record.topic, record.partition, record.offset)
+                continue
+            batch.write(self.batches_store, batch_item_key(batch_id, index), record.value)
+
+    def batch_summary(self, batch_id: str) -> tuple[list[str], dict[int, dict[str, Any]]] | None:
+        """The batch's command ids and the outcomes recorded so far by item index (None: unknown batch)."""
+        partition = partition_for(batch_id.encode(), self.partitions)
+        manifest = self.batches_store.get(partition, batch_manifest_key(batch_id))
+        if manifest is None:
+            return None
+        ids: list[str] = codecs.loads_object(manifest)["ids"]
+        prefix = batch_item_prefix(batch_id)
+        outcomes: dict[int, dict[str, Any]] = {}
+        for key, raw in partition_items(self.batches, partition, from_key=prefix):
+            if not key.startswith(prefix):
+                break
+            outcomes[batch_item_index(key, prefix)] = codecs.loads_object(raw)
+        return ids, outcomes
 
     # -- redelivered dead letters ------------------------------------------------------------------
 
@@ -376,6 +524,15 @@ class ValidatorService:
             Outgoing(self.outcomes_topic_name, command_id.encode(),
                      codecs.dumps(pending_record(command_id, account_id, at=now_ms()))),
             Outgoing(self.topics.account_commands, account_id.encode(), codecs.dumps(command)),
+        ])
+
+    async def submit_batch(self, batch: CommandBatch) -> None:
+        """Write a batch to ``account-command-batches`` (one record, keyed by its id); returns once acknowledged."""
+        key = batch.batch_id.encode()
+        await self.engine.send_all([
+            Outgoing(self.topics.account_command_batches, key,
+                     codecs.dumps({"batch_id": batch.batch_id, "commands": list(batch.items)}),
+                     partition=partition_for(key, self.partitions)),
         ])
 
     # -- accounts (GET /accounts/{account_id}) --------------------------------------------------

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from services.validator.domain import MAX_ID_LENGTH, REASONS
-from shared.http.bounds import MAX_JSON_DEPTH, JsonObject, NonNegativeInt64, Text
+from shared.http.bounds import MAX_JSON_DEPTH, JsonObject, NonNegativeInt64, Text, check_json
 
 CommandType = Literal["CreateAccount", "UpdateAccount", "DeactivateAccount", "ReactivateAccount", "DeleteAccount"]
 
@@ -99,4 +99,53 @@ class ProgramAccount(BaseModel):
 
 class ProgramAccountsPage(BaseModel):
     items: list[ProgramAccount]
+    next_cursor: str | None = Field(description="Pass as ?cursor= to get the next page; null on the last page")
+
+
+class CommandBatchIn(BaseModel):
+    """A batch as POST /commands/batch takes it. Only the envelope is checked here: each item
+    is decided on its own, like a single command, so an item that is not a valid command is
+    rejected INVALID_COMMAND (or dead-lettered, when not even a JSON object) by itself."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    batch_id: Text = Field(
+        min_length=1, max_length=MAX_ID_LENGTH,
+        description="Names the batch; resending the same batch decides only the items not yet decided",
+    )
+    commands: list[Annotated[Any, AfterValidator(check_json)]] = Field(
+        min_length=1,
+        description="Commands as POST /commands takes them (at most STATEFLEET_BATCH_MAX_COMMANDS); an item "
+        "without command_id gets '<batch_id>:<index>'",
+    )
+
+    _ids_without_nul = field_validator("batch_id")(_no_nul)
+
+
+class BatchAccepted(BaseModel):
+    batch_id: str
+    command_ids: list[str] = Field(description="Each item's command id, in the batch's order")
+
+
+class BatchItemOut(BaseModel):
+    index: int
+    command_id: str
+    status: Literal["pending", "accepted", "rejected"]
+    reason: str | None = Field(None, description="The rejection reason, when rejected")
+    detail: str | None = Field(None, description="The rejection detail, when rejected")
+    version: int | None = Field(None, description="The event's version, when accepted")
+
+
+class BatchCounts(BaseModel):
+    pending: int
+    accepted: int
+    rejected: int
+    rejected_by_reason: dict[str, int] = Field(description=" | ".join(REASONS))
+
+
+class BatchStatus(BaseModel):
+    batch_id: str
+    total: int
+    counts: BatchCounts
+    items: list[BatchItemOut] = Field(description="Items in the batch's order, from the cursor on")
     next_cursor: str | None = Field(description="Pass as ?cursor= to get the next page; null on the last page")

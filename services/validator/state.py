@@ -147,3 +147,28 @@ def listing_key_from_cursor(program_id: str, cursor: str) -> bytes:
     if not sep or not account_id:
         raise ValueError("malformed listing cursor")
     return listing_key(program_id, int(created), account_id)
+
+
+# -- batches (partitioned by batch_id) -------------------------------------------------------
+#
+# ``B`` + batch_id + NUL + ``m`` → the batch's manifest JSON ``{"ids": [command_id, ...]}``;
+# ``B`` + batch_id + NUL + ``i`` + index (4 bytes, big-endian) → the item's outcome JSON
+# (``domain.batch_item_outcome``): the items of a batch sort by index after its manifest.
+
+BATCH_PREFIX = b"B"
+
+
+def batch_manifest_key(batch_id: str) -> bytes:
+    return BATCH_PREFIX + batch_id.encode() + SEPARATOR + b"m"
+
+
+def batch_item_prefix(batch_id: str) -> bytes:
+    return BATCH_PREFIX + batch_id.encode() + SEPARATOR + b"i"
+
+
+def batch_item_key(batch_id: str, index: int) -> bytes:
+    return batch_item_prefix(batch_id) + index.to_bytes(4, "big")
+
+
+def batch_item_index(key: bytes, prefix: bytes) -> int:
+    return int.from_bytes(key[len(prefix):], "big")

@@ -51,6 +51,13 @@ class PayloadTooLarge(ApiError):
     code = "payload_too_large"
 
 
+class Unprocessable(ApiError):
+    """A body that matches the schema but breaks a limit the schema cannot say (a configured one)."""
+
+    status = 422
+    code = "invalid_request"
+
+
 class Unavailable(ApiError):
     """State is not there to answer from yet (recovering, rebalancing, owner unknown)."""
 
