@@ -2,7 +2,8 @@
 
 One account goes through its life (create, update, deactivate, a stale update,
 delete, an update after the delete, a repeated command), then the account, the
-command statuses and the program's listing are read back.
+command statuses and the program's listing are read back. Then one batch with good,
+conflicting and malformed items is sent, resent, and its summary printed.
 """
 
 from __future__ import annotations
@@ -76,6 +77,28 @@ def run(base_url: str) -> None:
                 break
             time.sleep(0.25)
         _line("GET /programs/{id}/accounts", listing)
+        send_batch(http, f"demo-batch-{suffix}", program)
+
+
+def send_batch(http: httpx.Client, batch_id: str, program: str) -> None:
+    """A batch mixing good, conflicting and malformed items, sent twice: the second time decides nothing new."""
+    member = f"{batch_id}-acct"
+    body = {"batch_id": batch_id, "commands": [
+        {"type": "CreateAccount", "account_id": member, "program_id": program},
+        {"type": "UpdateAccount", "account_id": member, "expected_version": 1, "data": {"plan": "gold"}},
+        {"type": "UpdateAccount", "account_id": member, "expected_version": 1, "data": {"plan": "stale"}},
+        {"type": "ReactivateAccount", "account_id": member},
+        {"type": "CreateAccount", "account_id": f"{member}-2"},
+        "not a command",
+    ]}
+    print(f"a batch of {len(body['commands'])} commands ({batch_id}):")
+    for attempt in ("POST /commands/batch?wait=true", "the same batch again"):
+        resp = http.post("/commands/batch", params={"wait": "true"}, json=body)
+        summary: dict[str, Any] = resp.json()
+        _line(f"{attempt} [{resp.status_code}]", summary.get("counts", summary))
+    for item in summary.get("items", []):
+        outcome = item["status"] if item["status"] != "rejected" else f"rejected -> {item['reason']}: {item['detail']}"
+        _line(f"  item {item['index']} ({item['command_id']})", outcome)
 
 
 if __name__ == "__main__":
