@@ -68,7 +68,11 @@ class Settings(BaseSettings):
     http_port: int | None = Field(None, description="Defaults: validator 8001, tallies 8002, retry scheduler 8003, console 8000")
     advertised_url: str | None = Field(None, description="URL peers use to forward queries here; default http://<host>:<port>")
     admin_token: str = Field(DEV_ADMIN_TOKEN, description="Bearer token for changing calls (retry scheduler)")
-    max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies get 413")
+    max_body_bytes: int = Field(
+        786_432, ge=1024,
+        description="Larger request bodies get 413. 768 KiB holds a batch of 1,000 commands of about 750 bytes, and a "
+        "batch travels as one Kafka record, which the broker's default message.max.bytes (1 MB) must admit",
+    )
     forward_timeout_s: float = 5.0
 
     # Processing

@@ -155,7 +155,7 @@ def test_program_listing_newest_first_with_pages_and_status(shared_validator: Se
     ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": 5}}, 422),
     ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "expected_version": "1"}}, 422),
     ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "expectedVersion": 1}}, 422),
-    ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "data": "x" * 100_000}}, 413),
+    ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "data": "x" * 1_000_000}}, 413),
     ("POST", "/commands?wait=maybe", {"json": {"type": "UpdateAccount", "account_id": "a"}}, 422),
     ("GET", "/commands/never-sent", {}, 404),
     ("GET", "/commands/x?wait=-1", {}, 422),
