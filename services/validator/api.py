@@ -97,14 +97,19 @@ async def command_status(
         return status_body(raw) if raw is not None else None
     if forwarded:
         raise Unavailable("the command's partition moved while the request was forwarded; retry shortly")
+    return await ask_owner(
+        ctx, owner, f"/commands/{quote(command_id, safe='')}",
+        {"wait": str(wait), "until": "final" if final else "known"}, within_s=wait + ctx.settings.forward_timeout_s,
+    )
+
+
+async def ask_owner(
+    ctx: ServiceContext, owner: str, path: str, params: dict[str, Any], *, within_s: float,
+) -> dict[str, Any] | None:
+    """GET ``path`` from the instance that owns it: its JSON body, or None for its 404."""
     HTTP_FORWARDED.labels(ctx.service).inc()
     try:
-        resp = await ctx.http.get(
-            f"{owner}/commands/{quote(command_id, safe='')}",
-            params={"wait": str(wait), "until": "final" if final else "known"},
-            headers={FORWARDED_BY: ctx.url},
-            timeout=wait + ctx.settings.forward_timeout_s,
-        )
+        resp = await ctx.http.get(f"{owner}{path}", params=params, headers={FORWARDED_BY: ctx.url}, timeout=within_s)
     except httpx.HTTPError as exc:
         raise Unavailable(f"the owning instance {owner} did not answer; retry shortly") from exc
     if resp.status_code == 404:
@@ -291,21 +296,12 @@ async def batch_status(ctx: ServiceContext, batch_id: str, *, start: int, limit:
             return None
         ids, outcomes = found
         return batch_status_body(batch_id, ids, outcomes, start=start, limit=limit)
-    HTTP_FORWARDED.labels(ctx.service).inc()
-    cursor = encode_cursor(str(start - 1), BATCH_ITEMS) if start > 0 else None
-    try:
-        resp = await ctx.http.get(
-            f"{owner}/batches/{quote(batch_id, safe='')}", params={"limit": limit, **({"cursor": cursor} if cursor else {})},
-            headers={FORWARDED_BY: ctx.url}, timeout=ctx.settings.forward_timeout_s,
-        )
-    except httpx.HTTPError as exc:
-        raise Unavailable(f"the owning instance {owner} did not answer; retry shortly") from exc
-    if resp.status_code == 404:
-        return None
-    if resp.status_code != 200:
-        raise Unavailable(f"the owning instance {owner} answered {resp.status_code}; retry shortly")
-    body: dict[str, Any] = codecs.loads_object(resp.content)
-    return body
+    params: dict[str, Any] = {"limit": limit}
+    if start > 0:
+        params["cursor"] = encode_cursor(str(start - 1), BATCH_ITEMS)
+    return await ask_owner(
+        ctx, owner, f"/batches/{quote(batch_id, safe='')}", params, within_s=ctx.settings.forward_timeout_s,
+    )
 
 
 @router.post(
