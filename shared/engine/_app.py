@@ -105,9 +105,16 @@ def changelog_topic_specs(app: faust.App, settings: Settings) -> list[TopicSpec]
     ]
 
 
+#: Largest request line and headers the services read (the body has its own limit).
+MAX_REQUEST_HEAD_BYTES = 1024 * 1024
+
+
 def serve_api(app: faust.App, api: FastAPI, settings: Settings, default_port: int) -> None:
     """Serve ``api`` with uvicorn on the Faust worker's event loop."""
-    serve_asgi(app, api, host=settings.http_host, port=settings.port_for(default_port))
+    # uvicorn answers a request line and headers over h11's 16 KiB itself, in plain text; with
+    # room up to 1 MiB such a request (a huge query string) reaches the API and gets its JSON 4xx.
+    serve_asgi(app, api, host=settings.http_host, port=settings.port_for(default_port),
+               h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES)
 
 
 def run_worker(app: faust.App, service: str, settings: Settings) -> None:
