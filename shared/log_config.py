@@ -35,6 +35,18 @@ class _RetriedCoordinatorLookup(logging.Filter):
         return True
 
 
+class _TopicNotInMetadataYet(logging.Filter):
+    """aiokafka logs an error for every topic missing from a metadata response. A worker that
+    has just created its topics sees that for each of them in its first response, and the next
+    refresh has them: a warning, which says so."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and record.msg == "Topic %s not found in cluster metadata":
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = "topic %s not in the cluster metadata yet (just created, or deleted); it is looked up again"
+        return True
+
+
 def logging_config(service: str, instance: str, level: str) -> dict[str, object]:
     """A dictConfig for Faust's worker (``loghandlers`` are not enough for its own loggers)."""
     return {
@@ -43,6 +55,7 @@ def logging_config(service: str, instance: str, level: str) -> dict[str, object]
         "filters": {
             "ctx": {"()": _ContextFilter, "service": service, "instance": instance},
             "coordinator_lookup": {"()": _RetriedCoordinatorLookup},
+            "topic_not_in_metadata": {"()": _TopicNotInMetadataYet},
         },
         "formatters": {"line": {"format": FORMAT}},
         "handlers": {
@@ -52,6 +65,7 @@ def logging_config(service: str, instance: str, level: str) -> dict[str, object]
         "loggers": {
             "aiokafka": {"level": "WARNING"},
             "aiokafka.consumer.group_coordinator": {"filters": ["coordinator_lookup"]},
+            "aiokafka.cluster": {"filters": ["topic_not_in_metadata"]},
             "uvicorn.access": {"level": "WARNING"},
         },
     }

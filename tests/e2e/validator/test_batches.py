@@ -142,3 +142,45 @@ def test_a_batch_resent_after_a_sigkill_mid_batch_is_decided_once(
         check_exact(proc, settled(proc, body["batch_id"]), expected, crashed=True)
     finally:
         proc.kill()
+
+
+def test_a_record_that_is_not_a_batch_is_a_dead_letter_and_the_next_batch_is_decided(
+    start_validator: Any, prefix: str,
+) -> None:
+    create_topics([f"{prefix}account-command-batches"])
+    run = uuid.uuid4().hex[:8]
+    good = {"batch_id": f"after-{run}",
+            "commands": [{"type": "CreateAccount", "account_id": f"{run}-ok", "program_id": "P"}]}
+    produce(f"{prefix}account-command-batches", [
+        ("junk-1", b"\xff not json"),
+        ("junk-2", orjson.dumps({"batch_id": "no-commands"})),
+        ("junk-3", orjson.dumps({"commands": [{"type": "CreateAccount"}]})),
+        (good["batch_id"], orjson.dumps(good)),
+    ])
+    proc: ServiceProcess = start_validator("a")
+    body = settled(proc, good["batch_id"])
+    assert body["counts"]["accepted"] == 1
+
+    def letters() -> list[Any] | None:
+        found = [r for r in read_all(f"{prefix}dead-letters")
+                 if dict(r.headers).get("dlq.original.topic") == f"{prefix}account-command-batches".encode()]
+        return found if len(found) >= 3 else None
+    found = wait_for(letters, timeout=30, message="three dead letters from account-command-batches")
+    assert sorted(r.key for r in found) == [b"junk-1", b"junk-2", b"junk-3"]
+    assert all(dict(r.headers)["dlq.error.message"] for r in found)
+
+
+def test_any_instance_answers_for_any_batch(start_validator: Any) -> None:
+    a: ServiceProcess = start_validator("a")
+    b: ServiceProcess = start_validator("b")
+    run = uuid.uuid4().hex[:8]
+    ids = [f"{run}-{i}" for i in range(12)]  # batch ids on several partitions, owned by either instance
+    for batch_id in ids:
+        body = {"batch_id": batch_id, "commands": [{"type": "CreateAccount", "account_id": f"{batch_id}-x",
+                                                     "program_id": "P"}]}
+        wait_for(lambda body=body: httpx.post(f"{a.url}/commands/batch", json=body, timeout=30).status_code == 202,
+                 timeout=60, message="batch accepted")
+    for batch_id in ids:
+        for proc in (a, b):
+            answer = settled(proc, batch_id)
+            assert answer["counts"] == {"pending": 0, "accepted": 1, "rejected": 0, "rejected_by_reason": {}}

@@ -25,6 +25,7 @@ def coordinator_log(caplog: pytest.LogCaptureFixture) -> Iterator[logging.Logger
         root.handlers, level = saved
         root.setLevel(level)
         logger.filters.clear()
+        logging.getLogger("aiokafka.cluster").filters.clear()
 
 
 def test_a_retriable_coordinator_lookup_failure_is_a_warning(
@@ -41,3 +42,13 @@ def test_other_coordinator_errors_stay_errors(coordinator_log: logging.Logger, c
     coordinator_log.error("Heartbeat session expired - marking coordinator dead")
     levels = [r.levelname for r in caplog.records if r.name == coordinator_log.name]
     assert levels == ["ERROR", "ERROR"]
+
+
+def test_a_topic_missing_from_one_metadata_response_is_a_warning(
+    coordinator_log: logging.Logger, caplog: pytest.LogCaptureFixture,
+) -> None:
+    cluster_log = logging.getLogger("aiokafka.cluster")
+    cluster_log.error("Topic %s not found in cluster metadata", "p.account-events")
+    [record] = [r for r in caplog.records if r.name == cluster_log.name]
+    assert record.levelname == "WARNING"
+    assert "p.account-events" in record.getMessage()
