@@ -4,10 +4,12 @@ Two hops, so that everything about one ``dlq.id`` lives in one partition:
 
 1. ``route`` reads ``dead-letters`` (anyone may write there, with any key and missing
    headers, on any number of partitions), reads the ``dlq.*`` headers with the
-   contract's defaults, and forwards the message to the internal ``…-inbox`` topic keyed
-   and partitioned by ``dlq.id``. It keeps no state: the engine commits its input only
-   after the forwarded records are acknowledged, and a record read twice is forwarded
-   twice, which the second hop recognises by ``dlq.id`` and attempt.
+   contract's defaults, decides the message's fate (its due time, or the parking lot)
+   and forwards the entry to store to the internal ``…-inbox`` topic keyed and
+   partitioned by ``dlq.id``, already encoded, so the second hop stores it without
+   decoding it. It keeps no state: the engine commits its input only after the
+   forwarded records are acknowledged, and a record read twice is forwarded twice,
+   which the second hop recognises by ``dlq.id`` and attempt.
 2. ``process_inbox`` is the only handler that changes state. Per inbox partition it
    handles, in order: dead letters (schedule, or park when out of attempts), ticks
    (redeliver what is due), and replay / cancel / unpark commands sent by the HTTP API.
@@ -59,13 +61,16 @@ from services.retry_scheduler.state import (
     DONE_REDELIVERED,
     DONE_UNPARKED,
     Counts,
+    Decided,
     Done,
     DueScan,
     Entry,
+    decode_decided,
     decode_entry,
     decode_index,
     due_key,
     due_prefix,
+    encode_decided,
     encode_done,
     encode_entry,
     entry_from_letter,
@@ -95,7 +100,8 @@ from shared.topics import TopicNames, topic_names
 log = logging.getLogger(__name__)
 
 # Kinds of inbox records: the first byte of the value.
-KIND_LETTER = b"L"
+KIND_DECIDED = b"D"  # a dead letter with its fate decided (state.encode_decided)
+KIND_LETTER = b"L"  # a dead letter not yet decided (an entry as stored), as earlier versions wrote
 KIND_TICK = b"T"
 KIND_REPLAY = b"R"
 KIND_CANCEL = b"C"
@@ -242,7 +248,8 @@ class RetrySchedulerService:
                     topic=record.topic, partition=record.partition, offset=record.offset,
                     timestamp_ms=record.timestamp or None, default_retry_topic=self.topics.retry,
                 )
-                encoded = KIND_LETTER + encode_entry(entry_from_letter(letter, raw_headers, received_at))
+                entry = self.decide_fate(entry_from_letter(letter, raw_headers, received_at), received_at)
+                encoded = KIND_DECIDED + encode_decided(Decided.of(entry))
             except Exception as exc:  # never expected: parsing is lenient; keep the message anyway
                 log.exception("unreadable dead letter at %s[%s]@%s", record.topic, record.partition, record.offset)
                 self._park_unreadable(batch, record, exc)
@@ -256,6 +263,18 @@ class RetrySchedulerService:
         batch.send(self.topics.parking_lot, record.key, value, headers=headers)
         PARKED.inc()
 
+    def decide_fate(self, entry: Entry, now: int) -> Entry:
+        """``entry`` scheduled for its next delivery, or parked when that cannot or must not be."""
+        decision = decide(
+            self.policies, dlq_id=entry.id, attempt=entry.attempt, origin_topic=entry.origin_topic,
+            error_class=entry.error_class, failed_at=entry.failed_at, retry_topic=entry.retry_topic,
+            now_ms=now, forbidden_retry_topics=self.looping_topics,
+            has_key_or_value=entry.key is not None or entry.value is not None,
+        )
+        if isinstance(decision, Park):
+            return entry.parked(now, decision.reason, decision.policy.max_attempts)
+        return entry.scheduled(decision.due_at, decision.policy.max_attempts)
+
     # -- hop 2: the per-partition schedule ------------------------------------------------------------
 
     async def process_inbox(self, batch: InputBatch) -> None:
@@ -263,8 +282,10 @@ class RetrySchedulerService:
             value = record.value
             kind = value[:1] if isinstance(value, bytes) else b""
             try:
-                if kind == KIND_LETTER:
-                    await self.ingest(batch, decode_entry(value[1:]))  # type: ignore[index]
+                if kind == KIND_DECIDED:
+                    await self.ingest(batch, decode_decided(value[1:]))  # type: ignore[index]
+                elif kind == KIND_LETTER:
+                    await self.ingest(batch, Decided.of(self.decide_fate(decode_entry(value[1:]), now_ms())))  # type: ignore[index]
                 elif kind == KIND_TICK:
                     await self.tick(batch)
                 elif kind in COMMANDS:
@@ -275,42 +296,36 @@ class RetrySchedulerService:
                 log.warning("ignoring malformed inbox record at %s[%s]@%s: %s",
                             record.topic, record.partition, record.offset, exc)
 
-    async def ingest(self, batch: InputBatch, entry: Entry) -> None:
+    async def ingest(self, batch: InputBatch, letter: Decided) -> None:
+        """Store a decided dead letter, unless that attempt of its id is already stored or done."""
         partition = batch.partition
-        now = now_ms()
-        idk = id_key(entry.id)
-        decision = decide(
-            self.policies, dlq_id=entry.id, attempt=entry.attempt, origin_topic=entry.origin_topic,
-            error_class=entry.error_class, failed_at=entry.failed_at, retry_topic=entry.retry_topic,
-            now_ms=now, forbidden_retry_topics=self.looping_topics,
-            has_key_or_value=entry.key is not None or entry.value is not None,
-        )
+        dlq_id = letter.id
+        idk = id_key(dlq_id)
         current = self._index_state(batch, idk)
         if isinstance(current, Done):
-            if entry.attempt <= current.attempt:
+            if letter.attempt <= current.attempt:
                 DUPLICATES.labels(DONE_KINDS[current.kind]).inc()  # that attempt is already done
                 return
         elif current is not None:
             current_key, _, current_entry = current
-            if current_entry.attempt > entry.attempt:
+            if current_entry.attempt > letter.attempt:
                 DUPLICATES.labels("stale").inc()
                 return
-            if current_entry.attempt == entry.attempt:
+            if current_entry.attempt == letter.attempt:
                 DUPLICATES.labels("scheduled").inc()  # the same dead letter again: already scheduled
                 return
             self._finish(batch, current_key, current_entry, done=None)
-        if isinstance(decision, Park):
+        if letter.parked:
             parked_raw = batch.read(self.parked_store, idk)
-            if parked_raw is not None and decode_entry(parked_raw).attempt > entry.attempt:
+            if parked_raw is not None and decode_entry(parked_raw).attempt > letter.attempt:
                 DUPLICATES.labels("stale").inc()
                 return
-            await self._park(batch, entry.parked(now, decision.reason, decision.policy.max_attempts))
+            await self._park(batch, decode_entry(letter.stored))
             return
-        scheduled = entry.scheduled(decision.due_at, decision.policy.max_attempts)
-        key = due_key(scheduled.due_at, scheduled.id)
-        batch.write(self.schedule_store, key, encode_entry(scheduled))
+        key = due_key(letter.due_at, dlq_id)
+        batch.write(self.schedule_store, key, letter.stored)
         batch.write(self.index_store, idk, key)
-        self.counts.add("scheduled", partition, scheduled)
+        self.counts.add("scheduled", partition, letter.counted_as)
         low = self.low_water.get(partition)
         if low is not None and key < low:
             self.low_water[partition] = key
@@ -342,9 +357,9 @@ class RetrySchedulerService:
         idk = id_key(entry.id)
         previous_raw = batch.read(self.parked_store, idk)
         if previous_raw is not None:
-            self.counts.add("parked", partition, decode_entry(previous_raw), -1)
+            self.counts.add("parked", partition, decode_entry(previous_raw).counted_as, -1)
         batch.write(self.parked_store, idk, encode_entry(entry))
-        self.counts.add("parked", partition, entry)
+        self.counts.add("parked", partition, entry.counted_as)
         PARKED.inc()
         self.totals["parked"] += 1
         log.info(
@@ -367,7 +382,7 @@ class RetrySchedulerService:
         index row goes too (the id is about to be scheduled again or parked).
         """
         if self._delete(batch, self.schedule_store, key):
-            self.counts.add("scheduled", batch.partition, entry, -1)
+            self.counts.add("scheduled", batch.partition, entry.counted_as, -1)
         idk = id_key(entry.id)
         if done is not None:
             self._mark_done(batch, idk, entry.id, done, entry.attempt)
@@ -534,7 +549,7 @@ class RetrySchedulerService:
                 [d] = await self._redeliver([(idk, parked_raw)], trigger="unpark")
                 if d.error is None:
                     if self._delete(batch, self.parked_store, idk):
-                        self.counts.add("parked", partition, entry, -1)
+                        self.counts.add("parked", partition, entry.counted_as, -1)
                     self._mark_done(batch, idk, dlq_id, DONE_UNPARKED, entry.attempt)
                     self._write_expiry(batch)
                     log.info("replayed parked dlq.id=%s attempt=%s", dlq_id, entry.attempt)

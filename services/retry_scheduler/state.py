@@ -166,6 +166,11 @@ class Entry:
     def parked(self, at: int, reason: str, max_attempts: int) -> Entry:
         return replace(self, parked_at=at, parked_reason=reason, max_attempts=max_attempts)
 
+    @property
+    def counted_as(self) -> tuple[str, str]:
+        """The key it is counted under (:class:`Counts`): origin topic and error class."""
+        return (self.origin_topic, self.error_class)
+
     def parking_headers(self) -> list[tuple[str, bytes]]:
         """Every header it was redelivered with, plus when and why it was parked."""
         extra = [
@@ -229,6 +234,54 @@ def decode_entry(raw: bytes) -> Entry:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not an encoded entry: {exc}") from exc
+
+
+# -- decided dead letters (the inbox's letters) -----------------------------------------------------
+
+#: Parked flag, attempt, due time, then the byte lengths of the id, origin topic and error class.
+_DECIDED_HEAD = struct.Struct(">BIQIII")
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A dead letter with its fate decided: the entry to store, already encoded, and the few
+    fields the inbox needs to store it without decoding it."""
+
+    id: str
+    parked: bool
+    attempt: int
+    due_at: int
+    counted_as: tuple[str, str]
+    stored: bytes  # encode_entry of the scheduled or parked entry
+
+    @classmethod
+    def of(cls, entry: Entry) -> Decided:
+        """A scheduled or parked entry (see :meth:`Entry.scheduled`, :meth:`Entry.parked`)."""
+        return cls(entry.id, entry.parked_at is not None, entry.attempt, entry.due_at, entry.counted_as,
+                   encode_entry(entry))
+
+
+def encode_decided(d: Decided) -> bytes:
+    """A fixed head, the id and the counting key, then the stored bytes unchanged."""
+    dlq_id, topic, error_class = d.id.encode(), d.counted_as[0].encode(), d.counted_as[1].encode()
+    head = _DECIDED_HEAD.pack(d.parked, d.attempt, d.due_at, len(dlq_id), len(topic), len(error_class))
+    return b"".join((head, dlq_id, topic, error_class, d.stored))
+
+
+def decode_decided(raw: bytes) -> Decided:
+    """Raises ``ValueError`` (or a subclass) on bytes :func:`encode_decided` did not make."""
+    try:
+        parked, attempt, due_at, id_len, topic_len, class_len = _DECIDED_HEAD.unpack_from(raw)
+    except struct.error as exc:
+        raise ValueError(f"not a decided dead letter: {exc}") from exc
+    at = _DECIDED_HEAD.size
+    fields = []
+    for n in (id_len, topic_len, class_len):
+        fields.append(raw[at:at + n].decode())
+        at += n
+    if len(raw) <= at:
+        raise ValueError("not a decided dead letter: truncated")
+    return Decided(fields[0], bool(parked), attempt, due_at, (fields[1], fields[2]), raw[at:])
 
 
 def classify(raw: bytes) -> tuple[str, str]:
@@ -419,10 +472,10 @@ class Counts:
         self.scheduled, self.parked = fresh_s, fresh_p
         return rows
 
-    def add(self, which: str, partition: int, e: Entry, n: int = 1) -> None:
+    def add(self, which: str, partition: int, k: tuple[str, str], n: int = 1) -> None:
+        """Count ``n`` more (or fewer) entries under ``k`` (:attr:`Entry.counted_as`)."""
         table = self.scheduled if which == "scheduled" else self.parked
         counter = table.setdefault(partition, Counter())
-        k = (e.origin_topic, e.error_class)
         counter[k] += n
         if counter[k] <= 0:
             del counter[k]

@@ -16,12 +16,15 @@ from services.retry_scheduler.state import (
     FAUST_OFFSET_KEY,
     BadKey,
     Counts,
+    Decided,
     Done,
     Entry,
+    decode_decided,
     decode_entry,
     decode_index,
     due_key,
     due_prefix,
+    encode_decided,
     encode_done,
     encode_entry,
     entry_from_letter,
@@ -86,6 +89,24 @@ def entry(dlq_id: str = "a", due: int = 0, **kw: object) -> Entry:
     )
     base.update(kw)
     return Entry(**base)  # type: ignore[arg-type]
+
+
+@given(ids, st.text(max_size=40), st.text(max_size=40), st.integers(1, 2**31 - 1), dues, st.booleans())
+def test_decided_letters_carry_the_stored_bytes_unchanged(
+    dlq_id: str, topic: str, error_class: str, attempt: int, due: int, parked: bool,
+) -> None:
+    e = entry(dlq_id, due, origin_topic=topic, error_class=error_class, attempt=attempt,
+              parked_at=5 if parked else None, parked_reason="why" if parked else None)
+    d = decode_decided(encode_decided(Decided.of(e)))
+    assert d == Decided(dlq_id, parked, attempt, due, (topic, error_class), encode_entry(e))
+    assert decode_entry(d.stored) == e
+
+
+def test_bytes_that_are_not_a_decided_letter_are_refused() -> None:
+    whole = encode_decided(Decided.of(entry()))
+    for broken in (b"", b"\x00" * 5, whole[:30]):
+        with pytest.raises(ValueError):
+            decode_decided(broken)
 
 
 def test_entries_round_trip_with_binary_key_value_and_headers() -> None:
@@ -200,7 +221,7 @@ def test_counts_rebuild_and_follow_changes() -> None:
     assert totals["by_origin_topic"] == {"orders": 1, "payments": 1}
     assert totals["by_error_class"] == {"Boom": 1, "Timeout": 1}
     assert counts.totals({0})["scheduled"] == 1 and counts.totals({0})["parked"] == 0
-    counts.add("scheduled", 0, a, -1)
+    counts.add("scheduled", 0, a.counted_as, -1)
     assert counts.totals({0, 1})["by_origin_topic"] == {"payments": 1}
 
 
