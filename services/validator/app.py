@@ -131,6 +131,10 @@ COMMAND_OUTCOMES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+# Bound once: looking a child up by its labels costs more than the increment, once per command.
+ACCEPTED, REJECTED, DUPLICATE, REROUTED, DEAD_LETTERED = (
+    COMMAND_OUTCOMES.labels(outcome) for outcome in ("accepted", "rejected", "duplicate", "rerouted", "dead_lettered")
+)
 OUTCOMES_EXPIRED = Counter(
     "statefleet_validator_outcomes_expired_total",
     "Command outcomes deleted after STATEFLEET_COMMAND_OUTCOME_RETENTION_S",
@@ -275,7 +279,7 @@ class ValidatorService:
                 command = self._read_command(record)
             except (codecs.DecodeError, MalformedCommand) as exc:
                 batch.dead_letter(record, exc)
-                COMMAND_OUTCOMES.labels("dead_lettered").inc()
+                DEAD_LETTERED.inc()
                 if item is not None:
                     self.send_batch_outcome(batch, item, batch_item_outcome(command_id_of(record), None, str(exc)))
                 continue
@@ -286,7 +290,7 @@ class ValidatorService:
                     # Not where this account's commands are decided: move it there, unchanged.
                     batch.send(self.topics.account_commands, key, record.value, partition=home,
                                timestamp_ms=record.timestamp, headers=record.headers or None)
-                    COMMAND_OUTCOMES.labels("rerouted").inc()
+                    REROUTED.inc()
                     continue
             if item is not None:
                 items[len(commands)] = item
@@ -303,15 +307,15 @@ class ValidatorService:
             if item is not None:
                 self.send_batch_outcome(batch, item, batch_item_outcome(command.command_id, outcome))
             if isinstance(outcome, Duplicate):
-                COMMAND_OUTCOMES.labels("duplicate").inc()
+                DUPLICATE.inc()
                 continue
             key = account_key(command.account_id)
             if isinstance(outcome, Accepted):
                 batch.send(self.topics.account_events, key, codecs.dumps(outcome.event.to_json()))
-                COMMAND_OUTCOMES.labels("accepted").inc()
+                ACCEPTED.inc()
             else:
                 batch.send(self.topics.account_rejections, key, codecs.dumps(outcome.rejection.to_json()))
-                COMMAND_OUTCOMES.labels("rejected").inc()
+                REJECTED.inc()
             batch.send(self.outcomes_topic_name, command.command_id.encode(), codecs.dumps(outcome_record(outcome, at=at)))
         # Events, rejections, outcome records, reroutes and dead letters are acknowledged
         # before any state that implies them is written (the engine's commit order).
