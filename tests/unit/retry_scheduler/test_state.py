@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,9 @@ def test_entry_from_a_letter_clamps_numbers_it_cannot_store() -> None:
     assert e.attempt == 2**31 - 1 and e.failed_at == 0 and e.origin_offset == 2**63 - 1
     assert decode_entry(encode_entry(e)) == e
     assert dict(e.headers)["dlq.attempt"] == b"99999999999999999999"  # headers go out as they came
+
+
+@given(dues, st.integers(1, 100), st.booleans())
+def test_scheduling_an_entry_changes_its_due_time_and_max_attempts_only(due: int, max_attempts: int, parked: bool) -> None:
+    e = entry(parked_at=7 if parked else None, parked_reason="why" if parked else None)
+    assert e.scheduled(due, max_attempts) == replace(e, due_at=due, max_attempts=max_attempts)
