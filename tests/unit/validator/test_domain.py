@@ -3,11 +3,15 @@ conflicts, malformed commands, idempotency, and batches deciding n+1 after n."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.validator.domain import (
+    EVENT_ID_NAMESPACE,
     Accepted,
     Account,
     AccountState,
@@ -118,6 +122,13 @@ def test_event_id_is_derived_from_the_command() -> None:
     assert one.event == again.event
     assert one.event.event_id != other.event.event_id
     assert event_id_for("a1", "c") != event_id_for("a2", "c")
+
+
+@given(st.text(max_size=40), st.text(max_size=40))
+def test_event_ids_are_the_uuid5_of_account_and_command(account_id: str, command_id: str) -> None:
+    # The ids events already carry must not change: they are how readers recognise a repeat.
+    expected = uuid.uuid5(EVENT_ID_NAMESPACE, f"{account_id}\x00{command_id}")
+    assert event_id_for(account_id, command_id) == str(expected)
 
 
 # -- expected_version ----------------------------------------------------------------------------
