@@ -80,10 +80,25 @@ async def raw_consume_rate(topics: Sequence[str], expected: int) -> tuple[int, f
         await consumer.stop()
 
 
-def stop_worker(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    """SIGTERM a worker and wait for its clean shutdown; SIGKILL it when that takes too long."""
+def peak_rss_mib(pid: int) -> float | None:
+    """The peak resident set (VmHWM) of a running process, in MiB (None once it has exited)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def stop_worker(proc: subprocess.Popen[bytes], timeout_s: float = 60.0, name: str = "worker") -> None:
+    """SIGTERM a worker and wait for its clean shutdown; SIGKILL it when that takes too long.
+    Its peak RSS is printed first, since each benchmark's figure goes with it."""
     if proc.poll() is not None:
         return
+    rss = peak_rss_mib(proc.pid)
+    if rss is not None:
+        print(f"[bench] {name} peak RSS {rss:,.0f} MiB", flush=True)
     proc.terminate()
     try:
         proc.wait(timeout_s)
@@ -117,4 +132,4 @@ def service_worker(module: str, prefix: str, port: int, extra_env: dict[str, str
                 time.sleep(0.1)
             yield url
         finally:
-            stop_worker(proc)
+            stop_worker(proc, name=f"{module} worker")

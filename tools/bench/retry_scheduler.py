@@ -411,7 +411,7 @@ def service_bench(stored: int, due: int, burst: int, port: int) -> ServiceRun:
                     f"producer, same records, acks=all: {run.raw_produce_rate:,.0f}/s")
                 return run
             finally:
-                stop_worker(proc)
+                stop_worker(proc, name="retry_scheduler worker")
                 asyncio.run(delete_topics(prefix))
 
 
