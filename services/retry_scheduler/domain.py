@@ -34,6 +34,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Literal
 
 import orjson
@@ -126,6 +127,10 @@ def _validate_fields(where: str, raw: Any) -> dict[str, Any]:
     return out
 
 
+#: Policies remembered per (origin topic, error class) by a :class:`PolicyBook`.
+POLICIES_REMEMBERED = 4096
+
+
 @dataclass(frozen=True)
 class PolicyBook:
     """The default policy and its overrides; :meth:`policy_for` picks the one for a message."""
@@ -134,8 +139,19 @@ class PolicyBook:
     by_origin_topic: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     by_error_class: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: dict(NEVER_RETRIED))
     topic_prefix: str = ""
+    _resolved: dict[tuple[str, str], Policy] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def policy_for(self, origin_topic: str, error_class: str) -> Policy:
+        # Asked once per dead letter, and a few origins and error classes make up most of them.
+        key = (origin_topic, error_class)
+        policy = self._resolved.get(key)
+        if policy is None:
+            if len(self._resolved) >= POLICIES_REMEMBERED:
+                self._resolved.clear()
+            policy = self._resolved[key] = self._resolve(origin_topic, error_class)
+        return policy
+
+    def _resolve(self, origin_topic: str, error_class: str) -> Policy:
         policy = self.default
         topic_override = self.by_origin_topic.get(origin_topic)
         if topic_override is None and self.topic_prefix and origin_topic.startswith(self.topic_prefix):
@@ -248,6 +264,7 @@ def decide(
     return Schedule(due_time(policy, dlq_id, attempt, failed_at, now_ms), policy)
 
 
+@lru_cache(maxsize=4096)
 def retry_topic_problem(topic: str, forbidden: frozenset[str] = frozenset()) -> str | None:
     """Why a message cannot be redelivered to ``topic``, or ``None`` when it can."""
     if not _TOPIC_NAME.match(topic) or topic in (".", ".."):
