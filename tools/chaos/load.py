@@ -113,7 +113,7 @@ class Load:
                 if response is not None and response.status_code in (200, 202):
                     self.stats.sent[f"{kind}commands over HTTP"] += 1
                     return
-                if response is not None and 400 <= response.status_code < 500 and response.status_code != 429:
+                if response is not None and response.status_code in (400, 413, 422):  # the plan's fault, not the fleet's
                     raise RuntimeError(f"POST /commands refused a command of the plan: {response.status_code} "
                                        f"{response.text[:300]} for {body}")
                 self.stats.sent["HTTP attempts failed"] += 1

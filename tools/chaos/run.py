@@ -237,7 +237,14 @@ async def chaos(cfg: Config, layout: kafka_broker.BrokerLayout) -> int:
     deadline = time.monotonic() + cfg.settle_s
     cache: dict[str, Answer] = {}
     while True:
-        observed = await observe(plan, bootstrap, topics, cache)
+        try:
+            observed = await observe(plan, bootstrap, topics, cache)
+        except Exception as exc:  # the broker or an instance not answering yet: look again
+            if time.monotonic() > deadline:
+                raise
+            say(f"{now()} settling: could not read everything yet ({type(exc).__name__}: {exc})")
+            await asyncio.sleep(5)
+            continue
         report = verify(plan, stats.dead_letter_headers, observed, topics)
         if report.ok or time.monotonic() > deadline:
             break
