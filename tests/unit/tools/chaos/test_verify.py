@@ -125,6 +125,11 @@ def _wrong_event(obs: Observed) -> None:
     obs.events[i] = _edit_json(obs.events[i], type="AccountCreated")
 
 
+def _repeat_that_differs(obs: Observed) -> None:
+    i = _first_event_of_a_later_version(obs)
+    obs.events.append(_edit_json(obs.events[i], command_id="someone-else"))  # same event_id, another command
+
+
 def _extra_event(obs: Observed) -> None:
     obs.events.append(_edit_json(obs.events[0], version=999, event_id="x"))
 
@@ -188,6 +193,7 @@ def _parked_not_over_http(obs: Observed) -> None:
     (_drop_event, "lost"),
     (_conflicting_event, "wrong"),
     (_wrong_event, "wrong"),
+    (_repeat_that_differs, "wrong"),
     (_extra_event, "wrong"),
     (_drop_rejection, "lost"),
     (_wrong_reason, "wrong"),
