@@ -84,20 +84,17 @@ class Load:
             raise TimeoutError(f"the load could not finish in time ({what})")
 
     async def _chain(self, index: int, chain: list[Step]) -> None:
-        # Seeded pacing: the chain's steps spread over most of the run.
+        # Seeded pacing: the chain's steps at random moments within most of the run.
         rng = random.Random(self.plan.seed * 1_000_003 + index)
         span = self.duration_s * rng.uniform(0.6, 0.95)
-        gap = span / max(1, len(chain))
         start = time.monotonic()
-        due = rng.uniform(0, gap) if len(chain) > 1 else rng.uniform(0, span)
-        for step in chain:
+        for step, due in zip(chain, sorted(rng.uniform(0, span) for _ in chain), strict=True):
             await asyncio.sleep(max(0.0, start + due - time.monotonic()))
             if isinstance(step, CommandStep):
                 await self._send_command(step)
             else:
                 await self._send_record(step)
             self.done_steps += 1
-            due += gap * rng.uniform(0.5, 1.5)
 
     async def _send_command(self, step: CommandStep) -> None:
         kind = "duplicate " if step.duplicate else ""
