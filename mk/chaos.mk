@@ -1,5 +1,5 @@
 # The chaos run (tools/chaos): the whole fleet, 2 instances of each service, on a broker of
-# its own (port 29092, services on ports 28001-28013, everything under .local/chaos), a
+# its own (port 29092, services on ports 28001-28013 or the next free ones; .local/chaos), a
 # seeded load through the public contract while instances and the broker are SIGKILLed;
 # then everything checked against a reference model of the contract (docs/reliability.md).
 
