@@ -103,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     run = importlib.import_module("tools.chaos.run")
     cfg = run.Config(seed=args.seed, seconds=args.seconds, home=home, max_attempts=args.max_attempts,
                      settle_s=args.settle)
-    code: int = run.run(cfg)
+    try:
+        code: int = run.run(cfg)
+    except KeyboardInterrupt:
+        print("[chaos] interrupted; what it started is stopped", file=sys.stderr)
+        return 130
     return code
 
 
