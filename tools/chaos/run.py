@@ -25,6 +25,8 @@ from tools.chaos.plan import Plan, build
 from tools.chaos.verify import Report, TopicConfig, verify
 
 INSTANCES = 2
+#: An instance is looked at by the restarter only this long after it was started.
+START_GRACE_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,11 @@ class Faults:
     broker_kills: int = 0
     #: Instances found exited that nobody killed (e.g. started while the broker was down), started again.
     exited: list[str] = field(default_factory=list)
+    #: When each instance was last started (a process just started may not show its command line yet).
+    started: dict[str, float] = field(default_factory=dict)
+
+    def settled(self, kind: fleet.ServiceKind, n: int) -> bool:
+        return time.monotonic() - self.started.get(f"{kind.name}-{n}", 0.0) > START_GRACE_S
 
 
 def say(message: str) -> None:
@@ -125,7 +132,7 @@ async def run_faults(cfg: Config, layout: kafka_broker.BrokerLayout, stop_at: fl
             next_kill = time.monotonic() + rng.uniform(*cfg.kill_every)
         # Like an orchestrator, start again what exited on its own.
         for kind, n in instances():
-            if fleet.pid_of(kind, n) is None:
+            if faults.settled(kind, n) and fleet.pid_of(kind, n) is None:
                 await asyncio.to_thread(_restart_exited, kind, n, faults, now)
         await asyncio.sleep(0.25)
 
@@ -137,6 +144,7 @@ def _restart_exited(kind: fleet.ServiceKind, n: int, faults: Faults, now: Callab
     faults.exited.append(f"{now()} {note}")
     say(f"{now()} {note}")
     fleet.start_instance(kind, n)
+    faults.started[f"{kind.name}-{n}"] = time.monotonic()
 
 
 def _kill_instance(kind: fleet.ServiceKind, n: int, wipe: bool, faults: Faults, now: Callable[[], str]) -> None:
@@ -152,6 +160,7 @@ def _kill_instance(kind: fleet.ServiceKind, n: int, wipe: bool, faults: Faults, 
             faults.wipes += 1
             note += ", data dir deleted"
     fleet.start_instance(kind, n)
+    faults.started[f"{kind.name}-{n}"] = time.monotonic()
     faults.log.append(f"{now()} {note}; restarted")
     say(f"{now()} {note}; restarted")
 
