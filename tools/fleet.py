@@ -184,6 +184,40 @@ def start_instance(kind: ServiceKind, n: int, extra_env: dict[str, str] | None =
     print(f"  {kind.name}-{n}: started pid {proc.pid} on {url(kind, n)}; log {log_path}")
 
 
+def pid_of(kind: ServiceKind, n: int) -> int | None:
+    """The pid of instance ``n`` of ``kind``, or None if it is not running."""
+    return _running(kind, n)
+
+
+def kill_instance(kind: ServiceKind, n: int, sig: int = signal.SIGKILL) -> int | None:
+    """Send ``sig`` (SIGKILL: no clean shutdown) to instance ``n`` of ``kind``; its pid, or None if it was not running."""
+    pid = _running(kind, n)
+    if pid is not None:
+        os.kill(pid, sig)
+    return pid
+
+
+def reap(pid: int, timeout: float = EXIT_WAIT_S) -> None:
+    """Wait until a killed process is gone, collecting its exit status if this process started it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not a child of this process, or already collected
+            if process_state(pid) in (None, "zombie"):
+                return
+        else:
+            if done:
+                return
+        time.sleep(0.1)
+
+
+def instance_data_dir(kind: ServiceKind, n: int) -> Path:
+    """Where instance ``n`` of ``kind`` keeps its tables (``<data dir>/<service>/<instance id>``)."""
+    env = service_env(kind, n)
+    return Path(env["STATEFLEET_DATA_DIR"]) / kind.module.rsplit(".", 1)[-1] / env["STATEFLEET_INSTANCE_ID"]
+
+
 def wait_ready(kind: ServiceKind, n: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -263,7 +263,7 @@ async def parked(
 async def retry_message(request: Request, id: Annotated[str, Query(min_length=1, max_length=1024)]) -> Response:
     client = _clients(request).retry_scheduler
     try:
-        item = await client.get(f"/retries/{path_id(id)}")
+        item = await client.get(f"/scheduled/{path_id(id)}")  # /retries/{id} cannot ask for the id "stats"
     except UpstreamError as exc:
         if exc.status == 404:
             try:

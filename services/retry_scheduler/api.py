@@ -217,9 +217,17 @@ async def list_retries(
     return {"items": items, "next_cursor": next_cursor}
 
 
+_GET_RETRY: Responses = error_responses(
+    404, 422, 503, _404="Not scheduled (never seen, redelivered, cancelled or parked)",
+)
+
+
+# GET /retries/stats comes first, so the id "stats" cannot be asked for as /retries/stats:
+# /scheduled/{id} has no literal path beside it and answers for every id.
+@router.get("/retries/{dlq_id:id}", response_model=RetryOut, summary="One scheduled message", responses=_GET_RETRY)
 @router.get(
-    "/retries/{dlq_id:id}", response_model=RetryOut, summary="One scheduled message",
-    responses=error_responses(404, 422, 503, _404="Not scheduled (never seen, redelivered, cancelled or parked)"),
+    "/scheduled/{dlq_id:id}", response_model=RetryOut, responses=_GET_RETRY,
+    summary="One scheduled message, any id (GET /retries/stats answers the stats, this the id \"stats\")",
 )
 async def get_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)

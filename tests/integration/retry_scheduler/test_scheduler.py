@@ -193,6 +193,20 @@ def test_ids_with_slashes_and_url_characters_are_addressable(scheduler: Schedule
     assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
 
 
+def test_a_message_whose_id_is_stats_is_addressable_and_stats_stay_stats(scheduler: Scheduler) -> None:
+    """GET /retries/stats answers the stats, so GET /scheduled/{id} answers for the id "stats"
+    (and every other id); the id's replay and cancel calls were never shadowed."""
+    topic = scheduler.retry_topic("stats-id")
+    send_letter(scheduler, b"k", b"named stats", letter_headers("stats", topic, origin="slow"))
+    wait_for(lambda: scheduler.get("/scheduled/stats").status_code == 200, timeout=15, message="scheduled")
+    body = scheduler.get("/scheduled/stats").json()
+    assert body["id"] == "stats" and body["value_base64"] == "bmFtZWQgc3RhdHM="
+    assert scheduler.get("/retries/stats").json()["scheduled"] >= 1  # still the stats
+    r = scheduler.admin("DELETE", "/retries/stats")
+    assert r.status_code == 200 and r.json() == {**r.json(), "id": "stats", "status": "cancelled"}
+    assert scheduler.get("/scheduled/stats").status_code == 404
+
+
 def test_list_pages_in_due_order_with_filters(scheduler: Scheduler) -> None:
     topic = scheduler.retry_topic("pages")
     base = int(time.time() * 1000)

@@ -50,8 +50,9 @@ def scheduler(request: httpx.Request, calls: list[httpx.Request]) -> httpx.Respo
         return httpx.Response(401, json={"error": "unauthorized", "detail": "a valid bearer token is required"})
     if path == "/retries/stats":
         return httpx.Response(200, json=STATS)
-    if path == "/retries/m1" and request.method == "GET":
-        return httpx.Response(200, json=entry("m1", value_base64=base64.b64encode(b'{"a": 1}').decode()))
+    if path in ("/scheduled/m1", "/scheduled/stats") and request.method == "GET":
+        dlq_id = path.rsplit("/", 1)[1]
+        return httpx.Response(200, json=entry(dlq_id, value_base64=base64.b64encode(b'{"a": 1}').decode()))
     if path == "/retries/m1/replay":
         return httpx.Response(200, json={"id": "m1", "status": "redelivered", "attempt": 1, "topic": "retry"})
     if path == "/retries/m1" and request.method == "DELETE":
@@ -124,6 +125,13 @@ def test_without_token_actions_are_disabled_and_say_why(console: TestClient) -> 
     assert "traceparent" in page.text and "shown as json" in page.text
     assert 'data-action="replay" disabled' in page.text
     assert "enter the admin token</a> to redeliver or cancel it" in page.text
+
+
+def test_a_message_whose_id_is_stats_is_shown_not_the_stats(console: TestClient, calls: list[httpx.Request]) -> None:
+    page = console.get("/retries/message", params={"id": "stats"})
+    assert page.status_code == 200
+    assert [c.url.path for c in calls if c.method == "GET"] == ["/scheduled/stats"]
+    assert "traceparent" in page.text
 
 
 def test_a_refused_call_is_shown_with_its_status(console: TestClient, calls: list[httpx.Request]) -> None:

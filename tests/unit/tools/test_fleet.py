@@ -79,3 +79,24 @@ def test_services_connect_to_the_broker_make_broker_runs_and_ports_move(tmp_path
     assert run.returncode == 0, run.stderr
     out = run.stdout
     assert out.split() == ["http://127.0.0.1:9012", str(tmp_path / "run"), "127.0.0.1:19092"]
+
+
+def test_an_instance_is_killed_collected_and_its_data_dir_named(fleet_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kind = fleet.ServiceKind("stand-in", "tests.support.ready_server", free_port())
+    assert fleet.kill_instance(kind, 0) is None  # not running: nothing to kill
+    fleet.start_instance(kind, 0)
+    pid = fleet.pid_of(kind, 0)
+    assert pid is not None and fleet.wait_ready(kind, 0, timeout=15)
+    try:
+        assert fleet.kill_instance(kind, 0) == pid
+        fleet.reap(pid, timeout=10)
+        assert fleet.process_state(pid) is None  # collected, not left a zombie
+        assert fleet.pid_of(kind, 0) is None
+    finally:
+        if fleet.process_state(pid) is not None:
+            os.kill(pid, signal.SIGKILL)
+    monkeypatch.setenv("STATEFLEET_DATA_DIR", str(fleet_home / "data"))
+    validator = fleet.SERVICES[0]
+    assert fleet.instance_data_dir(validator, 1) == fleet_home / "data" / "validator" / "validator-1"
+    scheduler = next(k for k in fleet.SERVICES if k.name == "retry-scheduler")
+    assert fleet.instance_data_dir(scheduler, 0) == fleet_home / "data" / "retry_scheduler" / "retry-scheduler-0"

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from tools import kafka_broker
 from tools.kafka_broker import MavenProgress, _run_maven, new_cluster_id
 
 
@@ -40,3 +47,21 @@ def test_maven_runs_streamed_and_a_failure_keeps_its_last_lines(capsys: pytest.C
     assert returncode == 3
     assert "[ERROR] no such artifact" in tail
     assert "Maven: 1 files downloaded (latest kafka_2.13-4.1.1.jar)" in capsys.readouterr().err
+
+
+def test_a_broker_this_process_started_and_killed_is_not_running(tmp_path: Path) -> None:
+    layout = kafka_broker.BrokerLayout(home=tmp_path)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    layout.pid_file.write_text(str(child.pid))
+    try:
+        assert kafka_broker._pid(layout) == child.pid
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while kafka_broker._pid(layout) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # A zombie still answers signal 0; stop() would wait a minute for it to go.
+        assert kafka_broker._pid(layout) is None
+    finally:
+        child.kill()
+        with contextlib.suppress(ChildProcessError):
+            child.wait()

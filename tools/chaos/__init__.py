@@ -1,0 +1,1 @@
+"""``make chaos``: the whole fleet under faults, checked against a reference model."""

@@ -1,0 +1,300 @@
+"""The chaos run itself: its own broker and fleet, the load, the faults, the settle
+wait and the verdict. Imported by ``python -m tools.chaos`` once the environment names
+the run's own broker and fleet home (``tools.fleet`` reads them at import)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from shared.engine import PlainConsumer, refresh_metadata
+from tools import fleet, kafka_broker
+from tools.chaos.load import Load, Topics
+from tools.chaos.observe import Answer, Observed, ask_all, list_topics, read_topics
+from tools.chaos.plan import Plan, build
+from tools.chaos.verify import Report, TopicConfig, verify
+
+INSTANCES = 2
+#: An instance is looked at by the restarter only this long after it was started.
+START_GRACE_S = 20.0
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int
+    seconds: float
+    home: Path
+    max_attempts: int
+    settle_s: float
+    kill_every: tuple[float, float] = (10.0, 20.0)
+    #: Chance that a killed instance's data dir is deleted before it is started again.
+    wipe_chance: float = 0.3
+    ready_timeout_s: float = 240.0
+
+
+@dataclass
+class Faults:
+    log: list[str] = field(default_factory=list)
+    kills: int = 0
+    wipes: int = 0
+    broker_kills: int = 0
+    #: Instances found exited that nobody killed (e.g. started while the broker was down), started again.
+    exited: list[str] = field(default_factory=list)
+    #: When each instance was last started (a process just started may not show its command line yet).
+    started: dict[str, float] = field(default_factory=dict)
+
+    def settled(self, kind: fleet.ServiceKind, n: int) -> bool:
+        return time.monotonic() - self.started.get(f"{kind.name}-{n}", 0.0) > START_GRACE_S
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def __call__(self) -> str:
+        return f"[chaos {time.monotonic() - self.start:6.1f}s]"
+
+
+def instances() -> list[tuple[fleet.ServiceKind, int]]:
+    return [(kind, n) for kind in fleet.SERVICES for n in range(INSTANCES)]
+
+
+def urls(name: str) -> list[str]:
+    kind = next(k for k in fleet.SERVICES if k.name == name)
+    return [fleet.url(kind, n) for n in range(INSTANCES)]
+
+
+def start_broker(layout: kafka_broker.BrokerLayout) -> None:
+    kafka_broker.start(layout, wait_s=180.0)
+
+
+def wait_fleet_ready(timeout: float, now: Callable[[], str]) -> None:
+    for kind, n in instances():
+        if fleet.pid_of(kind, n) is None:
+            say(f"{now()} {kind.name}-{n} is not running: starting it")
+            fleet.start_instance(kind, n)
+    deadline = time.monotonic() + timeout
+    for kind, n in instances():
+        if not fleet.wait_ready(kind, n, max(1.0, deadline - time.monotonic())):
+            raise RuntimeError(f"{kind.name}-{n} not ready within {timeout:.0f}s; see {fleet.LOG_DIR}/{kind.name}-{n}.log")
+
+
+async def partitions_of(bootstrap: str, topics: list[str], wait_s: float = 120.0) -> int:
+    """The partition count of the fleet's input topics (the services create them)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = await read_partition_counts(bootstrap, topics)
+        counts = set(records.values())
+        if len(records) == len(topics) and len(counts) == 1 and 0 not in counts:
+            return counts.pop()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the fleet did not create {topics} with one partition count: {records}")
+        await asyncio.sleep(1)
+
+
+async def read_partition_counts(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    consumer = PlainConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        await refresh_metadata(consumer)
+        return {t: len(consumer.partitions_for_topic(t) or ()) for t in topics}
+    finally:
+        await consumer.stop()
+
+
+async def run_faults(cfg: Config, layout: kafka_broker.BrokerLayout, stop_at: float, faults: Faults,
+                     now: Callable[[], str]) -> None:
+    rng = random.Random(cfg.seed * 31 + 7)
+    start = time.monotonic()
+    broker_at = start + (stop_at - start) * rng.uniform(0.3, 0.6)
+    next_kill = start + rng.uniform(*cfg.kill_every)
+    while time.monotonic() < stop_at:
+        if not faults.broker_kills and time.monotonic() >= broker_at:
+            await asyncio.to_thread(_kill_broker, layout, faults, now)
+        if time.monotonic() >= next_kill:
+            kind, n = rng.choice(instances())
+            wipe = rng.random() < cfg.wipe_chance
+            await asyncio.to_thread(_kill_instance, kind, n, wipe, faults, now)
+            next_kill = time.monotonic() + rng.uniform(*cfg.kill_every)
+        # Like an orchestrator, start again what exited on its own.
+        for kind, n in instances():
+            if faults.settled(kind, n) and fleet.pid_of(kind, n) is None:
+                await asyncio.to_thread(_restart_exited, kind, n, faults, now)
+        await asyncio.sleep(0.25)
+
+
+def _restart_exited(kind: fleet.ServiceKind, n: int, faults: Faults, now: Callable[[], str]) -> None:
+    log = fleet.LOG_DIR / f"{kind.name}-{n}.log"
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+    note = f"{kind.name}-{n} exited on its own ({tail[0][:160] if tail else 'no log'}); started again"
+    faults.exited.append(f"{now()} {note}")
+    say(f"{now()} {note}")
+    fleet.start_instance(kind, n)
+    faults.started[f"{kind.name}-{n}"] = time.monotonic()
+
+
+def _kill_instance(kind: fleet.ServiceKind, n: int, wipe: bool, faults: Faults, now: Callable[[], str]) -> None:
+    pid = fleet.kill_instance(kind, n)
+    if pid is None:
+        note = f"{kind.name}-{n} was not running; starting it"
+    else:
+        fleet.reap(pid)
+        faults.kills += 1
+        note = f"SIGKILL {kind.name}-{n} (pid {pid})"
+        if wipe:
+            shutil.rmtree(fleet.instance_data_dir(kind, n), ignore_errors=True)
+            faults.wipes += 1
+            note += ", data dir deleted"
+    fleet.start_instance(kind, n)
+    faults.started[f"{kind.name}-{n}"] = time.monotonic()
+    faults.log.append(f"{now()} {note}; restarted")
+    say(f"{now()} {note}; restarted")
+
+
+def _kill_broker(layout: kafka_broker.BrokerLayout, faults: Faults, now: Callable[[], str]) -> None:
+    pid = int(layout.pid_file.read_text())
+    os.kill(pid, signal.SIGKILL)
+    fleet.reap(pid, timeout=60)
+    faults.broker_kills += 1
+    say(f"{now()} SIGKILL the broker (pid {pid}); restarting it on the same storage")
+    time.sleep(2.0)
+    start_broker(layout)
+    faults.log.append(f"{now()} SIGKILL the broker (pid {pid}); restarted on the same storage")
+    say(f"{now()} the broker is back")
+
+
+async def observe(plan: Plan, bootstrap: str, topics: TopicConfig, cache: dict[str, Answer]) -> Observed:
+    names = await list_topics(bootstrap)
+    retry_topics = sorted(t for t in names if t == topics.retry or t.startswith(topics.retry + "-"))
+    wanted = ["account-events", "account-rejections", "program-tallies", "dead-letters", topics.parking_lot,
+              *retry_topics]
+    read = await read_topics(bootstrap, [t for t in wanted if t in names])
+    observed = Observed(
+        events=read.get("account-events", []), rejections=read.get("account-rejections", []),
+        tallies=read.get("program-tallies", []), dead_letters=read.get("dead-letters", []),
+        retries={t: read.get(t, []) for t in retry_topics}, parking_lot=read.get(topics.parking_lot, []),
+    )
+    model = plan.model
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0)) as client:
+        # An outcome once decided does not change: ask only for those not decided yet.
+        undecided = [c for c in model.outcomes if not _decided(cache.get(c))]
+        cache.update(await ask_all(client, urls("validator"), "/commands", undecided))
+        observed.commands_http = dict(cache)
+        observed.accounts_http = await ask_all(client, urls("validator"), "/accounts", sorted(model.named_accounts))
+        programs = model.programs | {(r.key or b"").decode(errors="replace") for r in observed.tallies}
+        observed.tallies_http = await ask_all(client, urls("tallies"), "/tallies", sorted(programs))
+        parked = [s.dlq_id for s in plan.dead_letters if s.dlq_id is not None]
+        observed.parked_http = await ask_all(client, urls("retry-scheduler"), "/parked", parked)
+    return observed
+
+
+def _decided(answer: Answer | None) -> bool:
+    return isinstance(answer, dict) and answer.get("status") in ("accepted", "rejected")
+
+
+async def chaos(cfg: Config, layout: kafka_broker.BrokerLayout) -> int:
+    now = Clock()
+    bootstrap = layout.bootstrap
+    topics = TopicConfig(max_attempts=cfg.max_attempts)
+    say(f"{now()} starting the broker on {bootstrap} (home {layout.home})")
+    await asyncio.to_thread(start_broker, layout)
+    say(f"{now()} starting {INSTANCES} instances of each service (logs in {fleet.LOG_DIR})")
+    for kind, n in instances():
+        fleet.start_instance(kind, n)
+    await asyncio.to_thread(wait_fleet_ready, cfg.ready_timeout_s, now)
+    partitions = await partitions_of(bootstrap, ["account-commands", "logins", "dead-letters"])
+    plan = build(cfg.seed, duration_s=cfg.seconds, max_attempts=cfg.max_attempts, retry_topic=topics.retry)
+    say(f"{now()} fleet ready ({partitions} partitions per topic); seed {cfg.seed}: {plan.commands} commands, "
+        f"{len(plan.model.named_accounts)} accounts, {len(plan.poison)} poison records, "
+        f"{len(plan.dead_letters)} dead letters, {plan.steps()} steps over {cfg.seconds:.0f}s")
+
+    faults = Faults()
+    load = Load(plan, bootstrap=bootstrap, validator_urls=urls("validator"), partitions=partitions,
+                topics=Topics(), duration_s=cfg.seconds, deadline_s=cfg.seconds + 600)
+    stop_at = time.monotonic() + cfg.seconds
+    load_task = asyncio.create_task(load.run())
+    fault_task = asyncio.create_task(run_faults(cfg, layout, stop_at, faults, now))
+    total = plan.steps()
+    while not (load_task.done() and fault_task.done()):
+        await asyncio.wait({load_task, fault_task}, timeout=10, return_when=asyncio.FIRST_EXCEPTION)
+        for task in (load_task, fault_task):
+            if task.done() and task.exception() is not None:
+                load_task.cancel()
+                fault_task.cancel()
+                raise task.exception()  # type: ignore[misc]
+        say(f"{now()} load: {load.done_steps}/{total} steps sent; {faults.kills} instances killed "
+            f"({faults.wipes} wiped), broker killed {faults.broker_kills}x")
+    stats = load_task.result()
+    say(f"{now()} load done: " + ", ".join(f"{k} {v}" for k, v in sorted(stats.sent.items())))
+
+    await asyncio.to_thread(wait_fleet_ready, cfg.ready_timeout_s, now)
+    say(f"{now()} every instance ready; settling (at most {cfg.settle_s:.0f}s)")
+    deadline = time.monotonic() + cfg.settle_s
+    cache: dict[str, Answer] = {}
+    while True:
+        try:
+            observed = await observe(plan, bootstrap, topics, cache)
+        except Exception as exc:  # the broker or an instance not answering yet: look again
+            if time.monotonic() > deadline:
+                raise
+            say(f"{now()} settling: could not read everything yet ({type(exc).__name__}: {exc})")
+            await asyncio.sleep(5)
+            continue
+        report = verify(plan, stats.dead_letter_headers, observed, topics)
+        if report.ok or time.monotonic() > deadline:
+            break
+        say(f"{now()} settling: lost {report.lost}, wrong {report.wrong}, wrong tallies {report.wrong_tallies}, "
+            f"dead letters lost {report.dead_letters_lost}")
+        await asyncio.sleep(5)
+    print_summary(cfg, plan, faults, report, now)
+    return 0 if report.ok else 1
+
+
+def print_summary(cfg: Config, plan: Plan, faults: Faults, report: Report, now: Callable[[], str]) -> None:
+    say(f"{now()} faults: {faults.kills} instances SIGKILLed ({faults.wipes} with their data dir deleted), "
+        f"the broker SIGKILLed {faults.broker_kills}x; {len(faults.exited)} exited on their own and were started again")
+    if report.problems:
+        say(f"problems ({len(report.problems)}; the first 40):")
+        for problem in report.problems[:40]:
+            say(f"  {problem}")
+    say(f"\nchaos run, seed {cfg.seed}, {cfg.seconds:.0f}s, {INSTANCES} instances per service:")
+    say(report.table())
+    say("result: " + ("nothing lost, nothing wrong" if report.ok else f"FAILED (logs in {fleet.LOG_DIR})"))
+
+
+def teardown(layout: kafka_broker.BrokerLayout) -> None:
+    say("[chaos] stopping the fleet and the broker")
+    fleet.down()
+    kafka_broker.stop(layout)
+
+
+def run(cfg: Config) -> int:
+    # The client library's own retries while the broker is away are expected here: the
+    # progress lines say what happens; the services' logs keep their own.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    layout = kafka_broker.default_layout()
+    home = cfg.home.resolve()
+    for what, path in (("fleet home", fleet.FLEET_HOME), ("broker home", layout.home.resolve())):
+        if not path.is_relative_to(home):
+            raise SystemExit(f"the chaos run kills its broker and deletes its {what}: {path} must be under {home}")
+    # A fresh fleet and broker storage each run (the broker's resolved jars are kept).
+    shutil.rmtree(fleet.FLEET_HOME, ignore_errors=True)
+    shutil.rmtree(layout.data, ignore_errors=True)
+    try:
+        return asyncio.run(chaos(cfg, layout))
+    finally:
+        teardown(layout)
