@@ -11,10 +11,17 @@ from dataclasses import dataclass, field
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from shared.engine._clients import client_kwargs
+from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+class _Admin(AIOKafkaAdminClient):  # type: ignore[misc]
+    """aiokafka's admin client, stopped by ``stop`` like its other clients."""
+
+    async def stop(self) -> None:
+        await self.close()
 
 
 @dataclass(frozen=True)
@@ -31,15 +38,9 @@ class TopicSpec:
         return NewTopic(self.name, self.partitions, replication, topic_configs=config)
 
 
-
-
-
-
-
-
-async def ensure_topics_async(settings: Settings, specs: list[TopicSpec], timeout_s: float = 30.0) -> None:
-    admin = AIOKafkaAdminClient(**client_kwargs(settings))
-    await asyncio.wait_for(admin.start(), timeout_s)
+async def ensure_topics_async(settings: Settings, specs: list[TopicSpec]) -> None:
+    """Create what is missing of ``specs``, waiting for the brokers to answer if they do not yet."""
+    admin = await started_when_reachable(lambda: _Admin(**client_kwargs(settings)), "topic creation")
     try:
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]

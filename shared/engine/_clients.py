@@ -3,10 +3,18 @@ benchmarks) from the same settings the Faust apps use."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import ssl
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from aiokafka.errors import KafkaConnectionError
 
 from shared.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def ssl_context(settings: Settings) -> ssl.SSLContext | None:
@@ -39,3 +47,37 @@ def client_kwargs(settings: Settings) -> dict[str, Any]:
         kwargs["sasl_mechanism"] = settings.kafka_sasl_mechanism
         kwargs["sasl_plain_username"], kwargs["sasl_plain_password"] = require_sasl_credentials(settings)
     return kwargs
+
+
+#: Waits between attempts to reach a broker that does not answer: the first, and the longest.
+BROKER_RETRY_FIRST_S = 0.5
+BROKER_RETRY_MAX_S = 5.0
+
+
+class _Startable(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Startable)
+
+
+async def started_when_reachable(make: Callable[[], C], what: str) -> C:
+    """A client made by ``make`` and started, once the brokers answer.
+
+    A worker's clients start while it runs (its producer after recovery, a read-back consumer),
+    and a broker restarting at that moment must not take the worker down with it: the batch
+    that needs the client waits, uncommitted, and goes on once the broker is back. Each failed
+    attempt is logged, with the addresses tried."""
+    delay = BROKER_RETRY_FIRST_S
+    while True:
+        client = make()
+        try:
+            await client.start()
+            return client
+        except KafkaConnectionError as exc:
+            with contextlib.suppress(Exception):
+                await client.stop()
+            log.warning("%s: no broker answers yet (%s); trying again in %.1fs", what, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, BROKER_RETRY_MAX_S)

@@ -62,7 +62,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from rocksdict import WriteBatch
 
 from shared import dead_letters
-from shared.engine._clients import client_kwargs
+from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, partition_db, partition_items
 from shared.settings import Settings
 
@@ -205,11 +205,9 @@ class Backfill:
 
     async def _client(self) -> AIOKafkaConsumer:
         if self._consumer is None:
-            consumer = AIOKafkaConsumer(
+            self._consumer = await started_when_reachable(lambda: AIOKafkaConsumer(
                 **client_kwargs(self.settings), enable_auto_commit=False, auto_offset_reset="earliest",
-            )
-            await consumer.start()
-            self._consumer = consumer
+            ), "read-back consumer")
         return self._consumer
 
     async def log_start(self, topic: str, partition: int) -> int:

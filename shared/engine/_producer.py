@@ -20,7 +20,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from shared.engine._clients import client_kwargs
+from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._durable import acknowledged
 from shared.engine._partitioning import partition_for
 from shared.settings import Settings
@@ -56,12 +56,10 @@ class BatchProducer:
     async def start(self) -> None:
         async with self._lock:
             if self._producer is None:
-                producer = AIOKafkaProducer(
+                self._producer = await started_when_reachable(lambda: AIOKafkaProducer(
                     **client_kwargs(self.settings), client_id=self.client_id, acks="all",
                     max_batch_size=MAX_BATCH_BYTES, max_request_size=4 * 1024 * 1024, linger_ms=0,
-                )
-                await producer.start()
-                self._producer = producer
+                ), f"producer {self.client_id}")
 
     async def stop(self) -> None:
         producer, self._producer = self._producer, None
