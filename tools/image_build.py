@@ -86,8 +86,11 @@ def log(message: str) -> None:
 
 def storage_args() -> list[str]:
     """The image store buildah builds into and podman runs from (tests/image/container.py)."""
+    root = os.environ.get("STATEFLEET_IMAGE_STORAGE_ROOT", DEFAULT_STORAGE_ROOT)
+    # Its run-time state (locks, mounts) apart from the default store's as well.
+    runroot = "/run/containers/" + (root.rstrip("/").rsplit("/", 1)[-1] or "statefleet")
     return ["--storage-driver", os.environ.get("STATEFLEET_IMAGE_STORAGE_DRIVER", "overlay"),
-            "--root", os.environ.get("STATEFLEET_IMAGE_STORAGE_ROOT", DEFAULT_STORAGE_ROOT)]
+            "--root", root, "--runroot", runroot]
 
 
 def buildah(*args: str, capture: bool = False, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -163,9 +163,10 @@ def test_processes_run_as_10001_and_write_only_tmp_and_data(fleet: dict[str, Con
     )
     for service in SERVICES:
         assert fleet[service].exec_python(probe).strip() == "['10001'] ['/tmp', '/var/lib/statefleet']", service
-    # The data volume holds the service's RocksDB tables.
-    assert any(fleet["tallies"].mounts["/var/lib/statefleet"].rglob("*.db")) or any(
-        fleet["tallies"].mounts["/var/lib/statefleet"].iterdir())
+    # Each service keeps its RocksDB tables on the data volume.
+    for service in SERVICES:
+        tables = list(fleet[service].mounts["/var/lib/statefleet"].rglob("tables/*.db"))
+        assert tables, f"{service} keeps no RocksDB table on its data volume"
 
 
 def accounts_created(validator: Container, program: str, count: int) -> list[dict[str, Any]]:
