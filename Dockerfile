@@ -56,18 +56,24 @@ RUN apt-get update \
 RUN python -m venv /opt/statefleet/venv
 ENV PATH=/opt/statefleet/venv/bin:$PATH
 WORKDIR /src
-# .dockerignore lets in only pyproject.toml, requirements-image.lock, README.md and the Python packages.
-COPY . .
 # What the image runs and nothing else (no test or lint tools): every package at the
 # version and hash requirements-image.lock pins (make lock writes it, at the versions of
-# requirements.lock), then the project itself with nothing resolved anew. pip's cache is
-# a build cache mount: a rebuild after a lock change downloads only what changed, and
-# no cache lands in a layer.
+# requirements.lock). From the lock alone, so that a change to the code reuses this layer
+# (and the final stage's copy of it); the venv's path includes /opt/statefleet/app, where
+# the project goes next. pip's cache is a build cache mount: a rebuild after a lock
+# change downloads only what changed, and no cache lands in a layer.
+COPY requirements-image.lock ./
 RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
     grep -q "^pyspark==${SPARK_VERSION} " requirements-image.lock \
     && pip install --require-hashes --no-deps -r requirements-image.lock \
-    && pip install --no-deps . \
-    && python -c "import services, shared, spark_jobs, pyspark; assert pyspark.__version__ == '${SPARK_VERSION}', pyspark.__version__"
+    && python -c "import pyspark; assert pyspark.__version__ == '${SPARK_VERSION}', pyspark.__version__" \
+    && python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'statefleet-app.pth').write_text('/opt/statefleet/app\n')"
+# .dockerignore lets in only pyproject.toml, requirements-image.lock, README.md and the Python packages.
+COPY . .
+# The project itself, with nothing resolved anew.
+RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
+    pip install --no-deps --target /opt/statefleet/app . \
+    && python -c "import services, shared, spark_jobs, pyspark"
 
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -88,6 +94,7 @@ RUN mkdir -p /usr/share/man/man1 \
     && install -d -o 10001 -g 10001 -m 0750 /var/lib/statefleet /var/lib/statefleet-spark
 
 COPY --from=build /opt/statefleet/venv /opt/statefleet/venv
+COPY --from=build /opt/statefleet/app /opt/statefleet/app
 COPY --from=jars /jars /opt/statefleet/jars
 COPY helm/image/entrypoint.py /opt/statefleet/bin/entrypoint.py
 

@@ -189,10 +189,13 @@ def choose_bases(mode: str, pull_timeout: float) -> dict[str, str]:
     return {b.build_arg: build_local_base(b, cas) for b in LOCAL_BASES}
 
 
-def build_command(tag: str, build_args: dict[str, str], m2: Path | None) -> list[str]:
+def build_command(tag: str, build_args: dict[str, str], m2: Path | None, iidfile: Path | None = None) -> list[str]:
     # Docker's image format: OCI's has no SHELL, and the Dockerfile's RUN steps use bash with pipefail.
     command = ["buildah", *storage_args(), "build", "--layers", "--format", "docker", "--isolation", "chroot",
                "--network", "host", "--file", str(REPO / "Dockerfile"), "--tag", tag]
+    if iidfile is not None:
+        # The image's ID: what this clone built, even if another build retags the name meanwhile.
+        command += ["--iidfile", str(iidfile)]
     for name, value in sorted(build_args.items()):
         command += ["--build-arg", f"{name}={value}"]
     if m2 is not None:
@@ -213,20 +216,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bases", choices=("auto", "public", "local"), default="auto",
                         help="public Docker Hub bases, local Debian-built bases, or public when they can be pulled")
     parser.add_argument("--pull-timeout", type=float, default=60.0, help="seconds to try pulling each public base")
+    parser.add_argument("--iidfile", type=Path, default=REPO / ".local" / "image-id",
+                        help="file that receives the built image's ID (make image-check runs that image)")
     args = parser.parse_args(argv)
     require_tools("buildah")
     started = time.monotonic()
     build_args = choose_bases(args.bases, args.pull_timeout)
     m2 = Path.home() / ".m2"
     m2.mkdir(exist_ok=True)
-    command = build_command(args.tag, build_args, m2)
+    args.iidfile.parent.mkdir(parents=True, exist_ok=True)
+    command = build_command(args.tag, build_args, m2, args.iidfile)
     log("building " + args.tag + ": " + " ".join(command))
     build_started = time.monotonic()
     done = subprocess.run(command)
     if done.returncode != 0:
         raise SystemExit(f"image: the build of {args.tag} failed (exit {done.returncode}); its output is above")
     size = image_size(args.tag)
-    log(f"built {args.tag}: {size}; build {time.monotonic() - build_started:.0f}s, "
+    log(f"built {args.tag} ({args.iidfile.read_text().strip()[:19]}): {size}; build {time.monotonic() - build_started:.0f}s, "
         f"{time.monotonic() - started:.0f}s in all")
 
 

@@ -48,6 +48,9 @@ def test_build_command_passes_bases_and_the_maven_repository(monkeypatch: pytest
     assert "MAVEN_IMAGE=localhost/mvn:1" in cmd and "PYTHON_IMAGE=localhost/py:1" in cmd
     assert cmd[cmd.index("--volume") + 1] == "/root/.m2:/root/.m2:rw"
     assert cmd[-1] == str(image_build.REPO)
+    assert "--iidfile" not in cmd
+    with_id = build_command("statefleet:0.1.0", {}, None, Path("/x/image-id"))
+    assert with_id[with_id.index("--iidfile") + 1] == "/x/image-id"
     public = build_command("statefleet:0.1.0", {}, None)
     assert "--build-arg" not in public and "--volume" not in public
 
