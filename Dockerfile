@@ -12,9 +12,12 @@
 # and nothing to build with. It runs as the non-root user 10001.
 #
 #   docker build -t statefleet:0.1.0 .
+#   make image          # the same with buildah, no daemon (docs/kubernetes.md#the-image)
 #
-# The base images are pinned by tag; pin them by digest as well in a registry
-# that mirrors them (--build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:...).
+# The base images are build arguments, pinned by tag; pin them by digest as well in a
+# registry that mirrors them (--build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:...).
+# Where the public ones cannot be pulled, `make image` builds stand-ins from Debian
+# bookworm packages (Python 3.11; Java 17 and Maven) and passes them here.
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 ARG MAVEN_IMAGE=maven:3.9.11-eclipse-temurin-17
@@ -44,8 +47,7 @@ RUN mvn -q -B -s maven-settings.xml -f kafka-connector.pom.xml \
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS build
 ARG SPARK_VERSION
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # A compiler for any dependency that has no wheel for this platform.
 RUN apt-get update \
@@ -54,14 +56,24 @@ RUN apt-get update \
 RUN python -m venv /opt/statefleet/venv
 ENV PATH=/opt/statefleet/venv/bin:$PATH
 WORKDIR /src
-# .dockerignore lets in only pyproject.toml, requirements.lock, README.md and the Python packages.
+# What the image runs and nothing else (no test or lint tools): every package at the
+# version and hash requirements-image.lock pins (make lock writes it, at the versions of
+# requirements.lock). From the lock alone, so that a change to the code reuses this layer
+# (and the final stage's copy of it); the venv's path includes /opt/statefleet/app, where
+# the project goes next. pip's cache is a build cache mount: a rebuild after a lock
+# change downloads only what changed, and no cache lands in a layer.
+COPY requirements-image.lock ./
+RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
+    grep -q "^pyspark==${SPARK_VERSION} " requirements-image.lock \
+    && pip install --require-hashes --no-deps -r requirements-image.lock \
+    && python -c "import pyspark; assert pyspark.__version__ == '${SPARK_VERSION}', pyspark.__version__" \
+    && python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'statefleet-app.pth').write_text('/opt/statefleet/app\n')"
+# .dockerignore lets in only pyproject.toml, requirements-image.lock, README.md and the Python packages.
 COPY . .
-# Every package at the version and hash requirements.lock pins (make lock), then the
-# project itself with nothing resolved anew.
-RUN grep -q "^pyspark==${SPARK_VERSION} " requirements.lock \
-    && pip install --require-hashes --no-deps -r requirements.lock \
-    && pip install --no-deps . \
-    && python -c "import services, shared, spark_jobs, pyspark; assert pyspark.__version__ == '${SPARK_VERSION}', pyspark.__version__"
+# The project itself, with nothing resolved anew.
+RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
+    pip install --no-deps --target /opt/statefleet/app . \
+    && python -c "import services, shared, spark_jobs, pyspark"
 
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -82,6 +94,7 @@ RUN mkdir -p /usr/share/man/man1 \
     && install -d -o 10001 -g 10001 -m 0750 /var/lib/statefleet /var/lib/statefleet-spark
 
 COPY --from=build /opt/statefleet/venv /opt/statefleet/venv
+COPY --from=build /opt/statefleet/app /opt/statefleet/app
 COPY --from=jars /jars /opt/statefleet/jars
 COPY helm/image/entrypoint.py /opt/statefleet/bin/entrypoint.py
 

@@ -23,6 +23,8 @@ help: ## List the targets
 # requirements.lock pins every package, with its hashes (make lock writes it from
 # pyproject.toml); the project itself goes in editable, with nothing resolved anew.
 LOCK := requirements.lock
+# The image installs only what it runs (runtime and spark), pinned as in requirements.lock.
+IMAGE_LOCK := requirements-image.lock
 PIP_TOOLS_VERSION ?= 7.6.2
 
 $(STAMP): pyproject.toml $(LOCK)
@@ -35,11 +37,14 @@ $(STAMP): pyproject.toml $(LOCK)
 	@touch $(STAMP)
 
 .PHONY: lock
-lock: ## Re-resolve requirements.lock from pyproject.toml (PIP_COMPILE_ARGS=--upgrade for the newest allowed)
+lock: ## Re-resolve requirements.lock and requirements-image.lock from pyproject.toml (PIP_COMPILE_ARGS=--upgrade for the newest allowed)
 	@test -x $(PIP) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q pip-tools==$(PIP_TOOLS_VERSION)
 	$(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-find-links \
 		--extra spark --extra dev $(PIP_COMPILE_ARGS) --output-file $(LOCK) pyproject.toml
+	@# What the image runs (no dev extra), at exactly the versions of the full lock.
+	$(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-find-links \
+		--extra spark --constraint $(LOCK) --output-file $(IMAGE_LOCK) pyproject.toml
 
 .PHONY: venv
 venv: $(STAMP) ## Create the virtualenv and install the packages
@@ -84,7 +89,7 @@ test-integration: broker ## Integration and end-to-end tests on the real broker
 .PHONY: test
 test: venv broker ## The whole suite: lint, unit, integration, e2e, helm checks (what CI runs)
 	$(MAKE) lint
-	$(VENV)/bin/pytest -q -m "not spark" --ignore=tests/helm tests
+	$(VENV)/bin/pytest -q -m "not spark" --ignore=tests/helm --ignore=tests/image tests
 	$(MAKE) test-extra
 
 .PHONY: bench

@@ -125,3 +125,25 @@ def test_build_context_lets_in_only_what_the_image_needs():
         for path in source.split():
             if path != ".":
                 assert (REPO / path).exists(), path
+
+
+def test_the_built_image_is_the_charts_default_image(render):
+    """`make image` tags what a default `helm install` pulls, and the image check runs that tag."""
+    from tests.image import container
+    from tools import image_build
+
+    built = re.search(r"^IMAGE \?= (\S+)$", (REPO / "mk" / "image.mk").read_text(), flags=re.M).group(1)
+    images = {c["image"] for _, pod in render().pod_specs() for c in pod.get("containers", [])}
+    assert images == {built}, f"the chart deploys {images}, make image builds {built}"
+    assert image_build.DEFAULT_TAG == container.IMAGE == built
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert built.endswith(f":{project}"), "the image's tag is the project's version"
+
+
+def test_the_image_installs_its_own_lock():
+    """The build stage installs requirements-image.lock (no dev packages), which the context lets in."""
+    build = stages()["build"]
+    assert "pip install --require-hashes --no-deps -r requirements-image.lock" in build
+    assert "-r requirements.lock" not in build
+    ignore = (REPO / ".dockerignore").read_text().splitlines()
+    assert "!requirements-image.lock" in ignore and "!requirements.lock" not in ignore
