@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from faust.transport.drivers import aiokafka as aiokafka_driver
@@ -42,9 +42,6 @@ Deliver = Callable[[TP, Sequence[Any]], Awaitable[None]]
 
 #: Longest wait for the commit of revoked partitions' offsets (a failed commit only costs a re-read).
 REVOKE_COMMIT_TIMEOUT_S = 5.0
-#: One fetch's records are taken from the partitions in turns of ``max_poll_records / FETCH_TURNS``
-#: records (see :meth:`_ConsumerThread._fetch_records`).
-FETCH_TURNS = 8
 
 
 class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
@@ -58,59 +55,10 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 
     consumer: BatchConsumer
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._deferred_error: BaseException | None = None
-
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = self.consumer.fetch_max_wait_ms
         return consumer
-
-    async def _fetch_records(
-        self, consumer: Any, active_partitions: Any,
-        timeout: float | None = None,  # noqa: ASYNC109 (the signature is Faust's)
-        max_records: int | None = None,
-    ) -> Mapping[TP, list[Any]]:
-        """The fetched records in turns across partitions, not in the order they were fetched.
-
-        aiokafka hands over fetched records partition by partition in the order they arrived,
-        up to ``max_records`` in all: with a backlog on one topic (a few MiB per partition), a
-        fetch returns that topic's records only, and the partitions of the topics downstream
-        of it (which the same worker reads) wait until the whole backlog is through. Here each
-        partition gives at most a turn's share before the next one is asked, and a partition
-        with more left waits behind the others for its next turn."""
-        error, self._deferred_error = self._deferred_error, None
-        if error is not None:
-            raise error  # met after other records were taken last time (aiokafka's order too)
-        if not max_records:
-            return await super()._fetch_records(consumer, active_partitions, timeout=timeout, max_records=max_records)
-        turn = max(1, max_records // FETCH_TURNS)
-        fetched = consumer._fetcher._records  # aiokafka's fetched results, in hand-over order
-        taken: dict[TP, list[Any]] = {}
-        total = 0
-        wait = timeout
-        while total < max_records:
-            try:
-                got = await super()._fetch_records(
-                    consumer, active_partitions, timeout=wait, max_records=min(turn, max_records - total))
-            except Exception as exc:
-                if not taken:
-                    raise
-                self._deferred_error = exc  # the records taken are handed over first
-                break
-            if not got:
-                break
-            wait = 0
-            for tp, part in got.items():
-                if tp in taken:
-                    taken[tp].extend(part)
-                else:
-                    taken[tp] = list(part)
-                total += len(part)
-                if tp in fetched:
-                    fetched.move_to_end(tp)  # more left: after the others
-        return taken
 
 
 class BatchConsumer(aiokafka_driver.Consumer):

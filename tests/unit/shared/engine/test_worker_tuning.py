@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import gc
-from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from shared.engine import Engine
 from shared.engine._gc import freeze_startup_objects
@@ -60,50 +57,3 @@ def test_handlers_share_a_lane_exactly_when_they_write_a_common_table(tmp_path: 
     distinct = {lanes["commands"], lanes["outcomes"], lanes["events"], lanes["dead-letters"]}
     assert len(distinct) == 4
 
-
-class _Fetched:
-    """aiokafka's fetched results as the fair hand-over sees them: an ordered dict of partitions."""
-
-    def __init__(self, records: dict[str, list[int]]) -> None:
-        self._records = OrderedDict((tp, list(rs)) for tp, rs in records.items())
-
-
-async def _aiokafka_order(
-    self: object, consumer: object, active: object,
-    timeout: float | None = None,  # noqa: ASYNC109 (the signature is Faust's)
-    max_records: int | None = None,
-) -> dict[str, list[int]]:
-    """aiokafka's Fetcher.fetched_records: partitions in fetch order, up to max_records in all."""
-    fetched = consumer._fetcher._records  # type: ignore[attr-defined]
-    drained: dict[str, list[int]] = {}
-    left = max_records
-    for tp in list(fetched):
-        take = fetched[tp][:left]
-        del fetched[tp][:len(take)]
-        if not fetched[tp]:
-            del fetched[tp]
-        if take:
-            drained[tp] = take
-            assert left is not None
-            left -= len(take)
-            if left == 0:
-                break
-    return drained
-
-
-async def test_a_backlog_on_one_topic_does_not_hold_back_the_partitions_fetched_after_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(aiokafka_driver.AIOKafkaConsumerThread, "_fetch_records", _aiokafka_order)
-    engine = Engine("fair", Settings(data_dir=str(tmp_path), topic_prefix="unit."), 18999)
-    thread = engine.app.consumer._thread
-    consumer = SimpleNamespace(_fetcher=_Fetched({
-        "commands/0": list(range(30_000)), "commands/1": list(range(30_000)), "events/0": [1, 2, 3], "outcomes/0": [7],
-    }))
-    got = await thread._fetch_records(consumer, None, timeout=0, max_records=8000)
-    assert sum(len(v) for v in got.values()) == 8000
-    assert got["events/0"] == [1, 2, 3] and got["outcomes/0"] == [7]  # aiokafka's order: none of them
-    assert got["commands/0"] == list(range(len(got["commands/0"])))  # each partition's records in order
-    assert got["commands/1"] == list(range(len(got["commands/1"])))
-    again = await thread._fetch_records(consumer, None, timeout=0, max_records=8000)
-    assert again["commands/0"][0] == len(got["commands/0"])  # the next turn goes on where the last stopped
