@@ -56,4 +56,3 @@ def test_handlers_share_a_lane_exactly_when_they_write_a_common_table(tmp_path: 
     assert lanes["dead-letters"] == lanes["other"]
     distinct = {lanes["commands"], lanes["outcomes"], lanes["events"], lanes["dead-letters"]}
     assert len(distinct) == 4
-
