@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from tools.kafka_broker import default_layout
+from tools.processes import exited, process_state
 
 REPO = Path(__file__).resolve().parent.parent
 FLEET_HOME = Path(os.environ.get("STATEFLEET_FLEET_HOME", REPO / ".local")).resolve()
@@ -66,44 +67,6 @@ def _available(kind: ServiceKind) -> bool:
 
 def _pid_file(kind: ServiceKind, n: int) -> Path:
     return RUN_DIR / f"{kind.name}-{n}.pid"
-
-
-#: PF_EXITING in /proc/<pid>/stat's flags: the process is being torn down (after SIGKILL,
-#: releasing a large address space takes a while; its port and files are still held).
-_PF_EXITING = 0x4
-
-
-def process_state(pid: int) -> str | None:
-    """"running"; "exiting" (being torn down after a kill: it still holds its port and
-    files); "zombie" (dead, only its exit status left for its parent to collect); or
-    None (no such process)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # someone else's process holds the pid: it exists
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "running"  # no procfs (macOS): signal 0 is all there is to go on
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
-    state, flags = fields[0], int(fields[6])
-    if state in ("Z", "X", "x"):
-        return "zombie"
-    return "exiting" if flags & _PF_EXITING or _kill_pending(pid) else "running"
-
-
-def _kill_pending(pid: int) -> bool:
-    """Whether a SIGKILL is sent but not yet acted on (the moment right after ``kill -9``)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    bit = 1 << (signal.SIGKILL - 1)
-    return any(
-        int(line.split(":", 1)[1], 16) & bit for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))
-    )
 
 
 def _is_instance_of(pid: int, kind: ServiceKind) -> bool:
@@ -200,15 +163,7 @@ def kill_instance(kind: ServiceKind, n: int, sig: int = signal.SIGKILL) -> int |
 def reap(pid: int, timeout: float = EXIT_WAIT_S) -> None:
     """Wait until a killed process is gone, collecting its exit status if this process started it."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:  # not a child of this process, or already collected
-            if process_state(pid) in (None, "zombie"):
-                return
-        else:
-            if done:
-                return
+    while time.monotonic() < deadline and not exited(pid):
         time.sleep(0.1)
 
 

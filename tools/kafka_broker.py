@@ -26,6 +26,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.processes import exited
+
 REPO = Path(__file__).resolve().parent.parent
 BROKER_SRC = REPO / "broker"
 
@@ -229,22 +231,7 @@ def _pid(layout: BrokerLayout) -> int | None:
         return None
     except PermissionError:
         return pid
-    return None if _exited(pid) else pid
-
-
-def _exited(pid: int) -> bool:
-    """Whether ``pid`` has exited and only its exit status is left (a zombie). A broker this
-    process started and then stopped or killed stays one until collected, and answers signal 0."""
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return True  # our child, collected now
-    except ChildProcessError:
-        pass  # not our child (or collected already): its parent collects it
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2:].split()[0] in ("Z", "X", "x")
+    return None if exited(pid) else pid
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
