@@ -37,6 +37,25 @@ HTTP_FORWARDED = Counter(
     ["service"],
     registry=REGISTRY,
 )
+READS_SERVED = Counter(
+    "statefleet_reads_served_total",
+    "Reads answered from this instance's state, by the copy they were read from (active, standby, restoring)",
+    ["service", "source"],
+    registry=REGISTRY,
+)
+READ_LAG = Histogram(
+    "statefleet_read_lag_records",
+    "Changelog records behind its partition's end of the copy each read was answered from",
+    ["service"],
+    buckets=(0, 1, 10, 100, 1_000, 10_000, 100_000, 1_000_000),
+    registry=REGISTRY,
+)
+READ_FAILOVERS = Counter(
+    "statefleet_read_failovers_total",
+    "Reads answered from a copy because the key's owner could not answer, by why",
+    ["service", "reason"],
+    registry=REGISTRY,
+)
 READY = Gauge(
     "statefleet_ready",
     "1 when state is restored and queries are answered",

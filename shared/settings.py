@@ -74,6 +74,18 @@ class Settings(BaseSettings):
         "batch travels as one Kafka record, which the broker's default message.max.bytes (1 MB) must admit",
     )
     forward_timeout_s: float = 5.0
+    owner_read_timeout_s: float = Field(
+        1.0, gt=0, description="Longest wait for the owner's answer to a read before it is answered from a copy",
+    )
+    read_retry_s: float = Field(
+        3.0, ge=0, description=(
+            "Longest a read keeps looking for an instance that can answer it (the owner or a copy) before it "
+            "answers 503"
+        ),
+    )
+    peer_suspect_s: float = Field(
+        2.0, ge=0, description="After a peer failed to answer, how long reads go straight to copies instead of to it",
+    )
 
     # Processing
     log_level: str = "INFO"

@@ -10,7 +10,7 @@ import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
 from services.tallies.models import TallyOut, TallyPage
 from shared.http.deps import Ctx
 from shared.http.errors import NotFound, error_responses
-from shared.http.forwarding import gather, is_local_scope, route
+from shared.http.forwarding import READS_STATE, gather, is_local_scope, route
 from shared.http.pagination import CursorParam, decode_cursor, encode_cursor, merge_pages
 
 router = APIRouter(tags=["tallies"])
@@ -30,6 +30,7 @@ def _service(ctx: Any) -> Any:
     "/tallies/{program_id:id}",
     response_model=TallyOut,
     responses=error_responses(404, 503, _404="No account or login seen for this program"),
+    dependencies=[READS_STATE],
 )
 async def get_tally(program_id: ProgramId, request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from itertools import takewhile
 from typing import Any
 
 from services.tallies import DEFAULT_PORT, SERVICE
@@ -44,10 +45,12 @@ from services.tallies.domain import (
 from services.tallies.state import (
     PackedInputs,
     ProgramCounts,
+    count_memberships,
     decode_membership,
     encode_membership,
     membership_key,
     pack_by_partition,
+    program_prefix,
 )
 from shared import codecs, dead_letters
 from shared.accounts import AccountChange
@@ -62,6 +65,7 @@ from shared.engine import (
     app_id,
     changelog_topic_specs,
     partition_for,
+    partition_items,
     state_items,
 )
 from shared.settings import Settings
@@ -232,8 +236,9 @@ class TalliesService:
         )
 
     def tally(self, program_id: str) -> Tally | None:
+        """The program's tally from this instance's copy of its partition (active or not)."""
         partition = self._partition(program_id)
-        counts = self.counts.get(partition, program_id)
+        counts = self._program_counts(partition, program_id)
         raw_login = self.logins_store.get(partition, program_id.encode())
         if counts is None and raw_login is None:
             return None
@@ -242,6 +247,15 @@ class TalliesService:
             program_id=program_id, numberActive=active, numberInactive=inactive,
             lastLogin=int(raw_login) if raw_login is not None else None,
         )
+
+    def _program_counts(self, partition: int, program_id: str) -> tuple[int, int] | None:
+        if self.counts.holds(partition):
+            return self.counts.get(partition, program_id)
+        # A copy this instance does not process (a standby, or a partition it owned before):
+        # its counts are not kept in memory, so they are counted from its memberships.
+        prefix = program_prefix(program_id)
+        rows = partition_items(self.memberships, partition, from_key=prefix)
+        return count_memberships(takewhile(lambda row: row[0].startswith(prefix), rows))
 
     def local_programs(self) -> set[str]:
         programs = {program for _, program in self.counts.programs()}

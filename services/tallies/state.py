@@ -51,6 +51,23 @@ def decode_membership(raw: bytes) -> Membership:
     return build_record(Membership, (status, int(version)))
 
 
+def program_prefix(program_id: str) -> bytes:
+    """Every membership key of ``program_id`` starts with this (and no other program's does)."""
+    return program_id.encode() + SEPARATOR
+
+
+def count_memberships(rows: Iterable[tuple[bytes, bytes]]) -> tuple[int, int] | None:
+    """(numberActive, numberInactive) over one program's membership rows; None when it has none."""
+    active = inactive = 0
+    seen = False
+    for _, raw in rows:
+        seen = True
+        a, i = tally_counts(decode_membership(raw).status)
+        active += a
+        inactive += i
+    return (active, inactive) if seen else None
+
+
 @dataclass
 class ProgramCounts:
     """numberActive / numberInactive per program, for the partitions this instance owns."""
@@ -79,6 +96,10 @@ class ProgramCounts:
         entry = self.by_partition.setdefault(partition, {}).setdefault(program_id, [0, 0])
         entry[0] += d_active
         entry[1] += d_inactive
+
+    def holds(self, partition: int) -> bool:
+        """Whether the counts of ``partition`` are kept here (it is, or was until now, owned)."""
+        return partition in self.by_partition
 
     def get(self, partition: int, program_id: str) -> tuple[int, int] | None:
         entry = self.by_partition.get(partition, {}).get(program_id)

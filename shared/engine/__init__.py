@@ -15,6 +15,7 @@ from shared.engine._admin import TopicSpec, ensure_topics, ensure_topics_async
 from shared.engine._app import App, app_id, changelog_topic_specs, run_worker, serve_api
 from shared.engine._batch import DeadLetterRoute, InputBatch, StagedView
 from shared.engine._clients import client_kwargs
+from shared.engine._copies import Copy, local_copy
 from shared.engine._durable import DurableTable as Table
 from shared.engine._durable import InRecord as Record
 from shared.engine._durable import is_next_offset_key, state_items
@@ -41,6 +42,7 @@ __all__ = [
     "FAUST_OFFSET_KEY",
     "AnyTable",
     "App",
+    "Copy",
     "DeadLetterRoute",
     "Engine",
     "Handler",
@@ -67,6 +69,7 @@ __all__ = [
     "input_lag",
     "is_next_offset_key",
     "known_instance_urls",
+    "local_copy",
     "partition_db",
     "partition_for",
     "partition_items",

@@ -27,6 +27,7 @@ from faust.types import TP
 from shared.engine._app import create_app
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
 from shared.engine._consumer import BatchConsumer
+from shared.engine._copies import start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._gc import freeze_startup_objects
 from shared.engine._producer import BatchProducer, Outgoing
@@ -78,6 +79,7 @@ class Engine:
         self.service = service
         self.settings = settings
         self.app: faust.App = create_app(service, settings, default_port, app_class=_EngineApp)
+        track_copies(self.app, settings)
         self.backfill = Backfill(settings)
         self._by_topic: dict[str, _Registration] = {}
         self._handlers: list[_Registration] = []
@@ -97,12 +99,14 @@ class Engine:
     async def _start_clients(self) -> None:
         freeze_startup_objects()
         await self.producer.start()
+        await start_tracking(self.app)
         if any(reg.order is not None for reg in self._handlers):
             await self.backfill.start()
 
     async def _on_shutdown(self, app: Any, **_: Any) -> None:
         await self.producer.stop()
         await self.backfill.stop()
+        await stop_tracking(self.app)
 
     # -- declaring a service -------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from faust.stores.rocksdb import Store as RocksDBStore
 from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 from faust.types import TP, ConsumerT
+from mode import Service
 from rocksdict import Rdict, WriteBatch
 
 from shared.engine._clients import client_kwargs
@@ -59,6 +60,9 @@ log = logging.getLogger(__name__)
 _SETTINGS: weakref.WeakKeyDictionary[faust.App, Settings] = weakref.WeakKeyDictionary()
 
 PROGRESS_EVERY_S = 5.0
+
+#: How often standby copies apply the changelog records Faust buffered for them.
+STANDBY_FLUSH_INTERVAL_S = 0.2
 
 
 class PartitionTarget(Protocol):
@@ -221,6 +225,19 @@ class BulkRestoringRecovery(Recovery):
         await super().on_stop()
         if self._reader is not None:
             await self._reader.stop()
+
+    @Service.timer(STANDBY_FLUSH_INTERVAL_S)
+    async def _flush_standbys(self) -> None:
+        """Apply what the standbys have read so far.
+
+        Faust applies a standby's changelog records only once a table's buffer holds
+        ``standby_buffer_size`` (1,000) of them: a standby of a table that changes less
+        than that stays behind for good, and could not answer reads for a failed owner
+        (CONTRACT.md, "Availability"). Once recovery is done only standby records are
+        buffered, and applying them in order, sooner, is what Faust does anyway.
+        """
+        if not self.in_recovery and any(self.buffers.values()):
+            self.flush_buffers()
 
     async def _build_highwaters(
         self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str,

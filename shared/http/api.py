@@ -13,7 +13,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from shared.http.context import ServiceContext
 from shared.http.errors import ERROR_DESCRIPTIONS, ErrorOut, install_error_handlers
-from shared.http.forwarding import SERVED_BY
+from shared.http.forwarding import SERVED_BY, read_from_headers
 from shared.http.health import router as health_router
 from shared.http.instance import router as instance_router
 from shared.http.limits import BodySizeLimit
@@ -32,6 +32,9 @@ def create_api(ctx: ServiceContext, *, title: str, description: str, version: st
         response = await call_next(request)
         if SERVED_BY not in response.headers:
             response.headers[SERVED_BY] = ctx.url
+        # Where an answer read from this instance's state came from (a forwarded answer keeps its own).
+        for name, value in read_from_headers(request).items():
+            response.headers.setdefault(name, value)
         return response
 
     api.include_router(health_router)

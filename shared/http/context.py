@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,8 @@ class ServiceContext:
     url: str
     extras: dict[str, Any] = field(default_factory=dict)
     _http: httpx.AsyncClient | None = None
+    #: Peer URL -> until when (monotonic) reads skip it, after it failed to answer.
+    _suspects: dict[str, float] = field(default_factory=dict)
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -28,6 +31,19 @@ class ServiceContext:
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=self.settings.forward_timeout_s)
         return self._http
+
+    def suspect(self, peer: str) -> None:
+        """Send reads straight to copies instead of ``peer`` for a while: it did not answer."""
+        self._suspects[peer] = time.monotonic() + self.settings.peer_suspect_s
+
+    def suspected(self, peer: str) -> bool:
+        until = self._suspects.get(peer)
+        if until is None:
+            return False
+        if time.monotonic() >= until:
+            del self._suspects[peer]
+            return False
+        return True
 
     def ready(self) -> bool:
         return recovery_done(self.app)

@@ -26,6 +26,8 @@ class ApiError(Exception):
         super().__init__(detail)
         self.detail = detail if detail is not None else self.code
         self.headers = headers or {}
+        #: More fields of the JSON body, for programs (e.g. the lag of a copy too stale to answer).
+        self.extra: dict[str, Any] = {}
 
 
 class NotFound(ApiError):
@@ -76,6 +78,10 @@ class ErrorOut(BaseModel):
         "method_not_allowed, conflict, payload_too_large, invalid_request, unavailable"
     ))
     detail: Any = Field(description="For people: a message, or for invalid_request the list of problems found")
+    lag: int | None = Field(None, description=(
+        "With 503 for ?max_lag: changelog records the freshest copy that could answer is behind (null: not known)"
+    ))
+    max_lag: int | None = Field(None, description="With 503 for ?max_lag: the max_lag asked for")
 
 
 ERROR_DESCRIPTIONS: dict[int, str] = {
@@ -157,7 +163,7 @@ class ErrorResponse(JSONResponse):
 def install_error_handlers(api: FastAPI) -> None:
     @api.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return ErrorResponse(error_body(exc.code, exc.detail), status_code=exc.status, headers=exc.headers)
+        return ErrorResponse({**error_body(exc.code, exc.detail), **exc.extra}, status_code=exc.status, headers=exc.headers)
 
     @api.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

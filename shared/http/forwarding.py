@@ -1,36 +1,118 @@
-"""Answer any key from any instance.
+"""Answer any key from any instance, and never wait for one instance to do it.
 
-A point query is served where the key's partition is active; elsewhere it is
-forwarded to that instance with its method, query and body, and the owner's status
-and body come back unchanged. A list query is gathered from every owning instance
-and merged by the caller. Forwarded requests carry ``X-Statefleet-Forwarded-By``; an
-instance that receives one for a key it does not own answers 503 instead of
-forwarding again, so ownership that moves during a rebalance cannot make a loop.
+A read is answered where the key's partition is active; elsewhere it is forwarded to
+that instance with its method, query and body, and the owner's status, headers and body
+come back unchanged. When the owner cannot answer — dead, restarting, stalled,
+rebalancing, restoring — the read is answered from the freshest copy of the partition
+that any instance holds: this instance's own (a standby, a restoring copy, or the
+database of a partition it owned before) or a peer's, asked with
+``X-Statefleet-Read-Copy``. Every answer read from state says where it came from and how
+far behind it may be (``X-Statefleet-Source``, ``X-Statefleet-Lag-Records``), and
+``?max_lag=N`` refuses a copy more than N changelog records behind (503 with
+``Retry-After`` and the lag in the body). See CONTRACT.md, "Availability".
+
+Changes (anything but GET and HEAD) go to the active owner only, never to a copy.
+
+A list is gathered from every instance that owns partitions of the table and merged by
+the caller. Forwarded requests carry ``X-Statefleet-Forwarded-By``; an instance that
+receives one for a key it does not own answers from its own copy instead of forwarding
+again, so ownership that moves during a rebalance cannot make a loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Annotated, Any
 from urllib.parse import quote
 
 import httpx
-from fastapi import Request, Response
+from fastapi import Depends, Query, Request, Response
 
 from shared.codecs import loads
-from shared.engine import AnyTable, partition_owner_url
+from shared.engine import AnyTable, Copy, known_instance_urls, local_copy, partition_owner_url
 from shared.http.context import ServiceContext
-from shared.http.errors import Unavailable
-from shared.metrics import HTTP_FORWARDED
+from shared.http.errors import Unavailable, Unprocessable
+from shared.metrics import HTTP_FORWARDED, READ_FAILOVERS, READ_LAG, READS_SERVED
 
 log = logging.getLogger(__name__)
 
 FORWARDED_BY = "X-Statefleet-Forwarded-By"
 SERVED_BY = "X-Statefleet-Served-By"
+SOURCE = "X-Statefleet-Source"
+LAG = "X-Statefleet-Lag-Records"
+#: Sent to a peer: answer from your own copy of the partition, do not forward.
+READ_COPY = "X-Statefleet-Read-Copy"
+MAX_LAG_PARAM = "max_lag"
 LOCAL_SCOPE_PARAM = "scope"
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
+READ_METHODS = ("GET", "HEAD")
+#: Headers of a peer's answer not passed on: hop-by-hop ones, and those this server sets itself.
+_NOT_PASSED_ON = HOP_HEADERS | {"content-encoding", "date", "server"}
+
+#: Connecting to a peer takes a millisecond on a working network; longer means it is gone
+#: (a dead pod's address gives connection timeouts, not refusals).
+CONNECT_TIMEOUT_S = 0.5
+#: Pause between two looks for an instance that can answer a read.
+READ_RETRY_INTERVAL_S = 0.1
+#: Retry-After of a refused read: a copy catches up, or an owner comes back, within seconds.
+RETRY_AFTER_S = 1
+
+
+def max_lag_param(
+    max_lag: Annotated[int | None, Query(
+        ge=0, description=(
+            "Refuse an answer from a copy more than this many changelog records behind "
+            "(503 with Retry-After and the lag); 0 accepts only an up-to-date copy"
+        ),
+    )] = None,
+) -> int | None:
+    return max_lag
+
+
+#: In the ``dependencies`` of every endpoint that reads state: /openapi.json then documents
+#: ``max_lag`` and the answer's source headers there (see ``shared.http.api``).
+READS_STATE = Depends(max_lag_param)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFrom:
+    """Where an answer read from state came from (set on ``request.state.read_from``)."""
+
+    source: str
+    lag: int | None
+
+
+class StaleCopy(Unavailable):
+    """Every copy that could answer is further behind than ``?max_lag`` allows."""
+
+    def __init__(self, lag: int | None, max_lag: int, source: str | None = None) -> None:
+        behind = "an unknown number of" if lag is None else str(lag)
+        super().__init__(
+            f"the freshest copy that could answer is {behind} changelog records behind, more than max_lag={max_lag}; "
+            "retry shortly",
+            retry_after=RETRY_AFTER_S,
+        )
+        self.extra = {"lag": lag, "max_lag": max_lag}
+        if source is not None:
+            self.headers[SOURCE] = source
+        if lag is not None:
+            self.headers[LAG] = str(lag)
+
+
+class NoCopy(Unavailable):
+    """Neither the owner nor any copy of the partition could answer."""
+
+
+def requested_max_lag(request: Request) -> int | None:
+    raw = request.query_params.get(MAX_LAG_PARAM)
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit():
+        raise Unprocessable(f"{MAX_LAG_PARAM} must be a whole number of records, 0 or more; got {raw!r}")
+    return int(raw)
 
 
 def owner_of(ctx: ServiceContext, table: AnyTable, partition: int) -> str:
@@ -44,7 +126,101 @@ def owner_of(ctx: ServiceContext, table: AnyTable, partition: int) -> str:
 
 
 async def route(ctx: ServiceContext, request: Request, table: AnyTable, partition: int) -> Response | None:
-    """``None`` when this instance should answer; otherwise the owner's response."""
+    """``None`` when this instance should answer (from its own copy, for reads); otherwise the
+    answer of the instance that should."""
+    if request.method not in READ_METHODS:
+        return await _route_change(ctx, request, table, partition)
+    max_lag = requested_max_lag(request)
+    if request.headers.get(READ_COPY):
+        copy = await local_copy(ctx.app, table, partition)
+        if copy is None:
+            raise Unavailable(f"no copy of partition {partition} here", retry_after=RETRY_AFTER_S)
+        return _deliver(ctx, request, copy, max_lag)
+    # Only the instance the client asked waits for a better answer (a peer's forwarded request
+    # answers at once, so waits do not add up): around a restart or a rebalance, ownership
+    # moves and copies catch up within about a second, and an answer from a copy that is
+    # behind is given only when nothing fresher turned up by then.
+    patient = not request.headers.get(FORWARDED_BY)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + (ctx.settings.read_retry_s if patient else 0.0)
+    while True:
+        try:
+            found = await _freshest_answer(ctx, request, table, partition)
+        except NoCopy:
+            if loop.time() >= deadline:
+                raise
+        else:
+            if found.lag == 0 or loop.time() >= deadline:
+                return _deliver(ctx, request, found.answer, max_lag)
+        await asyncio.sleep(READ_RETRY_INTERVAL_S)
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """An answer a read could be given: from this instance's copy, or a peer's response."""
+
+    lag: int | None
+    answer: Copy | Response
+
+
+def _deliver(ctx: ServiceContext, request: Request, answer: Copy | Response, max_lag: int | None) -> Response | None:
+    if isinstance(answer, Response):
+        return answer  # the instance that answered applied max_lag itself
+    if max_lag is not None and (answer.lag is None or answer.lag > max_lag):
+        raise StaleCopy(answer.lag, max_lag, answer.source)
+    request.state.read_from = ReadFrom(answer.source, answer.lag)
+    READS_SERVED.labels(ctx.service, answer.source).inc()
+    if answer.lag is not None:
+        READ_LAG.labels(ctx.service).observe(answer.lag)
+    return None
+
+
+async def _freshest_answer(ctx: ServiceContext, request: Request, table: AnyTable, partition: int) -> _Found:
+    """The active owner's answer, or else the answer of the copy with the smallest lag."""
+    owner = None if ctx.app.rebalancing else partition_owner_url(ctx.app, table, partition)
+    gone: set[str] = set()  # instances that did not answer at all: not asked again this round
+    if owner == ctx.url:
+        copy = await local_copy(ctx.app, table, partition)
+        if copy is not None and copy.source == "active":
+            return _Found(0, copy)
+    elif owner is not None and not request.headers.get(FORWARDED_BY) and not ctx.suspected(owner):
+        try:
+            resp = await forward(ctx, request, owner, limits=_owner_timeout(ctx))
+        except OwnerDidNotAnswer as exc:
+            ctx.suspect(owner)
+            gone.add(owner)
+            READ_FAILOVERS.labels(ctx.service, "owner did not answer").inc()
+            log.info("%s; answering %s from a copy", exc, request.url.path)
+        else:
+            if resp.status_code != 503:
+                return _Found(_lag_header(resp) or 0, resp)
+            # Rebalancing or restoring: it may still hold the freshest copy, asked for below.
+            READ_FAILOVERS.labels(ctx.service, "owner unavailable").inc()
+    else:
+        READ_FAILOVERS.labels(ctx.service, "no owner" if owner is None else "owner suspected").inc()
+    mine = await local_copy(ctx.app, table, partition)
+    if mine is not None and mine.lag == 0:
+        return _Found(0, mine)
+    peers = _peers(ctx, table) - gone - {ctx.url}
+    answers = await _ask_peers_for_copies(ctx, request, peers)
+    candidates: list[_Found] = [_Found(lag, resp) for lag, resp in answers if resp.status_code != 503]
+    if mine is not None:
+        candidates.insert(0, _Found(mine.lag, mine))  # on a tie, this instance's own copy
+    if candidates:
+        return min(candidates, key=lambda found: _lag_order(found.lag))
+    stale = [lag for lag, resp in answers if resp.status_code == 503 and lag is not None]
+    max_lag = requested_max_lag(request)
+    if max_lag is not None and stale:
+        raise StaleCopy(min(stale), max_lag)
+    asked = ", ".join(f"{resp.headers.get(SERVED_BY, '?')} answered {resp.status_code}" for _, resp in answers)
+    raise NoCopy(
+        f"no instance that answered holds a copy of partition {partition} (its owner is away; "
+        f"asked {len(peers)} other instances{': ' + asked if asked else ''}); retry shortly",
+        retry_after=RETRY_AFTER_S,
+    )
+
+
+async def _route_change(ctx: ServiceContext, request: Request, table: AnyTable, partition: int) -> Response | None:
     owner = owner_of(ctx, table, partition)
     if owner == ctx.url:
         if not ctx.ready():
@@ -52,7 +228,78 @@ async def route(ctx: ServiceContext, request: Request, table: AnyTable, partitio
         return None
     if request.headers.get(FORWARDED_BY):
         raise Unavailable(f"partition {partition} moved while the request was forwarded; retry shortly")
-    return await forward(ctx, request, owner)
+    try:
+        return await forward(ctx, request, owner)
+    except OwnerDidNotAnswer as exc:
+        raise Unavailable(f"{exc}; retry shortly") from exc
+
+
+def _owner_timeout(ctx: ServiceContext) -> httpx.Timeout:
+    return httpx.Timeout(ctx.settings.owner_read_timeout_s, connect=min(CONNECT_TIMEOUT_S, ctx.settings.owner_read_timeout_s))
+
+
+def _lag_header(resp: httpx.Response | Response) -> int | None:
+    lag = resp.headers.get(LAG)
+    return int(lag) if lag is not None and lag.isdigit() else None
+
+
+def _lag_order(lag: int | None) -> float:
+    return float("inf") if lag is None else float(lag)
+
+
+def _peers(ctx: ServiceContext, table: AnyTable) -> set[str]:
+    """Every instance the last assignment named, and every owner of a partition of ``table``."""
+    return known_instance_urls(ctx.app) | set(_owner_urls(ctx, table))
+
+
+def _owner_urls(ctx: ServiceContext, table: AnyTable) -> Iterable[str]:
+    for p in range(ctx.settings.topic_partitions):
+        url = partition_owner_url(ctx.app, table, p)
+        if url is not None:
+            yield url
+
+
+async def _ask_peers_for_copies(
+    ctx: ServiceContext, request: Request, peers: set[str],
+) -> list[tuple[int | None, Response]]:
+    """Each answering peer's answer from its own copy, with the lag it reported; as soon as one
+    answers from an up-to-date copy, that answer alone.
+
+    Peers suspected of being away are asked too: this is the last resort, and a peer that has
+    just come back (a rolling restart) may hold the only copy.
+    """
+    if not peers:
+        return []
+    headers = _forward_headers(ctx, request)
+    headers[READ_COPY] = "1"
+    body = await request.body()
+
+    async def ask(peer: str) -> tuple[int | None, Response] | None:
+        try:
+            resp = await ctx.http.request(
+                request.method, peer + raw_path(request), params=request.query_params, content=body, headers=headers,
+                timeout=_owner_timeout(ctx),
+            )
+        except httpx.HTTPError as exc:
+            log.info("asking %s for its copy of %s failed: %r", peer, request.url.path, exc)
+            ctx.suspect(peer)
+            return None
+        return _lag_header(resp), _response_of(resp, peer)
+
+    tasks = [asyncio.ensure_future(ask(peer)) for peer in sorted(peers)]
+    answers: list[tuple[int | None, Response]] = []
+    try:
+        for next_answer in asyncio.as_completed(tasks):
+            answer = await next_answer
+            if answer is None:
+                continue
+            if answer[0] == 0 and answer[1].status_code != 503:
+                return [answer]
+            answers.append(answer)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return answers
 
 
 def raw_path(request: Request) -> str:
@@ -67,20 +314,39 @@ def raw_path(request: Request) -> str:
     return quote(request.url.path, safe="/")
 
 
-async def forward(ctx: ServiceContext, request: Request, owner: str) -> Response:
+class OwnerDidNotAnswer(Exception):
+    """The owning instance could not be reached or did not answer in time."""
+
+
+def _forward_headers(ctx: ServiceContext, request: Request) -> dict[str, str]:
     headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
     headers[FORWARDED_BY] = ctx.url
+    return headers
+
+
+def _response_of(resp: httpx.Response, served_by: str) -> Response:
+    out_headers = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in _NOT_PASSED_ON}
+    out_headers.setdefault(SERVED_BY.lower(), served_by)
+    return Response(content=resp.content, status_code=resp.status_code, headers=out_headers)
+
+
+async def forward(
+    ctx: ServiceContext, request: Request, owner: str, *, limits: httpx.Timeout | None = None,
+) -> Response:
+    """The owner's answer to ``request``, as it gave it (:class:`OwnerDidNotAnswer` if none came)."""
     body = await request.body()
     url = owner + raw_path(request)
     HTTP_FORWARDED.labels(ctx.service).inc()
+    kwargs: dict[str, Any] = {} if limits is None else {"timeout": limits}
     try:
-        resp = await ctx.http.request(request.method, url, params=request.query_params, content=body, headers=headers)
+        resp = await ctx.http.request(
+            request.method, url, params=request.query_params, content=body, headers=_forward_headers(ctx, request),
+            **kwargs,
+        )
     except httpx.HTTPError as exc:
-        log.warning("forwarding %s %s to %s failed: %s", request.method, request.url.path, owner, exc)
-        raise Unavailable(f"the owning instance {owner} did not answer; retry shortly") from exc
-    out_headers = {k.lower(): v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}}
-    out_headers.setdefault(SERVED_BY.lower(), owner)
-    return Response(content=resp.content, status_code=resp.status_code, headers=out_headers)
+        log.warning("forwarding %s %s to %s failed: %r", request.method, request.url.path, owner, exc)
+        raise OwnerDidNotAnswer(f"the owning instance {owner} did not answer") from exc
+    return _response_of(resp, owner)
 
 
 def is_local_scope(request: Request) -> bool:
@@ -121,3 +387,14 @@ async def gather(
         return loads(resp.content)
 
     return list(await asyncio.gather(*(ask(o) for o in sorted(owners))))
+
+
+def read_from_headers(request: Request) -> dict[str, str]:
+    """The headers of an answer read from state (empty for any other answer)."""
+    read_from: ReadFrom | None = getattr(request.state, "read_from", None)
+    if read_from is None:
+        return {}
+    headers = {SOURCE: read_from.source}
+    if read_from.lag is not None:
+        headers[LAG] = str(read_from.lag)
+    return headers

@@ -1,0 +1,196 @@
+"""Which copy of a table partition this instance holds, and how far behind its changelog it is.
+
+Reads must not wait for one instance (CONTRACT.md, "Availability"): when a key's active
+owner cannot answer, another instance answers from its own copy of the partition. An
+instance can hold a copy in three ways, and each answer says which:
+
+* ``active`` — it owns the partition and processes its input (recovery done, no
+  rebalance under way). It writes the changelog itself, so it is never behind it.
+* ``restoring`` — it owns the partition but is still restoring it from the changelog.
+* ``standby`` — a standby replica Faust keeps up to date from the changelog, or the
+  local database of a partition this instance owned before (a previous owner's copy is
+  as fresh as the moment it gave the partition up, and its lag says how stale that is).
+
+The lag is the number of changelog records the copy has not applied: the changelog's
+end offset, as last known, minus the next offset the local database expects (the
+changelog offset stored with every write batch, see :mod:`shared.engine._durable`).
+End offsets come from the worker's consumer where it fetches the changelog (standbys)
+and otherwise from a plain consumer of this module, asked at most once per
+:data:`END_MAX_AGE_S` per changelog, within :data:`END_LOOKUP_TIMEOUT_S`: a read never
+waits long for the broker either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import faust
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTP
+from faust.types import TP
+
+from shared.engine._clients import client_kwargs, started_when_reachable
+from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, recovery_done
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Source = Literal["active", "standby", "restoring"]
+
+#: How old a changelog end offset may be before a read asks the broker again.
+END_MAX_AGE_S = 1.0
+#: Longest a read waits for the broker's end offsets before it answers with the last known.
+END_LOOKUP_TIMEOUT_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """This instance's copy of one table partition."""
+
+    source: Source
+    #: Changelog records not yet applied to it (None: the changelog's end is not known yet).
+    lag: int | None
+
+
+class _ChangelogEnds:
+    """End offsets of changelog partitions, cached per topic for :data:`END_MAX_AGE_S`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._consumer: AIOKafkaConsumer | None = None
+        self._ends: dict[TP, int] = {}
+        self._asked: dict[str, float] = {}
+        self._lock = asyncio.Lock()
+        self._stopped = False
+
+    async def end(self, tp: TP, partitions: int) -> int | None:
+        """The end offset of ``tp`` as last known, asked anew when older than :data:`END_MAX_AGE_S`
+        (not after :meth:`stop`: a worker shutting down answers with what it knew)."""
+        if not self._stopped and time.monotonic() - self._asked.get(tp.topic, float("-inf")) >= END_MAX_AGE_S:
+            try:
+                await asyncio.wait_for(self._refresh(tp.topic, partitions), END_LOOKUP_TIMEOUT_S)
+            except TimeoutError:
+                log.debug("end offsets of %s not known within %.1fs; using the last known", tp.topic, END_LOOKUP_TIMEOUT_S)
+            except Exception as exc:  # the broker is away: the last known end stands
+                log.debug("end offsets of %s: %s", tp.topic, exc)
+        return self._ends.get(tp)
+
+    async def start(self) -> None:
+        """Connect ahead of the first read, which would otherwise wait for the connection."""
+        async with self._lock:
+            await self._client()
+
+    async def _client(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            self._consumer = await started_when_reachable(
+                lambda: AIOKafkaConsumer(**client_kwargs(self.settings), enable_auto_commit=False),
+                "changelog end-offset reader",
+            )
+        return self._consumer
+
+    async def _refresh(self, topic: str, partitions: int) -> None:
+        async with self._lock:
+            if time.monotonic() - self._asked.get(topic, float("-inf")) < END_MAX_AGE_S:
+                return  # another read refreshed it while this one waited
+            consumer = await self._client()
+            ends = await consumer.end_offsets([KafkaTP(topic, p) for p in range(partitions)])
+            for ktp, end in ends.items():
+                self._ends[TP(ktp.topic, ktp.partition)] = int(end)
+            self._asked[topic] = time.monotonic()
+
+    def saw(self, tp: TP, end: int) -> None:
+        if end > self._ends.get(tp, -1):
+            self._ends[tp] = end
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await consumer.stop()
+
+
+_ENDS: weakref.WeakKeyDictionary[faust.App, _ChangelogEnds] = weakref.WeakKeyDictionary()
+
+
+def track_copies(app: faust.App, settings: Settings) -> None:
+    """Let :func:`local_copy` tell ``app``'s copies' lag (once per app, before the worker starts)."""
+    _ENDS[app] = _ChangelogEnds(settings)
+
+
+async def start_tracking(app: faust.App) -> None:
+    ends = _ENDS.get(app)
+    if ends is not None:
+        await ends.start()
+
+
+async def stop_tracking(app: faust.App) -> None:
+    ends = _ENDS.get(app)
+    if ends is not None:
+        await ends.stop()
+
+
+def _store(table: AnyTable) -> Any:
+    return cast(Any, table).data
+
+
+def copy_source(app: faust.App, table: AnyTable, partition: int) -> Source | None:
+    """Which copy of ``partition`` of ``table`` this instance holds (None: none at all)."""
+    tp = TP(table.changelog_topic.get_topic_name(), partition)
+    assignor = cast(Any, app.assignor)
+    if tp in assignor.assigned_actives():
+        if app.rebalancing:
+            return "standby"  # current as of the rebalance's start, not processing meanwhile
+        return "active" if recovery_done(app) else "restoring"
+    if tp in assignor.assigned_standbys():
+        return "standby"
+    # A partition this instance owned or kept before: its database is still on disk.
+    path: Path = _store(table).partition_path(partition)
+    return "standby" if path.is_dir() else None
+
+
+def _applied_next(table: AnyTable, partition: int) -> int | None:
+    """The next changelog offset the local database expects (None: it holds no changelog offset)."""
+    raw = _store(table)._db_for_partition(partition).get(FAUST_OFFSET_KEY)
+    return int(raw) + 1 if raw is not None else None
+
+
+async def local_copy(app: faust.App, table: AnyTable, partition: int) -> Copy | None:
+    """This instance's copy of ``partition`` of ``table`` with its lag, or None when it has none.
+
+    A copy whose database cannot be opened (still locked by a closing handle) counts as none.
+    """
+    source = copy_source(app, table, partition)
+    if source is None:
+        return None
+    if source == "active":
+        return Copy("active", 0)
+    try:
+        applied = _applied_next(table, partition)
+    except Exception as exc:  # rocksdict raises plain Exceptions for a locked or damaged database
+        log.warning("cannot read the local copy of %s[%d]: %s", table.name, partition, exc)
+        return None
+    tp = TP(table.changelog_topic.get_topic_name(), partition)
+    ends = _ENDS.get(app)
+    end: int | None = None
+    if ends is not None:
+        consumer_end = _consumer_highwater(app, tp)
+        if consumer_end is not None:
+            ends.saw(tp, consumer_end)
+        end = await ends.end(tp, table.partitions or partition + 1)
+    if end is None:
+        return Copy(source, None)
+    return Copy(source, max(0, end - (applied or 0)))
+
+
+def _consumer_highwater(app: faust.App, tp: TP) -> int | None:
+    try:
+        highwater = cast(Any, app.consumer).highwater(tp)
+    except Exception:  # not started yet, or the partition is not assigned to the consumer
+        return None
+    return int(highwater) if highwater is not None else None
