@@ -213,10 +213,6 @@ class BatchConsumer(aiokafka_driver.Consumer):
         offset: int | None = super()._new_offset(tp)
         return offset
 
-    def delivered_offset(self, tp: TP) -> int | None:
-        """The offset after the last record of ``tp`` delivered by this consumer (not yet necessarily committed)."""
-        return self._delivered.get(tp)
-
     async def wait_empty(self) -> None:
         await self._idle.wait()
         await super().wait_empty()

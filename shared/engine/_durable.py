@@ -61,7 +61,6 @@ import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from rocksdict import WriteBatch
 
-from shared import dead_letters
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, partition_db, partition_items
 from shared.settings import Settings
@@ -110,13 +109,6 @@ class InRecord:
     def message(self) -> InRecord:
         """So a record can stand in for a Faust event (``event.message``), e.g. for dead letters."""
         return self
-
-    @classmethod
-    def of_event(cls, event: Any) -> InRecord:
-        m = event.message
-        ts = m.timestamp  # Faust gives seconds
-        return cls(m.topic, m.partition, m.offset, m.key, m.value, dead_letters.header_items(m.headers),
-                   round(ts * 1000) if ts is not None else None)
 
 
 class OffsetStore(Protocol):
@@ -287,9 +279,6 @@ class OrderedInput:
                 return None
             found.append(int(raw))
         return min(found)
-
-    async def batch(self, events: Sequence[Any]) -> Batch:
-        return await self.batch_records([InRecord.of_event(event) for event in events])
 
     async def batch_records(self, arrivals: Sequence[InRecord]) -> Batch:
         by_tp: dict[tuple[str, int], list[InRecord]] = {}
