@@ -74,7 +74,7 @@ def recovery_done(app: faust.App) -> bool:
 
 
 def tps_with_unacked_messages(app: faust.App) -> set[TP]:
-    """The partitions with a record handed to a stream and not yet acknowledged by its agent."""
+    """The partitions with a record handed to a stream and not yet acknowledged by its stream."""
     return {message.tp for message in list(cast(Any, app.consumer)._unacked_messages)}
 
 

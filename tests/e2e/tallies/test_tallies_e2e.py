@@ -142,7 +142,7 @@ def test_replayed_input_and_restore_from_changelog_keep_tallies(  # type: ignore
     wait_tallies(proc, expected)
 
     # Restart with the data dir kept. The bulk restore takes any lag at all (min lag 1)
-    # and logs what it reads: at most a short tail (a record the two agents' concurrent
+    # and logs what it reads: at most a short tail (a record the two handlers' concurrent
     # writes left past a partition's persisted offset), never the changelog.
     proc.stop()
     prefix = tally_topics["events"].removesuffix("account-events")
