@@ -95,9 +95,10 @@ def id_problem(name: str, value: Any) -> str | None:
     return None
 
 
-def parse_event(obj: Mapping[str, Any]) -> AccountChange:
+def parse_event(obj: Mapping[str, Any], timed: bool = True) -> AccountChange:
     """Read an ``account-events`` record (its JSON object); raises :class:`InvalidEvent` naming
-    the first bad field.
+    the first bad field. ``timed=False`` leaves ``occurred_at`` out of the change (None), for a
+    reader that does not depend on it; the record is checked alike.
 
     Checked, in this order, are the fields a reader takes: ``type`` (one of
     :data:`EVENT_TYPES`), ``version`` (an integer >= 1), ``account_id`` and ``program_id``
@@ -117,7 +118,7 @@ def parse_event(obj: Mapping[str, Any]) -> AccountChange:
         and type(account_id) is str and 0 < len(account_id) <= MAX_ID_LENGTH and "\x00" not in account_id
         and type(program_id) is str and 0 < len(program_id) <= MAX_ID_LENGTH and "\x00" not in program_id
     ):
-        return _build(AccountChange, (account_id, program_id, event_type, version, occurred_at))
+        return _build(AccountChange, (account_id, program_id, event_type, version, occurred_at if timed else None))
     raise InvalidEvent(_event_problem(obj))
 
 

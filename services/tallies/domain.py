@@ -81,10 +81,9 @@ def parse_account_change(obj: Mapping[str, Any]) -> AccountChange:
     The change carries no ``occurred_at``: a tally does not depend on it, and the by-program
     hop does not carry it (:class:`~services.tallies.state.PackedInputs`)."""
     try:
-        change = parse_event(obj)
+        return parse_event(obj, False)
     except InvalidEvent as exc:
         raise InvalidInput(str(exc)) from exc
-    return build_record(AccountChange, (change[0], change[1], change[2], change[3], None))
 
 
 def parse_login(obj: Mapping[str, Any]) -> Login:
