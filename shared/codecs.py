@@ -1,6 +1,6 @@
 """JSON on the wire: UTF-8, compact, integers for timestamps.
 
-Topics are consumed as raw bytes and decoded here, inside the agent, so that a
+Topics are consumed as raw bytes and decoded here, inside the handler, so that a
 message that is not JSON becomes a dead letter instead of an exception in Faust's
 deserializer.
 """

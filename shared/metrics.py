@@ -8,7 +8,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 
 MESSAGES_PROCESSED = Counter(
     "statefleet_messages_processed_total",
-    "Messages an agent finished processing",
+    "Messages a handler finished processing",
     ["service", "stream"],
     registry=REGISTRY,
 )

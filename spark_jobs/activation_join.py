@@ -11,6 +11,10 @@ been seen, or, once the window has closed with no such login,
 
 How it works (Structured Streaming):
 
+* ``account-events`` records are read with ``shared.accounts.parse_event``, as every reader
+  of the topic reads them: a record that breaks the contract's Event shape (the services
+  dead-letter it) is skipped and reported, per micro-batch, in the progress log and in
+  :attr:`RunResult.skipped_records`;
 * both inputs get an event-time watermark (``occurred_at`` and the login's ``ts``, each
   with ``--watermark-delay``); the global watermark is the minimum of the two;
 * a left outer stream-stream join on account_id with the time-range condition above: a
@@ -18,9 +22,12 @@ How it works (Structured Streaming):
   comes out once the watermark has passed ``created_at + window``. The same watermark
   lets Spark drop join state that can no longer match, so state stays bounded by
   roughly ``window + delay`` worth of accounts and logins;
-* ``dropDuplicates(account_id, created_at)`` after the join keeps one record per account
-  (an account logging in several times inside its window, or a replayed AccountCreated,
-  still gives one record). Its state is dropped by the same watermark;
+* the join's rows of one micro-batch are first narrowed to the earliest login per account
+  (:func:`earliest_logins`, over each partition of the join's output, which holds all of
+  an account's rows), then ``dropDuplicates(account_id, created_at)`` keeps one record per
+  account across batches (an account logging in several times inside its window, or a
+  replayed AccountCreated, still gives one record). Its state is dropped by the same
+  watermark;
 * state lives in the RocksDB state store with changelog checkpointing; the checkpoint
   (``--checkpoint``) makes a restarted job continue where it stopped, and
   :class:`~spark_jobs.kafka_sink.KafkaBatchSink` keeps a re-run micro-batch from writing
@@ -28,9 +35,11 @@ How it works (Structured Streaming):
 
 Late data: a login or AccountCreated older than the watermark when it arrives is
 dropped (counted in the progress log as late rows). An account whose AccountCreated is
-dropped gets no record at all. ``first_login_at`` is the first matching login the job
-saw; when several logins of the account inside its window arrive in the same
-micro-batch, it is one of them.
+dropped gets no record at all. ``first_login_at`` is the earliest matching login of the
+micro-batch in which the job first saw one: when several logins of the account inside its
+window arrive in the same micro-batch, it is the earliest of them, so the same
+micro-batch always gives the same record. (A matching login that arrives in a later
+micro-batch, though earlier than the one written, changes nothing: the record is out.)
 
     python -m spark_jobs.activation_join [--available-now] [--window 3d] [--watermark-delay 1h]
 """
@@ -41,14 +50,17 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming.query import StreamingQuery
 
+from shared import codecs
+from shared.accounts import ACCOUNT_CREATED, InvalidEvent, parse_event
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
 from spark_jobs import cli, kafka_io, progress, state_stats
@@ -61,14 +73,10 @@ log = logging.getLogger(__name__)
 
 JOB = "activation-join"
 DAY_MS = 86_400_000
-ACCOUNT_CREATED = "AccountCreated"
+#: The observation (``DataFrame.observe``) counting the account-events records skipped as malformed.
+SKIPPED_EVENTS = "malformed_account_events"
 
-EVENT_SCHEMA = T.StructType([
-    T.StructField("type", T.StringType()),
-    T.StructField("account_id", T.StringType()),
-    T.StructField("program_id", T.StringType()),
-    T.StructField("occurred_at", T.LongType()),
-])
+CREATED_SCHEMA = "account_id string, program_id string, created_at long, error string"
 LOGIN_SCHEMA = T.StructType([
     T.StructField("account_id", T.StringType()),
     T.StructField("program_id", T.StringType()),
@@ -89,17 +97,39 @@ class JoinOptions:
     query_name: str = "activation_join"
 
 
+def read_created(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """A ``mapInPandas`` function: ``account-events`` values to AccountCreated rows (account_id,
+    program_id, created_at), each read with ``parse_event``; a record that breaks the Event
+    shape becomes a row with only ``error`` set, events of other types no row."""
+    for frame in frames:
+        cols: dict[str, list[object]] = {"account_id": [], "program_id": [], "created_at": [], "error": []}
+        for value in frame["value"]:
+            try:
+                change = parse_event(codecs.loads_object(value))
+            except (codecs.DecodeError, InvalidEvent) as exc:
+                row: tuple[object, ...] = (None, None, None, str(exc))
+            else:
+                if change.type != ACCOUNT_CREATED:
+                    continue
+                row = (change.account_id, change.program_id, change.occurred_at, None)
+            for name, v in zip(cols, row, strict=True):
+                cols[name].append(v)
+        yield pd.DataFrame({
+            "account_id": pd.Series(cols["account_id"], dtype=object),
+            "program_id": pd.Series(cols["program_id"], dtype=object),
+            "created_at": pd.array(cols["created_at"], dtype="Int64"),
+            "error": pd.Series(cols["error"], dtype=object),
+        })
+
+
 def created_events(raw: DataFrame) -> DataFrame:
-    """AccountCreated rows (account_id, program_id, created_at ms, created_ts) from ``account-events`` records."""
-    parsed = raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e")).select("e.*")
-    return (
-        parsed.where((F.col("type") == ACCOUNT_CREATED) & F.col("account_id").isNotNull()
-                     & F.col("occurred_at").isNotNull())
-        .select(
-            "account_id", "program_id",
-            F.col("occurred_at").alias("created_at"),
-            F.timestamp_millis("occurred_at").alias("created_ts"),
-        )
+    """AccountCreated rows (account_id, program_id, created_at ms, created_ts) from ``account-events``
+    records; the malformed ones are skipped and counted (observation :data:`SKIPPED_EVENTS`)."""
+    parsed = progress.observe_skipped(
+        raw.select("value").mapInPandas(read_created, CREATED_SCHEMA), SKIPPED_EVENTS, F.col("error"),
+    )
+    return parsed.where(F.col("error").isNull()).select(
+        "account_id", "program_id", "created_at", F.timestamp_millis("created_at").alias("created_ts"),
     )
 
 
@@ -133,8 +163,10 @@ def activations(created: DataFrame, logins: DataFrame, window_ms: int, watermark
         delay = f"{watermark_delay_ms} milliseconds"
         joined = created.withWatermark("created_ts", delay).join(
             logins.withWatermark("login_ts", delay), condition, "leftOuter"
-        )
-        joined = joined.dropDuplicates(["account_id", "created_ts"])
+        ).select("account_id", "program_id", "created_at", "created_ts", "login_at")
+        # The same schema out as in: created_ts keeps its event-time metadata, which lets the
+        # dedupe drop its state by the watermark.
+        joined = joined.mapInPandas(earliest_logins, joined.schema).dropDuplicates(["account_id", "created_ts"])
     else:
         joined = created.join(logins, condition, "inner")
     return joined.select(
@@ -142,6 +174,19 @@ def activations(created: DataFrame, logins: DataFrame, window_ms: int, watermark
         F.col("login_at").alias("first_login_at"),
         F.col("login_at").isNotNull().alias("activated"),
     )
+
+
+def earliest_logins(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """A ``mapInPandas`` function over one partition of the join's output in a micro-batch:
+    per (account_id, created_ts), only the row with the earliest ``login_at`` (an unmatched
+    row, ``login_at`` null, only when there is no other). The join partitions by account_id,
+    so a partition holds every row of its accounts."""
+    parts = [frame for frame in frames if not frame.empty]
+    if not parts:
+        return
+    rows = pd.concat(parts, ignore_index=True)
+    rows = rows.sort_values(["account_id", "created_ts", "login_at"], na_position="last", kind="stable")
+    yield rows.drop_duplicates(["account_id", "created_ts"], keep="first")
 
 
 def to_records(rows: DataFrame) -> DataFrame:
@@ -187,6 +232,11 @@ class RunResult:
     input_rows: int
     seconds: float
     state: list[state_stats.OperatorState]
+
+    @property
+    def skipped_records(self) -> int:
+        """``account-events`` records skipped as malformed (as the services dead-letter them)."""
+        return sum(b.skipped_rows for b in self.batches)
 
 
 def run(spark: SparkSession, settings: Settings, spark_settings: SparkSettings, options: JoinOptions) -> RunResult:
@@ -246,8 +296,9 @@ def main(argv: Sequence[str] | None = None) -> None:
              options.watermark_delay_ms, options.checkpoint)
     with job_session(JOB, spark_settings, master=args.master, conf=cli.spark_conf(args), streaming=True) as spark:
         result = run(spark, settings, spark_settings, options)
-    log.info("done: %d batches, %d input rows in %.1fs; state rows now: %s", len(result.batches), result.input_rows,
-             result.seconds, state_stats.describe(result.state))
+    log.info("done: %d batches, %d input rows (%d malformed, skipped) in %.1fs; state rows now: %s",
+             len(result.batches), result.input_rows, result.skipped_records, result.seconds,
+             state_stats.describe(result.state))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
 """One readable log line per micro-batch of a streaming query, and a record of the
-progress reports for figures (input rows, rates, watermark, state rows)."""
+progress reports for figures (input rows, rates, watermark, state rows, records skipped).
+
+A job reports the input records it skips as malformed through :func:`observe_skipped`
+(Spark's ``DataFrame.observe``): each batch's progress report then carries how many it
+skipped and one reason, logged as a warning and kept in :attr:`BatchProgress.skipped_rows`."""
 
 from __future__ import annotations
 
@@ -8,10 +12,21 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 log = logging.getLogger(__name__)
+
+#: The columns of an observation made by :func:`observe_skipped`.
+SKIPPED = "skipped"
+SKIPPED_EXAMPLE = "skipped_example"
+
+
+def observe_skipped(rows: DataFrame, name: str, error: Column) -> DataFrame:
+    """``rows`` observed as ``name``: per batch, how many have a non-null ``error`` (records the
+    job skips) and one of those errors."""
+    return rows.observe(name, F.count(error).alias(SKIPPED), F.max(error).alias(SKIPPED_EXAMPLE))
 
 
 @dataclass(frozen=True)
@@ -24,6 +39,10 @@ class BatchProgress:
     state_rows_by_operator: dict[str, int]
     rows_dropped_by_watermark: int
     sources: dict[str, int]
+    #: Input records skipped as malformed (summed over the query's :func:`observe_skipped`
+    #: observations), and one reason.
+    skipped_rows: int = 0
+    skipped_example: str | None = None
 
     @classmethod
     def from_json(cls, progress: dict[str, Any]) -> BatchProgress:
@@ -31,6 +50,10 @@ class BatchProgress:
         by_operator = {f"{i}:{op.get('operatorName', '?')}": int(op.get("numRowsTotal", 0))
                        for i, op in enumerate(operators)}
         sources = {str(s.get("description", "?")): int(s.get("numInputRows", 0)) for s in progress.get("sources") or []}
+        # Rows when ``progress`` is a StreamingQueryProgress (a dict), objects when it is parsed JSON.
+        metrics = [m.asDict() if hasattr(m, "asDict") else m for m in (progress.get("observedMetrics") or {}).values()]
+        observed = [m for m in metrics if isinstance(m, dict) and SKIPPED in m]
+        examples = [str(m[SKIPPED_EXAMPLE]) for m in observed if m.get(SKIPPED_EXAMPLE) is not None]
         return cls(
             batch_id=int(progress.get("batchId", -1)),
             input_rows=int(progress.get("numInputRows", 0)),
@@ -40,6 +63,8 @@ class BatchProgress:
             state_rows_by_operator=by_operator,
             rows_dropped_by_watermark=sum(int(op.get("numRowsDroppedByWatermark", 0)) for op in operators),
             sources=sources,
+            skipped_rows=sum(int(m[SKIPPED] or 0) for m in observed),
+            skipped_example=min(examples) if examples else None,
         )
 
 
@@ -67,6 +92,9 @@ class ProgressLog(StreamingQueryListener):
             batch.watermark or "-", batch.state_rows,
             f", {batch.rows_dropped_by_watermark} late rows dropped" if batch.rows_dropped_by_watermark else "",
         )
+        if batch.skipped_rows:
+            log.warning("%s batch %d: %d malformed input records skipped, e.g. %s",
+                        self.name, batch.batch_id, batch.skipped_rows, batch.skipped_example)
 
     def onQueryIdle(self, event: Any) -> None:
         pass

@@ -1,11 +1,11 @@
 """Reading tally inputs exactly as the tallies service does.
 
 The service (``services.tallies.app.parse_input``) decodes a record's value with
-``shared.codecs.loads_object``, reads it with ``parse_account_change`` or ``parse_login``
-from ``services.tallies.domain``, and rejects a program_id containing NUL (its state
-keys use NUL as a separator). Records it rejects go to dead letters and never count;
-the backfill skips the same records. This module runs on Spark's Python workers, so it
-imports only pure modules (no Faust).
+``shared.codecs.loads_object`` and reads it with ``parse_account_change`` (every reader's
+``shared.accounts.parse_event``) or ``parse_login`` from ``services.tallies.domain``.
+Records it rejects go to dead letters and never count; the backfill skips the same
+records and reports them. This module runs on Spark's Python workers, so it imports only
+pure modules (no Faust).
 """
 
 from __future__ import annotations
@@ -35,6 +35,4 @@ def parse_input(kind: str, value: bytes | None) -> AccountChange | Login:
         item = parse_account_change(obj)
     else:
         raise InvalidInput(f"unknown input kind {kind!r}")
-    if "\x00" in item.program_id:
-        raise InvalidInput("'program_id' must not contain NUL")
     return item

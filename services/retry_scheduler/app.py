@@ -19,7 +19,7 @@ Two hops, so that everything about one ``dlq.id`` lives in one partition:
    (changelog acknowledged, then RocksDB, with the inbox's next offset).
 
 A timer sends a tick to every inbox partition this instance owns, every
-``retry_tick_interval_s``. On a tick the agent seeks to the partition's low-water key,
+``retry_tick_interval_s``. On a tick the handler seeks to the partition's low-water key,
 reads only the entries due now (at most ``retry_batch_limit``), redelivers them with
 key, value and headers kept, waits until the broker has acknowledged every one, and
 only then stages their deletes from the schedule (tombstones in the changelog), leaving in the
@@ -411,7 +411,7 @@ class RetrySchedulerService:
     # -- ticks -------------------------------------------------------------------------------------------
 
     async def send_ticks(self) -> None:
-        """Ask the agent to redeliver what is due, in every partition this instance owns."""
+        """Ask the handler to redeliver what is due, in every partition this instance owns."""
         if not recovery_done(self.app):
             return
         interval = self.settings.retry_tick_interval_s
@@ -568,7 +568,7 @@ class RetrySchedulerService:
         batch.after_commit(answer)
 
     async def request(self, kind: bytes, dlq_id: str, timeout_s: float) -> dict[str, Any]:
-        """Send a command to the partition of ``dlq_id`` and wait for the agent's answer.
+        """Send a command to the partition of ``dlq_id`` and wait for the handler's answer.
 
         ``{"status": "accepted"}`` when the answer does not come within ``timeout_s`` (the
         partition moved meanwhile): the command is still applied, by the new owner.

@@ -39,6 +39,8 @@ from typing import Any, Literal
 
 import orjson
 
+from shared.accounts import InvalidEvent
+
 Jitter = Literal["full", "equal", "none"]
 JITTERS: tuple[Jitter, ...] = ("full", "equal", "none")
 
@@ -47,11 +49,14 @@ MAX_DUE_MS = (1 << 56) - 1
 #: Beyond this many doublings the cap is reached anyway; keeps ``2 ** n`` small.
 _MAX_DOUBLINGS = 62
 
-#: Error classes that say the message itself is malformed: retrying cannot help.
+#: Error classes that say the message itself is malformed: retrying cannot help. Among them
+#: an ``account-events`` record that breaks the Event shape (``InvalidEvent`` from the
+#: validator, ``InvalidInput`` from the tallies): every reader refuses it alike, every time.
 NEVER_RETRIED: Mapping[str, Mapping[str, Any]] = {
     "ValidationError": {"max_attempts": 1},
     "InvalidInput": {"max_attempts": 1},
     "InvalidCommand": {"max_attempts": 1},
+    InvalidEvent.__name__: {"max_attempts": 1},
     "DecodeError": {"max_attempts": 1},
 }
 

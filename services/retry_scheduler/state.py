@@ -449,7 +449,7 @@ class Counts:
     """Scheduled entries by (origin topic, error class) and parked entries, per owned partition.
 
     Derived from the tables: rebuilt after every recovery, then kept up to date as the
-    agent schedules, redelivers, cancels and parks.
+    handler schedules, redelivers, cancels and parks.
     """
 
     scheduled: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)

@@ -3,8 +3,9 @@
 Two hops, because inputs are keyed by account and tallies by program:
 
 1. ``route_inputs`` reads ``account-events``, ``logins`` and the service's retry topic,
-   validates each record (bad ones become dead letters, with the original topic,
-   partition and offset), and forwards them to the internal ``…-by-program`` topic,
+   validates each record (events as every reader of ``account-events`` does, through
+   :func:`shared.accounts.parse_event`; bad ones become dead letters, with the original
+   topic, partition and offset, and are never counted), and forwards them to the internal ``…-by-program`` topic,
    packed: one record per program partition per batch (:class:`PackedInputs`).
 2. ``apply_inputs`` reads that topic. Per program partition it holds the memberships
    table (the state) and the last-logins table, and updates the derived counts.
@@ -86,17 +87,11 @@ def parse_input(topic: str, value: bytes | None, headers: Any, topics: TopicName
 
 
 def parse_change(value: bytes | None) -> AccountChange | Login:
-    return no_nul(parse_account_change(codecs.loads_object(value)))
+    return parse_account_change(codecs.loads_object(value))
 
 
 def parse_login_record(value: bytes | None) -> AccountChange | Login:
-    return no_nul(parse_login(codecs.loads_object(value)))
-
-
-def no_nul(item: AccountChange | Login) -> AccountChange | Login:
-    if "\x00" in item.program_id:
-        raise InvalidInput("'program_id' must not contain NUL")
-    return item
+    return parse_login(codecs.loads_object(value))
 
 
 def parser_for(origin: str, topics: TopicNames) -> Callable[[bytes | None], AccountChange | Login] | None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from shared.accounts import (
-    EVENT_TYPES,
     AccountChange,
+    InvalidEvent,
+    parse_event,
     status_after,
     tally_counts,
 )
@@ -74,44 +75,36 @@ def _require_int(obj: Mapping[str, Any], name: str) -> int:
 
 
 def parse_account_change(obj: Mapping[str, Any]) -> AccountChange:
-    """Read an ``account-events`` record; raises :class:`InvalidInput` naming the bad field."""
-    event_type = obj.get("type")
-    account_id = obj.get("account_id")
-    program_id = obj.get("program_id")
-    version = obj.get("version")
-    # The common case in two checks (a hot path: every account event passes here);
-    # anything else is re-checked field by field for the error message.
-    if (
-        event_type in EVENT_TYPES and type(version) is int and version >= 1
-        and type(account_id) is str and account_id and type(program_id) is str and program_id
-    ):
-        return build_record(AccountChange, (account_id, program_id, event_type, version, None))
-    event_type = _require_str(obj, "type")
-    if event_type not in EVENT_TYPES:
-        raise InvalidInput(f"unknown event type {event_type!r}")
-    version = _require_int(obj, "version")
-    if version < 1:
-        raise InvalidInput(f"'version' must be >= 1, got {version}")
-    return AccountChange(
-        account_id=_require_str(obj, "account_id"),
-        program_id=_require_str(obj, "program_id"),
-        type=event_type,
-        version=version,
-    )
+    """Read an ``account-events`` record as every reader does (:func:`shared.accounts.parse_event`);
+    raises :class:`InvalidInput` naming the bad field, as for any other bad input of the tallies.
+
+    The change carries no ``occurred_at``: a tally does not depend on it, and the by-program
+    hop does not carry it (:class:`~services.tallies.state.PackedInputs`)."""
+    try:
+        return parse_event(obj, False)
+    except InvalidEvent as exc:
+        raise InvalidInput(str(exc)) from exc
 
 
 def parse_login(obj: Mapping[str, Any]) -> Login:
-    """Read a ``logins`` record; raises :class:`InvalidInput` naming the bad field."""
+    """Read a ``logins`` record; raises :class:`InvalidInput` naming the bad field. A program_id
+    with NUL is refused too: tally state keys use NUL as a separator."""
     account_id = obj.get("account_id")
     program_id = obj.get("program_id")
     ts = obj.get("ts")
-    if type(ts) is int and type(account_id) is str and account_id and type(program_id) is str and program_id:
+    if (
+        type(ts) is int and type(account_id) is str and account_id
+        and type(program_id) is str and program_id and "\x00" not in program_id
+    ):
         return build_record(Login, (account_id, program_id, ts))
-    return Login(
+    login = Login(
         account_id=_require_str(obj, "account_id"),
         program_id=_require_str(obj, "program_id"),
         ts=_require_int(obj, "ts"),
     )
+    if "\x00" in login.program_id:
+        raise InvalidInput("'program_id' must not contain NUL")
+    return login
 
 
 def apply_change(current: Membership | None, change: AccountChange) -> Membership | None:

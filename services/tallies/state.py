@@ -8,7 +8,7 @@ counts and memberships disagreeing: after a restart the counts are rebuilt from
 whatever memberships were restored.
 
 Both tables (``memberships``: program_id NUL account_id → ``status:version``;
-``last-logins``: program_id → largest login ts) also hold the agents' next expected
+``last-logins``: program_id → largest login ts) also hold the handlers' next expected
 input offsets, under ``shared.engine._durable.NEXT_OFFSET_PREFIX`` + topic. Program ids are
 non-empty and contain no NUL, so no tally key starts with that prefix; listings of the
 tables go through ``shared.engine._durable.state_items``, which leaves those rows out.

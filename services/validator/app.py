@@ -46,7 +46,10 @@ with the input's next offset, changelog first):
 
 ``route_events`` and ``project`` (``account-events`` → internal ``…-by-program``)
     The category projection: every account of a program with its status, kept in
-    ``program-accounts`` and listed newest first by GET /programs/{id}/accounts.
+    ``program-accounts`` and listed newest first by GET /programs/{id}/accounts. Events
+    are read with :func:`shared.accounts.parse_event`, as every reader of the topic reads
+    them: one that breaks the Event shape is a dead letter (``InvalidEvent``, parked at
+    once by the retry scheduler) and is never listed.
 """
 
 from __future__ import annotations
@@ -69,7 +72,6 @@ from services.validator.domain import (
     Command,
     CommandBatch,
     Duplicate,
-    InvalidEvent,
     Listing,
     MalformedBatch,
     MalformedCommand,
@@ -77,7 +79,6 @@ from services.validator.domain import (
     batch_item,
     batch_item_outcome,
     outcome_record,
-    parse_account_event,
     parse_batch,
     parse_command,
     pending_record,
@@ -104,7 +105,7 @@ from services.validator.state import (
     unpack_ts,
 )
 from shared import codecs, dead_letters
-from shared.accounts import AccountChange
+from shared.accounts import AccountChange, InvalidEvent, parse_event
 from shared.engine import (
     DeadLetterRoute,
     Engine,
@@ -404,7 +405,7 @@ class ValidatorService:
             origin = dead_letters.headers_dict(record.headers).get(dead_letters.ORIGINAL_TOPIC, "")
             try:
                 if origin == self.topics.account_events:
-                    change = parse_account_event(codecs.loads_object(record.value))
+                    change = parse_event(codecs.loads_object(record.value))
                     batch.send(self.by_program_topic_name, change.program_id.encode(), encode_routed(change))
                     continue
                 command = self._read_command(record)
@@ -551,7 +552,7 @@ class ValidatorService:
     async def route_events(self, batch: InputBatch) -> None:
         for record in batch.records:
             try:
-                change = parse_account_event(codecs.loads_object(record.value))
+                change = parse_event(codecs.loads_object(record.value))
             except (codecs.DecodeError, InvalidEvent) as exc:
                 batch.dead_letter(record, exc)
                 continue

@@ -53,8 +53,10 @@ from shared.accounts import (
     INACTIVE,
     STATUS_AFTER,
     AccountChange,
+    id_problem,
     status_after,
 )
+from shared.accounts import MAX_ID_LENGTH as MAX_ID_LENGTH  # the longest id of a command, as of an event
 
 CREATE_ACCOUNT = "CreateAccount"
 UPDATE_ACCOUNT = "UpdateAccount"
@@ -80,8 +82,6 @@ INVALID_TRANSITION = "INVALID_TRANSITION"
 INVALID_COMMAND = "INVALID_COMMAND"
 REASONS = (NOT_FOUND, ALREADY_EXISTS, DELETED_REASON, VERSION_CONFLICT, INVALID_TRANSITION, INVALID_COMMAND)
 
-#: Longest account_id, command_id or program_id accepted (characters).
-MAX_ID_LENGTH = 256
 #: Event ids are UUIDv5 in this namespace of (account_id, command_id).
 EVENT_ID_NAMESPACE = uuid.UUID("5b0c4a34-8f3e-4d0e-9d6c-1f6f2a7c9e51")
 
@@ -249,13 +249,7 @@ def _is_int(value: Any) -> bool:
 def _id_problem(name: str, value: Any, *, required: bool) -> str | None:
     if value is None:
         return f"'{name}' is required" if required else None
-    if not isinstance(value, str) or not value:
-        return f"'{name}' must be a non-empty string, got {value!r:.80}"
-    if len(value) > MAX_ID_LENGTH:
-        return f"'{name}' is longer than {MAX_ID_LENGTH} characters"
-    if "\x00" in value:
-        return f"'{name}' must not contain NUL"
-    return None
+    return id_problem(name, value)
 
 
 def parse_command(obj: Mapping[str, Any], *, default_issued_at: int) -> Command:
@@ -463,10 +457,6 @@ def pending_record(command_id: str, account_id: str, *, at: int) -> dict[str, An
 # -- the category projection (GET /programs/{program_id}/accounts) ----------------------------
 
 
-class InvalidEvent(ValueError):
-    """An ``account-events`` record the projection cannot apply."""
-
-
 @dataclass(frozen=True, slots=True)
 class Listing:
     """An account as its program's listing shows it."""
@@ -483,26 +473,6 @@ class Listing:
             "account_id": self.account_id, "program_id": self.program_id, "status": self.status,
             "version": self.version, "created_at": self.created_at, "updated_at": self.updated_at,
         }
-
-
-def parse_account_event(obj: Mapping[str, Any]) -> AccountChange:
-    """Read an ``account-events`` record; raises :class:`InvalidEvent` naming the bad field."""
-    for name in ("account_id", "program_id"):
-        problem = _id_problem(name, obj.get(name), required=True)
-        if problem:
-            raise InvalidEvent(problem)
-    event_type = obj.get("type")
-    if event_type not in EVENT_TYPES:
-        raise InvalidEvent(f"unknown event type {event_type!r:.80}")
-    version, occurred_at = obj.get("version"), obj.get("occurred_at")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise InvalidEvent(f"'version' must be an integer >= 1, got {version!r:.80}")
-    if not isinstance(occurred_at, int) or isinstance(occurred_at, bool):
-        raise InvalidEvent(f"'occurred_at' must be an integer (epoch ms), got {occurred_at!r:.80}")
-    return AccountChange(
-        account_id=obj["account_id"], program_id=obj["program_id"], type=event_type,
-        version=version, occurred_at=occurred_at,
-    )
 
 
 def apply_to_listing(current: Listing | None, change: AccountChange) -> Listing | None:

@@ -2,7 +2,7 @@
 
 Every service gets the same shape: the RocksDB store (rocksdict; with ``bulk_restore``,
 lagging partitions restored in bulk, see :mod:`shared.engine._restore`), a data dir per
-service and instance, topics as raw bytes (decoded in the agent, so bad input is a
+service and instance, topics as raw bytes (decoded in the handler, so bad input is a
 dead letter and not a crash), at-least-once processing, static group membership,
 standby replicas, and a FastAPI app served on the worker's own event loop.
 """

@@ -2,13 +2,13 @@
 
 Faust's own consumer turns every fetched record into a message, awaits a callback for
 it (several tasks and an ``asyncio.wait`` each), puts an event on a channel queue and
-lets the agent's stream take it off again: about 90 µs a record before any handler
+lets a stream take it off again: about 90 µs a record before any handler
 code runs. :class:`BatchConsumer` keeps everything else of Faust's consumer (group
 membership, the fetcher thread, pausing during recovery, periodic commits) and replaces
 only that hand-over, for the topics the engine registered: each fetched
 ``TopicPartition``'s record list goes to one awaited call of the engine's deliver
-function. Records of other topics (changelogs read during recovery, anything an
-agent reads) keep Faust's path unchanged.
+function. Records of other topics (changelogs read during recovery) keep Faust's path
+unchanged.
 
 What it owns, since Faust's bookkeeping never sees these records:
 
@@ -212,10 +212,6 @@ class BatchConsumer(aiokafka_driver.Consumer):
             return self._delivered.get(tp)
         offset: int | None = super()._new_offset(tp)
         return offset
-
-    def delivered_offset(self, tp: TP) -> int | None:
-        """The offset after the last record of ``tp`` delivered by this consumer (not yet necessarily committed)."""
-        return self._delivered.get(tp)
 
     async def wait_empty(self) -> None:
         await self._idle.wait()

@@ -1,12 +1,12 @@
 """Exactly the input, in order, and state that is in the changelog before anything depends on it.
 
-Two things an agent that keeps state cannot leave to Faust's at-least-once processing:
+Two things a handler that keeps state cannot leave to Faust's at-least-once processing:
 
 **Every input offset, in order.** Around start-up and rebalances Faust's consumer can
 skip records: it fetches while table recovery runs, discards what it fetched, seeks
 back to the committed offsets, and then drops re-fetched records below the offset it
 had already read (observed as a batch ending at offset 220 followed by one starting at
-235). So each agent keeps, per input partition, the next offset it expects, in the
+235). So each handler keeps, per input partition, the next offset it expects, in the
 table(s) it writes and written with the batch's state. :class:`OrderedInput` compares
 each batch with it: records below it are replays and are dropped; a hole above it is
 read back from Kafka with a plain consumer (:class:`Backfill`) and processed first.
@@ -31,19 +31,19 @@ restores from the changelog would get an older row than the input already commit
    restoring from at start-up).
 
 A crash between 1 and 2 leaves the local row behind the changelog, and the restart
-replays the changelog from before it (3 had not happened). (When two agents write one
+replays the changelog from before it (3 had not happened). (When two handlers write one
 table, the later write can be applied first; a crash then can leave the earlier write
 acknowledged but neither local nor replayed. It is lost whole, its next-offset rows with
-it, so its agent reads that input again.) The next-offset rows are
+it, so its handler reads that input again.) The next-offset rows are
 written last in each batch, after the state rows of the same changelog partition, so
-they are never ahead of the state either. An agent whose state is spread over several
+they are never ahead of the state either. A handler whose state is spread over several
 tables keeps a copy of its next-offset rows in each (:meth:`OrderedInput.writes`) and
 resumes from the smallest: a crash that left one table's rows in its changelog and not
-another's makes the agent read the difference again, so its processing must be
+another's makes the handler read the difference again, so its processing must be
 idempotent for those records.
 
 Tables written this way are raw-bytes tables (``key_type=bytes, value_type=bytes``)
-that the agent writes only through this module, never with ``table[key] = value``.
+that the handler writes only through this module, never with ``table[key] = value``.
 Their keys must not start with :data:`NEXT_OFFSET_PREFIX`; :func:`state_items` lists a
 partition without those rows.
 """
@@ -61,7 +61,6 @@ import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from rocksdict import WriteBatch
 
-from shared import dead_letters
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, partition_db, partition_items
 from shared.settings import Settings
@@ -111,13 +110,6 @@ class InRecord:
         """So a record can stand in for a Faust event (``event.message``), e.g. for dead letters."""
         return self
 
-    @classmethod
-    def of_event(cls, event: Any) -> InRecord:
-        m = event.message
-        ts = m.timestamp  # Faust gives seconds
-        return cls(m.topic, m.partition, m.offset, m.key, m.value, dead_letters.header_items(m.headers),
-                   round(ts * 1000) if ts is not None else None)
-
 
 class OffsetStore(Protocol):
     """Where :class:`OrderedInput` reads next offsets from (a :class:`DurableTable`)."""
@@ -126,9 +118,8 @@ class OffsetStore(Protocol):
 
 
 class TableOffsets:
-    """Reads of a table's partitions, as an :class:`OffsetStore`. On its own, for an agent
-    that writes the table with ``table[key] = value`` (in the event's context): its
-    next-offset rows are then as durable as the rest of its state."""
+    """Reads of a table's partitions, as an :class:`OffsetStore` (the read side of
+    :class:`DurableTable`)."""
 
     def __init__(self, table: Any) -> None:
         self.table = table
@@ -174,7 +165,7 @@ class DurableTable(TableOffsets):
 async def acknowledged(aws: Sequence[Awaitable[Any]], what: str, warn_every_s: float = SLOW_ACK_WARNING_S) -> list[Any]:
     """Every result of ``aws`` in order (the first error raises), with a warning logged each
     ``warn_every_s`` while any is outstanding: a producer that stopped delivering shows
-    otherwise only as an agent that stopped processing, for as long as Faust's request
+    otherwise only as a handler that stopped processing, for as long as Faust's request
     timeout (20 minutes)."""
     gathered = asyncio.gather(*aws)
     started = time.monotonic()
@@ -263,8 +254,8 @@ class Batch:
 class OrderedInput:
     """Per input partition, exactly the next records after the last processed one.
 
-    ``stores`` are the tables that hold the agent's next-offset rows: one table, or every
-    table the agent writes state to (each keeps a copy, and the smallest is where the
+    ``stores`` are the tables that hold the handler's next-offset rows: one table, or every
+    table the handler writes state to (each keeps a copy, and the smallest is where the
     input resumes).
     """
 
@@ -287,9 +278,6 @@ class OrderedInput:
                 return None
             found.append(int(raw))
         return min(found)
-
-    async def batch(self, events: Sequence[Any]) -> Batch:
-        return await self.batch_records([InRecord.of_event(event) for event in events])
 
     async def batch_records(self, arrivals: Sequence[InRecord]) -> Batch:
         by_tp: dict[tuple[str, int], list[InRecord]] = {}

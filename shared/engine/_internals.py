@@ -1,20 +1,16 @@
 """The few private Faust APIs the fleet relies on, wrapped in one place.
 
-Faust does not expose a table partition's RocksDB handle, the map from changelog
-partition to owning instance, or a way to say which event a table write belongs to.
-Each of those is needed (range scans, query forwarding, batched processing); if a
+Faust does not expose a table partition's RocksDB handle or the map from changelog
+partition to owning instance. Both are needed (range scans, query forwarding); if a
 Faust upgrade moves them, this is the only module to change.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, cast
 
 import faust
-from faust.streams import _current_event
 from faust.types import TP, TableT
 from rocksdict import Rdict
 
@@ -71,21 +67,6 @@ def all_owner_urls(app: faust.App, table: AnyTable) -> set[str]:
     return {str(url).rstrip("/") for tp, url in _tps_url(app).items() if tp.topic == topic}
 
 
-@contextmanager
-def event_context(event: Any) -> Iterator[None]:
-    """Make ``event`` the current event, so table writes go to its partition.
-
-    Faust routes a table write to the partition of the event being processed. When a
-    batch from ``stream.take()`` mixes partitions, each write must be made in the
-    context of the event it belongs to.
-    """
-    token = _current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        _current_event.reset(token)
-
-
 def recovery_done(app: faust.App) -> bool:
     """True once table recovery after the last rebalance has finished."""
     recovery = cast(Any, app.tables).recovery
@@ -93,7 +74,7 @@ def recovery_done(app: faust.App) -> bool:
 
 
 def tps_with_unacked_messages(app: faust.App) -> set[TP]:
-    """The partitions with a record handed to a stream and not yet acknowledged by its agent."""
+    """The partitions with a record handed to a stream and not yet acknowledged by its stream."""
     return {message.tp for message in list(cast(Any, app.consumer)._unacked_messages)}
 
 

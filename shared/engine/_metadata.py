@@ -8,7 +8,7 @@ the first send to a topic created later switches the client to tracked topics on
 and the next refresh drops the untracked ones from its metadata. Records for them
 still queued then have a partition without a known leader: the sender keeps asking
 for the same metadata and the records wait until the request timeout (20 minutes in
-Faust), with no error logged. An agent awaiting their acknowledgement (a changelog
+Faust), with no error logged. A handler awaiting their acknowledgement (a changelog
 write, a flush before redelivery) stops processing meanwhile.
 
 :func:`track_used_topics` makes every send track its topic, so the refresh keeps it.

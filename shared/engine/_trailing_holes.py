@@ -4,12 +4,12 @@
 after the hole arrives. Records skipped at the very end of a partition have no record
 after them: without more input they would wait for the next restart, and a command
 among them would stay pending. (Faust skips records when it drops a fetched batch
-around a rebalance, or starts from a committed offset past records the agent never
+around a rebalance, or starts from a committed offset past records the handler never
 processed, e.g. after the group's offsets were moved.)
 
 :class:`TrailingHoleWatch` compares, every few seconds and per assigned input partition,
-the next offset the agent expects (its next-offset row) with the Faust consumer's
-position. When the consumer has moved past records the agent never processed, none of
+the next offset the handler expects (its next-offset row) with the Faust consumer's
+position. When the consumer has moved past records the handler never processed, none of
 them is waiting in the stream (no unacknowledged message of that partition), and nothing
 changed since the previous check, it seeks the consumer back to the expected offset so
 the stream delivers those records again. A record delivered twice this way is a replay
@@ -37,15 +37,15 @@ POSITION_TIMEOUT_S = 5.0
 
 
 class NextOffsets(Protocol):
-    """Where the agent's next expected offset per input partition is read (an ``OrderedInput``)."""
+    """Where the handler's next expected offset per input partition is read (an ``OrderedInput``)."""
 
     def next_offset(self, topic: str, partition: int) -> int | None: ...
 
 
 class TrailingHoleWatch:
-    """Sends the consumer back to input records an agent never got; see the module docs.
+    """Sends the consumer back to input records a handler never got; see the module docs.
 
-    ``inputs`` maps each input topic to the ``OrderedInput`` of the agent that reads it;
+    ``inputs`` maps each input topic to the ``OrderedInput`` of the handler that reads it;
     :meth:`check` runs on a timer of the app every ``interval_s``.
     """
 

@@ -12,7 +12,7 @@ fast due messages are redelivered, and how late.
 2. Service: one scheduler worker (defaults: tick 1 s, batch limit 5000) whose schedule
    is pre-loaded through its changelog topics (the records the service itself writes,
    restored by Faust at start-up). Then ``--due`` dead letters all due at the same
-   instant: the agent time of the ticks that redeliver them, for ``--due`` and for
+   instant: the handler time of the ticks that redeliver them, for ``--due`` and for
    ``--stored`` entries stored. Then a burst of ``--burst`` dead letters due at one
    instant: redelivery rate (first to last redelivery, from the records' timestamps)
    and lateness (record timestamp minus due time), next to a bare aiokafka producer
@@ -378,7 +378,7 @@ def service_bench(stored: int, due: int, burst: int, port: int) -> ServiceRun:
                 scan_ms = sum(t["scan_ms"] for t in busy)
                 redelivered = sum(t["redelivered"] for t in busy)
                 log(f"service, {stored:,} stored, {due:,} due: {len(busy)} partition ticks redelivered {redelivered:,} "
-                    f"in {tick_ms:.1f} ms of agent time (scan {scan_ms:.2f} ms)")
+                    f"in {tick_ms:.1f} ms of handler time (scan {scan_ms:.2f} ms)")
 
                 # -- a burst: redelivery rate and lateness ---------------------------------------
                 records = list(letters(prefix, "burst", burst, 0))
@@ -434,7 +434,7 @@ def main(argv: list[str]) -> None:
             f"(median of {ROUNDS} ticks, seeking from the low-water key)")
     if not args.skip_service:
         runs = [service_bench(n, args.due, args.burst, args.port) for n in sizes]
-        log(f"service: tick agent time with {args.stored:,} stored / with {args.due:,} stored = "
+        log(f"service: tick handler time with {args.stored:,} stored / with {args.due:,} stored = "
             f"{runs[1].tick_ms / max(runs[0].tick_ms, 0.001):.2f}")
 
 

@@ -208,11 +208,11 @@ class CaughtUp(threading.Thread):
 
 
 def wait_idle(url: str, n: int) -> float:
-    """Until the outcome and projection agents have caught up with ``n`` commands; returns the seconds waited."""
+    """Until the outcome and projection handlers have caught up with ``n`` commands; returns the seconds waited."""
     started = time.perf_counter()
     while any(metric_total(url, s) < n for s in ("outcomes", "events", "by-program")):
         if time.perf_counter() - started > 900:
-            raise TimeoutError("the outcome and projection agents did not catch up within 15 minutes")
+            raise TimeoutError("the outcome and projection handlers did not catch up within 15 minutes")
         time.sleep(0.5)
     return time.perf_counter() - started
 

@@ -23,7 +23,7 @@ EVENT_TYPES = {
 }
 ACTIVE, INACTIVE, DELETED = "active", "inactive", "deleted"
 #: The error classes the project's docs give ``max_attempts: 1`` (parked at once).
-PARK_AT_ONCE_CLASSES = frozenset({"ValidationError", "InvalidInput", "InvalidCommand", "DecodeError"})
+PARK_AT_ONCE_CLASSES = frozenset({"ValidationError", "InvalidInput", "InvalidCommand", "InvalidEvent", "DecodeError"})
 
 
 @dataclass

@@ -108,6 +108,33 @@ def test_exact_tallies_api_topic_and_dead_letters(start_tallies, tally_topics) -
     assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
 
 
+def test_a_malformed_account_event_is_dead_lettered_and_never_counted(start_tallies, tally_topics) -> None:  # type: ignore[no-untyped-def]
+    """The AccountCreated events the validator's readers dead-letter (no occurred_at; a
+    300-character account id) are dead letters here too, and count in no tally."""
+    program = "prog-malformed-events"
+    untimed = {k: v for k, v in event("bad-untimed", program, "AccountCreated", 1).items() if k != "occurred_at"}
+    produce(tally_topics["events"], [
+        ("bad-untimed", orjson.dumps(untimed)),
+        ("bad-long", orjson.dumps(event("L" * 300, program, "AccountCreated", 1))),
+        ("fine", orjson.dumps(event("fine", program, "AccountCreated", 1))),
+    ])
+    proc = start_tallies()
+
+    def letters() -> dict[bytes | None, dict[str, bytes]] | None:
+        found = {r.key: dict(r.headers) for r in read_all(tally_topics["dead_letters"])}
+        return found if len(found) >= 2 else None
+
+    by_key = wait_for(letters, timeout=30, message="two dead letters")
+    assert set(by_key) == {b"bad-untimed", b"bad-long"}
+    for headers in by_key.values():
+        assert headers[dl.ERROR_CLASS] == b"InvalidInput"  # parked at once by the retry scheduler
+        assert headers[dl.ORIGINAL_TOPIC] == tally_topics["events"].encode()
+    assert b"'occurred_at' must be an integer" in by_key[b"bad-untimed"][dl.ERROR_MESSAGE]
+    assert b"'account_id' is longer than 256 characters" in by_key[b"bad-long"][dl.ERROR_MESSAGE]
+    # Both are read (and refused) already: the tally counts the well-formed account alone.
+    wait_tallies(proc, {program: {"program_id": program, "numberActive": 1, "numberInactive": 0, "lastLogin": None}})
+
+
 def test_program_ids_with_slashes_and_url_characters_read_back(start_tallies, tally_topics) -> None:  # type: ignore[no-untyped-def]
     programs = ["a/b", "/lead", "trail/", "x/y/z", "pct%2Fenc", "q?x=1#frag", "line\nbreak"]
     proc = start_tallies()
@@ -142,7 +169,7 @@ def test_replayed_input_and_restore_from_changelog_keep_tallies(  # type: ignore
     wait_tallies(proc, expected)
 
     # Restart with the data dir kept. The bulk restore takes any lag at all (min lag 1)
-    # and logs what it reads: at most a short tail (a record the two agents' concurrent
+    # and logs what it reads: at most a short tail (a record the two handlers' concurrent
     # writes left past a partition's persisted offset), never the changelog.
     proc.stop()
     prefix = tally_topics["events"].removesuffix("account-events")

@@ -150,3 +150,33 @@ def test_activation_join_runs_restarts_and_reruns_without_duplicates(spark, sett
     aj.run(spark, settings, spark_settings, options)
     assert len(read_all(topics.activations)) == len(before)
     assert activations_by_account(topics.activations) == {a: [r] for a, r in model(RUNS).items()}
+
+
+def test_first_login_is_the_earliest_of_its_batch_and_malformed_events_are_skipped(
+    spark, settings, spark_settings, topics, tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Twelve in-window logins of one account in one micro-batch, produced latest first over both
+    partitions: first_login_at is the earliest. The malformed AccountCreated events the services
+    dead-letter (no occurred_at; a 300-character account id) are skipped and reported, and their
+    logins activate nothing."""
+    create_topics([topics.account_events, topics.logins, topics.activations], partitions=2)
+    options = aj.JoinOptions(checkpoint=str(tmp_path / "checkpoint"), output_topic=topics.activations,
+                             window_ms=WINDOW, watermark_delay_ms=DELAY, available_now=True)
+    long_id = "m" + "x" * 299
+    untimed = json.loads(created_event("m-untimed", T0)[1])
+    del untimed["occurred_at"]
+    produce(topics.account_events, [created_event("m-many", T0), created_event("m-two", T0),
+                                    ("m-untimed", json.dumps(untimed).encode()), created_event(long_id, T0)])
+    # Each login on a key of its own, so they spread over both partitions (and input tasks).
+    many = [(f"k{k}", login("m-many", T0 + k * H)[1]) for k in range(12, 0, -1)]
+    produce(topics.logins, [*many, ("k-two-a", login("m-two", T0 + 2 * H)[1]), ("k-two-b", login("m-two", T0 + H)[1]),
+                            login("m-untimed", T0 + H), login(long_id, T0 + H)])
+
+    result = aj.run(spark, settings, spark_settings, options)
+    assert result.skipped_records == 2
+    assert sum(1 for b in result.batches if b.input_rows) == 1, "everything arrived in one micro-batch"
+    record = {"program_id": "prog-m", "created_at": T0, "activated": True}
+    assert activations_by_account(topics.activations) == {
+        "m-many": [{"account_id": "m-many", **record, "first_login_at": T0 + H}],
+        "m-two": [{"account_id": "m-two", **record, "first_login_at": T0 + H}],
+    }

@@ -14,6 +14,7 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
+from services.tallies.domain import Tally
 from spark_jobs import backfill_tallies
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
@@ -145,3 +146,27 @@ def test_backfill_equals_the_live_service(spark, job_env, prefix, service_env, t
     assert f"  {changed}: numberActive backfill={expected[changed]['numberActive']} " \
            f"live={expected[changed]['numberActive'] + 1}" in out
     assert "  prog-unknown: only in the live service" in out
+
+
+def test_malformed_account_events_are_skipped_reported_and_never_counted(
+    spark, settings, spark_settings, topics, tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """The AccountCreated events every service dead-letters (no occurred_at; a 300-character
+    account id) are skipped by the backfill, counted in its manifest, and in no tally."""
+    program = "prog-malformed"
+
+    def created(account_id: str) -> dict[str, Any]:
+        return {"event_id": f"e-{account_id[:9]}", "command_id": f"c-{account_id[:9]}", "type": "AccountCreated",
+                "account_id": account_id, "program_id": program, "version": 1, "occurred_at": 1_700_000_000_001,
+                "data": {}}
+
+    untimed = {k: v for k, v in created("untimed").items() if k != "occurred_at"}
+    create_topics([topics.account_events, topics.logins], partitions=2)
+    produce(topics.account_events, [("fine", json.dumps(created("fine")).encode()),
+                                    ("untimed", json.dumps(untimed).encode()),
+                                    ("long", json.dumps(created("L" * 300)).encode())])
+    output = str(tmp_path / "backfill")
+    result = backfill_tallies.run(spark, settings, spark_settings, output)
+    assert result.invalid_records == 2 and result.input_records == 3
+    assert result.tallies == {program: Tally(program, 1, 0, None)}
+    assert json.loads((tmp_path / "backfill" / "_manifest.json").read_text())["invalid_records"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -174,3 +175,46 @@ def test_redelivered_commands_are_processed_like_fresh_ones(validator: Validator
     again = dl.headers_dict(wait_for(letter, timeout=20, message="the broken redelivery dead-lettered").headers)
     assert again[dl.ID] == "dlq-2" and again[dl.ATTEMPT] == "3" and again[dl.FIRST_FAILED_AT] == "123"
     assert again[dl.ORIGINAL_TOPIC] == validator.commands
+
+
+def test_a_malformed_account_event_is_dead_lettered_by_each_reader_and_never_listed(validator: Validator) -> None:
+    """An AccountCreated without occurred_at, and one with a 300-character account id, on
+    account-events (from another producer) and redelivered through retry-validator: dead
+    letters (InvalidEvent, parked at once by the retry scheduler), never in the listing."""
+    program = "prog-malformed-events"
+    events, retry = validator.topic("account-events"), validator.topic("retry-validator")
+
+    def created(account_id: str) -> dict[str, Any]:
+        return {"event_id": f"e-{account_id[:20]}", "command_id": f"c-{account_id[:20]}", "type": "AccountCreated",
+                "account_id": account_id, "program_id": program, "version": 1, "occurred_at": ISSUED, "data": {}}
+
+    def untimed(account_id: str) -> bytes:
+        return orjson.dumps({k: v for k, v in created(account_id).items() if k != "occurred_at"})
+
+    produce(events, [("mal-ev-untimed", untimed("mal-ev-untimed")),
+                     ("mal-ev-long", orjson.dumps(created("L" * 300)))])
+    produce(retry, [("mal-ev-again", untimed("mal-ev-again"))], headers=[
+        (dl.ID, b"dlq-ev-1"), (dl.ORIGINAL_TOPIC, events.encode()), (dl.ATTEMPT, b"1"), (dl.RETRY_TOPIC, retry.encode()),
+    ])
+    produce(events, [("mal-ev-fine", orjson.dumps(created("mal-ev-fine")))])
+
+    keys = {b"mal-ev-untimed", b"mal-ev-long", b"mal-ev-again"}
+
+    def letters() -> dict[bytes, dict[str, str]] | None:
+        found = {r.key: dl.headers_dict(r.headers) for r in validator.records("dead-letters") if r.key in keys}
+        return found if len(found) == len(keys) else None
+
+    found = wait_for(letters, timeout=30, message="the three malformed events dead-lettered")
+    for headers in found.values():
+        assert headers[dl.ERROR_CLASS] == "InvalidEvent"
+        assert headers[dl.ORIGINAL_TOPIC] == events
+    assert "'occurred_at' must be an integer" in found[b"mal-ev-untimed"][dl.ERROR_MESSAGE]
+    assert "'account_id' is longer than 256 characters" in found[b"mal-ev-long"][dl.ERROR_MESSAGE]
+    assert found[b"mal-ev-again"][dl.ID] == "dlq-ev-1" and found[b"mal-ev-again"][dl.ATTEMPT] == "2"
+
+    def listed() -> list[str] | None:
+        body = httpx.get(f"{validator.proc.url}/programs/{program}/accounts", timeout=10).json()
+        ids = [item["account_id"] for item in body["items"]]
+        return ids if ids else None
+
+    assert wait_for(listed, timeout=30, message="the well-formed event listed") == ["mal-ev-fine"]

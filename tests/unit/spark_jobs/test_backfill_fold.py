@@ -82,7 +82,7 @@ def model(records: list[tuple[str, bytes]]) -> dict[str, tuple[int, int, int | N
 
 def test_parse_records_marks_what_the_service_rejects() -> None:
     frame = pd.DataFrame({"topic": [EVENTS, LOGINS, EVENTS], "value": [
-        b'{"type":"AccountCreated","account_id":"a","program_id":"p","version":1}',
+        b'{"type":"AccountCreated","account_id":"a","program_id":"p","version":1,"occurred_at":3}',
         b'{"account_id":"a","program_id":"p","ts":5}',
         b"[]",
     ]})

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from pyspark.sql import Row
 
 from spark_jobs.checkpoint import CheckpointState
 from spark_jobs.progress import BatchProgress
@@ -34,3 +35,15 @@ def test_batch_progress_from_a_progress_report() -> None:
         state_rows_by_operator={"0:dedupe": 3, "1:symmetricHashJoin": 10}, rows_dropped_by_watermark=2,
         sources={"KafkaV2[Subscribe[a]]": 100, "KafkaV2[Subscribe[b]]": 20},
     )
+
+
+def test_batch_progress_counts_the_records_a_job_skipped() -> None:
+    report = {"batchId": 2, "numInputRows": 9, "observedMetrics": {
+        "a": {"skipped": 2, "skipped_example": "'occurred_at' must be an integer"},
+        "b": Row(skipped=1, skipped_example="'account_id' is longer than 256 characters"),
+        "other": {"count": 5},
+    }}
+    batch = BatchProgress.from_json(report)
+    assert batch.skipped_rows == 3
+    assert batch.skipped_example == "'account_id' is longer than 256 characters"
+    assert BatchProgress.from_json({"batchId": 3}).skipped_rows == 0

@@ -9,11 +9,9 @@ from services.validator.domain import (
     COMMAND_TYPES,
     AccountState,
     Command,
-    InvalidEvent,
     Listing,
     apply_to_listing,
     outcome_record,
-    parse_account_event,
     pending_record,
     plan_batch,
 )
@@ -104,15 +102,6 @@ def test_listing_follows_versions_and_ignores_replays() -> None:
     assert apply_to_listing(off, AccountChange("a", "p", "AccountDeactivated", 3, 160)) is None
     gone = apply_to_listing(off, AccountChange("a", "p", "AccountDeleted", 4, 170))
     assert gone is not None and gone.status == "deleted"
-
-
-def test_parse_account_event() -> None:
-    ev = {"event_id": "e", "command_id": "c", "type": "AccountCreated", "account_id": "a", "program_id": "p",
-          "version": 1, "occurred_at": 5, "data": {}}
-    assert parse_account_event(ev) == AccountChange("a", "p", "AccountCreated", 1, 5)
-    for bad in ({"type": "Nope"}, {"version": 0}, {"version": "1"}, {"occurred_at": None}, {"program_id": ""}):
-        with pytest.raises(InvalidEvent):
-            parse_account_event({**ev, **bad})
 
 
 def test_http_command_model_matches_the_domain() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -26,22 +25,6 @@ from shared.engine._durable import (
     ordered_rows,
 )
 from shared.engine._internals import FAUST_OFFSET_KEY
-
-
-@dataclass
-class FakeMessage:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None = b"k"
-    value: bytes | None = b"v"
-    headers: Any = ()
-    timestamp: float | None = 1.0
-
-
-@dataclass
-class FakeEvent:
-    message: FakeMessage
 
 
 class FakeStore:
@@ -65,14 +48,14 @@ class FakeBackfill:
         return [InRecord(topic, partition, o, b"k", b"back", [], 1000) for o in range(start, end)]
 
 
-def events(topic: str, partition: int, *offsets: int) -> list[FakeEvent]:
-    return [FakeEvent(FakeMessage(topic, partition, o)) for o in offsets]
+def events(topic: str, partition: int, *offsets: int) -> list[InRecord]:
+    return [InRecord(topic, partition, o, b"k", b"v", [], 1000) for o in offsets]
 
 
-def run(store: dict[tuple[int, bytes], bytes], evs: list[FakeEvent], backfill: FakeBackfill | None = None) -> Any:
+def run(store: dict[tuple[int, bytes], bytes], evs: list[InRecord], backfill: FakeBackfill | None = None) -> Any:
     backfill = backfill or FakeBackfill()
     reader = OrderedInput(app=None, stores=FakeStore(store), backfill=backfill)  # type: ignore[arg-type]
-    return asyncio.run(reader.batch(evs)), backfill, reader
+    return asyncio.run(reader.batch_records(evs)), backfill, reader
 
 
 def test_contiguous_input_passes_through_and_advances_the_offsets() -> None:
@@ -120,7 +103,7 @@ def test_several_tables_resume_from_the_smallest_next_offset() -> None:
     a = FakeStore({(0, next_offset_key("t")): b"9"})
     b = FakeStore({(0, next_offset_key("t")): b"7"})
     reader = OrderedInput(app=None, stores=[a, b], backfill=FakeBackfill())  # type: ignore[arg-type]
-    batch = asyncio.run(reader.batch(events("t", 0, 7, 8, 9)))
+    batch = asyncio.run(reader.batch_records(events("t", 0, 7, 8, 9)))
     assert [r.offset for r in batch.records] == [7, 8, 9]
     assert batch.offset_rows == {(0, next_offset_key("t")): b"10"}
 
@@ -129,7 +112,7 @@ def test_a_table_without_the_row_means_the_log_start() -> None:
     a = FakeStore({(0, next_offset_key("t")): b"5"})
     backfill = FakeBackfill(log_start=2)
     reader = OrderedInput(app=None, stores=[a, FakeStore({})], backfill=backfill)  # type: ignore[arg-type]
-    batch = asyncio.run(reader.batch(events("t", 0, 5)))
+    batch = asyncio.run(reader.batch_records(events("t", 0, 5)))
     assert [r.offset for r in batch.records] == [2, 3, 4, 5]
     assert backfill.reads == [("t", 0, 2, 5)]
 
@@ -269,7 +252,7 @@ def test_a_failed_acknowledgement_leaves_the_local_tables_untouched() -> None:
 def test_writes_put_the_offsets_after_the_state_of_every_table() -> None:
     _, a, b = tables()
     reader = OrderedInput(app=None, stores=[a, b], backfill=FakeBackfill())  # type: ignore[arg-type]
-    batch = asyncio.run(reader.batch(events("t", 0, 0, 1)))
+    batch = asyncio.run(reader.batch_records(events("t", 0, 0, 1)))
     writes = reader.writes(batch, {b: {(0, b"z"): b"3"}})
     assert [(w[0], list(w[1].items())) for w in writes] == [
         (a, [((0, next_offset_key("t")), b"2")]),

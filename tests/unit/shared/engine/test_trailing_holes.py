@@ -1,5 +1,5 @@
 """TrailingHoleWatch without Kafka: it seeks back only when the consumer is past records the
-agent never processed, none of them is in the stream, and a second check saw the same."""
+handler never processed, none of them is in the stream, and a second check saw the same."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_progress_between_checks_is_not_a_hole() -> None:
     reader = FakeInput({("events", 0): 10})
     watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": reader}, 5.0)
     checks(watch, 1)
-    reader.offsets[("events", 0)] = 11  # the agent processed one meanwhile
+    reader.offsets[("events", 0)] = 11  # the handler processed one meanwhile
     checks(watch, 1)
     assert consumer.seeks == []
 
