@@ -42,7 +42,7 @@ from services.retry_scheduler.state import (
 from shared.engine import partition_db
 from shared.http.deps import Admin, Ctx
 from shared.http.errors import NotFound, Unavailable, error_responses
-from shared.http.forwarding import gather, is_local_scope, route
+from shared.http.forwarding import READS_STATE, gather, is_local_scope, route
 from shared.http.pagination import CursorParam, InvalidCursor, decode_cursor, encode_cursor
 
 router = APIRouter(tags=["retries"])
@@ -224,9 +224,12 @@ _GET_RETRY: Responses = error_responses(
 
 # GET /retries/stats comes first, so the id "stats" cannot be asked for as /retries/stats:
 # /scheduled/{id} has no literal path beside it and answers for every id.
-@router.get("/retries/{dlq_id:id}", response_model=RetryOut, summary="One scheduled message", responses=_GET_RETRY)
 @router.get(
-    "/scheduled/{dlq_id:id}", response_model=RetryOut, responses=_GET_RETRY,
+    "/retries/{dlq_id:id}", response_model=RetryOut, summary="One scheduled message", responses=_GET_RETRY,
+    dependencies=[READS_STATE],
+)
+@router.get(
+    "/scheduled/{dlq_id:id}", response_model=RetryOut, responses=_GET_RETRY, dependencies=[READS_STATE],
     summary="One scheduled message, any id (GET /retries/stats answers the stats, this the id \"stats\")",
 )
 async def get_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
@@ -324,7 +327,7 @@ async def list_parked(
 
 
 @router.get(
-    "/parked/{dlq_id:id}", response_model=ParkedOut, summary="One parked message",
+    "/parked/{dlq_id:id}", response_model=ParkedOut, summary="One parked message", dependencies=[READS_STATE],
     responses=error_responses(404, 422, 503, _404="Not parked"),
 )
 async def get_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:

@@ -39,7 +39,7 @@ from shared.engine import SendFailed
 from shared.http.context import ServiceContext
 from shared.http.deps import Ctx
 from shared.http.errors import ApiError, NotFound, Unavailable, Unprocessable, error_responses
-from shared.http.forwarding import FORWARDED_BY, owner_of, route
+from shared.http.forwarding import FORWARDED_BY, READ_COPY, READS_STATE, owner_of, read_source, route
 from shared.http.pagination import CursorParam, InvalidCursor, decode_cursor, encode_cursor
 from shared.metrics import HTTP_FORWARDED
 
@@ -171,6 +171,7 @@ async def post_command(
     "/commands/{command_id:id}",
     response_model=CommandStatus,
     summary="A command's status: pending, accepted (with its event) or rejected (with the reason)",
+    dependencies=[READS_STATE],
     responses=error_responses(
         404, 422, 503, _404="No command with this id was submitted or answered",
         _503="State is being restored, or the outcomes are still being recorded; retry",
@@ -186,18 +187,37 @@ async def get_command(
     until: Annotated[Literal["final", "known"], Query(include_in_schema=False)] = "final",
 ) -> Any:
     wait = min(wait, ctx.settings.command_wait_timeout_s)
-    status = await command_status(
-        ctx, command_id, wait=wait, final=until == "final", forwarded=bool(request.headers.get(FORWARDED_BY)),
-    )
-    if status is None:
+    if wait > 0 and not request.headers.get(READ_COPY):
+        try:
+            status = await command_status(
+                ctx, command_id, wait=wait, final=until == "final", forwarded=bool(request.headers.get(FORWARDED_BY)),
+            )
+        except Unavailable:
+            pass  # the owner cannot wait for it: answered now, from the freshest copy, below
+        else:
+            if status is None:
+                raise NotFound(f"no command {command_id!r}")
+            return status
+    svc = _service(ctx)
+    forwarded = await route(ctx, request, svc.outcomes, ctx.partition_for(command_id))
+    if forwarded is not None:
+        return forwarded
+    raw = svc.outcome(command_id)
+    if raw is None and read_source(request) == "active":
+        try:
+            raw = await svc.outcome_once_applied(command_id)
+        except OutcomesBehind as exc:
+            raise Unavailable(f"{exc}; retry shortly") from exc
+    if raw is None:
         raise NotFound(f"no command {command_id!r}")
-    return status
+    return status_body(raw)
 
 
 @router.get(
     "/accounts/{account_id:id}",
     response_model=AccountOut,
     summary="An account's current status and version",
+    dependencies=[READS_STATE],
     responses=error_responses(404, 503, _404="The account never existed"),
 )
 async def get_account(account_id: IdPath, request: Request, ctx: Ctx) -> Any:
@@ -215,6 +235,7 @@ async def get_account(account_id: IdPath, request: Request, ctx: Ctx) -> Any:
     "/programs/{program_id:id}/accounts",
     response_model=ProgramAccountsPage,
     summary="A program's accounts with their status, newest first (the category projection)",
+    dependencies=[READS_STATE],
     responses=error_responses(400, 422, 503, _400="A cursor this API did not make, or a program id holding NUL"),
 )
 async def list_program_accounts(
@@ -352,6 +373,7 @@ async def post_batch(
     "/batches/{batch_id:id}",
     response_model=BatchStatus,
     summary="A batch's counts by outcome and its items' outcomes, in pages",
+    dependencies=[READS_STATE],
     responses=error_responses(
         400, 404, 422, 503, _400="A cursor this API did not make", _404="No batch with this id was received",
     ),

@@ -13,7 +13,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from shared.http.context import ServiceContext
 from shared.http.errors import ERROR_DESCRIPTIONS, ErrorOut, install_error_handlers
-from shared.http.forwarding import SERVED_BY, read_from_headers
+from shared.http.forwarding import LAG, MAX_LAG_PARAM, SERVED_BY, SOURCE, read_from_headers
 from shared.http.health import router as health_router
 from shared.http.instance import router as instance_router
 from shared.http.limits import BodySizeLimit
@@ -75,6 +75,35 @@ def _error_response(status: int) -> dict[str, Any]:
     return {"description": ERROR_DESCRIPTIONS[status], "content": {"application/json": {"schema": _ERROR_REF}}}
 
 
+#: Headers of every answer read from state (CONTRACT.md, "Availability").
+READ_FROM_STATE_HEADERS: dict[str, Any] = {
+    SOURCE: {
+        "description": "Which copy of the key's partition answered: active (its owner, processing), standby (a "
+        "standby or a previous owner's copy) or restoring",
+        "schema": {"type": "string", "enum": ["active", "standby", "restoring"]},
+    },
+    LAG: {
+        "description": "Changelog records that copy had not applied, against the partition's changelog end as "
+        "last known",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+    SERVED_BY: {"description": "URL of the instance whose state answered", "schema": {"type": "string"}},
+}
+
+
+def _document_read_from_state(responses: dict[str, Any]) -> None:
+    for status, response in responses.items():
+        if status in ("200", "404"):
+            response.setdefault("headers", {}).update(READ_FROM_STATE_HEADERS)
+    if "503" in responses:
+        responses["503"]["description"] = (
+            f"{responses['503'].get('description', '')}. With ?max_lag: every copy that could answer is further "
+            "behind than that; the body's lag says by how much"
+        ).lstrip(". ")
+    else:
+        responses["503"] = _error_response(503)
+
+
 def _document_errors(api: FastAPI) -> None:
     """Make /openapi.json tell the errors every operation can answer, as they are sent.
 
@@ -98,6 +127,8 @@ def _document_errors(api: FastAPI) -> None:
                 if "requestBody" in operation:
                     responses.setdefault("400", _error_response(400))
                     responses.setdefault("413", _error_response(413))
+                if any(p.get("name") == MAX_LAG_PARAM for p in operation.get("parameters", ())):
+                    _document_read_from_state(responses)
         for unused in ("HTTPValidationError", "ValidationError"):
             if unused not in str(schema.get("paths")):
                 schemas.pop(unused, None)

@@ -362,9 +362,30 @@ async def gather(
     """The local answer of every instance that owns partitions of ``table``.
 
     Each peer is asked the same path and query with ``scope=local``; this instance
-    calls ``local`` directly. 503 while any partition has no known owner, so a list
-    is never silently missing a partition.
+    calls ``local`` directly. While any partition has no known owner, or an owner does
+    not answer, it asks again for up to ``read_retry_s`` (around a restart or a
+    rebalance ownership settles within about a second), then answers 503: a list is
+    never silently missing a partition. Lists are answered by the owners alone, not yet
+    from copies.
     """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ctx.settings.read_retry_s
+    while True:
+        try:
+            pages = await _gather_once(ctx, request, table, local)
+        except Unavailable:
+            if loop.time() >= deadline:
+                raise
+            await asyncio.sleep(READ_RETRY_INTERVAL_S)
+            continue
+        request.state.read_from = ReadFrom("active", 0)
+        READS_SERVED.labels(ctx.service, "active").inc()
+        return pages
+
+
+async def _gather_once(
+    ctx: ServiceContext, request: Request, table: AnyTable, local: Callable[[], Awaitable[Any]],
+) -> list[Any]:
     if ctx.app.rebalancing:
         raise Unavailable("the consumer group is rebalancing; retry shortly")
     owners: set[str] = set()
@@ -381,12 +402,19 @@ async def gather(
         try:
             resp = await ctx.http.get(owner + raw_path(request), params=params, headers={FORWARDED_BY: ctx.url})
         except httpx.HTTPError as exc:
+            ctx.suspect(owner)
             raise Unavailable(f"instance {owner} did not answer; retry shortly") from exc
         if resp.status_code != 200:
             raise Unavailable(f"instance {owner} answered {resp.status_code}; retry shortly")
         return loads(resp.content)
 
     return list(await asyncio.gather(*(ask(o) for o in sorted(owners))))
+
+
+def read_source(request: Request) -> str | None:
+    """Which copy this instance is answering ``request`` from (None: it is not reading state)."""
+    read_from: ReadFrom | None = getattr(request.state, "read_from", None)
+    return read_from.source if read_from is not None else None
 
 
 def read_from_headers(request: Request) -> dict[str, str]:

@@ -1,0 +1,188 @@
+"""Which instance answers a read, without a broker: the owner when it answers, else the freshest
+copy of the partition (this instance's or a peer's), never a copy staler than ``?max_lag``,
+and never a copy for a change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+from shared.engine import Copy
+from shared.http import forwarding
+from shared.http.context import ServiceContext
+from shared.http.errors import Unavailable, Unprocessable
+from shared.http.forwarding import LAG, READ_COPY, SOURCE, StaleCopy, read_from_headers, route
+from shared.settings import Settings
+
+ME, OWNER, PEER_A, PEER_B = "http://me:1", "http://owner:2", "http://peer-a:3", "http://peer-b:4"
+TABLE: Any = object()
+
+
+@dataclass
+class Fleet:
+    """What the routing sees of the fleet: the owner map, this instance's copy, peers' answers."""
+
+    owner: str | None = OWNER
+    mine: Copy | None = None
+    rebalancing: bool = False
+    #: peer URL -> (status, lag header) it answers with; absent: it does not answer at all
+    answers: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    asked: list[httpx.Request] = field(default_factory=list)
+
+    def transport(self, request: httpx.Request) -> httpx.Response:
+        self.asked.append(request)
+        peer = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        if peer not in self.answers:
+            raise httpx.ConnectError("connection refused", request=request)
+        status, lag = self.answers[peer]
+        headers = {"x-statefleet-source": "standby" if request.headers.get(READ_COPY) else "active"}
+        if lag is not None:
+            headers[LAG] = str(lag)
+        return httpx.Response(status, json={"from": peer}, headers=headers)
+
+
+@pytest.fixture
+def fleet(monkeypatch: pytest.MonkeyPatch) -> Fleet:
+    state = Fleet()
+
+    async def local_copy(app: Any, table: Any, partition: int) -> Copy | None:
+        return state.mine
+
+    monkeypatch.setattr(forwarding, "local_copy", local_copy)
+    monkeypatch.setattr(forwarding, "partition_owner_url", lambda app, table, p: state.owner)
+    monkeypatch.setattr(forwarding, "known_instance_urls", lambda app: {ME, OWNER, PEER_A, PEER_B})
+    return state
+
+
+def context(fleet: Fleet, **settings: Any) -> ServiceContext:
+    app: Any = SimpleNamespace(rebalancing=fleet.rebalancing)
+    ctx = ServiceContext(
+        service="tallies", settings=Settings(read_retry_s=0, **settings), app=app, topics=None,  # type: ignore[arg-type]
+        url=ME,
+    )
+    ctx._http = httpx.AsyncClient(transport=httpx.MockTransport(fleet.transport))
+    return ctx
+
+
+def request(method: str = "GET", query: bytes = b"", headers: dict[str, str] | None = None) -> Request:
+    scope = {
+        "type": "http", "method": method, "scheme": "http", "server": ("me", 1), "root_path": "",
+        "path": "/tallies/p1", "raw_path": b"/tallies/p1", "query_string": query,
+        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+    }
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    return Request(scope, receive)
+
+
+async def test_the_owner_answers_when_it_can(fleet: Fleet) -> None:
+    fleet.answers = {OWNER: (200, 0)}
+    resp = await route(context(fleet), request(), TABLE, 3)
+    assert resp is not None and resp.status_code == 200 and resp.body == b'{"from":"http://owner:2"}'
+
+
+async def test_the_owner_itself_answers_from_its_active_copy(fleet: Fleet) -> None:
+    fleet.owner, fleet.mine = ME, Copy("active", 0)
+    req = request()
+    assert await route(context(fleet), req, TABLE, 3) is None
+    assert read_from_headers(req) == {SOURCE: "active", LAG: "0"}
+    assert fleet.asked == []
+
+
+async def test_a_dead_owner_is_read_from_an_up_to_date_local_standby_and_then_skipped(fleet: Fleet) -> None:
+    fleet.mine = Copy("standby", 0)
+    ctx = context(fleet)
+    req = request()
+    assert await route(ctx, req, TABLE, 3) is None
+    assert read_from_headers(req) == {SOURCE: "standby", LAG: "0"}
+    assert ctx.suspected(OWNER)
+    fleet.asked.clear()
+    assert await route(ctx, request(), TABLE, 3) is None
+    assert fleet.asked == [], "a suspected owner is not asked again at once"
+
+
+async def test_the_freshest_peer_copy_wins_over_a_stale_local_one(fleet: Fleet) -> None:
+    fleet.mine = Copy("standby", 40)
+    fleet.answers = {PEER_A: (200, 7), PEER_B: (404, 0)}  # 404: the key is not there, as of an up-to-date copy
+    resp = await route(context(fleet), request(), TABLE, 3)
+    assert resp is not None and resp.status_code == 404 and resp.body == b'{"from":"http://peer-b:4"}'
+    copy_reads = [r for r in fleet.asked if r.headers.get(READ_COPY)]
+    assert {str(r.url.host) for r in copy_reads} >= {"peer-a", "peer-b"}
+
+
+async def test_an_owner_that_answers_503_is_asked_for_its_copy_too(fleet: Fleet) -> None:
+    fleet.answers = {OWNER: (503, None), PEER_A: (200, 12)}
+    ctx = context(fleet)
+    resp = await route(ctx, request(), TABLE, 3)
+    assert resp is not None and resp.body == b'{"from":"http://peer-a:3"}'
+    assert any(r.headers.get(READ_COPY) and r.url.host == "owner" for r in fleet.asked)
+    assert not ctx.suspected(OWNER), "an owner that answered is not suspected"
+
+
+async def test_a_stale_local_copy_is_answered_when_nothing_fresher_turns_up(fleet: Fleet) -> None:
+    fleet.mine = Copy("standby", 40)
+    req = request()
+    assert await route(context(fleet), req, TABLE, 3) is None
+    assert read_from_headers(req) == {SOURCE: "standby", LAG: "40"}
+
+
+async def test_max_lag_refuses_a_staler_copy_with_its_lag(fleet: Fleet) -> None:
+    fleet.mine = Copy("standby", 40)
+    with pytest.raises(StaleCopy) as refused:
+        await route(context(fleet), request(query=b"max_lag=10"), TABLE, 3)
+    assert refused.value.status == 503
+    assert refused.value.headers["Retry-After"] == "1"
+    assert refused.value.extra == {"lag": 40, "max_lag": 10}
+
+
+async def test_max_lag_accepts_a_copy_within_it(fleet: Fleet) -> None:
+    fleet.mine = Copy("restoring", 10)
+    req = request(query=b"max_lag=10")
+    assert await route(context(fleet), req, TABLE, 3) is None
+    assert read_from_headers(req) == {SOURCE: "restoring", LAG: "10"}
+
+
+async def test_max_lag_must_be_a_whole_number(fleet: Fleet) -> None:
+    with pytest.raises(Unprocessable):
+        await route(context(fleet), request(query=b"max_lag=-1"), TABLE, 3)
+
+
+async def test_no_copy_anywhere_is_503_with_what_was_asked(fleet: Fleet) -> None:
+    fleet.answers = {PEER_A: (503, None)}
+    with pytest.raises(Unavailable) as refused:
+        await route(context(fleet), request(), TABLE, 3)
+    assert "partition 3" in str(refused.value.detail) and "peer-a:3 answered 503" in str(refused.value.detail)
+    assert refused.value.headers["Retry-After"] == "1"
+
+
+async def test_a_copy_read_from_a_peer_answers_only_from_this_instance(fleet: Fleet) -> None:
+    with pytest.raises(Unavailable):
+        await route(context(fleet), request(headers={READ_COPY: "1"}), TABLE, 3)
+    fleet.mine = Copy("standby", 2)
+    req = request(headers={READ_COPY: "1"})
+    assert await route(context(fleet), req, TABLE, 3) is None
+    assert read_from_headers(req) == {SOURCE: "standby", LAG: "2"}
+    assert fleet.asked == []
+
+
+async def test_changes_never_go_to_a_copy(fleet: Fleet) -> None:
+    fleet.mine = Copy("standby", 0)
+    with pytest.raises(Unavailable) as refused:
+        await route(context(fleet), request(method="POST"), TABLE, 3)
+    assert "did not answer" in str(refused.value.detail)
+    assert not any(r.headers.get(READ_COPY) for r in fleet.asked)
+
+
+async def test_during_a_rebalance_reads_go_to_copies(fleet: Fleet) -> None:
+    fleet.rebalancing = True
+    fleet.mine = Copy("standby", 0)
+    req = request()
+    assert await route(context(fleet), req, TABLE, 3) is None
+    assert read_from_headers(req)[SOURCE] == "standby"
