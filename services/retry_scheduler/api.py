@@ -134,7 +134,10 @@ def _decode_retry_cursor(cursor: str | None) -> bytes | None:
 # -- scheduled ---------------------------------------------------------------------------------------
 
 
-@router.get("/retries/stats", response_model=StatsOut, summary="Counts, oldest due time, lateness", responses=_BUSY)
+@router.get(
+    "/retries/stats", response_model=StatsOut, summary="Counts, oldest due time, lateness", responses=_BUSY,
+    dependencies=[READS_STATE],
+)
 async def retry_stats(request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)
 
@@ -183,7 +186,10 @@ async def retry_stats(request: Request, ctx: Ctx) -> Any:
     return out
 
 
-@router.get("/retries", response_model=RetryPage, summary="Scheduled messages in due order", responses=_LIST)
+@router.get(
+    "/retries", response_model=RetryPage, summary="Scheduled messages in due order", responses=_LIST,
+    dependencies=[READS_STATE],
+)
 async def list_retries(
     request: Request,
     ctx: Ctx,
@@ -293,7 +299,10 @@ async def cancel_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
 # -- parked ------------------------------------------------------------------------------------------
 
 
-@router.get("/parked", response_model=ParkedPage, summary="Parked messages, ordered by dlq.id", responses=_LIST)
+@router.get(
+    "/parked", response_model=ParkedPage, summary="Parked messages, ordered by dlq.id", responses=_LIST,
+    dependencies=[READS_STATE],
+)
 async def list_parked(
     request: Request,
     ctx: Ctx,

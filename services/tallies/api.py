@@ -45,7 +45,7 @@ async def get_tally(program_id: ProgramId, request: Request, ctx: Ctx) -> Any:
 
 @router.get(
     "/tallies", response_model=TallyPage, summary="All tallies, ordered by program_id",
-    responses=error_responses(400, 422, 503, _400="A cursor this API did not make"),
+    responses=error_responses(400, 422, 503, _400="A cursor this API did not make"), dependencies=[READS_STATE],
 )
 async def list_tallies(
     request: Request,
