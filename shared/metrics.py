@@ -37,6 +37,18 @@ HTTP_FORWARDED = Counter(
     ["service"],
     registry=REGISTRY,
 )
+PEER_FAILOVERS = Counter(
+    "statefleet_peer_failovers_total",
+    "Dead peers whose group member this instance had the coordinator remove (their partitions move at once)",
+    ["service"],
+    registry=REGISTRY,
+)
+PEER_RESTARTS_ANNOUNCED = Counter(
+    "statefleet_peer_restarts_announced_total",
+    "Peers that told this instance they were restarting (not removed while they are away)",
+    ["service"],
+    registry=REGISTRY,
+)
 READY = Gauge(
     "statefleet_ready",
     "1 when state is restored and queries are answered",
