@@ -15,7 +15,10 @@ told from "busy":
   broker's session timeout remains the judge of a hung process). A refused connection
   (the port is closed: the process is gone) or a connect timeout (on Kubernetes a dead
   pod's address stops answering at all) is evidence; a peer is *gone* after at least
-  :data:`MIN_FAILED_PROBES` such probes in a row spanning ``peer_gone_after_s``.
+  :data:`MIN_FAILED_PROBES` such probes in a row spanning ``peer_gone_after_s``. Only a
+  peer seen listening before is judged: a joining instance is in the assignment before its
+  API listens (the worker starts it once recovered), and one that dies before it ever
+  listens is left to the session timeout.
 * **Removal.** For a gone peer, the group is described on its coordinator
   (DescribeGroups); each member's metadata is Faust's, which holds the member's URL
   (:func:`member_url`). The member with the gone URL is removed by LeaveGroup v1 with its
@@ -121,6 +124,9 @@ class Gone:
 class _Peer:
     failures: int = 0
     first_failure: float | None = None
+    # A joining instance is in the assignment before its API listens (the worker starts it once
+    # recovered), so a peer is judged only once it has been seen listening.
+    seen_up: bool = False
 
 
 @dataclass
@@ -161,7 +167,7 @@ class PeerVerdicts:
             if announced is not None:
                 announced.seen_down = True
             return
-        peer.failures, peer.first_failure = 0, None
+        peer.failures, peer.first_failure, peer.seen_up = 0, None, True
         if probe is Probe.UP and announced is not None and announced.seen_down:
             del self._restarting[url]  # back from its restart
 
@@ -179,7 +185,7 @@ class PeerVerdicts:
         """Peers whose probes failed long and often enough, and that did not announce a restart."""
         out = []
         for url, peer in sorted(self._peers.items()):
-            if (peer.first_failure is not None and peer.failures >= self.min_failures
+            if (peer.seen_up and peer.first_failure is not None and peer.failures >= self.min_failures
                     and now - peer.first_failure >= self.gone_after_s and not self.restarting(url, now)):
                 out.append(Gone(url, peer.failures, peer.first_failure))
         return out
@@ -195,7 +201,7 @@ class PeerVerdicts:
         return now >= gone.since + self.gone_after_s * (1 + self.rank(now))
 
     def removed(self, url: str) -> None:
-        """Its member was removed: a new case needs new evidence."""
+        """Its member was removed: a new case needs new evidence, once it is seen up again."""
         if url in self._peers:
             self._peers[url] = _Peer()
 

@@ -14,8 +14,11 @@ A, B, C = "http://a:1", "http://b:1", "http://c:1"
 
 
 def verdicts(own: str = A, peers: tuple[str, ...] = (B, C)) -> PeerVerdicts:
+    """Verdicts of ``own`` on ``peers``, each seen up once at time 0."""
     v = PeerVerdicts(own_url=own, gone_after_s=1.0, restart_grace_s=45.0)
     v.set_peers([*peers, own])
+    for url in peers:
+        v.record(url, Probe.UP, 0.0)
     return v
 
 
@@ -76,13 +79,27 @@ def test_a_survivor_that_sees_the_lower_urls_failing_acts_at_once() -> None:
     assert all(c.due(g, 1.0) for g in c.gone(1.0))
 
 
-def test_a_removed_peer_needs_new_evidence() -> None:
+def test_a_peer_never_seen_listening_is_not_judged() -> None:
+    # A joining instance is in the assignment before its API listens.
+    v = PeerVerdicts(own_url=A, gone_after_s=1.0, restart_grace_s=45.0)
+    v.set_peers([B])
+    fail(v, B, [0.0, 0.5, 1.0, 5.0])
+    assert v.gone(5.0) == []
+    v.record(B, Probe.SLOW, 5.5)  # connected: it listens, even if it did not answer in time
+    fail(v, B, [6.0, 6.5, 7.0])
+    assert [g.url for g in v.gone(7.0)] == [B]
+
+
+def test_a_removed_peer_needs_new_evidence_once_seen_up_again() -> None:
     v = verdicts()
-    fail(v, B, [0.0, 0.5, 1.0])
+    fail(v, B, [0.5, 1.0, 1.5])
     v.removed(B)
     assert v.gone(1.5) == []
-    fail(v, B, [1.5, 2.0])
-    assert v.gone(2.0) == []
+    fail(v, B, [2.0, 2.5, 3.0, 3.5])
+    assert v.gone(3.5) == []  # not seen up since
+    v.record(B, Probe.UP, 4.0)
+    fail(v, B, [4.5, 5.0, 5.5])
+    assert [g.url for g in v.gone(5.5)] == [B]
 
 
 def test_an_announced_restart_is_spared_for_the_grace_time_then_judged_again() -> None:
