@@ -99,7 +99,7 @@ def classify(error: BaseException | None, elapsed_s: float, timeout_s: float) ->
         return Probe.SLOW
     if isinstance(error, httpx.TransportError):  # reset or closed mid-request: the next probe tells more
         return Probe.UNREACHABLE
-    raise error
+    return Probe.UP  # an answer this client could not use is still an answer
 
 
 def member_url(metadata: bytes) -> str | None:

@@ -120,6 +120,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--programs", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-watch", action="store_true", help="STATEFLEET_PEER_WATCH=false (the session timeout decides)")
+    parser.add_argument("--keep", type=Path, default=None, help="run in this dir and keep the instances' logs and data")
     parser.add_argument("--gone-after", type=float, default=None, help="STATEFLEET_PEER_GONE_AFTER_S (default: the setting's)")
     args, _ = parser.parse_known_args(argv)
     prefix = f"bench{uuid.uuid4().hex[:8]}."
@@ -139,7 +140,8 @@ def main(argv: list[str]) -> None:
         env["STATEFLEET_PEER_GONE_AFTER_S"] = str(args.gone_after)
     env.pop("STATEFLEET_SESSION_TIMEOUT_S", None)
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = args.keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
         instances = [Instance(name, free_port(), root / name, env) for name in "abc"]
         try:
             for instance in instances:
@@ -152,13 +154,14 @@ def main(argv: list[str]) -> None:
             served: list[float] = []
             for round_no in range(args.rounds):
                 victim = instances[(round_no + 2) % len(instances)]
+                log_sizes = {i.name: (root / f"{i.name}.log").stat().st_size for i in instances}
                 first, every = asyncio.run(run_round(instances, victim, topic, programs, round_no))
                 processed.append(first)
                 served.append(every)
                 print(f"[bench] round {round_no + 1}: killed {victim.name}; its partitions processed again "
                       f"{first:.2f}s after SIGKILL; every program answered {every:.2f}s after", flush=True)
                 for other in instances:
-                    if other is not victim and (line := last_removal(root / f"{other.name}.log")):
+                    if other is not victim and (line := last_removal(root / f"{other.name}.log", log_sizes[other.name])):
                         print(f"[bench]   {other.name}: {line}", flush=True)
                 victim.start()
                 victim.wait_ready()
@@ -172,10 +175,14 @@ def main(argv: list[str]) -> None:
                     instance.stop(kill=True)
 
 
-def last_removal(log: Path) -> str | None:
-    """The last 'peer … gone after N failed probes over Ss; removed its member …' a survivor logged."""
+def last_removal(log: Path, since: int) -> str | None:
+    """The last 'peer … gone after N failed probes over Ss; removed its member …' a survivor logged
+    after byte ``since`` of its log."""
     found = None
-    for line in log.read_text(errors="replace").splitlines():
+    with open(log, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    for line in text.splitlines():
         if "removed its member" in line:
             found = line.split(": ", 1)[-1]
     return found

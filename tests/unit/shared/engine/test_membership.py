@@ -148,6 +148,7 @@ def test_probe_outcomes_are_classified() -> None:
     assert classify(httpx.ConnectTimeout("timed out", request=request), 0.5, 0.5) is Probe.UNREACHABLE
     assert classify(httpx.ReadTimeout("no answer", request=request), 0.5, 0.5) is Probe.SLOW
     assert classify(httpx.RemoteProtocolError("closed", request=request), 0.01, 0.5) is Probe.UNREACHABLE
+    assert classify(httpx.DecodingError("garbled", request=request), 0.01, 0.5) is Probe.UP  # still an answer
     # Took far longer than its timeout: this instance's loop was late, the peer tells nothing.
     assert classify(httpx.ConnectTimeout("timed out", request=request), 3.0, 0.5) is Probe.LATE
     assert classify(None, 3.0, 0.5) is Probe.LATE
