@@ -68,9 +68,11 @@ def instance_view(proc: ServiceProcess) -> dict[str, Any]:
     return body
 
 
-def start_fleet(start_tallies: Any, events_topic: str) -> dict[str, ServiceProcess]:
-    """Three instances, once each holds a share of the input and all agree on who is in the group."""
-    fleet = {name: start_tallies(name, **FLEET_ENV) for name in ("a", "b", "c")}
+def start_fleet(start_tallies: Any, events_topic: str,
+                env: dict[str, dict[str, str]] | None = None) -> dict[str, ServiceProcess]:
+    """Three instances, once each holds a share of the input and all agree on who is in the group
+    (``env``: more variables per instance name)."""
+    fleet = {name: start_tallies(name, **FLEET_ENV, **(env or {}).get(name, {})) for name in ("a", "b", "c")}
     urls = sorted(p.url for p in fleet.values())
 
     def settled() -> bool:
@@ -193,6 +195,41 @@ def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
     removals = sum(p.log_path.read_text(errors="replace").count(REMOVED) for p in fleet.values())
     assert removals == 0  # a stopped process is slow, not gone: its peers never remove it
     print(f"\nstall ({'removed by the test' if removed else 'kept'}): exact after {STALL_S:.0f}s stopped")
+
+
+def rebalances(proc: ServiceProcess) -> int:
+    """Assignments this instance has received (one per rebalance it took part in)."""
+    return proc.log_path.read_text(errors="replace").count("Executing _on_partitions_assigned")
+
+
+def test_a_batch_longer_than_the_session_timeout_starves_no_heartbeat(
+    start_tallies: Any, tally_topics: dict[str, str],
+) -> None:
+    """One instance's event loop is kept busy on the CPU for 12 s in a batch, with a session
+    timeout of 6 s: its heartbeats go on from the consumer thread, its peers' probes connect
+    (slow, not gone), so no member is removed and no rebalance happens; tallies stay exact."""
+    history = history_for_feeding()
+    short = {"STATEFLEET_SESSION_TIMEOUT_S": "6"}
+    fleet = start_fleet(start_tallies, tally_topics["events"], env={
+        "a": short, "b": {**short, "STATEFLEET_BLOCK_AT": "20:12"}, "c": short,
+    })
+    feeder = Feeder(history, tally_topics, pause_s=0.6)
+    feeder.start()
+    blocked = fleet["b"]
+    wait_for(lambda: "blocking this worker's event loop" in blocked.log_path.read_text(errors="replace"),
+             timeout=30, interval=0.1, message="the batch that blocks")
+    before = {name: rebalances(p) for name, p in fleet.items()}
+    wait_for(lambda: "STATEFLEET_BLOCK_AT: unblocked" in blocked.log_path.read_text(errors="replace"),
+             timeout=60, interval=0.2, message="the blocked batch to end")
+    feeder.join(120)
+    assert not feeder.is_alive()
+
+    expected = history.expected
+    for proc in fleet.values():
+        assert_tallies_settle(proc, expected)
+    assert {name: rebalances(p) for name, p in fleet.items()} == before
+    for proc in fleet.values():
+        assert REMOVED not in proc.log_path.read_text(errors="replace")
 
 
 def test_a_restart_on_sigterm_removes_no_member(start_tallies: Any, tally_topics: dict[str, str]) -> None:
