@@ -31,7 +31,7 @@ from typing import Any
 
 from shared.dead_letters import DeadLetter, dead_letter_for
 from shared.engine._durable import Batch, DurableTable, InRecord, OrderedInput, Rows
-from shared.engine._faults import CRASH
+from shared.engine._faults import BLOCK, CRASH
 from shared.engine._internals import partition_db
 from shared.engine._producer import BatchProducer, Outgoing
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
@@ -124,6 +124,7 @@ async def commit(
 ) -> None:
     """Make ``batch`` durable in the order the module docs give."""
     CRASH.reached("handled")
+    BLOCK.reached()
     await producer.send(batch.sends, what)
     CRASH.reached("sent")
     if order is None or ordered is None:

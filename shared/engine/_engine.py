@@ -24,12 +24,13 @@ from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
 from faust.types import TP
 
-from shared.engine._app import create_app
+from shared.engine._app import app_id, create_app
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
 from shared.engine._consumer import BatchConsumer
 from shared.engine._copies import start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._gc import freeze_startup_objects
+from shared.engine._membership import PeerWatch
 from shared.engine._producer import BatchProducer, Outgoing
 from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.engine._versions import check_versions
@@ -92,6 +93,13 @@ class Engine:
         self._trailing_holes: TrailingHoleWatch | None = None
         self.producer = BatchProducer(settings, client_id=f"{service}-{settings.instance_id}")
         self.app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
+        # Peers watched, and a dead one's group member removed, so its partitions move at once.
+        self.peer_watch: PeerWatch | None = None
+        if settings.peer_watch:
+            self.peer_watch = PeerWatch(
+                self.app, service, app_id(service, settings), settings.url_for(default_port), settings,
+            )
+            self.app.task(self.peer_watch.run)
         # The engine's own clients connect as the worker starts: each one's first metadata
         # fetch covers every topic of the cluster, which is better paid before the first batch.
         self.app.task(self._start_clients)
@@ -104,6 +112,8 @@ class Engine:
             await self.backfill.start()
 
     async def _on_shutdown(self, app: Any, **_: Any) -> None:
+        if self.peer_watch is not None:
+            await self.peer_watch.close()
         await self.producer.stop()
         await self.backfill.stop()
         await stop_tracking(self.app)

@@ -3,6 +3,10 @@
 The operator console reads it from one instance of a service to find the others (the
 ``peers``), then from each of them; the answer is this instance's own view and is
 never forwarded.
+
+POST /instance/restarting is the peers' own: a worker stopping on SIGTERM tells each
+peer it is restarting, so their peer watch does not remove its group member meanwhile
+(see ``shared/engine/_membership.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from shared.engine import TopicPartition as TP
-from shared.engine import assigned_partitions, input_lag, known_instance_urls
-from shared.http.deps import Ctx
+from shared.engine import assigned_partitions, input_lag, known_instance_urls, note_peer_restarting
+from shared.http.deps import Admin, Ctx
+from shared.http.errors import error_responses
 
 router = APIRouter(tags=["health"])
 
@@ -70,3 +75,22 @@ async def instance(ctx: Ctx) -> Any:
         "lag": lag,
         "peers": sorted(known_instance_urls(app) | {ctx.url}),
     }
+
+
+class RestartingIn(BaseModel):
+    url: str = Field(min_length=1, max_length=2048, description="The restarting instance's URL (as its peers know it)")
+
+
+class RestartingOut(BaseModel):
+    url: str
+    noted: bool = Field(description="False when this instance keeps no peer watch (STATEFLEET_PEER_WATCH=false)")
+    grace_s: float = Field(description="How long its group member is left alone (the session timeout)")
+
+
+@router.post(
+    "/instance/restarting", response_model=RestartingOut, dependencies=[Admin], responses=error_responses(401, 422),
+    summary="A peer is restarting: do not remove its group member meanwhile (sent by the peers themselves)",
+)
+async def restarting(body: RestartingIn, ctx: Ctx) -> Any:
+    noted = note_peer_restarting(ctx.app, body.url)
+    return {"url": body.url, "noted": noted, "grace_s": ctx.settings.session_timeout_s}
