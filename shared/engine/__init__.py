@@ -16,7 +16,7 @@ from shared.engine._admin import TopicSpec, ensure_topics, ensure_topics_async
 from shared.engine._app import App, app_id, changelog_topic_specs, run_worker, serve_api
 from shared.engine._batch import DeadLetterRoute, InputBatch, StagedView
 from shared.engine._clients import client_kwargs
-from shared.engine._copies import Copy, local_copy
+from shared.engine._copies import Copy, assigned_copies, local_copy
 from shared.engine._durable import DurableTable as Table
 from shared.engine._durable import InRecord as Record
 from shared.engine._durable import is_next_offset_key, state_items
@@ -63,6 +63,7 @@ __all__ = [
     "active_partitions",
     "all_owner_urls",
     "app_id",
+    "assigned_copies",
     "assigned_partitions",
     "changelog_topic_specs",
     "client_kwargs",

@@ -19,7 +19,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from shared.engine import TopicPartition as TP
-from shared.engine import assigned_partitions, input_lag, known_instance_urls, note_peer_restarting
+from shared.engine import assigned_copies, assigned_partitions, input_lag, known_instance_urls, note_peer_restarting
 from shared.http.deps import Admin, Ctx
 from shared.http.errors import error_responses
 
@@ -34,6 +34,11 @@ class TopicLag(BaseModel):
     partitions: dict[str, int | None] = Field(description="Partition number -> records not yet committed")
 
 
+class CopyOut(BaseModel):
+    source: str = Field(description="active, standby or restoring (see X-Statefleet-Source)")
+    lag: int | None = Field(description="Changelog records this copy has not applied (null: end not known yet)")
+
+
 class InstanceOut(BaseModel):
     service: str
     instance: str = Field(description="STATEFLEET_INSTANCE_ID")
@@ -43,6 +48,10 @@ class InstanceOut(BaseModel):
     active: dict[str, list[int]] = Field(description="Topic -> partitions this instance owns as active")
     standby: dict[str, list[int]] = Field(description="Changelog topic -> partitions kept here as standby copies")
     lag: dict[str, TopicLag] = Field(description="Input topic -> consumer lag (high watermark minus committed offset)")
+    copies: dict[str, dict[str, CopyOut]] = Field(
+        default_factory=dict,
+        description="Changelog topic -> partition -> this instance's copy of it (active, standby or restoring) and its lag",
+    )
     peers: list[str] = Field(description="URLs of every instance of the service the last assignment named, this one included")
 
 
@@ -64,7 +73,12 @@ async def instance(ctx: Ctx) -> Any:
         topic = lag.setdefault(tp.topic, {"total": 0, "partitions": {}})
         topic["partitions"][str(tp.partition)] = behind
         topic["total"] = None if behind is None or topic["total"] is None else topic["total"] + behind
+    copies = {
+        topic: {str(p): {"source": copy.source, "lag": copy.lag} for p, copy in sorted(parts.items())}
+        for topic, parts in sorted((await assigned_copies(app)).items())
+    }
     return {
+        "copies": copies,
         "service": ctx.service,
         "instance": ctx.settings.instance_id,
         "url": ctx.url,
