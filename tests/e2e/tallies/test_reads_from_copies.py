@@ -13,7 +13,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.e2e.tallies.test_tallies_e2e import assert_tallies_settle
+from tests.e2e.tallies.test_tallies_e2e import all_tallies, assert_tallies_settle
 from tests.support.accounts import generate
 from tests.support.kafka import produce
 from tests.support.services import ServiceProcess, wait_for
@@ -129,6 +129,10 @@ def test_owner_sigkilled_every_key_answered_from_a_copy(
                 assert resp.status_code == 200, resp.text
                 assert resp.json() == expected[program]
                 assert (resp.headers[SOURCE], resp.headers[LAG]) == ("standby", "0")
+        for proc in survivors:  # lists gather the dead owner's partitions from their copies
+            assert all_tallies(proc, limit=100) == expected
+            listed = http.get(proc.url + "/tallies", params={"limit": 1000})
+            assert (listed.headers[SOURCE], listed.headers[LAG]) == ("standby", "0")
         bad = read_tally(http, procs["b"], owned_by_victim[0], max_lag=-1)
         assert bad.status_code == 422 and bad.json()["error"] == "invalid_request"
 
