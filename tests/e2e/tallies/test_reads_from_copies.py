@@ -150,3 +150,18 @@ def test_rolling_restart_fails_no_read(
             wait_for(lambda t=target: reader.answered >= t, timeout=60, message="a round after the restart")
         assert not reader.failed, f"restarting {name}: {len(reader.failed)} reads failed: {reader.failed[:5]}"
     assert_tallies_settle(procs["a"], expected)
+
+
+def test_scale_out_from_two_to_three_fails_no_read(start_tallies: Any, tally_topics: dict[str, str]) -> None:
+    history = generate(programs=40, accounts_per_program=12, seed=23, logins_per_program=4)
+    procs = [start_tallies(n) for n in ("a", "b")]
+    produce(tally_topics["events"], history.events)
+    produce(tally_topics["logins"], history.logins)
+    assert_tallies_settle(procs[0], history.expected)
+    with Reader(procs, history.expected) as reader:
+        newcomer = start_tallies("c")  # joins: partitions move to it while the others are read
+        wait_for(lambda: standbys_in_place([*procs, newcomer]), timeout=60, message="the group to settle with c")
+        target = reader.answered + 2 * len(history.expected)
+        wait_for(lambda: reader.answered >= target, timeout=60, message="two rounds after the join")
+    assert not reader.failed, f"{len(reader.failed)} reads failed: {reader.failed[:5]}"
+    assert all_tallies(newcomer, limit=100) == history.expected
