@@ -58,6 +58,13 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = self.consumer.fetch_max_wait_ms
+        if self.consumer.exactly_once:
+            # Faust picks read_committed only with its own processing_guarantee="exactly_once",
+            # which would also switch on its own transactions (one producer per partition run
+            # by Faust, committing on its timer, not with the batch). The engine runs the
+            # transactions itself, so it sets only the isolation level. The fetcher reads it
+            # when the consumer starts, which is after this.
+            consumer._isolation_level = "read_committed"
         return consumer
 
 
@@ -74,6 +81,14 @@ class BatchConsumer(aiokafka_driver.Consumer):
     lanes: dict[str, int] = {}
     #: aiokafka's ``fetch_max_wait_ms`` for the worker's consumer (see :class:`_ConsumerThread`).
     fetch_max_wait_ms: int = 1500
+    #: With exactly_once: read committed records only, and leave the offsets of ``batch_topics``
+    #: to the batches' transactions (Faust's periodic commits and the revocation commit skip
+    #: them: an offset committed outside the transaction could run ahead of the state).
+    exactly_once: bool = False
+    #: Awaited with the newly assigned partitions before Faust acts on them (table recovery
+    #: included), and with the revoked ones once their running batch is over.
+    on_assigned: Callable[[set[TP]], Awaitable[None]] | None = None
+    on_revoked: Callable[[set[TP]], Awaitable[None]] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -161,7 +176,8 @@ class BatchConsumer(aiokafka_driver.Consumer):
             if not self._running:
                 self._idle.set()
         last = int(batch[-1].offset)
-        self._delivered[tp] = last + 1
+        if not self.exactly_once:  # else the batch's transaction committed the offset
+            self._delivered[tp] = last + 1
         self._read_offset[tp] = last
 
     async def _seek_back(self, tp: TP, offset: int) -> None:
@@ -217,8 +233,15 @@ class BatchConsumer(aiokafka_driver.Consumer):
         await self._idle.wait()
         await super().wait_empty()
 
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        if self.on_assigned is not None:
+            await self.on_assigned(set(assigned))
+        await super().on_partitions_assigned(assigned, generation_id)
+
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         await super().on_partitions_revoked(revoked)  # stops the flow and waits for the running batch
+        if self.on_revoked is not None:
+            await self.on_revoked(set(revoked))
         ours = {tp for tp in revoked if tp in self._delivered}
         if ours:
             try:

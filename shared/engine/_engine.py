@@ -24,13 +24,14 @@ from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
 from faust.types import TP
 
-from shared.engine._app import create_app
+from shared.engine._app import app_id, create_app
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
+from shared.engine._clients import exactly_once
 from shared.engine._consumer import BatchConsumer
 from shared.engine._copies import start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._gc import freeze_startup_objects
-from shared.engine._producer import BatchProducer, Outgoing
+from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions
 from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.engine._versions import check_versions
 from shared.settings import Settings
@@ -39,6 +40,11 @@ log = logging.getLogger(__name__)
 
 #: How often :meth:`Engine.wait_applied` looks at the stored next offset.
 APPLIED_POLL_S = 0.005
+
+#: With exactly_once, :meth:`Engine.wait_applied` reads back what is left between the handler
+#: and the end when it is this many offsets or fewer (a few transactions' markers), to tell
+#: markers from records not processed yet.
+MARKERS_CHECKED = 16
 
 Handler = Callable[[InputBatch], Awaitable[None]]
 
@@ -91,6 +97,9 @@ class Engine:
         self._consumer_class = consumer_class
         self._trailing_holes: TrailingHoleWatch | None = None
         self.producer = BatchProducer(settings, client_id=f"{service}-{settings.instance_id}")
+        self.transactions: PartitionTransactions | None = None
+        if exactly_once(settings):
+            self._exactly_once(consumer_class)
         self.app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
         # The engine's own clients connect as the worker starts: each one's first metadata
         # fetch covers every topic of the cluster, which is better paid before the first batch.
@@ -104,9 +113,31 @@ class Engine:
             await self.backfill.start()
 
     async def _on_shutdown(self, app: Any, **_: Any) -> None:
+        if self.transactions is not None:
+            await self.transactions.stop()
         await self.producer.stop()
         await self.backfill.stop()
         await stop_tracking(self.app)
+
+    def _exactly_once(self, consumer_class: type[BatchConsumer]) -> None:
+        """Batches commit as transactions of one producer per input partition (see
+        :class:`PartitionTransactions`), initialised as partitions are assigned, before their
+        tables are restored, and closed as they are revoked; the consumer reads committed
+        records only and leaves the input offsets to the transactions."""
+        transactions = self.transactions = PartitionTransactions(
+            self.settings, app_id(self.service, self.settings), f"{self.service}-{self.settings.instance_id}",
+            self.producer,
+        )
+
+        async def assigned(tps: set[TP]) -> None:
+            await transactions.assign(sorted((tp.topic, tp.partition) for tp in tps if tp.topic in self._by_topic))
+
+        async def revoked(tps: set[TP]) -> None:
+            await transactions.revoke([(tp.topic, tp.partition) for tp in tps])
+
+        consumer_class.exactly_once = True
+        consumer_class.on_assigned = staticmethod(assigned)  # type: ignore[assignment]
+        consumer_class.on_revoked = staticmethod(revoked)  # type: ignore[assignment]
 
     # -- declaring a service -------------------------------------------------------------
 
@@ -141,7 +172,8 @@ class Engine:
             self.app.topics.add(channel)
             reg = _Registration(
                 name=f"{self.service}.{name}", stream=name, topics=tuple(topics), handle=fn,
-                order=OrderedInput(self.app, offsets, self.backfill) if offsets is not None else None,
+                order=OrderedInput(self.app, offsets, self.backfill, read_committed=exactly_once(self.settings))
+                if offsets is not None else None,
                 dead_letters=dead_letters,
             )
             self._handlers.append(reg)
@@ -177,9 +209,18 @@ class Engine:
         end = await self.backfill.log_end(topic, partition)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while (order.next_offset(topic, partition) or 0) < end:
+        checked: int | None = None
+        while (settled := order.settled_offset(topic, partition) or 0) < end:
             if loop.time() >= deadline:
                 return False
+            if order.read_committed and settled != checked and end - settled <= MARKERS_CHECKED:
+                # Reading committed records only, the end is one past the last transaction's
+                # marker, an offset no record of which is ever processed: what is left may be
+                # only markers (or aborted records), which one read-back tells.
+                checked = settled
+                if await order.confirm_empty(topic, partition, settled, end):
+                    return True
+                continue
             await asyncio.sleep(APPLIED_POLL_S)
         return True
 
@@ -231,7 +272,8 @@ class Engine:
                            dead_letter_route=reg.dead_letters)
         try:
             await reg.handle(batch)
-            await commit(self.producer, reg.order, ordered, batch, reg.name)
+            await commit(self.producer, reg.order, ordered, batch, reg.name,
+                         self.transactions, int(fetched[-1].offset) + 1)
         except Exception as exc:
             # Nothing of the batch is committed: stop the worker, so that it (or the instance
             # taking its partitions) reads the batch again, rather than go on past it.

@@ -50,7 +50,7 @@ from faust.types import TP, ConsumerT
 from mode import Service
 from rocksdict import Rdict, WriteBatch
 
-from shared.engine._clients import client_kwargs
+from shared.engine._clients import client_kwargs, isolation_level
 from shared.engine._internals import store_partition_db
 from shared.settings import Settings
 
@@ -104,6 +104,7 @@ class ChangelogReader:
             consumer = AIOKafkaConsumer(
                 **client_kwargs(self.settings), enable_auto_commit=False, auto_offset_reset="earliest",
                 max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
+                isolation_level=isolation_level(self.settings),
             )
             await consumer.start()
             self._consumer = consumer
