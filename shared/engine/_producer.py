@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import ProducerFenced
 
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._durable import acknowledged
@@ -199,6 +200,7 @@ class PartitionTransactions:
         self._producers: dict[tuple[str, int], AIOKafkaProducer] = {}
         self.committed = 0
         self.aborted = 0
+        self.fenced = 0
 
     def _make(self, topic: str, partition: int) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -238,7 +240,14 @@ class PartitionTransactions:
         producer = self._producers.get((topic, partition))
         if producer is None:
             raise RuntimeError(f"{what}: no transactional producer for {topic}[{partition}] (not assigned here)")
-        await producer.begin_transaction()
+        try:
+            await producer.begin_transaction()
+        except AssertionError as exc:
+            # aiokafka asserts when a producer in its fatal state (fenced by the partition's
+            # next owner, or its transaction timed out) is asked for another transaction.
+            self.fenced += 1
+            log.warning("%s: the transactional producer of %s[%d] was fenced; not committing", what, topic, partition)
+            raise ProducerFenced(f"{transactional_id(self.group_id, topic, partition)} was fenced ({exc})") from exc
         try:
             last = await self.records.send_with(producer, records, what)
             reached("sent")
