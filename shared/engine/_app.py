@@ -69,6 +69,9 @@ def create_app(
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=settings.topic_replication_factor,
         table_standby_replicas=settings.standby_replicas,
+        # Faust's own exactly_once (its producer per partition, committed on its timer) stays
+        # off: with STATEFLEET_PROCESSING_GUARANTEE=exactly_once the engine runs the
+        # transactions, one per batch (see shared/engine/_batch.py).
         processing_guarantee="at_least_once",
         producer_acks=-1,
         broker_max_poll_records=settings.consumer_max_poll_records,

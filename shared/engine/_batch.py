@@ -19,6 +19,9 @@ read again and its sends repeated (at-least-once; outputs carry ids derived from
 input, so readers recognise a repeat). A crash after 2 and before 3 leaves the local
 database behind its changelog, which the next start restores from (the changelog offset
 is written in 3).
+
+With ``STATEFLEET_PROCESSING_GUARANTEE=exactly_once``, 1 and 2 are one Kafka transaction that
+also holds the input's next offset, and 3 follows its commit (:func:`commit_transaction`).
 """
 
 from __future__ import annotations
