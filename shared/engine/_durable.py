@@ -292,7 +292,15 @@ class OrderedInput:
             found.append(int(raw))
         return min(found)
 
-    async def batch_records(self, arrivals: Sequence[InRecord]) -> Batch:
+    async def batch_records(self, arrivals: Sequence[InRecord], continues_from: int | None = None) -> Batch:
+        """The batch's records to process, in order per partition, with its next-offset rows.
+
+        ``continues_from`` (one partition's arrivals only): the offset after the last record the
+        consumer handed over before, when these arrivals continue that fetch (no seek or
+        rebalance in between). Reading committed records, a gap from there to the first arrival
+        was read by the consumer itself and holds no committed record (the marker of the
+        transaction that wrote the previous record, aborted records): it is accepted without a
+        read-back when the handler has processed everything before it."""
         by_tp: dict[tuple[str, int], list[InRecord]] = {}
         for record in arrivals:
             by_tp.setdefault((record.topic, record.partition), []).append(record)
@@ -312,6 +320,9 @@ class OrderedInput:
                         # A gap between two records of one fetch: the consumer read those offsets
                         # and they held no committed record (markers, aborted records). Nothing
                         # was skipped, so nothing is read back.
+                        self.empty_gaps_accepted += 1
+                        expected = record.offset
+                    elif continues_from is not None and continues_from <= expected:
                         self.empty_gaps_accepted += 1
                         expected = record.offset
                     else:

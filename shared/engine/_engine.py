@@ -260,12 +260,12 @@ class Engine:
 
     # -- the hand-over -------------------------------------------------------------------
 
-    async def _deliver(self, tp: TP, fetched: Sequence[Any]) -> None:
+    async def _deliver(self, tp: TP, fetched: Sequence[Any], continues_from: int | None = None) -> None:
         reg = self._by_topic[tp.topic]
         started = time.perf_counter()
         # aiokafka's records are handed over as they are: they have every field a handler reads.
         records = cast(Sequence[InRecord], fetched)
-        ordered = await reg.order.batch_records(records) if reg.order is not None else None
+        ordered = await reg.order.batch_records(records, continues_from) if reg.order is not None else None
         if ordered is not None and not ordered.records:
             return  # every record a replay
         batch = InputBatch(tp.topic, tp.partition, ordered.records if ordered is not None else list(records),

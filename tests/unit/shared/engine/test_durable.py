@@ -153,6 +153,23 @@ def test_read_committed_a_marker_before_a_fetch_is_read_back_once_and_accepted(c
     assert "skipped" not in caplog.text
 
 
+def test_read_committed_a_fetch_continuing_the_last_one_needs_no_read_back() -> None:
+    # The consumer handed over records up to 9 before and fetched on with no seek: offset 10
+    # (the previous transaction's marker) was read by it and held no committed record.
+    backfill = CommittedBackfill(markers={10})
+    reader = committed_reader({(0, next_offset_key("events")): b"10"}, backfill)
+    batch = asyncio.run(reader.batch_records(events("events", 0, 11, 12), continues_from=10))
+    assert [r.offset for r in batch.records] == [11, 12] and backfill.reads == []
+
+
+def test_read_committed_a_continuing_fetch_past_unprocessed_records_is_still_read_back() -> None:
+    # The handler is behind what the consumer handed over (its batch was not committed).
+    backfill = CommittedBackfill(markers=set())
+    reader = committed_reader({(0, next_offset_key("events")): b"5"}, backfill)
+    batch = asyncio.run(reader.batch_records(events("events", 0, 11), continues_from=10))
+    assert [r.offset for r in batch.records] == [5, 6, 7, 8, 9, 10, 11] and backfill.reads == [("events", 0, 5, 11)]
+
+
 def test_read_committed_a_real_skip_before_a_fetch_is_still_read_back() -> None:
     backfill = CommittedBackfill(markers={10})
     reader = committed_reader({(0, next_offset_key("events")): b"10"}, backfill)
