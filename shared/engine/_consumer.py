@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 #: Called with one partition, its fetched records (aiokafka ``ConsumerRecord``s) in offset order,
 #: and the offset right after the record this consumer handed over last for that partition when
-#: these records continue from it (None when that is not known: see :meth:`BatchConsumer._fetch`).
+#: these records continue from it (None when that is not known: see :meth:`BatchConsumer._drain_messages`).
 Deliver = Callable[[TP, Sequence[Any], int | None], Awaitable[None]]
 
 #: Longest wait for the commit of revoked partitions' offsets (a failed commit only costs a re-read).
