@@ -47,6 +47,17 @@ class _TopicNotInMetadataYet(logging.Filter):
         return True
 
 
+class _PeerProbes(logging.Filter):
+    """httpx logs every request at INFO; the peer watch probes each peer's /healthz several times
+    a second (shared/engine/_membership.py), which would bury everything else. Its failures
+    show in what the watch itself logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (record.msg == 'HTTP Request: %s %s "%s %d %s"' and isinstance(args, tuple) and len(args) > 1
+                    and str(args[1]).endswith("/healthz"))
+
+
 def logging_config(service: str, instance: str, level: str) -> dict[str, object]:
     """A dictConfig for Faust's worker (``loghandlers`` are not enough for its own loggers)."""
     return {
@@ -56,6 +67,7 @@ def logging_config(service: str, instance: str, level: str) -> dict[str, object]
             "ctx": {"()": _ContextFilter, "service": service, "instance": instance},
             "coordinator_lookup": {"()": _RetriedCoordinatorLookup},
             "topic_not_in_metadata": {"()": _TopicNotInMetadataYet},
+            "peer_probes": {"()": _PeerProbes},
         },
         "formatters": {"line": {"format": FORMAT}},
         "handlers": {
@@ -67,5 +79,6 @@ def logging_config(service: str, instance: str, level: str) -> dict[str, object]
             "aiokafka.consumer.group_coordinator": {"filters": ["coordinator_lookup"]},
             "aiokafka.cluster": {"filters": ["topic_not_in_metadata"]},
             "uvicorn.access": {"level": "WARNING"},
+            "httpx": {"filters": ["peer_probes"]},
         },
     }

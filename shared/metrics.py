@@ -56,6 +56,18 @@ READ_FAILOVERS = Counter(
     ["service", "reason"],
     registry=REGISTRY,
 )
+PEER_FAILOVERS = Counter(
+    "statefleet_peer_failovers_total",
+    "Dead peers whose group member this instance had the coordinator remove (their partitions move at once)",
+    ["service"],
+    registry=REGISTRY,
+)
+PEER_RESTARTS_ANNOUNCED = Counter(
+    "statefleet_peer_restarts_announced_total",
+    "Peers that told this instance they were restarting (not removed while they are away)",
+    ["service"],
+    registry=REGISTRY,
+)
 READY = Gauge(
     "statefleet_ready",
     "1 when state is restored and queries are answered",

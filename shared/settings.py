@@ -62,6 +62,15 @@ class Settings(BaseSettings):
     session_timeout_s: float = Field(
         45.0, gt=0, description="A member silent this long leaves the group; a restart within it keeps the assignment"
     )
+    peer_watch: bool = Field(
+        True, description="Probe the other instances and have the group coordinator drop a dead one's member at once, "
+        "so its partitions move within seconds instead of after the session timeout",
+    )
+    peer_probe_interval_s: float = Field(0.25, gt=0, le=10, description="How often each peer's GET /healthz is probed")
+    peer_gone_after_s: float = Field(
+        1.0, ge=0.5, le=60,
+        description="A peer whose port refuses or times out on every probe for this long (3 probes at least) is gone",
+    )
 
     # HTTP
     http_host: str = "127.0.0.1"

@@ -30,6 +30,7 @@ def templates() -> Jinja2Templates:
         fmt_ms=models.fmt_ms, fmt_relative=models.fmt_relative, fmt_rate=models.fmt_rate, ranges=models.ranges,
         union_partitions=models.union_partitions, chart=models.chart, render_bytes=models.render_bytes,
         render_key=models.render_key, is_internal=models.is_internal, is_changelog=models.is_changelog,
+        copies_behind=models.copies_behind,
     )
     env.trim_blocks = True
     env.lstrip_blocks = True

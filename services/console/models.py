@@ -25,6 +25,8 @@ class InstanceView:
     active: dict[str, list[int]] = field(default_factory=dict)
     standby: dict[str, list[int]] = field(default_factory=dict)
     lag: dict[str, int | None] = field(default_factory=dict)
+    #: changelog topic -> partition -> {"source": active|standby|restoring, "lag": records or None}
+    copies: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     rate: float | None = None
     processed_total: float | None = None
     history: list[tuple[float, float | None]] = field(default_factory=list)
@@ -88,6 +90,17 @@ def union_partitions(by_topic: dict[str, list[int]], *, changelogs: bool) -> lis
         if not is_internal(topic) and is_changelog(topic) == changelogs:
             out.update(parts)
     return sorted(out)
+
+
+def copies_behind(copies: dict[str, dict[str, dict[str, Any]]], source: str) -> str | None:
+    """How far this instance's copies of one kind are behind their changelogs, in words (None: it has none)."""
+    lags = [c.get("lag") for parts in copies.values() for c in parts.values() if c.get("source") == source]
+    if not lags:
+        return None
+    if any(lag is None for lag in lags):
+        return "lag not known yet"
+    worst = max(lag for lag in lags if lag is not None)
+    return "up to date" if worst == 0 else f"up to {worst:,} records behind"
 
 
 # -- the records/s chart -----------------------------------------------------------------------------

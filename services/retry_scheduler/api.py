@@ -42,7 +42,7 @@ from services.retry_scheduler.state import (
 from shared.engine import partition_db
 from shared.http.deps import Admin, Ctx
 from shared.http.errors import NotFound, Unavailable, error_responses
-from shared.http.forwarding import READS_STATE, gather, is_local_scope, route
+from shared.http.forwarding import READS_STATE, gather, gather_owners, is_local_scope, local_scope_partitions, route
 from shared.http.pagination import CursorParam, InvalidCursor, decode_cursor, encode_cursor
 
 router = APIRouter(tags=["retries"])
@@ -134,7 +134,10 @@ def _decode_retry_cursor(cursor: str | None) -> bytes | None:
 # -- scheduled ---------------------------------------------------------------------------------------
 
 
-@router.get("/retries/stats", response_model=StatsOut, summary="Counts, oldest due time, lateness", responses=_BUSY)
+@router.get(
+    "/retries/stats", response_model=StatsOut, summary="Counts, oldest due time, lateness", responses=_BUSY,
+    dependencies=[READS_STATE],
+)
 async def retry_stats(request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)
 
@@ -154,7 +157,7 @@ async def retry_stats(request: Request, ctx: Ctx) -> Any:
 
     if is_local_scope(request):
         return JSONResponse(await local())  # a peer's partial answer: not the public model
-    pages = await gather(ctx, request, svc.schedule, local)
+    pages = await gather_owners(ctx, request, svc.schedule, local)
     out: dict[str, Any] = {
         "scheduled": 0, "parked": 0, "by_origin_topic": {}, "by_error_class": {}, "parked_by_origin_topic": {},
         "oldest_due_at": None, "redelivered_total": 0, "parked_total": 0, "last_ticks": [], "busy_ticks": [],
@@ -183,7 +186,10 @@ async def retry_stats(request: Request, ctx: Ctx) -> Any:
     return out
 
 
-@router.get("/retries", response_model=RetryPage, summary="Scheduled messages in due order", responses=_LIST)
+@router.get(
+    "/retries", response_model=RetryPage, summary="Scheduled messages in due order", responses=_LIST,
+    dependencies=[READS_STATE],
+)
 async def list_retries(
     request: Request,
     ctx: Ctx,
@@ -195,9 +201,9 @@ async def list_retries(
     svc = _service(ctx)
     after = _decode_retry_cursor(cursor)
 
-    async def local() -> dict[str, Any]:
+    async def local(partitions: list[int]) -> dict[str, Any]:
         pages: list[dict[str, Any]] = []
-        for p in sorted(svc.owned()):
+        for p in partitions:
             scan: PageScan = scan_page(
                 partition_db(svc.schedule, p), after=after, limit=limit, due_before=due_before,
                 origin_topic=origin_topic, budget=SCAN_BUDGET, start=svc.low_water.get(p, b""),
@@ -210,7 +216,8 @@ async def list_retries(
         return {"items": items, "frontier": list(frontier) if frontier is not None else None}
 
     if is_local_scope(request):
-        return JSONResponse(await local())  # a peer's partial answer: not the public model
+        # a peer's partial answer: not the public model
+        return JSONResponse(await local(await local_scope_partitions(ctx, request, svc.schedule, svc.owned())))
     pages = await gather(ctx, request, svc.schedule, local)
     items, frontier = _merge(pages, limit, _retry_sort, _retry_frontier)
     next_cursor = _next_cursor(items, limit, frontier, _retry_sort, lambda key: _retry_cursor(*key))
@@ -293,7 +300,10 @@ async def cancel_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
 # -- parked ------------------------------------------------------------------------------------------
 
 
-@router.get("/parked", response_model=ParkedPage, summary="Parked messages, ordered by dlq.id", responses=_LIST)
+@router.get(
+    "/parked", response_model=ParkedPage, summary="Parked messages, ordered by dlq.id", responses=_LIST,
+    dependencies=[READS_STATE],
+)
 async def list_parked(
     request: Request,
     ctx: Ctx,
@@ -305,9 +315,9 @@ async def list_parked(
     after_id = decode_cursor(cursor, PARKED)
     after = id_key(after_id) if after_id is not None else None
 
-    async def local() -> dict[str, Any]:
+    async def local(partitions: list[int]) -> dict[str, Any]:
         pages: list[dict[str, Any]] = []
-        for p in sorted(svc.owned()):
+        for p in partitions:
             scan = scan_ids(
                 partition_db(svc.parked, p), after=after, limit=limit, origin_topic=origin_topic, budget=SCAN_BUDGET,
             )
@@ -319,7 +329,8 @@ async def list_parked(
         return {"items": items, "frontier": frontier}
 
     if is_local_scope(request):
-        return JSONResponse(await local())  # a peer's partial answer: not the public model
+        # a peer's partial answer: not the public model
+        return JSONResponse(await local(await local_scope_partitions(ctx, request, svc.schedule, svc.owned())))
     pages = await gather(ctx, request, svc.schedule, local)
     items, frontier = _merge(pages, limit, _parked_sort, str)
     next_cursor = _next_cursor(items, limit, frontier, _parked_sort, lambda key: encode_cursor(key, PARKED))

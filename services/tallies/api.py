@@ -10,7 +10,7 @@ import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
 from services.tallies.models import TallyOut, TallyPage
 from shared.http.deps import Ctx
 from shared.http.errors import NotFound, error_responses
-from shared.http.forwarding import READS_STATE, gather, is_local_scope, route
+from shared.http.forwarding import READS_STATE, gather, is_local_scope, local_scope_partitions, route
 from shared.http.pagination import CursorParam, decode_cursor, encode_cursor, merge_pages
 
 router = APIRouter(tags=["tallies"])
@@ -45,7 +45,7 @@ async def get_tally(program_id: ProgramId, request: Request, ctx: Ctx) -> Any:
 
 @router.get(
     "/tallies", response_model=TallyPage, summary="All tallies, ordered by program_id",
-    responses=error_responses(400, 422, 503, _400="A cursor this API did not make"),
+    responses=error_responses(400, 422, 503, _400="A cursor this API did not make"), dependencies=[READS_STATE],
 )
 async def list_tallies(
     request: Request,
@@ -56,13 +56,13 @@ async def list_tallies(
     svc = _service(ctx)
     after = decode_cursor(cursor, LIST_NAME)
 
-    async def local_page() -> dict[str, Any]:
-        programs = sorted(p for p in svc.local_programs() if after is None or p > after)[:limit]
+    async def local_page(partitions: list[int]) -> dict[str, Any]:
+        programs = sorted(p for p in svc.programs_in(partitions) if after is None or p > after)[:limit]
         items = [t.to_json() for t in (svc.tally(p) for p in programs) if t is not None]
         return {"items": items, "next_cursor": None}
 
     if is_local_scope(request):
-        return await local_page()
+        return await local_page(await local_scope_partitions(ctx, request, svc.memberships, svc.owned_partitions()))
     pages = await gather(ctx, request, svc.memberships, local_page)
     items = merge_pages(pages, key="program_id", limit=limit)
     next_cursor = encode_cursor(items[-1]["program_id"], LIST_NAME) if len(items) == limit else None

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import takewhile
 from typing import Any
 
@@ -52,6 +52,7 @@ from services.tallies.state import (
     membership_key,
     pack_by_partition,
     program_prefix,
+    split_membership_key,
 )
 from shared import codecs, dead_letters
 from shared.accounts import AccountChange
@@ -253,8 +254,20 @@ class TalliesService:
         return count_memberships(takewhile(lambda row: row[0].startswith(prefix), rows))
 
     def local_programs(self) -> set[str]:
-        programs = {program for _, program in self.counts.programs()}
-        for p in active_partitions(self.app, self.last_logins):
+        """The programs of the partitions this instance owns."""
+        return self.programs_in(self.owned_partitions())
+
+    def owned_partitions(self) -> set[int]:
+        return active_partitions(self.app, self.memberships)
+
+    def programs_in(self, partitions: Iterable[int]) -> set[str]:
+        """The programs of ``partitions``, from this instance's copy of each (owned or not)."""
+        programs: set[str] = set()
+        for p in partitions:
+            if self.counts.holds(p):
+                programs.update(self.counts.programs_of(p))
+            else:
+                programs.update(split_membership_key(key)[0] for key, _ in state_items(self.memberships, p))
             programs.update(key.decode() for key, _ in state_items(self.last_logins, p))
         return programs
 

@@ -105,6 +105,9 @@ class ProgramCounts:
         entry = self.by_partition.get(partition, {}).get(program_id)
         return (entry[0], entry[1]) if entry is not None else None
 
+    def programs_of(self, partition: int) -> Iterable[str]:
+        return self.by_partition.get(partition, {}).keys()
+
     def programs(self) -> Iterator[tuple[int, str]]:
         for partition, counts in self.by_partition.items():
             for program in counts:

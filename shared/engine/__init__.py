@@ -8,14 +8,15 @@ local tables with the input's next offset in one RocksDB write batch.
 
 The rest of this surface is what services and their HTTP APIs need around that:
 topic creation, the partitioner, the owner of a partition (query forwarding), ordered
-reads of a table partition (range scans), and running the worker.
+reads of a table partition (range scans), running the worker, and hearing from a
+peer that it is restarting (the peer watch, which moves a dead peer's partitions at once).
 """
 
 from shared.engine._admin import TopicSpec, ensure_topics, ensure_topics_async
 from shared.engine._app import App, app_id, changelog_topic_specs, run_worker, serve_api
 from shared.engine._batch import DeadLetterRoute, InputBatch, StagedView
 from shared.engine._clients import client_kwargs
-from shared.engine._copies import Copy, local_copy
+from shared.engine._copies import Copy, assigned_copies, local_copy
 from shared.engine._durable import DurableTable as Table
 from shared.engine._durable import InRecord as Record
 from shared.engine._durable import is_next_offset_key, state_items
@@ -34,6 +35,7 @@ from shared.engine._internals import (
     partition_owner_url,
     recovery_done,
 )
+from shared.engine._membership import note_peer_restarting
 from shared.engine._partitioning import partition_for
 from shared.engine._plain import KafkaTopicPartition, PlainAdmin, PlainConsumer, PlainProducer, refresh_metadata
 from shared.engine._producer import Outgoing
@@ -61,6 +63,7 @@ __all__ = [
     "active_partitions",
     "all_owner_urls",
     "app_id",
+    "assigned_copies",
     "assigned_partitions",
     "changelog_topic_specs",
     "client_kwargs",
@@ -70,6 +73,7 @@ __all__ = [
     "is_next_offset_key",
     "known_instance_urls",
     "local_copy",
+    "note_peer_restarting",
     "partition_db",
     "partition_for",
     "partition_items",

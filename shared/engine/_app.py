@@ -9,9 +9,10 @@ standby replicas, and a FastAPI app served on the worker's own event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
 from fastapi import FastAPI
@@ -19,6 +20,7 @@ from faust.contrib.asgi import serve_asgi
 
 from shared.engine._admin import TopicSpec
 from shared.engine._clients import exactly_once, require_sasl_credentials, ssl_context
+from shared.engine._membership import ANNOUNCE_TIMEOUT_S, announce_restart
 from shared.engine._metadata import track_used_topics
 from shared.engine._restore import BulkRestoringTableManager, register_settings
 from shared.log_config import logging_config
@@ -122,8 +124,22 @@ def serve_api(app: faust.App, api: FastAPI, settings: Settings, default_port: in
                h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES)
 
 
+class _Worker(faust.Worker):
+    """Faust's worker, telling the peers it is restarting as soon as a signal stops it."""
+
+    async def _stop_on_signal(self, signal: Any) -> None:
+        # First of all: stopping the consumer waits for the running batch and its commit, and
+        # only then would Faust's on_before_shutdown run; peers probing meanwhile would find the
+        # API gone and remove this member, when a restart keeps it (see _membership).
+        try:
+            await asyncio.wait_for(announce_restart(cast(faust.App, self.app)), ANNOUNCE_TIMEOUT_S * 2)
+        except Exception as exc:
+            log.warning("could not tell the peers this instance is restarting: %r", exc)
+        await super()._stop_on_signal(signal)
+
+
 def run_worker(app: faust.App, service: str, settings: Settings) -> None:
     """Run the Faust worker in this process until SIGTERM/SIGINT."""
     log.info("starting %s (instance %s) with %s", service, settings.instance_id, env_snapshot())
-    worker = faust.Worker(app, loglevel=settings.log_level.upper(), logging_config=dict(app.conf.logging_config))
+    worker = _Worker(app, loglevel=settings.log_level.upper(), logging_config=dict(app.conf.logging_config))
     worker.execute_from_commandline()

@@ -34,7 +34,7 @@ from typing import Any
 
 from shared.dead_letters import DeadLetter, dead_letter_for
 from shared.engine._durable import Batch, DurableTable, InRecord, OrderedInput, Rows
-from shared.engine._faults import CRASH
+from shared.engine._faults import BLOCK, CRASH
 from shared.engine._internals import partition_db
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
@@ -134,6 +134,7 @@ async def commit(
         await commit_transaction(transactions, order, ordered, batch, what, next_offset)
         return
     CRASH.reached("handled")
+    BLOCK.reached()
     await producer.send(batch.sends, what)
     CRASH.reached("sent")
     if order is None or ordered is None:
@@ -176,6 +177,7 @@ async def commit_transaction(
       restores read committed records only.
     """
     CRASH.reached("handled")
+    BLOCK.reached()
     pending: list[tuple[DurableTable, Rows]] = []
     if order is None or ordered is None:
         if batch.rows:

@@ -197,3 +197,18 @@ def _consumer_highwater(app: faust.App, tp: TP) -> int | None:
     except Exception:  # not started yet, or the partition is not assigned to the consumer
         return None
     return int(highwater) if highwater is not None else None
+
+
+async def assigned_copies(app: faust.App) -> dict[str, dict[int, Copy]]:
+    """Changelog topic -> partition -> this instance's copy, for every partition of every table
+    assigned to it (as active or standby)."""
+    assignor = cast(Any, app.assignor)
+    assigned = set(assignor.assigned_actives()) | set(assignor.assigned_standbys())
+    out: dict[str, dict[int, Copy]] = {}
+    for table in app.tables.values():
+        topic = table.changelog_topic.get_topic_name()
+        for tp in sorted(tp for tp in assigned if tp.topic == topic):
+            copy = await local_copy(app, cast(AnyTable, table), tp.partition)
+            if copy is not None:
+                out.setdefault(topic, {})[tp.partition] = copy
+    return out

@@ -31,6 +31,7 @@ from shared.engine._consumer import BatchConsumer
 from shared.engine._copies import start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._gc import freeze_startup_objects
+from shared.engine._membership import PeerWatch
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions
 from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.engine._versions import check_versions
@@ -101,6 +102,13 @@ class Engine:
         if exactly_once(settings):
             self._exactly_once(consumer_class)
         self.app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
+        # Peers watched, and a dead one's group member removed, so its partitions move at once.
+        self.peer_watch: PeerWatch | None = None
+        if settings.peer_watch:
+            self.peer_watch = PeerWatch(
+                self.app, service, app_id(service, settings), settings.url_for(default_port), settings,
+            )
+            self.app.task(self.peer_watch.run)
         # The engine's own clients connect as the worker starts: each one's first metadata
         # fetch covers every topic of the cluster, which is better paid before the first batch.
         self.app.task(self._start_clients)
@@ -113,6 +121,8 @@ class Engine:
             await self.backfill.start()
 
     async def _on_shutdown(self, app: Any, **_: Any) -> None:
+        if self.peer_watch is not None:
+            await self.peer_watch.close()
         if self.transactions is not None:
             await self.transactions.stop()
         await self.producer.stop()

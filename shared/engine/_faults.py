@@ -1,4 +1,5 @@
-"""Crash points for the crash tests: SIGKILL this worker at a chosen step of a batch's commit.
+"""Crash points for the crash tests: SIGKILL this worker at a chosen step of a batch's commit;
+and a stall for the failover tests: block the worker's event loop during one batch.
 
 ``STATEFLEET_CRASH_AT=<point>:<n>`` kills the process (SIGKILL, no clean-up of any kind)
 the n-th time a batch reaches ``<point>``:
@@ -12,7 +13,11 @@ points are: ``handled`` (nothing sent), ``sent`` (the transaction's records, out
 changelog rows, are acknowledged; the transaction is neither committed nor aborted) and
 ``logged`` (the transaction is committed, the local tables not yet written).
 
-Unset (always, outside those tests) it costs one comparison per batch.
+``STATEFLEET_BLOCK_AT=<n>:<seconds>`` keeps the worker's event loop busy (on the CPU,
+holding the GIL as Python code does, not sleeping) for that long the n-th time a batch
+has been handled, as a batch that takes that long would.
+
+Unset (always, outside those tests) each costs one comparison per batch.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 
 log = logging.getLogger(__name__)
 
@@ -47,3 +53,29 @@ class CrashPoint:
 
 
 CRASH = CrashPoint(os.environ.get("STATEFLEET_CRASH_AT"))
+
+
+class BlockPoint:
+    def __init__(self, spec: str | None) -> None:
+        self.remaining = 0
+        self.seconds = 0.0
+        if spec:
+            n, _, seconds = spec.partition(":")
+            try:
+                self.remaining, self.seconds = int(n), float(seconds)
+            except ValueError:
+                raise ValueError(f"STATEFLEET_BLOCK_AT must be '<n>:<seconds>', got {spec!r}") from None
+
+    def reached(self) -> None:
+        if self.remaining <= 0:
+            return
+        self.remaining -= 1
+        if self.remaining == 0:
+            log.warning("STATEFLEET_BLOCK_AT: blocking this worker's event loop for %.1fs", self.seconds)
+            end = time.monotonic() + self.seconds
+            while time.monotonic() < end:
+                pass
+            log.warning("STATEFLEET_BLOCK_AT: unblocked")
+
+
+BLOCK = BlockPoint(os.environ.get("STATEFLEET_BLOCK_AT"))

@@ -1,18 +1,22 @@
 """The few private Faust APIs the fleet relies on, wrapped in one place.
 
-Faust does not expose a table partition's RocksDB handle or the map from changelog
-partition to owning instance. Both are needed (range scans, query forwarding); if a
+Faust does not expose a table partition's RocksDB handle, the map from changelog
+partition to owning instance, or its consumer's group coordinator. Each is needed
+(range scans, query forwarding, group membership); if a
 Faust upgrade moves them, this is the only module to change.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any, cast
 
 import faust
 from faust.types import TP, TableT
 from rocksdict import Rdict
+
+log = logging.getLogger(__name__)
 
 AnyTable = TableT[Any, Any]
 
@@ -110,3 +114,26 @@ def input_lag(app: faust.App, tps: set[TP]) -> dict[TP, int | None]:
             highwater = None
         out[tp] = None if highwater is None else max(0, int(highwater) - int(committed.get(tp) or 0))
     return out
+
+
+def member_urls(app: faust.App) -> set[str]:
+    """Canonical URLs of every instance the last assignment gave active partitions to, of tables
+    or of other topics (the assignor publishes both maps to every member)."""
+    assignor = cast(Any, app.assignor)
+    distributions = (assignor.changelog_distribution or {}, assignor.external_topic_distribution or {})
+    return {str(url).rstrip("/") for distribution in distributions for url in distribution}
+
+
+def request_rejoin(app: faust.App) -> bool:
+    """Have the worker's consumer rejoin its group now (False if it has not started).
+
+    aiokafka's group coordinator runs on the consumer thread's loop, so the request is
+    handed to that loop."""
+    try:
+        thread = cast(Any, app.consumer)._thread
+        coordinator = thread._ensure_consumer()._coordinator
+        thread.thread_loop.call_soon_threadsafe(coordinator.request_rejoin)
+    except Exception as exc:  # not started, or stopping
+        log.debug("no rejoin: %r", exc)
+        return False
+    return True

@@ -353,20 +353,147 @@ def is_local_scope(request: Request) -> bool:
     return request.query_params.get(LOCAL_SCOPE_PARAM) == "local"
 
 
-async def gather(
+PartitionsPage = Callable[[list[int]], Awaitable[Any]]
+
+#: With ``scope=local``: the partitions a peer asks this instance to list (default: those it owns).
+PARTITIONS_PARAM = "partitions"
+_SOURCE_RANK = {"active": 0, "standby": 1, "restoring": 2}
+
+
+async def local_scope_partitions(ctx: ServiceContext, request: Request, table: AnyTable, owned: set[int]) -> list[int]:
+    """The partitions a ``scope=local`` request asks this instance to list: the ``partitions``
+    it names, or else those it owns. A copy read (``X-Statefleet-Read-Copy``) is answered only
+    when this instance holds a copy of every partition named, and says how far behind they are."""
+    raw = request.query_params.get(PARTITIONS_PARAM)
+    if not raw:
+        return sorted(owned)
+    try:
+        partitions = sorted({int(p) for p in raw.split(",")})
+    except ValueError as exc:
+        raise Unprocessable(f"{PARTITIONS_PARAM} must be comma-separated partition numbers") from exc
+    if request.headers.get(READ_COPY):
+        copies = [await local_copy(ctx.app, table, p) for p in partitions]
+        if any(copy is None for copy in copies):
+            raise Unavailable("no copy of some of those partitions here", retry_after=RETRY_AFTER_S)
+        held = [copy for copy in copies if copy is not None]
+        request.state.read_from = _worst(held)
+    return partitions
+
+
+def _worst(copies: Iterable[Copy | ReadFrom]) -> ReadFrom:
+    source, lag = "active", 0
+    for copy in copies:
+        if _SOURCE_RANK.get(copy.source, 2) > _SOURCE_RANK[source]:
+            source = copy.source
+        lag = -1 if lag == -1 or copy.lag is None else max(lag, copy.lag)
+    return ReadFrom(source, None if lag == -1 else lag)
+
+
+async def gather(ctx: ServiceContext, request: Request, table: AnyTable, local: PartitionsPage) -> list[Any]:
+    """One local page per instance that answers for some partitions of ``table``: from each
+    partition's owner, or, where the owner cannot answer, from the freshest copy of it (as a
+    point read does). The answer's source headers give the least fresh copy that contributed.
+
+    Peers are asked the same path and query with ``scope=local`` and the ``partitions`` they
+    should list. While some partition has no instance that can answer, it asks again for up
+    to ``read_retry_s``, then answers 503: a list is never silently missing a partition.
+    """
+    max_lag = requested_max_lag(request)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ctx.settings.read_retry_s
+    while True:
+        try:
+            pages, read_from = await _gather_partitions(ctx, request, table, local)
+        except NoCopy:
+            if loop.time() >= deadline:
+                raise
+            await asyncio.sleep(READ_RETRY_INTERVAL_S)
+            continue
+        if max_lag is not None and (read_from.lag is None or read_from.lag > max_lag):
+            raise StaleCopy(read_from.lag, max_lag, read_from.source)
+        request.state.read_from = read_from
+        READS_SERVED.labels(ctx.service, read_from.source).inc()
+        return pages
+
+
+async def _gather_partitions(
+    ctx: ServiceContext, request: Request, table: AnyTable, local: PartitionsPage,
+) -> tuple[list[Any], ReadFrom]:
+    by_owner: dict[str | None, list[int]] = {}
+    for p in range(ctx.settings.topic_partitions):
+        owner = None if ctx.app.rebalancing else partition_owner_url(ctx.app, table, p)
+        by_owner.setdefault(owner, []).append(p)
+    pages: list[Any] = []
+    sources: list[ReadFrom] = []
+    orphans = list(by_owner.pop(None, []))
+
+    async def ask(url: str, partitions: list[int], *, copy: bool) -> tuple[Any, ReadFrom] | None:
+        params = dict(request.query_params)
+        params[LOCAL_SCOPE_PARAM] = "local"
+        params[PARTITIONS_PARAM] = ",".join(map(str, partitions))
+        headers = {FORWARDED_BY: ctx.url, **({READ_COPY: "1"} if copy else {})}
+        try:
+            resp = await ctx.http.get(url + raw_path(request), params=params, headers=headers, timeout=_owner_timeout(ctx))
+        except httpx.HTTPError:
+            ctx.suspect(url)
+            return None
+        if resp.status_code != 200:
+            return None
+        if SOURCE not in resp.headers:  # the owner answered from the partitions it processes
+            return loads(resp.content), ReadFrom("active", 0)
+        return loads(resp.content), ReadFrom(resp.headers[SOURCE], _lag_header(resp))
+
+    mine = by_owner.pop(ctx.url, [])
+    if mine:
+        if ctx.ready() and not ctx.app.rebalancing:
+            pages.append(await local(mine))
+            sources.append(ReadFrom("active", 0))
+        else:
+            orphans.extend(mine)
+    remote = {owner: parts for owner, parts in by_owner.items() if owner is not None and not ctx.suspected(owner)}
+    orphans.extend(p for owner, parts in by_owner.items() if owner not in remote for p in parts)
+    owners = sorted(remote)
+    for owner, answer in zip(owners, await asyncio.gather(*(ask(o, remote[o], copy=False) for o in owners)), strict=True):
+        if answer is None:
+            orphans.extend(remote[owner])
+        else:
+            pages.append(answer[0])
+            sources.append(answer[1])
+    if orphans:
+        READ_FAILOVERS.labels(ctx.service, "list partition without an answering owner").inc(len(orphans))
+    peers = _peers(ctx, table) - {ctx.url}
+    for p in sorted(orphans):
+        candidates: list[tuple[ReadFrom, Any]] = []
+        copy = await local_copy(ctx.app, table, p)
+        if copy is not None:
+            candidates.append((ReadFrom(copy.source, copy.lag), None))
+        if copy is None or copy.lag != 0:
+            answers = await asyncio.gather(*(ask(peer, [p], copy=True) for peer in sorted(peers)))
+            candidates += [(read_from, page) for page, read_from in (a for a in answers if a is not None)]
+        if not candidates:
+            raise NoCopy(f"no instance that answered holds a copy of partition {p}; retry shortly",
+                         retry_after=RETRY_AFTER_S)
+        read_from, page = min(candidates, key=lambda c: _lag_order(c[0].lag))
+        pages.append(await local([p]) if page is None else page)
+        sources.append(read_from)
+    return pages, _worst(sources)
+
+
+async def gather_owners(
     ctx: ServiceContext,
     request: Request,
     table: AnyTable,
     local: Callable[[], Awaitable[Any]],
 ) -> list[Any]:
-    """The local answer of every instance that owns partitions of ``table``.
+    """The local answer of every instance that owns partitions of ``table``, for answers that
+    only owners can give (figures kept in memory by the owner, such as the retry scheduler's
+    stats).
 
     Each peer is asked the same path and query with ``scope=local``; this instance
     calls ``local`` directly. While any partition has no known owner, or an owner does
     not answer, it asks again for up to ``read_retry_s`` (around a restart or a
     rebalance ownership settles within about a second), then answers 503: a list is
-    never silently missing a partition. Lists are answered by the owners alone, not yet
-    from copies.
+    never silently missing a partition.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ctx.settings.read_retry_s

@@ -3,6 +3,10 @@
 The operator console reads it from one instance of a service to find the others (the
 ``peers``), then from each of them; the answer is this instance's own view and is
 never forwarded.
+
+POST /instance/restarting is the peers' own: a worker stopping on SIGTERM tells each
+peer it is restarting, so their peer watch does not remove its group member meanwhile
+(see ``shared/engine/_membership.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from shared.engine import TopicPartition as TP
-from shared.engine import assigned_partitions, input_lag, known_instance_urls
-from shared.http.deps import Ctx
+from shared.engine import assigned_copies, assigned_partitions, input_lag, known_instance_urls, note_peer_restarting
+from shared.http.deps import Admin, Ctx
+from shared.http.errors import error_responses
 
 router = APIRouter(tags=["health"])
 
@@ -29,6 +34,11 @@ class TopicLag(BaseModel):
     partitions: dict[str, int | None] = Field(description="Partition number -> records not yet committed")
 
 
+class CopyOut(BaseModel):
+    source: str = Field(description="active, standby or restoring (see X-Statefleet-Source)")
+    lag: int | None = Field(description="Changelog records this copy has not applied (null: end not known yet)")
+
+
 class InstanceOut(BaseModel):
     service: str
     instance: str = Field(description="STATEFLEET_INSTANCE_ID")
@@ -38,6 +48,10 @@ class InstanceOut(BaseModel):
     active: dict[str, list[int]] = Field(description="Topic -> partitions this instance owns as active")
     standby: dict[str, list[int]] = Field(description="Changelog topic -> partitions kept here as standby copies")
     lag: dict[str, TopicLag] = Field(description="Input topic -> consumer lag (high watermark minus committed offset)")
+    copies: dict[str, dict[str, CopyOut]] = Field(
+        default_factory=dict,
+        description="Changelog topic -> partition -> this instance's copy of it (active, standby or restoring) and its lag",
+    )
     peers: list[str] = Field(description="URLs of every instance of the service the last assignment named, this one included")
 
 
@@ -59,7 +73,12 @@ async def instance(ctx: Ctx) -> Any:
         topic = lag.setdefault(tp.topic, {"total": 0, "partitions": {}})
         topic["partitions"][str(tp.partition)] = behind
         topic["total"] = None if behind is None or topic["total"] is None else topic["total"] + behind
+    copies = {
+        topic: {str(p): {"source": copy.source, "lag": copy.lag} for p, copy in sorted(parts.items())}
+        for topic, parts in sorted((await assigned_copies(app)).items())
+    }
     return {
+        "copies": copies,
         "service": ctx.service,
         "instance": ctx.settings.instance_id,
         "url": ctx.url,
@@ -70,3 +89,22 @@ async def instance(ctx: Ctx) -> Any:
         "lag": lag,
         "peers": sorted(known_instance_urls(app) | {ctx.url}),
     }
+
+
+class RestartingIn(BaseModel):
+    url: str = Field(min_length=1, max_length=2048, description="The restarting instance's URL (as its peers know it)")
+
+
+class RestartingOut(BaseModel):
+    url: str
+    noted: bool = Field(description="False when this instance keeps no peer watch (STATEFLEET_PEER_WATCH=false)")
+    grace_s: float = Field(description="How long its group member is left alone (the session timeout)")
+
+
+@router.post(
+    "/instance/restarting", response_model=RestartingOut, dependencies=[Admin], responses=error_responses(401, 422),
+    summary="A peer is restarting: do not remove its group member meanwhile (sent by the peers themselves)",
+)
+async def restarting(body: RestartingIn, ctx: Ctx) -> Any:
+    noted = note_peer_restarting(ctx.app, body.url)
+    return {"url": body.url, "noted": noted, "grace_s": ctx.settings.session_timeout_s}

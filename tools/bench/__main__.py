@@ -1,6 +1,6 @@
 """Run the benchmarks: ``python -m tools.bench [area ...] [-- area args]``.
 
-Areas: faust_ceiling, tallies, scaleout, validator, retry_scheduler, spark, peers. With no area
+Areas: faust_ceiling, tallies, scaleout, availability, failover, validator, retry_scheduler, spark, peers. With no area
 named, all of them run in that order with their default sizes.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-AREAS = ("faust_ceiling", "tallies", "scaleout", "validator", "retry_scheduler", "spark", "peers")
+AREAS = ("faust_ceiling", "tallies", "scaleout", "availability", "failover", "validator", "retry_scheduler", "spark", "peers")
 
 
 def main(argv: list[str]) -> int:

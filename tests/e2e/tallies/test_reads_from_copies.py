@@ -13,7 +13,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.e2e.tallies.test_tallies_e2e import assert_tallies_settle
+from tests.e2e.tallies.test_tallies_e2e import all_tallies, assert_tallies_settle
 from tests.support.accounts import generate
 from tests.support.kafka import produce
 from tests.support.services import ServiceProcess, wait_for
@@ -81,10 +81,18 @@ class Reader:
         self._thread.join(30)
 
 
+@pytest.fixture(params=[{}])
+def fleet_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    env: dict[str, str] = request.param
+    return env
+
+
 @pytest.fixture
-def settled_fleet(start_tallies: Any, tally_topics: dict[str, str]) -> tuple[dict[str, ServiceProcess], dict[str, Any]]:
+def settled_fleet(
+    start_tallies: Any, tally_topics: dict[str, str], fleet_env: dict[str, str],
+) -> tuple[dict[str, ServiceProcess], dict[str, Any]]:
     history = generate(programs=40, accounts_per_program=12, seed=17, logins_per_program=4)
-    procs = {n: start_tallies(n) for n in ("a", "b", "c")}
+    procs = {n: start_tallies(n, **fleet_env) for n in ("a", "b", "c")}
     produce(tally_topics["events"], history.events)
     produce(tally_topics["logins"], history.logins)
     assert_tallies_settle(procs["b"], history.expected)
@@ -92,6 +100,9 @@ def settled_fleet(start_tallies: Any, tally_topics: dict[str, str]) -> tuple[dic
     return procs, history.expected
 
 
+#: The dead owner's partitions stay unassigned (no peer watch, the default 45 s session timeout),
+#: so the reads of them are answered from copies the whole time.
+@pytest.mark.parametrize("fleet_env", [{"STATEFLEET_PEER_WATCH": "false"}], indirect=True)
 def test_owner_sigkilled_every_key_answered_from_a_copy(
     settled_fleet: tuple[dict[str, ServiceProcess], dict[str, Any]],
 ) -> None:
@@ -118,19 +129,23 @@ def test_owner_sigkilled_every_key_answered_from_a_copy(
                 assert resp.status_code == 200, resp.text
                 assert resp.json() == expected[program]
                 assert (resp.headers[SOURCE], resp.headers[LAG]) == ("standby", "0")
+        for proc in survivors:  # lists gather the dead owner's partitions from their copies
+            assert all_tallies(proc, limit=100) == expected
+            listed = http.get(proc.url + "/tallies", params={"limit": 1000})
+            assert (listed.headers[SOURCE], listed.headers[LAG]) == ("standby", "0")
         bad = read_tally(http, procs["b"], owned_by_victim[0], max_lag=-1)
         assert bad.status_code == 422 and bad.json()["error"] == "invalid_request"
 
 
 def test_rolling_restart_fails_no_read(
-    settled_fleet: tuple[dict[str, ServiceProcess], dict[str, Any]], start_tallies: Any,
+    settled_fleet: tuple[dict[str, ServiceProcess], dict[str, Any]], start_tallies: Any, fleet_env: dict[str, str],
 ) -> None:
     procs, expected = settled_fleet
     for name in ("a", "b", "c"):
         others = [proc for n, proc in procs.items() if n != name]
         with Reader(others, expected) as reader:
             procs[name].stop()  # SIGTERM: the running batch finishes and commits
-            procs[name] = start_tallies(name)
+            procs[name] = start_tallies(name, **fleet_env)
             target = reader.answered + len(expected)
             wait_for(lambda t=target: reader.answered >= t, timeout=60, message="a round after the restart")
         assert not reader.failed, f"restarting {name}: {len(reader.failed)} reads failed: {reader.failed[:5]}"

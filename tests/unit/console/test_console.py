@@ -237,3 +237,16 @@ async def test_fleet_poll_rates_and_down_instances() -> None:
         tallies = next(s for s in snap.services if s.name == "tallies")
         assert tallies.state == "down" and "did not answer" in (tallies.error or "")
         assert [i.state for i in tallies.instances] == ["down"], "the instance seen before stays listed, as down"
+
+
+def test_copies_behind_says_how_far_each_kind_of_copy_is_behind() -> None:
+    from services.console.models import copies_behind
+
+    copies = {
+        "x-memberships-changelog": {"0": {"source": "active", "lag": 0}, "3": {"source": "standby", "lag": 0}},
+        "x-last-logins-changelog": {"3": {"source": "standby", "lag": 1200}, "5": {"source": "restoring", "lag": None}},
+    }
+    assert copies_behind(copies, "standby") == "up to 1,200 records behind"
+    assert copies_behind(copies, "restoring") == "lag not known yet"
+    assert copies_behind(copies, "active") == "up to date"
+    assert copies_behind({}, "standby") is None

@@ -26,6 +26,7 @@ def coordinator_log(caplog: pytest.LogCaptureFixture) -> Iterator[logging.Logger
         root.setLevel(level)
         logger.filters.clear()
         logging.getLogger("aiokafka.cluster").filters.clear()
+        logging.getLogger("httpx").filters.clear()
 
 
 def test_a_retriable_coordinator_lookup_failure_is_a_warning(
@@ -52,3 +53,15 @@ def test_a_topic_missing_from_one_metadata_response_is_a_warning(
     [record] = [r for r in caplog.records if r.name == cluster_log.name]
     assert record.levelname == "WARNING"
     assert "p.account-events" in record.getMessage()
+
+
+def test_peer_probes_are_not_logged_other_requests_are(
+    coordinator_log: logging.Logger, caplog: pytest.LogCaptureFixture,
+) -> None:
+    httpx_log = logging.getLogger("httpx")
+    line = 'HTTP Request: %s %s "%s %d %s"'
+    httpx_log.info(line, "GET", "http://10.0.0.2:8002/healthz", "HTTP/1.1", 200, "OK")
+    httpx_log.info(line, "GET", "http://10.0.0.2:8002/tallies/p-1", "HTTP/1.1", 200, "OK")
+    assert [r.getMessage() for r in caplog.records if r.name == "httpx"] == [
+        'HTTP Request: GET http://10.0.0.2:8002/tallies/p-1 "HTTP/1.1 200 OK"',
+    ]

@@ -85,3 +85,26 @@ def test_405_names_every_method_the_path_takes(service: str, method: str, path: 
     assert r.status_code == 405
     assert r.headers["allow"] == allow
     assert r.json()["error"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize("service", ROUTERS)
+def test_every_read_from_state_documents_max_lag_and_its_source_headers(service: str) -> None:
+    schema = service_api(ROUTERS[service]).openapi()
+    reads = [
+        (path, op) for path, method, op in operations(schema)
+        if any(p["name"] == "max_lag" for p in op.get("parameters", ()))
+    ]
+    assert reads, "no operation of this service documents max_lag"
+    for path, op in reads:
+        headers = op["responses"]["200"]["headers"]
+        assert {"X-Statefleet-Source", "X-Statefleet-Lag-Records"} <= set(headers), path
+        assert "max_lag" in op["responses"]["503"]["description"], path
+
+
+@pytest.mark.parametrize("value", ["\r5", " 5", "5 ", "5\n", "\x7f5"])
+def test_query_values_with_control_characters_or_spaces_are_refused(value: str) -> None:
+    client = TestClient(service_api(ROUTERS["tallies"]))
+    resp = client.get("/tallies", params={"limit": value})
+    assert resp.status_code == 422
+    assert resp.json()["error"] == "invalid_request"
+    assert resp.json()["detail"][0]["loc"] == ["query", "limit"]

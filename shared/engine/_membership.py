@@ -1,0 +1,382 @@
+"""The peer watch: a dead instance's partitions move within seconds, not after the session timeout.
+
+With static membership (``group.instance.id``) the group coordinator keeps a silent
+member, and the partitions assigned to it, until its session times out (45 s by
+default): a SIGKILLed instance's partitions are processed by nobody for that long. The
+session timeout cannot simply be lowered, since a busy but healthy instance would then
+be expelled. Instead every instance watches its peers over HTTP, where "dead" can be
+told from "busy":
+
+* **Probes.** Every ``peer_probe_interval_s`` each peer's ``GET /healthz`` is asked on a
+  fresh TCP connection. Any HTTP answer means the process is there. A connection that is
+  made but not answered in time is *slow*, not dead: the kernel completes the handshake
+  for a listening socket even while the process's event loop is blocked by a long batch
+  or the process is stopped (SIGSTOP), so slowness is never evidence of death (the
+  broker's session timeout remains the judge of a hung process). A refused connection
+  (the port is closed: the process is gone) or a connect timeout (on Kubernetes a dead
+  pod's address stops answering at all) is evidence; a peer is *gone* after at least
+  :data:`MIN_FAILED_PROBES` such probes in a row spanning ``peer_gone_after_s``. Only a
+  peer seen listening before is judged: a joining instance is in the assignment before its
+  API listens (the worker starts it once recovered), and one that dies before it ever
+  listens is left to the session timeout.
+* **Removal.** For a gone peer, the group is described on its coordinator
+  (DescribeGroups); each member's metadata is Faust's, which holds the member's URL
+  (:func:`member_url`). The member with the gone URL is removed by LeaveGroup v1 with its
+  member id and no instance id, which the broker accepts for a static member; the group
+  rebalances at once, and each survivor that sees the member gone from the group rejoins
+  right away instead of waiting for its next heartbeat to hear of the rebalance.
+* **Who acts.** Each survivor judges on its own probes. The survivor with the lowest URL
+  among those it sees alive (itself included) acts as soon as the peer is gone; the
+  others act only ``peer_gone_after_s`` later per place in that order, as a backup for a
+  survivor that cannot act. A second LeaveGroup for a member already removed is answered
+  UNKNOWN_MEMBER_ID and changes nothing, so a duplicate from a backup is harmless.
+* **Restarts.** A worker stopping on SIGTERM tells its peers it is restarting
+  (``POST /instance/restarting``, see :func:`announce_restart`); they then leave its
+  member alone for the session timeout, so a quick restart with static membership gets
+  its partitions back without a rebalance. If it does not return in that time, the
+  broker's session timeout removes it anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import time
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+import httpx
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+from aiokafka.protocol.group import LeaveGroupRequest
+
+from shared.engine._admin import _Admin
+from shared.engine._clients import client_kwargs, started_when_reachable
+from shared.engine._internals import member_urls, request_rejoin
+from shared.metrics import PEER_FAILOVERS, PEER_RESTARTS_ANNOUNCED
+from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Failed probes in a row, at the least, before a peer counts as gone (besides the time they span).
+MIN_FAILED_PROBES = 3
+#: A probe that took this much longer than its timeout measured this instance's own event loop
+#: (blocked, or the process stopped), not the peer: its outcome is not counted.
+LATE_PROBE_SLACK_S = 0.5
+#: The path peers announce a restart to (served by shared.http.instance).
+RESTARTING_PATH = "/instance/restarting"
+#: Longest a stopping worker waits for its peers to take its restart announcement.
+ANNOUNCE_TIMEOUT_S = 1.0
+#: Longest wait for one request to the group coordinator.
+COORDINATOR_TIMEOUT_S = 5.0
+#: Kafka's error code for a member id the coordinator does not know (already removed).
+UNKNOWN_MEMBER_ID = 25
+#: A survivor asks its own consumer to rejoin for one gone peer at most this often.
+REJOIN_EVERY_S = 5.0
+
+
+class Probe(enum.Enum):
+    UP = "up"                    # answered over HTTP, whatever the status: the process is there
+    SLOW = "slow"                # connected but no answer in time: busy or stopped, not dead
+    UNREACHABLE = "unreachable"  # refused, connect timed out, or reset: evidence of death
+    LATE = "late"                # this instance was late itself: says nothing about the peer
+
+
+def classify(error: BaseException | None, elapsed_s: float, timeout_s: float) -> Probe:
+    """What one probe's outcome (``None``: an HTTP answer) says about the peer."""
+    if elapsed_s > timeout_s + LATE_PROBE_SLACK_S:
+        return Probe.LATE
+    if error is None:
+        return Probe.UP
+    if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
+        return Probe.UNREACHABLE
+    if isinstance(error, httpx.TimeoutException):  # read or write timeout on a made connection
+        return Probe.SLOW
+    if isinstance(error, httpx.TransportError):  # reset or closed mid-request: the next probe tells more
+        return Probe.UNREACHABLE
+    return Probe.UP  # an answer this client could not use is still an answer
+
+
+def member_url(metadata: bytes) -> str | None:
+    """The URL in a group member's metadata (Faust's assignor puts its ClientMetadata, as JSON,
+    in the consumer protocol's user data); None for metadata that is not Faust's."""
+    try:
+        user_data = ConsumerProtocolMemberMetadata.decode(metadata).user_data
+        url = json.loads(user_data).get("url")
+    except Exception:
+        return None
+    return str(url).rstrip("/") if isinstance(url, str) and url else None
+
+
+@dataclass(frozen=True)
+class Gone:
+    url: str
+    failures: int
+    since: float  # when the first of the failed probes in a row started
+
+
+@dataclass
+class _Peer:
+    failures: int = 0
+    first_failure: float | None = None
+    # A joining instance is in the assignment before its API listens (the worker starts it once
+    # recovered), so a peer is judged only once it has been seen listening.
+    seen_up: bool = False
+
+
+@dataclass
+class _Announcement:
+    until: float
+    seen_down: bool = False  # once down and then up again, it is back and the announcement is spent
+
+
+@dataclass
+class PeerVerdicts:
+    """What the probes say of each peer, and when this instance acts on a gone one (no I/O, no clock)."""
+
+    own_url: str
+    gone_after_s: float
+    restart_grace_s: float
+    min_failures: int = MIN_FAILED_PROBES
+    _peers: dict[str, _Peer] = field(default_factory=dict)
+    _restarting: dict[str, _Announcement] = field(default_factory=dict)
+
+    def set_peers(self, urls: Iterable[str]) -> None:
+        """The peers to watch now (the last assignment's); others are forgotten."""
+        urls = {u.rstrip("/") for u in urls} - {self.own_url}
+        self._peers = {u: self._peers.get(u) or _Peer() for u in urls}
+
+    @property
+    def peers(self) -> list[str]:
+        return sorted(self._peers)
+
+    def record(self, url: str, probe: Probe, now: float) -> None:
+        peer = self._peers.get(url)
+        if peer is None or probe is Probe.LATE:
+            return
+        announced = self._restarting.get(url)
+        if probe is Probe.UNREACHABLE:
+            if peer.failures == 0:
+                peer.first_failure = now
+            peer.failures += 1
+            if announced is not None:
+                announced.seen_down = True
+            return
+        peer.failures, peer.first_failure, peer.seen_up = 0, None, True
+        if probe is Probe.UP and announced is not None and announced.seen_down:
+            del self._restarting[url]  # back from its restart
+
+    def announce_restart(self, url: str, now: float) -> None:
+        self._restarting[url.rstrip("/")] = _Announcement(until=now + self.restart_grace_s)
+
+    def restarting(self, url: str, now: float) -> bool:
+        announced = self._restarting.get(url)
+        if announced is not None and now >= announced.until:
+            del self._restarting[url]
+            return False
+        return announced is not None
+
+    def gone(self, now: float) -> list[Gone]:
+        """Peers whose probes failed long and often enough, and that did not announce a restart."""
+        out = []
+        for url, peer in sorted(self._peers.items()):
+            if (peer.seen_up and peer.first_failure is not None and peer.failures >= self.min_failures
+                    and now - peer.first_failure >= self.gone_after_s and not self.restarting(url, now)):
+                out.append(Gone(url, peer.failures, peer.first_failure))
+        return out
+
+    def rank(self, now: float) -> int:
+        """This instance's place among the instances it sees alive, by URL (0: it acts first)."""
+        alive = {u for u, p in self._peers.items() if p.failures == 0 and not self.restarting(u, now)}
+        return sorted(alive | {self.own_url}).index(self.own_url)
+
+    def due(self, gone: Gone, now: float) -> bool:
+        """Whether this instance removes ``gone``'s member now: at once when it ranks first,
+        else ``gone_after_s`` later per place, as a backup."""
+        return now >= gone.since + self.gone_after_s * (1 + self.rank(now))
+
+    def removed(self, url: str) -> None:
+        """Its member was removed: a new case needs new evidence, once it is seen up again."""
+        if url in self._peers:
+            self._peers[url] = _Peer()
+
+
+_WATCHES: weakref.WeakKeyDictionary[Any, PeerWatch] = weakref.WeakKeyDictionary()
+
+
+def note_peer_restarting(app: faust.App, url: str) -> bool:
+    """A peer says it is restarting: leave its member alone for a session timeout. False when
+    this instance keeps no peer watch."""
+    watch = _WATCHES.get(app)
+    if watch is None:
+        return False
+    watch.verdicts.announce_restart(url, time.monotonic())
+    PEER_RESTARTS_ANNOUNCED.labels(watch.service).inc()
+    log.info("peer %s says it is restarting: not removing it for %.0fs", url.rstrip("/"), watch.settings.session_timeout_s)
+    return True
+
+
+async def announce_restart(app: faust.App) -> None:
+    """Tell every peer this instance is restarting (a worker stopping on a signal), and stop
+    acting on peers; each peer is given :data:`ANNOUNCE_TIMEOUT_S` at most."""
+    watch = _WATCHES.get(app)
+    if watch is not None:
+        await watch.announce_restart()
+
+
+class PeerWatch:
+    """Probes the peers and removes a gone one's group member (see the module docs)."""
+
+    def __init__(self, app: faust.App, service: str, group_id: str, own_url: str, settings: Settings) -> None:
+        self.app = app
+        self.service = service
+        self.group_id = group_id
+        self.settings = settings
+        self.interval_s = settings.peer_probe_interval_s
+        # Connect timeouts count as evidence, so several must fit in the time a peer needs to be gone.
+        self.probe_timeout_s = min(0.5, settings.peer_gone_after_s / 2)
+        self.verdicts = PeerVerdicts(own_url.rstrip("/"), settings.peer_gone_after_s, settings.session_timeout_s)
+        self.stopping = False
+        self._admin: _Admin | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._rejoined: dict[str, float] = {}
+        _WATCHES[app] = self
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Probe every interval until the worker stops (an Engine app task)."""
+        # No kept-alive connections: each probe connects afresh, since a refused or timed-out
+        # connect is the evidence of death looked for.
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.probe_timeout_s), limits=httpx.Limits(max_keepalive_connections=0),
+        )
+        try:
+            self._admin = await started_when_reachable(lambda: _Admin(**client_kwargs(self.settings)), "peer watch")
+            loop = asyncio.get_running_loop()
+            while not self.stopping:
+                started = loop.time()
+                try:
+                    await self.tick()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the broker or a peer misbehaved; the next tick tries again
+                    log.warning("peer watch: %r", exc)
+                await asyncio.sleep(max(0.0, started + self.interval_s - loop.time()))
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        self.stopping = True
+        if self._http is not None:
+            await self._http.aclose()
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                await self._admin.close()
+
+    async def tick(self) -> None:
+        verdicts = self.verdicts
+        verdicts.set_peers(member_urls(self.app))
+        peers = verdicts.peers
+        if not peers:
+            return
+        outcomes = await asyncio.gather(*(self.probe(url) for url in peers))
+        now = time.monotonic()
+        for url, outcome in zip(peers, outcomes, strict=True):
+            verdicts.record(url, outcome, now)
+        for gone in verdicts.gone(now):
+            if self.stopping:
+                return
+            await self.fail_over(gone, act=verdicts.due(gone, now))
+
+    async def probe(self, url: str) -> Probe:
+        assert self._http is not None
+        started = time.monotonic()
+        error: BaseException | None = None
+        try:
+            await self._http.get(url + "/healthz")
+        except httpx.HTTPError as exc:
+            error = exc
+        return classify(error, time.monotonic() - started, self.probe_timeout_s)
+
+    # -- the group ---------------------------------------------------------------------
+
+    async def fail_over(self, gone: Gone, *, act: bool) -> None:
+        """Remove ``gone``'s member if it is still in the group and this instance acts now; rejoin
+        once it is out of the group (removed by anyone) while this instance's assignment still
+        names it."""
+        coordinator, members = await self.describe_group()
+        ids = [member_id for member_id, url in members if url == gone.url]
+        if ids and act:
+            # A last look: a peer that answers now (restarted quickly) is not removed.
+            if await self.probe(gone.url) is not Probe.UNREACHABLE:
+                return
+            for member_id in ids:
+                await self.leave_group(coordinator, member_id)
+                PEER_FAILOVERS.labels(self.service).inc()
+                log.warning("peer %s gone after %d failed probes over %.1fs; removed its member %s from group %s",
+                            gone.url, gone.failures, time.monotonic() - gone.since, member_id, self.group_id)
+            self.verdicts.removed(gone.url)
+            ids = []
+        if not ids:
+            self.rejoin(gone.url)
+
+    def rejoin(self, url: str) -> None:
+        now = time.monotonic()
+        if url not in member_urls(self.app) or now - self._rejoined.get(url, -REJOIN_EVERY_S) < REJOIN_EVERY_S:
+            return  # the group already rebalanced without it, or the rejoin was asked for already
+        self._rejoined[url] = now
+        # The coordinator tells the survivors of the rebalance only on their next heartbeat (up to
+        # 3 s away); rejoining at once saves that wait.
+        if request_rejoin(self.app):
+            log.info("peer %s is out of group %s: rejoining now", url, self.group_id)
+
+    async def describe_group(self) -> tuple[int, list[tuple[str, str | None]]]:
+        """The group's coordinator and its members as (member id, URL from the metadata)."""
+        admin = self._admin
+        assert admin is not None
+        coordinator = await asyncio.wait_for(admin.find_coordinator(self.group_id), COORDINATOR_TIMEOUT_S)
+        responses = await asyncio.wait_for(
+            admin.describe_consumer_groups([self.group_id], group_coordinator_id=coordinator), COORDINATOR_TIMEOUT_S,
+        )
+        members: list[tuple[str, str | None]] = []
+        for response in responses:
+            for group in response.groups:
+                error_code, group_id, members_at = group[0], group[1], group[5]
+                if error_code:
+                    raise RuntimeError(f"DescribeGroups {group_id}: error code {error_code}")
+                members.extend((member[0], member_url(member[3])) for member in members_at)
+        return coordinator, members
+
+    async def leave_group(self, coordinator: int, member_id: str) -> None:
+        admin = self._admin
+        assert admin is not None
+        # v1 (the highest aiokafka has) carries no instance id: the broker then removes the
+        # member by its id, static or not.
+        response = await asyncio.wait_for(
+            admin._send_request(LeaveGroupRequest(self.group_id, member_id), coordinator), COORDINATOR_TIMEOUT_S,
+        )
+        if response.error_code not in (0, UNKNOWN_MEMBER_ID):
+            raise RuntimeError(f"LeaveGroup {self.group_id} {member_id}: error code {response.error_code}")
+
+    # -- restarts ----------------------------------------------------------------------
+
+    async def announce_restart(self) -> None:
+        self.stopping = True
+        peers = sorted(member_urls(self.app) - {self.verdicts.own_url})
+        if not peers:
+            return
+        headers = {"Authorization": f"Bearer {self.settings.admin_token}"}
+        body = {"url": self.verdicts.own_url}
+        async with httpx.AsyncClient(timeout=ANNOUNCE_TIMEOUT_S) as client:
+            results = await asyncio.gather(
+                *(client.post(url + RESTARTING_PATH, json=body, headers=headers) for url in peers),
+                return_exceptions=True,
+            )
+        told = [u for u, r in zip(peers, results, strict=True) if isinstance(r, httpx.Response) and r.is_success]
+        log.info("told %d of %d peers this instance is restarting (%s)", len(told), len(peers), ", ".join(told) or "none")

@@ -1,0 +1,258 @@
+"""Failover at the default session timeout (45 s): three tallies instances share the input as
+it arrives, and one of them is SIGKILLed, stopped for 20 s (SIGSTOP), or restarted with
+SIGTERM. The peer watch (``shared/engine/_membership.py``) has the coordinator drop a dead
+member at once, so its partitions are processed again within seconds; a stopped member
+loses nothing and counts nothing twice, whether or not it is removed; and a member that
+announced its restart is not removed at all. Every case ends with exact tallies."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import threading
+import time
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.protocol.group import LeaveGroupRequest
+
+from shared.engine import partition_for
+from shared.engine._membership import member_url
+from tests.e2e.tallies.test_tallies_e2e import all_tallies, assert_tallies_settle, latest_published
+from tests.support.accounts import History, event, generate
+from tests.support.kafka import BOOTSTRAP, produce
+from tests.support.services import ServiceProcess, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+#: Small fetches, so that many batches run; the session timeout stays at its default (45 s).
+FLEET_ENV = {"STATEFLEET_CONSUMER_MAX_POLL_RECORDS": "300"}
+PARTITIONS = 8
+#: The SIGKILLed instance's partitions must be processed again well before the session timeout.
+FAILOVER_LIMIT_S = 15.0
+STALL_S = 20.0
+REMOVED = "removed its member"
+
+
+def metric(proc: ServiceProcess, name: str) -> float:
+    text = httpx.get(proc.url + "/metrics", timeout=5).text
+    m = re.search(rf'^{name}\{{service="tallies"\}} ([0-9.e+]+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def remove_member(group: str, url: str) -> int:
+    """What a peer does for a gone one: the group's members with ``url`` removed by member id."""
+    async def run() -> int:
+        admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+        await admin.start()
+        try:
+            node = await admin.find_coordinator(group)
+            [described] = await admin.describe_consumer_groups([group], group_coordinator_id=node)
+            ids = [m[0] for g in described.groups for m in g[5] if member_url(m[3]) == url]
+            for member_id in ids:
+                response = await admin._send_request(LeaveGroupRequest(group, member_id), node)
+                assert response.error_code == 0
+            return len(ids)
+        finally:
+            await admin.close()
+
+    return asyncio.run(run())
+
+
+def instance_view(proc: ServiceProcess) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(proc.url + "/instance", timeout=5).raise_for_status().json()
+    return body
+
+
+def start_fleet(start_tallies: Any, events_topic: str,
+                env: dict[str, dict[str, str]] | None = None) -> dict[str, ServiceProcess]:
+    """Three instances, once each holds a share of the input and all agree on who is in the group
+    (``env``: more variables per instance name)."""
+    fleet = {name: start_tallies(name, **FLEET_ENV, **(env or {}).get(name, {})) for name in ("a", "b", "c")}
+    urls = sorted(p.url for p in fleet.values())
+
+    def settled() -> bool:
+        views = [instance_view(p) for p in fleet.values()]
+        owned = [set(v["active"].get(events_topic, [])) for v in views]
+        return (all(v["peers"] == urls and not v["rebalancing"] and v["ready"] for v in views)
+                and all(owned) and set().union(*owned) == set(range(PARTITIONS)))
+
+    wait_for(settled, timeout=90, interval=0.5, message="three instances to share the input")
+    return fleet
+
+
+class Feeder(threading.Thread):
+    """The history's records in chunks, a few a second, as input keeps arriving in production."""
+
+    def __init__(self, history: History, topics: dict[str, str], chunk: int = 300, pause_s: float = 0.3) -> None:
+        super().__init__(daemon=True)
+        stream = [("events", k, v) for k, v in history.events] + [("logins", k, v) for k, v in history.logins]
+        stream.sort(key=lambda r: hash(r[1]) % 7)  # logins among the events; each account's events keep their order
+        self.stream, self.topics, self.chunk, self.pause_s = stream, topics, chunk, pause_s
+
+    def run(self) -> None:
+        for n in range(0, len(self.stream), self.chunk):
+            part = self.stream[n:n + self.chunk]
+            for kind in ("events", "logins"):
+                records = [(k, v) for t, k, v in part if t == kind]
+                if records:
+                    produce(self.topics[kind], records)
+            time.sleep(self.pause_s)
+
+
+def history_for_feeding() -> History:
+    return generate(programs=30, accounts_per_program=120, seed=23, logins_per_program=20)
+
+
+def test_a_killed_instances_partitions_are_processed_again_within_seconds(
+    start_tallies: Any, tally_topics: dict[str, str],
+) -> None:
+    history = history_for_feeding()
+    fleet = start_fleet(start_tallies, tally_topics["events"])
+    victim, survivors = fleet["c"], [fleet["a"], fleet["b"]]
+    mine = set(instance_view(victim)["active"][tally_topics["events"]])
+    # A program and accounts that only the victim's partitions carry, at both hops (account
+    # events by account, the tally by program): a tally for it can only come from them.
+    program = next(p for n in range(10_000) if partition_for(p := f"marker-{n}", PARTITIONS) in mine)
+    accounts = (a for n in range(100_000) if partition_for(a := f"marker-acct-{n}", PARTITIONS) in mine)
+
+    feeder = Feeder(history, tally_topics)
+    feeder.start()
+    time.sleep(2.0)  # the kill lands mid-stream
+    victim.kill()
+    killed_at = time.monotonic()
+    markers = 0
+    first_processed_s: float | None = None
+    while first_processed_s is None:
+        elapsed = time.monotonic() - killed_at
+        assert elapsed < FAILOVER_LIMIT_S, (
+            f"the killed instance's partitions were not processed again within {FAILOVER_LIMIT_S}s; "
+            f"logs:\n{survivors[0].log_tail()}\n{survivors[1].log_tail()}")
+        if markers <= elapsed * 10:  # a new marker event every 0.1 s
+            account = next(accounts)
+            produce(tally_topics["events"], [(account, orjson.dumps(event(account, program, "AccountCreated", 1)))])
+            markers += 1
+        try:
+            got = httpx.get(f"{survivors[0].url}/tallies/{program}", timeout=1)
+        except httpx.HTTPError:
+            got = None
+        if got is not None and got.status_code == 200 and got.json()["numberActive"] >= 1:
+            first_processed_s = time.monotonic() - killed_at
+        time.sleep(0.02)
+    print(f"\nfailover: the killed instance's partitions processed again {first_processed_s:.2f}s after SIGKILL")
+
+    feeder.join(120)
+    assert not feeder.is_alive()
+    expected = {**history.expected, program: {
+        "program_id": program, "numberActive": markers, "numberInactive": 0, "lastLogin": None}}
+    assert_tallies_settle(survivors[0], expected)
+    assert all_tallies(survivors[1], limit=100) == expected
+    wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,
+             message="program-tallies to hold the exact tallies")
+    # The survivor with the lower URL removed the victim's member; the other one did not need to.
+    removals = [p.log_path.read_text(errors="replace").count(REMOVED) for p in survivors]
+    assert sum(removals) >= 1 and max(removals) == 1, removals  # a backup acts only if the first has not
+    assert sum(metric(p, "statefleet_peer_failovers_total") for p in survivors) == sum(removals)
+    print(f"failover: members removed per survivor {removals}")
+
+
+@pytest.mark.parametrize("removed", [False, True], ids=["kept", "removed-while-stopped"])
+def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
+    start_tallies: Any, tally_topics: dict[str, str], prefix: str, removed: bool,
+) -> None:
+    """Stopped, the instance still accepts connections (the kernel does), so its peers do not
+    count it gone and its member stays. The other case removes the member while it is stopped,
+    as a peer that judged it gone would: it comes back fenced, with batches it fetched before
+    the stop, and rejoins."""
+    history = history_for_feeding()
+    fleet = start_fleet(start_tallies, tally_topics["events"])
+    stalled = fleet["b"]
+    assert stalled.proc is not None
+    feeder = Feeder(history, tally_topics, pause_s=0.6)  # input keeps flowing through the stall (~15 s)
+    feeder.start()
+    time.sleep(2.0)
+    stalled.proc.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        if removed:
+            assert remove_member(f"{prefix}statefleet-tallies", stalled.url) == 1
+        # The stall itself: the process does nothing meanwhile, by design.
+        time.sleep(max(0.0, STALL_S - (time.monotonic() - stopped_at)))
+    finally:
+        stalled.proc.send_signal(signal.SIGCONT)
+    feeder.join(120)
+    assert not feeder.is_alive()
+
+    expected = history.expected
+    for proc in fleet.values():
+        assert_tallies_settle(proc, expected)
+    wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,
+             message="program-tallies to hold the exact tallies")
+    removals = sum(p.log_path.read_text(errors="replace").count(REMOVED) for p in fleet.values())
+    assert removals == 0  # a stopped process is slow, not gone: its peers never remove it
+    print(f"\nstall ({'removed by the test' if removed else 'kept'}): exact after {STALL_S:.0f}s stopped")
+
+
+def rebalances(proc: ServiceProcess) -> int:
+    """Assignments this instance has received (one per rebalance it took part in)."""
+    return proc.log_path.read_text(errors="replace").count("Executing _on_partitions_assigned")
+
+
+def test_a_batch_longer_than_the_session_timeout_starves_no_heartbeat(
+    start_tallies: Any, tally_topics: dict[str, str],
+) -> None:
+    """One instance's event loop is kept busy on the CPU for 12 s in a batch, with a session
+    timeout of 6 s: its heartbeats go on from the consumer thread, its peers' probes connect
+    (slow, not gone), so no member is removed and no rebalance happens; tallies stay exact."""
+    history = history_for_feeding()
+    short = {"STATEFLEET_SESSION_TIMEOUT_S": "6"}
+    fleet = start_fleet(start_tallies, tally_topics["events"], env={
+        "a": short, "b": {**short, "STATEFLEET_BLOCK_AT": "20:12"}, "c": short,
+    })
+    feeder = Feeder(history, tally_topics, pause_s=0.6)
+    feeder.start()
+    blocked = fleet["b"]
+    wait_for(lambda: "blocking this worker's event loop" in blocked.log_path.read_text(errors="replace"),
+             timeout=30, interval=0.1, message="the batch that blocks")
+    before = {name: rebalances(p) for name, p in fleet.items()}
+    wait_for(lambda: "STATEFLEET_BLOCK_AT: unblocked" in blocked.log_path.read_text(errors="replace"),
+             timeout=60, interval=0.2, message="the blocked batch to end")
+    feeder.join(120)
+    assert not feeder.is_alive()
+
+    expected = history.expected
+    for proc in fleet.values():
+        assert_tallies_settle(proc, expected)
+    assert {name: rebalances(p) for name, p in fleet.items()} == before
+    for proc in fleet.values():
+        assert REMOVED not in proc.log_path.read_text(errors="replace")
+
+
+def test_a_restart_on_sigterm_removes_no_member(start_tallies: Any, tally_topics: dict[str, str]) -> None:
+    history = history_for_feeding()
+    fleet = start_fleet(start_tallies, tally_topics["events"])
+    survivors = [fleet["a"], fleet["b"]]
+    feeder = Feeder(history, tally_topics)
+    feeder.start()
+    time.sleep(2.0)
+    stopped_at = time.monotonic()
+    fleet["c"].stop()
+    assert "peers this instance is restarting" in fleet["c"].log_path.read_text(errors="replace")
+    # The survivors keep probing its closed port meanwhile: past the time a peer counts as gone.
+    wait_for(lambda: time.monotonic() - stopped_at > 3.0, timeout=10, message="the restart to wait past the gone time")
+    fleet["c"] = start_tallies("c", **FLEET_ENV)
+    print(f"\nrestart: back and ready {time.monotonic() - stopped_at:.1f}s after SIGTERM")
+    feeder.join(120)
+    assert not feeder.is_alive()
+
+    expected = history.expected
+    for proc in fleet.values():
+        assert_tallies_settle(proc, expected)
+    for proc in survivors:
+        assert metric(proc, "statefleet_peer_restarts_announced_total") == 1
+        assert metric(proc, "statefleet_peer_failovers_total") == 0
+        assert REMOVED not in proc.log_path.read_text(errors="replace")

@@ -1,0 +1,164 @@
+"""The peer watch's judgement, without a broker: when a peer is gone, who removes it and when,
+what a restart announcement spares, and how a member's URL is read from its group metadata."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+from faust.assignor.client_assignment import ClientAssignment, ClientMetadata
+
+from shared.engine._membership import Gone, PeerVerdicts, Probe, classify, member_url
+
+A, B, C = "http://a:1", "http://b:1", "http://c:1"
+
+
+def verdicts(own: str = A, peers: tuple[str, ...] = (B, C)) -> PeerVerdicts:
+    """Verdicts of ``own`` on ``peers``, each seen up once at time 0."""
+    v = PeerVerdicts(own_url=own, gone_after_s=1.0, restart_grace_s=45.0)
+    v.set_peers([*peers, own])
+    for url in peers:
+        v.record(url, Probe.UP, 0.0)
+    return v
+
+
+def fail(v: PeerVerdicts, url: str, times: list[float]) -> None:
+    for t in times:
+        v.record(url, Probe.UNREACHABLE, t)
+
+
+def test_a_peer_is_gone_only_after_three_failed_probes_spanning_the_gone_time() -> None:
+    v = verdicts()
+    assert v.peers == [B, C]  # never itself
+    fail(v, B, [0.0, 0.25, 0.5])
+    assert v.gone(0.9) == []  # three failures, but within 1 s
+    fail(v, B, [0.75, 1.0])
+    assert v.gone(1.0) == [Gone(B, 5, 0.0)]
+
+    w = verdicts()
+    fail(w, B, [0.0, 5.0])  # long apart, but only two
+    assert w.gone(5.0) == []
+
+
+@pytest.mark.parametrize("answer", [Probe.UP, Probe.SLOW])
+def test_an_answer_or_a_slow_connection_ends_the_streak(answer: Probe) -> None:
+    v = verdicts()
+    fail(v, B, [0.0, 0.25, 0.5, 0.75])
+    v.record(B, answer, 0.9)
+    fail(v, B, [1.0, 1.25])
+    assert v.gone(1.5) == []  # the new streak began at 1.0
+    fail(v, B, [1.5, 2.0])
+    assert v.gone(2.0) == [Gone(B, 4, 1.0)]
+
+
+def test_a_late_probe_counts_for_nothing() -> None:
+    v = verdicts()
+    fail(v, B, [0.0, 0.25])
+    v.record(B, Probe.LATE, 0.5)
+    assert v.gone(2.0) == []
+    fail(v, B, [2.0])
+    assert [g.url for g in v.gone(2.0)] == [B]
+
+
+def test_the_lowest_live_url_acts_at_once_the_others_later_as_backups() -> None:
+    # C is gone; A and B both see it. A (lowest URL) acts at once, B one gone-time later.
+    a, b = verdicts(A, (B, C)), verdicts(B, (A, C))
+    for v in (a, b):
+        fail(v, C, [0.0, 0.5, 1.0])
+    gone_a, gone_b = a.gone(1.0)[0], b.gone(1.0)[0]
+    assert a.due(gone_a, 1.0)
+    assert not b.due(gone_b, 1.0) and not b.due(gone_b, 1.9) and b.due(gone_b, 2.0)
+
+
+def test_a_survivor_that_sees_the_lower_urls_failing_acts_at_once() -> None:
+    # From C's view both A and B are gone: C is the lowest live one.
+    c = verdicts(C, (A, B))
+    fail(c, A, [0.0, 0.5, 1.0])
+    fail(c, B, [0.0, 0.5, 1.0])
+    assert [g.url for g in c.gone(1.0)] == [A, B]
+    assert all(c.due(g, 1.0) for g in c.gone(1.0))
+
+
+def test_a_peer_never_seen_listening_is_not_judged() -> None:
+    # A joining instance is in the assignment before its API listens.
+    v = PeerVerdicts(own_url=A, gone_after_s=1.0, restart_grace_s=45.0)
+    v.set_peers([B])
+    fail(v, B, [0.0, 0.5, 1.0, 5.0])
+    assert v.gone(5.0) == []
+    v.record(B, Probe.SLOW, 5.5)  # connected: it listens, even if it did not answer in time
+    fail(v, B, [6.0, 6.5, 7.0])
+    assert [g.url for g in v.gone(7.0)] == [B]
+
+
+def test_a_removed_peer_needs_new_evidence_once_seen_up_again() -> None:
+    v = verdicts()
+    fail(v, B, [0.5, 1.0, 1.5])
+    v.removed(B)
+    assert v.gone(1.5) == []
+    fail(v, B, [2.0, 2.5, 3.0, 3.5])
+    assert v.gone(3.5) == []  # not seen up since
+    v.record(B, Probe.UP, 4.0)
+    fail(v, B, [4.5, 5.0, 5.5])
+    assert [g.url for g in v.gone(5.5)] == [B]
+
+
+def test_an_announced_restart_is_spared_for_the_grace_time_then_judged_again() -> None:
+    v = verdicts()
+    v.announce_restart(B + "/", 0.0)
+    fail(v, B, [0.5, 1.0, 1.5, 2.0, 10.0])
+    assert v.gone(10.0) == []
+    assert v.gone(44.9) == []
+    fail(v, B, [45.0])
+    assert [g.url for g in v.gone(45.0)] == [B]  # not back within the session timeout
+
+
+def test_a_restart_announcement_is_spent_once_the_peer_is_back() -> None:
+    v = verdicts()
+    v.announce_restart(B, 0.0)
+    v.record(B, Probe.UP, 0.1)  # still up while it stops: the announcement holds
+    fail(v, B, [0.5, 1.0, 1.5])
+    assert v.gone(2.0) == []
+    v.record(B, Probe.UP, 5.0)  # back
+    fail(v, B, [6.0, 6.5, 7.0])  # then killed: judged like any other peer
+    assert [g.url for g in v.gone(7.0)] == [B]
+
+
+def test_a_restarting_peer_is_not_counted_alive_when_ranking() -> None:
+    b = verdicts(B, (A, C))
+    b.announce_restart(A, 0.0)
+    fail(b, A, [0.0, 0.5, 1.0])
+    fail(b, C, [0.0, 0.5, 1.0])
+    assert [g.url for g in b.gone(1.0)] == [C]
+    assert b.due(b.gone(1.0)[0], 1.0)  # A is away, so B is the lowest live URL
+
+
+def test_peers_no_longer_assigned_are_forgotten() -> None:
+    v = verdicts()
+    fail(v, B, [0.0, 0.5, 1.0])
+    v.set_peers([C])
+    assert v.peers == [C] and v.gone(2.0) == []
+    v.record(B, Probe.UNREACHABLE, 2.0)  # a probe answered after the peer left: ignored
+    assert v.peers == [C]
+
+
+def test_probe_outcomes_are_classified() -> None:
+    request = httpx.Request("GET", "http://b:1/healthz")
+    assert classify(None, 0.01, 0.5) is Probe.UP
+    assert classify(httpx.ConnectError("refused", request=request), 0.001, 0.5) is Probe.UNREACHABLE
+    assert classify(httpx.ConnectTimeout("timed out", request=request), 0.5, 0.5) is Probe.UNREACHABLE
+    assert classify(httpx.ReadTimeout("no answer", request=request), 0.5, 0.5) is Probe.SLOW
+    assert classify(httpx.RemoteProtocolError("closed", request=request), 0.01, 0.5) is Probe.UNREACHABLE
+    assert classify(httpx.DecodingError("garbled", request=request), 0.01, 0.5) is Probe.UP  # still an answer
+    # Took far longer than its timeout: this instance's loop was late, the peer tells nothing.
+    assert classify(httpx.ConnectTimeout("timed out", request=request), 3.0, 0.5) is Probe.LATE
+    assert classify(None, 3.0, 0.5) is Probe.LATE
+
+
+def test_a_members_url_is_read_from_faust_metadata() -> None:
+    client = ClientMetadata(assignment=ClientAssignment(actives={}, standbys={}), url="http://10.0.0.7:8002/",
+                            changelog_distribution={})
+    metadata = ConsumerProtocolMemberMetadata(4, ["account-events", "logins"], client.dumps()).encode()
+    assert member_url(metadata) == "http://10.0.0.7:8002"
+    assert member_url(ConsumerProtocolMemberMetadata(0, ["t"], b"not json").encode()) is None
+    assert member_url(ConsumerProtocolMemberMetadata(0, ["t"], b'{"no": "url"}').encode()) is None
+    assert member_url(b"\x00") is None
