@@ -97,6 +97,11 @@ class Settings(BaseSettings):
     )
 
     # Processing
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = Field(
+        "at_least_once",
+        description="exactly_once: each batch's outputs, changelog rows and input offset are one Kafka transaction, "
+        "and every reader of the engine reads committed records only",
+    )
     log_level: str = "INFO"
     consumer_max_poll_records: int = Field(
         10000, ge=1, description="Most records one fetch hands over to the batch handlers (all partitions together)",

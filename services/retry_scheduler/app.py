@@ -167,8 +167,22 @@ def next_low_water(start: bytes, now: int, scan: DueScan, failed_keys: list[byte
     return max(start, due_prefix(now + 1))
 
 
+class UnsupportedGuarantee(RuntimeError):
+    """The processing guarantee asked for is one this service does not keep yet."""
+
+
 class RetrySchedulerService:
     def __init__(self, settings: Settings) -> None:
+        if settings.processing_guarantee != "at_least_once":
+            # Its redeliveries are sent on the tick, each on its own and outside any batch commit
+            # (a failed send is an outcome to record, not a reason to stop), so they would still
+            # repeat after a crash: running it would claim a guarantee it does not keep.
+            raise UnsupportedGuarantee(
+                f"STATEFLEET_PROCESSING_GUARANTEE={settings.processing_guarantee} is not supported by the retry "
+                "scheduler yet: its redeliveries are not sent inside the transaction that records them. "
+                "Run it with STATEFLEET_PROCESSING_GUARANTEE=at_least_once (consumers of the retry topics "
+                "deduplicate by dlq.id and attempt)."
+            )
         self.settings = settings
         self.topics: TopicNames = topic_names(settings)
         self.engine = engine = Engine(SERVICE, settings, DEFAULT_PORT)

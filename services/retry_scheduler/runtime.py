@@ -6,13 +6,16 @@ from fastapi import FastAPI
 
 from services.retry_scheduler import DEFAULT_PORT, SERVICE
 from services.retry_scheduler.api import router
-from services.retry_scheduler.app import RetrySchedulerService
+from services.retry_scheduler.app import RetrySchedulerService, UnsupportedGuarantee
 from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings
 
 
 def build(settings: Settings) -> tuple[RetrySchedulerService, FastAPI]:
-    service = RetrySchedulerService(settings)
+    try:
+        service = RetrySchedulerService(settings)
+    except UnsupportedGuarantee as exc:
+        raise SystemExit(f"error: {exc}") from None
     api = serve_http(
         service, SERVICE, DEFAULT_PORT, settings, router, title="statefleet retry scheduler",
         description=(

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from faust.contrib.asgi import serve_asgi
 
 from shared.engine._admin import TopicSpec
-from shared.engine._clients import require_sasl_credentials, ssl_context
+from shared.engine._clients import exactly_once, require_sasl_credentials, ssl_context
 from shared.engine._membership import ANNOUNCE_TIMEOUT_S, announce_restart
 from shared.engine._metadata import track_used_topics
 from shared.engine._restore import BulkRestoringTableManager, register_settings
@@ -71,6 +71,9 @@ def create_app(
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=settings.topic_replication_factor,
         table_standby_replicas=settings.standby_replicas,
+        # Faust's own exactly_once (its producer per partition, committed on its timer) stays
+        # off: with STATEFLEET_PROCESSING_GUARANTEE=exactly_once the engine runs the
+        # transactions, one per batch (see shared/engine/_batch.py).
         processing_guarantee="at_least_once",
         producer_acks=-1,
         broker_max_poll_records=settings.consumer_max_poll_records,
@@ -86,7 +89,9 @@ def create_app(
         logging_config=logging_config(service, settings.instance_id, settings.log_level),
         loghandlers=[],
     )
-    if settings.bulk_restore:
+    if settings.bulk_restore or exactly_once(settings):
+        # With exactly_once its changelog reader also gives Faust's recovery highwaters it can
+        # reach reading committed records (bulk restore itself stays off unless asked for).
         conf["TableManager"] = BulkRestoringTableManager
     if settings.static_membership:
         conf["consumer_group_instance_id"] = f"{service}-{settings.instance_id}"

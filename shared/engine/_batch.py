@@ -19,6 +19,9 @@ read again and its sends repeated (at-least-once; outputs carry ids derived from
 input, so readers recognise a repeat). A crash after 2 and before 3 leaves the local
 database behind its changelog, which the next start restores from (the changelog offset
 is written in 3).
+
+With ``STATEFLEET_PROCESSING_GUARANTEE=exactly_once``, 1 and 2 are one Kafka transaction that
+also holds the input's next offset, and 3 follows its commit (:func:`commit_transaction`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from shared.dead_letters import DeadLetter, dead_letter_for
 from shared.engine._durable import Batch, DurableTable, InRecord, OrderedInput, Rows
 from shared.engine._faults import BLOCK, CRASH
 from shared.engine._internals import partition_db
-from shared.engine._producer import BatchProducer, Outgoing
+from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
 
 Headers = Sequence[tuple[str, bytes]] | None
@@ -121,8 +124,15 @@ class InputBatch:
 
 async def commit(
     producer: BatchProducer, order: OrderedInput | None, ordered: Batch | None, batch: InputBatch, what: str,
+    transactions: PartitionTransactions | None = None, next_offset: int | None = None,
 ) -> None:
-    """Make ``batch`` durable in the order the module docs give."""
+    """Make ``batch`` durable in the order the module docs give (with ``transactions``: as one
+    transaction, see :func:`commit_transaction`)."""
+    if transactions is not None:
+        if next_offset is None:
+            raise ValueError(f"{what}: a transactional commit needs the input's next offset")
+        await commit_transaction(transactions, order, ordered, batch, what, next_offset)
+        return
     CRASH.reached("handled")
     BLOCK.reached()
     await producer.send(batch.sends, what)
@@ -143,12 +153,52 @@ async def write_all(producer: BatchProducer, writes: Iterable[tuple[DurableTable
     within one changelog partition is kept, which is why a handler writing several tables keeps
     its next-offset rows in each (see :meth:`OrderedInput.writes`)."""
     pending = [(table, rows) for table, rows in writes if rows]
-    last = await producer.send(
-        [Outgoing(table.changelog, key, value, partition=partition)
-         for table, rows in pending for (partition, key), value in rows.items()],
-        what,
-    )
+    last = await producer.send(changelog_records(pending), what)
     CRASH.reached("logged")
+    apply_local(pending, last)
+
+
+async def commit_transaction(
+    transactions: PartitionTransactions, order: OrderedInput | None, ordered: Batch | None, batch: InputBatch,
+    what: str, next_offset: int,
+) -> None:
+    """exactly_once: the batch's records, its changelog rows and the input's ``next_offset`` (for
+    the consumer group) in one Kafka transaction of the input partition's producer; the local
+    tables are written only once it is committed, and the callbacks run right after, with no
+    await in between.
+
+    - A crash (or a failure) before the commit leaves nothing visible to committed readers: the
+      transaction is aborted, by this worker, by the next owner initialising the partition's
+      producer, or by the broker's transaction timeout; the batch is read again from the last
+      committed offset and its next-offset rows, which were not committed either.
+    - A crash after the commit and before the local write leaves the local database behind its
+      changelog, which the next start restores from (the changelog offset goes in with the rows).
+    - An aborted transaction never reaches a local table: rows go in only after the commit, and
+      restores read committed records only.
+    """
+    CRASH.reached("handled")
+    BLOCK.reached()
+    pending: list[tuple[DurableTable, Rows]] = []
+    if order is None or ordered is None:
+        if batch.rows:
+            raise RuntimeError(f"{what}: a handler without an offsets table cannot write rows")
+    else:
+        pending = [(table, rows) for table, rows in order.writes(ordered, batch.rows) if rows]
+    records = [*batch.sends, *changelog_records(pending)]
+    last = await transactions.commit(batch.topic, batch.partition, records, next_offset, what, CRASH.reached)
+    CRASH.reached("logged")
+    apply_local(pending, last)
+    for callback in batch.callbacks:
+        callback()
+
+
+def changelog_records(pending: Sequence[tuple[DurableTable, Rows]]) -> list[Outgoing]:
+    return [Outgoing(table.changelog, key, value, partition=partition)
+            for table, rows in pending for (partition, key), value in rows.items()]
+
+
+def apply_local(pending: Sequence[tuple[DurableTable, Rows]], last: dict[tuple[str, int], int]) -> None:
+    """Rows and each partition's changelog offset into the local databases."""
     for table, rows in pending:
         table._apply(rows, {partition: offset for (topic, partition), offset in last.items() if topic == table.changelog})
 

@@ -49,6 +49,17 @@ def client_kwargs(settings: Settings) -> dict[str, Any]:
     return kwargs
 
 
+def exactly_once(settings: Settings) -> bool:
+    return settings.processing_guarantee == "exactly_once"
+
+
+def isolation_level(settings: Settings) -> str:
+    """What the engine's consumers read: with exactly_once only committed records, so that
+    records of a transaction that was aborted (or is still open) never reach a table, a
+    handler or a restore."""
+    return "read_committed" if exactly_once(settings) else "read_uncommitted"
+
+
 #: Waits between attempts to reach a broker that does not answer: the first, and the longest.
 BROKER_RETRY_FIRST_S = 0.5
 BROKER_RETRY_MAX_S = 5.0

@@ -37,8 +37,10 @@ from faust.types import TP
 
 log = logging.getLogger(__name__)
 
-#: Called with one partition and its fetched records (aiokafka ``ConsumerRecord``s), in offset order.
-Deliver = Callable[[TP, Sequence[Any]], Awaitable[None]]
+#: Called with one partition, its fetched records (aiokafka ``ConsumerRecord``s) in offset order,
+#: and the offset right after the record this consumer handed over last for that partition when
+#: these records continue from it (None when that is not known: see :meth:`BatchConsumer._drain_messages`).
+Deliver = Callable[[TP, Sequence[Any], int | None], Awaitable[None]]
 
 #: Longest wait for the commit of revoked partitions' offsets (a failed commit only costs a re-read).
 REVOKE_COMMIT_TIMEOUT_S = 5.0
@@ -58,6 +60,13 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = self.consumer.fetch_max_wait_ms
+        if self.consumer.exactly_once:
+            # Faust picks read_committed only with its own processing_guarantee="exactly_once",
+            # which would also switch on its own transactions (one producer per partition run
+            # by Faust, committing on its timer, not with the batch). The engine runs the
+            # transactions itself, so it sets only the isolation level. The fetcher reads it
+            # when the consumer starts, which is after this.
+            consumer._isolation_level = "read_committed"
         return consumer
 
 
@@ -74,10 +83,22 @@ class BatchConsumer(aiokafka_driver.Consumer):
     lanes: dict[str, int] = {}
     #: aiokafka's ``fetch_max_wait_ms`` for the worker's consumer (see :class:`_ConsumerThread`).
     fetch_max_wait_ms: int = 1500
+    #: With exactly_once: read committed records only, and leave the offsets of ``batch_topics``
+    #: to the batches' transactions (Faust's periodic commits and the revocation commit skip
+    #: them: an offset committed outside the transaction could run ahead of the state).
+    exactly_once: bool = False
+    #: Awaited with the newly assigned partitions before Faust acts on them (table recovery
+    #: included), and with the revoked ones once their running batch is over.
+    on_assigned: Callable[[set[TP]], Awaitable[None]] | None = None
+    on_revoked: Callable[[set[TP]], Awaitable[None]] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._delivered: dict[TP, int] = {}
+        #: Bumped by every seek and rebalance: fetches in one epoch continue one another.
+        self._seek_epoch = 0
+        #: Per partition, the epoch its last handed-over records were fetched in, and their last offset.
+        self._handed: dict[TP, tuple[int, int]] = {}
         self._running = 0  # batches being delivered now
         self._idle = asyncio.Event()
         self._idle.set()
@@ -94,7 +115,13 @@ class BatchConsumer(aiokafka_driver.Consumer):
         lanes = self.lanes
         try:
             while not (consumer_stopped() or fetcher_stopped()):
+                before = self._seek_epoch
                 records, active = await self._wait_next_records(1.0)
+                # Fetched with no seek meanwhile: these records continue the ones fetched before
+                # in the same epoch (aiokafka's fetcher returns each partition's records from its
+                # position on; only a seek or a rebalance moves that). A seek during the wait
+                # leaves the epoch unknown (-1): the records could be from either side of it.
+                epoch = before if self._seek_epoch == before else -1
                 await asyncio.sleep(0)  # the fetch may return at once, again and again
                 if not records or self.should_stop:
                     continue
@@ -115,7 +142,7 @@ class BatchConsumer(aiokafka_driver.Consumer):
                     # wait for acknowledgements overlaps another's work; batches of one lane and
                     # partition number run in turn.
                     await asyncio.gather(*(
-                        self._deliver_in_turn(batches, active, generation) for batches in by_lane.values()
+                        self._deliver_in_turn(batches, active, generation, epoch) for batches in by_lane.values()
                     ))
                 if stock:
                     await self._drain_stock(stock, active, generation)
@@ -141,27 +168,42 @@ class BatchConsumer(aiokafka_driver.Consumer):
         )
 
     async def _deliver_in_turn(self, batches: list[tuple[TP, Sequence[Any]]], active: set[TP] | None,
-                               generation: int) -> None:
+                               generation: int, epoch: int = -1) -> None:
         for tp, batch in batches:
             if self._may_deliver(tp, active, generation):
-                await self._deliver(tp, batch)
+                await self._deliver(tp, batch, epoch)
             else:
                 await self._seek_back(tp, batch[0].offset)
 
-    async def _deliver(self, tp: TP, batch: Sequence[Any]) -> None:
+    def _continues_from(self, tp: TP, epoch: int) -> int | None:
+        """The offset after the records of ``tp`` handed over last, when a fetch of ``epoch``
+        continues them: every offset between those and this fetch's first record was read by
+        the fetcher and held no record it returns (with read_committed: transaction markers
+        and aborted records)."""
+        handed = self._handed.get(tp)
+        if epoch < 0 or handed is None or handed[0] != epoch:
+            return None
+        return handed[1] + 1
+
+    async def _deliver(self, tp: TP, batch: Sequence[Any], epoch: int = -1) -> None:
         deliver = self.deliver
         if deliver is None:
             raise RuntimeError("BatchConsumer.deliver is not set: the engine registers it before the worker starts")
+        continues_from = self._continues_from(tp, epoch)
+        self._handed.pop(tp, None)
         self._running += 1
         self._idle.clear()
         try:
-            await deliver(tp, batch)
+            await deliver(tp, batch, continues_from)
         finally:
             self._running -= 1
             if not self._running:
                 self._idle.set()
         last = int(batch[-1].offset)
-        self._delivered[tp] = last + 1
+        if epoch >= 0 and epoch == self._seek_epoch:
+            self._handed[tp] = (epoch, last)
+        if not self.exactly_once:  # else the batch's transaction committed the offset
+            self._delivered[tp] = last + 1
         self._read_offset[tp] = last
 
     async def _seek_back(self, tp: TP, offset: int) -> None:
@@ -217,8 +259,34 @@ class BatchConsumer(aiokafka_driver.Consumer):
         await self._idle.wait()
         await super().wait_empty()
 
+    # -- seeks: each one ends an epoch of fetches that continue one another ---------------
+
+    async def seek_to_committed(self) -> Any:
+        self._seek_epoch += 1
+        return await super().seek_to_committed()
+
+    async def seek_wait(self, partitions: Any) -> None:
+        self._seek_epoch += 1
+        await super().seek_wait(partitions)
+
+    async def _seek(self, partition: TP, offset: int) -> None:
+        self._seek_epoch += 1
+        await super()._seek(partition, offset)
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        self._seek_epoch += 1
+        self._handed.clear()
+        if self.on_assigned is not None:
+            await self.on_assigned(set(assigned))
+        await super().on_partitions_assigned(assigned, generation_id)
+
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        self._seek_epoch += 1
         await super().on_partitions_revoked(revoked)  # stops the flow and waits for the running batch
+        self._seek_epoch += 1
+        self._handed.clear()
+        if self.on_revoked is not None:
+            await self.on_revoked(set(revoked))
         ours = {tp for tp in revoked if tp in self._delivered}
         if ours:
             try:

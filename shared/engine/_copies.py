@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from faust.types import TP
 
-from shared.engine._clients import client_kwargs, started_when_reachable
+from shared.engine._clients import client_kwargs, isolation_level, started_when_reachable
 from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, recovery_done
 from shared.settings import Settings
 
@@ -89,7 +89,10 @@ class _ChangelogEnds:
     async def _client(self) -> AIOKafkaConsumer:
         if self._consumer is None:
             self._consumer = await started_when_reachable(
-                lambda: AIOKafkaConsumer(**client_kwargs(self.settings), enable_auto_commit=False),
+                lambda: AIOKafkaConsumer(
+                    **client_kwargs(self.settings), enable_auto_commit=False,
+                    isolation_level=isolation_level(self.settings),
+                ),
                 "changelog end-offset reader",
             )
         return self._consumer

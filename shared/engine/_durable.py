@@ -61,7 +61,7 @@ import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from rocksdict import WriteBatch
 
-from shared.engine._clients import client_kwargs, started_when_reachable
+from shared.engine._clients import client_kwargs, isolation_level, started_when_reachable
 from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, partition_db, partition_items
 from shared.settings import Settings
 
@@ -198,6 +198,7 @@ class Backfill:
         if self._consumer is None:
             self._consumer = await started_when_reachable(lambda: AIOKafkaConsumer(
                 **client_kwargs(self.settings), enable_auto_commit=False, auto_offset_reset="earliest",
+                isolation_level=isolation_level(self.settings),
             ), "read-back consumer")
         return self._consumer
 
@@ -225,7 +226,9 @@ class Backfill:
             consumer.seek(tp, start)
             out: list[InRecord] = []
             while await consumer.position(tp) < end:
-                batch = await consumer.getmany(tp, timeout_ms=1000)
+                # Short waits: a range that holds only transaction markers or aborted records
+                # (read_committed) returns no record, but the position moves past it at once.
+                batch = await consumer.getmany(tp, timeout_ms=100)
                 for m in batch.get(tp, []):
                     if start <= m.offset < end:
                         out.append(InRecord(
@@ -259,7 +262,10 @@ class OrderedInput:
     input resumes).
     """
 
-    def __init__(self, app: faust.App, stores: OffsetStore | Sequence[OffsetStore], backfill: Backfill) -> None:
+    def __init__(
+        self, app: faust.App, stores: OffsetStore | Sequence[OffsetStore], backfill: Backfill, *,
+        read_committed: bool = False,
+    ) -> None:
         self.app = app
         self.stores: tuple[OffsetStore, ...] = tuple(stores) if isinstance(stores, Sequence) else (stores,)
         if not self.stores:
@@ -267,6 +273,13 @@ class OrderedInput:
         self.backfill = backfill
         self.replays_dropped = 0
         self.records_backfilled = 0
+        #: Reading committed records only (exactly_once): every transaction leaves an offset
+        #: without a record (its commit or abort marker), and an aborted transaction leaves its
+        #: records' offsets too. See :meth:`batch_records`.
+        self.read_committed = read_committed
+        #: Per input partition, a range of offsets known to hold no committed record.
+        self._empty: dict[tuple[str, int], tuple[int, int]] = {}
+        self.empty_gaps_accepted = 0
 
     def next_offset(self, topic: str, partition: int) -> int | None:
         """The next offset to process, or ``None`` when a table has none (start at the log start)."""
@@ -279,7 +292,15 @@ class OrderedInput:
             found.append(int(raw))
         return min(found)
 
-    async def batch_records(self, arrivals: Sequence[InRecord]) -> Batch:
+    async def batch_records(self, arrivals: Sequence[InRecord], continues_from: int | None = None) -> Batch:
+        """The batch's records to process, in order per partition, with its next-offset rows.
+
+        ``continues_from`` (one partition's arrivals only): the offset after the last record the
+        consumer handed over before, when these arrivals continue that fetch (no seek or
+        rebalance in between). Reading committed records, a gap from there to the first arrival
+        was read by the consumer itself and holds no committed record (the marker of the
+        transaction that wrote the previous record, aborted records): it is accepted without a
+        read-back when the handler has processed everything before it."""
         by_tp: dict[tuple[str, int], list[InRecord]] = {}
         for record in arrivals:
             by_tp.setdefault((record.topic, record.partition), []).append(record)
@@ -290,23 +311,73 @@ class OrderedInput:
             expected = self.next_offset(topic, partition)
             if expected is None:
                 expected = await self.backfill.log_start(topic, partition)
-            for record in arrived:
+            for i, record in enumerate(arrived):
                 if record.offset < expected:
                     self.replays_dropped += 1
                     continue
+                if record.offset > expected and self.read_committed:
+                    if i > 0:
+                        # A gap between two records of one fetch: the consumer read those offsets
+                        # and they held no committed record (markers, aborted records). Nothing
+                        # was skipped, so nothing is read back.
+                        self.empty_gaps_accepted += 1
+                        expected = record.offset
+                    elif continues_from is not None and continues_from <= expected:
+                        self.empty_gaps_accepted += 1
+                        expected = record.offset
+                    else:
+                        expected = self._past_known_empty(topic, partition, expected, record.offset)
                 if record.offset > expected:
                     missing = await self.backfill.read(topic, partition, expected, record.offset)
-                    log.warning(
-                        "the stream skipped %s[%d] offsets %d..%d; read back %d records from Kafka",
-                        topic, partition, expected, record.offset - 1, len(missing),
-                    )
-                    records.extend(missing)
-                    self.records_backfilled += len(missing)
-                    backfilled.append((topic, partition, expected, record.offset - 1))
+                    if self.read_committed and not missing:
+                        # Nothing committed there: the marker of the transaction that wrote the
+                        # previous record (the usual gap before a fetch's first record), or an
+                        # aborted transaction. Nothing was skipped.
+                        self.empty_gaps_accepted += 1
+                    else:
+                        log.warning(
+                            "the stream skipped %s[%d] offsets %d..%d; read back %d records from Kafka",
+                            topic, partition, expected, record.offset - 1, len(missing),
+                        )
+                        records.extend(missing)
+                        self.records_backfilled += len(missing)
+                        backfilled.append((topic, partition, expected, record.offset - 1))
                 records.append(record)
                 expected = record.offset + 1
             offset_rows[(partition, next_offset_key(topic))] = str(expected).encode()
         return Batch(records=records, offset_rows=offset_rows, backfilled=backfilled)
+
+    def _past_known_empty(self, topic: str, partition: int, start: int, end: int) -> int:
+        """``start``, moved past a range known to hold no committed record, up to ``end``."""
+        known = self._empty.get((topic, partition))
+        if known is not None and known[0] <= start < known[1]:
+            return min(known[1], end)
+        return start
+
+    def settled_offset(self, topic: str, partition: int) -> int | None:
+        """:meth:`next_offset`, moved past offsets known to hold no committed record (the marker
+        of the last transaction): where the handler is when nothing more is to be processed."""
+        expected = self.next_offset(topic, partition)
+        if expected is None or not self.read_committed:
+            return expected
+        known = self._empty.get((topic, partition))
+        if known is not None and known[0] <= expected < known[1]:
+            return known[1]
+        return expected
+
+    async def confirm_empty(self, topic: str, partition: int, start: int, end: int) -> bool:
+        """With read_committed: whether offsets ``start`` to ``end - 1`` hold no committed record
+        (read back once and remembered, so the next batch and the trailing-hole watch need not
+        read them again). Always False when reading uncommitted records."""
+        if not self.read_committed or start >= end:
+            return start >= end
+        known = self._empty.get((topic, partition))
+        if known is not None and known[0] <= start and end <= known[1]:
+            return True
+        if await self.backfill.read(topic, partition, start, end):
+            return False
+        self._empty[(topic, partition)] = (start, end)
+        return True
 
     def writes(self, batch: Batch, state: Mapping[DurableTable, Rows] | None = None) -> list[tuple[DurableTable, Rows]]:
         """For ``write_all``: each table's state rows from ``state``, then the batch's

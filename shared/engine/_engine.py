@@ -26,12 +26,13 @@ from faust.types import TP
 
 from shared.engine._app import app_id, create_app
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
+from shared.engine._clients import exactly_once
 from shared.engine._consumer import BatchConsumer
 from shared.engine._copies import start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._gc import freeze_startup_objects
 from shared.engine._membership import PeerWatch
-from shared.engine._producer import BatchProducer, Outgoing
+from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions
 from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.engine._versions import check_versions
 from shared.settings import Settings
@@ -40,6 +41,11 @@ log = logging.getLogger(__name__)
 
 #: How often :meth:`Engine.wait_applied` looks at the stored next offset.
 APPLIED_POLL_S = 0.005
+
+#: With exactly_once, :meth:`Engine.wait_applied` reads back what is left between the handler
+#: and the end when it is this many offsets or fewer (a few transactions' markers), to tell
+#: markers from records not processed yet.
+MARKERS_CHECKED = 16
 
 Handler = Callable[[InputBatch], Awaitable[None]]
 
@@ -92,6 +98,9 @@ class Engine:
         self._consumer_class = consumer_class
         self._trailing_holes: TrailingHoleWatch | None = None
         self.producer = BatchProducer(settings, client_id=f"{service}-{settings.instance_id}")
+        self.transactions: PartitionTransactions | None = None
+        if exactly_once(settings):
+            self._exactly_once(consumer_class)
         self.app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
         # Peers watched, and a dead one's group member removed, so its partitions move at once.
         self.peer_watch: PeerWatch | None = None
@@ -114,9 +123,31 @@ class Engine:
     async def _on_shutdown(self, app: Any, **_: Any) -> None:
         if self.peer_watch is not None:
             await self.peer_watch.close()
+        if self.transactions is not None:
+            await self.transactions.stop()
         await self.producer.stop()
         await self.backfill.stop()
         await stop_tracking(self.app)
+
+    def _exactly_once(self, consumer_class: type[BatchConsumer]) -> None:
+        """Batches commit as transactions of one producer per input partition (see
+        :class:`PartitionTransactions`), initialised as partitions are assigned, before their
+        tables are restored, and closed as they are revoked; the consumer reads committed
+        records only and leaves the input offsets to the transactions."""
+        transactions = self.transactions = PartitionTransactions(
+            self.settings, app_id(self.service, self.settings), f"{self.service}-{self.settings.instance_id}",
+            self.producer,
+        )
+
+        async def assigned(tps: set[TP]) -> None:
+            await transactions.assign(sorted((tp.topic, tp.partition) for tp in tps if tp.topic in self._by_topic))
+
+        async def revoked(tps: set[TP]) -> None:
+            await transactions.revoke([(tp.topic, tp.partition) for tp in tps])
+
+        consumer_class.exactly_once = True
+        consumer_class.on_assigned = staticmethod(assigned)  # type: ignore[assignment]
+        consumer_class.on_revoked = staticmethod(revoked)  # type: ignore[assignment]
 
     # -- declaring a service -------------------------------------------------------------
 
@@ -151,7 +182,8 @@ class Engine:
             self.app.topics.add(channel)
             reg = _Registration(
                 name=f"{self.service}.{name}", stream=name, topics=tuple(topics), handle=fn,
-                order=OrderedInput(self.app, offsets, self.backfill) if offsets is not None else None,
+                order=OrderedInput(self.app, offsets, self.backfill, read_committed=exactly_once(self.settings))
+                if offsets is not None else None,
                 dead_letters=dead_letters,
             )
             self._handlers.append(reg)
@@ -187,9 +219,18 @@ class Engine:
         end = await self.backfill.log_end(topic, partition)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while (order.next_offset(topic, partition) or 0) < end:
+        checked: int | None = None
+        while (settled := order.settled_offset(topic, partition) or 0) < end:
             if loop.time() >= deadline:
                 return False
+            if order.read_committed and settled != checked and end - settled <= MARKERS_CHECKED:
+                # Reading committed records only, the end is one past the last transaction's
+                # marker, an offset no record of which is ever processed: what is left may be
+                # only markers (or aborted records), which one read-back tells.
+                checked = settled
+                if await order.confirm_empty(topic, partition, settled, end):
+                    return True
+                continue
             await asyncio.sleep(APPLIED_POLL_S)
         return True
 
@@ -229,19 +270,20 @@ class Engine:
 
     # -- the hand-over -------------------------------------------------------------------
 
-    async def _deliver(self, tp: TP, fetched: Sequence[Any]) -> None:
+    async def _deliver(self, tp: TP, fetched: Sequence[Any], continues_from: int | None = None) -> None:
         reg = self._by_topic[tp.topic]
         started = time.perf_counter()
         # aiokafka's records are handed over as they are: they have every field a handler reads.
         records = cast(Sequence[InRecord], fetched)
-        ordered = await reg.order.batch_records(records) if reg.order is not None else None
+        ordered = await reg.order.batch_records(records, continues_from) if reg.order is not None else None
         if ordered is not None and not ordered.records:
             return  # every record a replay
         batch = InputBatch(tp.topic, tp.partition, ordered.records if ordered is not None else list(records),
                            dead_letter_route=reg.dead_letters)
         try:
             await reg.handle(batch)
-            await commit(self.producer, reg.order, ordered, batch, reg.name)
+            await commit(self.producer, reg.order, ordered, batch, reg.name,
+                         self.transactions, int(fetched[-1].offset) + 1)
         except Exception as exc:
             # Nothing of the batch is committed: stop the worker, so that it (or the instance
             # taking its partitions) reads the batch again, rather than go on past it.

@@ -8,6 +8,11 @@ the n-th time a batch reaches ``<point>``:
 - ``sent``: the batch's records are acknowledged, its changelog rows not yet sent;
 - ``logged``: the changelog rows are acknowledged, the local tables not yet written.
 
+With ``STATEFLEET_PROCESSING_GUARANTEE=exactly_once`` a batch is one transaction and the
+points are: ``handled`` (nothing sent), ``sent`` (the transaction's records, outputs and
+changelog rows, are acknowledged; the transaction is neither committed nor aborted) and
+``logged`` (the transaction is committed, the local tables not yet written).
+
 ``STATEFLEET_BLOCK_AT=<n>:<seconds>`` keeps the worker's event loop busy (on the CPU,
 holding the GIL as Python code does, not sleeping) for that long the n-th time a batch
 has been handled, as a batch that takes that long would.

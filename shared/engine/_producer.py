@@ -12,13 +12,15 @@ partition needs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import ProducerFenced
 
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._durable import acknowledged
@@ -82,6 +84,14 @@ class BatchProducer:
             await self.start()
         producer = self._producer
         assert producer is not None
+        return await self.send_with(producer, records, what)
+
+    async def send_with(self, producer: AIOKafkaProducer, records: Sequence[Outgoing], what: str) -> dict[tuple[str, int], int]:
+        """:meth:`send` through ``producer`` (a transactional one, inside its transaction)."""
+        if not records:
+            return {}
+        if self._producer is None:
+            await self.start()  # for the partition counts of keyed records
         groups: dict[tuple[str, int], list[Outgoing]] = {}
         for record in records:
             partition = record.partition
@@ -149,3 +159,104 @@ class BatchProducer:
             elif (failure := fut.exception()) is not None:
                 errors[i] = f"{type(failure).__name__}: {failure}"
         return errors
+
+
+#: transaction.timeout.ms of the transactional producers. A transaction lasts one batch commit:
+#: its records, their acknowledgements, the input offset and the commit, normally well under a
+#: second. Until it ends, committed readers of every partition it wrote wait at its first
+#: record. When its worker dies, the transaction is aborted by whichever comes first: the next
+#: owner of the input partition initialising the same transactional id (at once after a
+#: restart, within the session timeout when another instance takes over), or the broker after
+#: this timeout. Kept short (Kafka Streams' default for exactly-once, 10 s) so that the readers
+#: of a worker that nobody replaces wait at most this long; a commit that really takes longer
+#: (a broker that stalls) is aborted by the broker, fails, and the worker stops and redoes the
+#: batch: a restart, never a wrong result.
+TRANSACTION_TIMEOUT_MS = 10_000
+
+
+def transactional_id(group_id: str, topic: str, partition: int) -> str:
+    """One transactional id per input partition, the same on every instance (Kafka Streams'
+    first exactly-once design): whoever owns the partition next fences whoever owned it before."""
+    return f"{group_id}.{topic}.{partition}"
+
+
+class PartitionTransactions:
+    """One transactional producer per input partition this instance owns.
+
+    aiokafka 0.14 sends ``TxnOffsetCommit`` v0, which carries no group generation, so the broker
+    cannot refuse a stale owner's offsets by generation (KIP-447). Fencing is by transactional
+    id instead: :meth:`assign` initialises a producer per newly assigned input partition
+    (``InitProducerId``), which bumps the id's epoch, aborts the previous owner's open
+    transaction and makes every later send or commit of the previous owner fail
+    (``ProducerFenced``). It runs before Faust restores the partition's tables, so the
+    restore (read_committed) sees exactly the committed transactions.
+    """
+
+    def __init__(self, settings: Settings, group_id: str, client_id: str, records: BatchProducer) -> None:
+        self.settings = settings
+        self.group_id = group_id
+        self.client_id = client_id
+        self.records = records  # groups records into record batches (and knows partition counts)
+        self._producers: dict[tuple[str, int], AIOKafkaProducer] = {}
+        self.committed = 0
+        self.aborted = 0
+        self.fenced = 0
+
+    def _make(self, topic: str, partition: int) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            **client_kwargs(self.settings), client_id=f"{self.client_id}-{topic}-{partition}", acks="all",
+            enable_idempotence=True, transactional_id=transactional_id(self.group_id, topic, partition),
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+            max_batch_size=MAX_BATCH_BYTES, max_request_size=4 * 1024 * 1024, linger_ms=0,
+        )
+
+    async def assign(self, tps: Sequence[tuple[str, int]]) -> None:
+        """Initialise (and so fence) the producer of each partition in ``tps`` not started yet."""
+        todo = [tp for tp in tps if tp not in self._producers]
+
+        async def start(tp: tuple[str, int]) -> None:
+            producer = await started_when_reachable(lambda: self._make(*tp), f"transactional producer {tp[0]}[{tp[1]}]")
+            self._producers[tp] = producer
+
+        await asyncio.gather(*(start(tp) for tp in todo))
+        if todo:
+            log.info("transactional producers initialised for %d input partitions", len(todo))
+
+    async def revoke(self, tps: Sequence[tuple[str, int]]) -> None:
+        """Close the producers of partitions given up; their next owner initialises its own."""
+        producers = [p for p in (self._producers.pop(tp, None) for tp in tps) if p is not None]
+        await asyncio.gather(*(p.stop() for p in producers), return_exceptions=True)
+
+    async def stop(self) -> None:
+        await self.revoke(list(self._producers))
+
+    async def commit(
+        self, topic: str, partition: int, records: Sequence[Outgoing], next_offset: int, what: str,
+        reached: Callable[[str], None],
+    ) -> dict[tuple[str, int], int]:
+        """``records`` and the input's ``next_offset`` as one transaction, committed; returns the
+        offset of the last record per (topic, partition). Any failure aborts the transaction (when
+        the producer still can) and raises: nothing of it is visible to committed readers."""
+        producer = self._producers.get((topic, partition))
+        if producer is None:
+            raise RuntimeError(f"{what}: no transactional producer for {topic}[{partition}] (not assigned here)")
+        try:
+            await producer.begin_transaction()
+        except AssertionError as exc:
+            # aiokafka asserts when a producer in its fatal state (fenced by the partition's
+            # next owner, or its transaction timed out) is asked for another transaction.
+            self.fenced += 1
+            log.warning("%s: the transactional producer of %s[%d] was fenced; not committing", what, topic, partition)
+            raise ProducerFenced(f"{transactional_id(self.group_id, topic, partition)} was fenced ({exc})") from exc
+        try:
+            last = await self.records.send_with(producer, records, what)
+            reached("sent")
+            await producer.send_offsets_to_transaction({TopicPartition(topic, partition): next_offset}, self.group_id)
+            await producer.commit_transaction()
+        except BaseException:
+            self.aborted += 1
+            with contextlib.suppress(Exception):  # fenced or broken: the broker aborts it (fencing, timeout)
+                await asyncio.wait_for(producer.abort_transaction(), TRANSACTION_TIMEOUT_MS / 1000)
+            raise
+        self.committed += 1
+        return last

@@ -50,7 +50,7 @@ from faust.types import TP, ConsumerT
 from mode import Service
 from rocksdict import Rdict, WriteBatch
 
-from shared.engine._clients import client_kwargs
+from shared.engine._clients import client_kwargs, exactly_once, isolation_level
 from shared.engine._internals import store_partition_db
 from shared.settings import Settings
 
@@ -104,6 +104,7 @@ class ChangelogReader:
             consumer = AIOKafkaConsumer(
                 **client_kwargs(self.settings), enable_auto_commit=False, auto_offset_reset="earliest",
                 max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
+                isolation_level=isolation_level(self.settings),
             )
             await consumer.start()
             self._consumer = consumer
@@ -115,11 +116,62 @@ class ChangelogReader:
             await consumer.stop()
 
     async def highwaters(self, *tps: TP) -> dict[TP, int]:
-        """End offsets, as Faust's ``ConsumerT.highwaters`` gives them."""
+        """End offsets, as Faust's ``ConsumerT.highwaters`` gives them (with exactly_once: one
+        past the last committed record, see :meth:`_past_last_committed`)."""
         if not tps:
             return {}
-        ends = await (await self._client()).end_offsets([TopicPartition(tp.topic, tp.partition) for tp in tps])
-        return {TP(tp.topic, tp.partition): int(end) for tp, end in ends.items()}
+        consumer = await self._client()
+        ends = {tp: int(end) for tp, end in (await consumer.end_offsets(
+            [TopicPartition(tp.topic, tp.partition) for tp in tps])).items()}
+        if exactly_once(self.settings):
+            ends = await self._past_last_committed(consumer, ends)
+        return {TP(tp.topic, tp.partition): end for tp, end in ends.items()}
+
+    @staticmethod
+    async def _past_last_committed(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Per partition, one past its last committed record below ``ends`` (the last stable
+        offsets), or its log start when it holds none.
+
+        Faust's recovery is done with a partition once it has applied the record at its
+        highwater (end - 1). Read committed, the end is one past the last transaction's marker,
+        an offset no record is ever read at, so Faust would wait for good (its check for
+        aborted transactions at the end runs only after 5 s without records, and fails when the
+        position is not known yet). So the end is moved back to the last committed record:
+        the partition's tail is read, in a window that widens while it finds none (a tail of
+        aborted records), once per rebalance."""
+        starts = {tp: int(start) for tp, start in (await consumer.beginning_offsets(list(ends))).items()}
+        out = {tp: end for tp, end in ends.items() if end <= starts[tp]}
+        todo = {tp: end for tp, end in ends.items() if end > starts[tp]}
+        window = 64
+        try:
+            while todo:
+                lows = {tp: max(starts[tp], end - window) for tp, end in todo.items()}
+                consumer.assign(list(todo))
+                for tp, low in lows.items():
+                    consumer.seek(tp, low)
+                last: dict[TopicPartition, int] = {}
+                reading = set(todo)
+                while reading:
+                    batches = await consumer.getmany(*reading, timeout_ms=100)
+                    for tp, messages in batches.items():
+                        for message in messages:
+                            if message.offset < todo[tp]:
+                                last[tp] = max(last.get(tp, -1), message.offset)
+                    for tp in list(reading):
+                        if await consumer.position(tp) >= todo[tp]:
+                            reading.discard(tp)
+                for tp in list(todo):
+                    if tp in last:
+                        out[tp] = last[tp] + 1
+                    elif lows[tp] == starts[tp]:
+                        out[tp] = starts[tp]  # nothing committed at all
+                    else:
+                        continue
+                    del todo[tp]
+                window *= 16
+        finally:
+            consumer.unsubscribe()
+        return out
 
     async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
         """Log start offsets, as Faust's ``ConsumerT.earliest_offsets`` gives them."""
@@ -249,7 +301,7 @@ class BulkRestoringRecovery(Recovery):
         # Faust reads the actives' highwaters first, then their offsets, then the
         # standbys': restoring just before that, both sets are known, nothing reads
         # yet, and the highwaters Faust then reads are at or past what was restored.
-        if title == "active":
+        if title == "active" and reader.settings.bulk_restore:
             await self._bulk_restore(reader)
         await super()._build_highwaters(cast(ConsumerT, reader), tps, destination, title)
 

@@ -15,6 +15,12 @@ changed since the previous check, it seeks the consumer back to the expected off
 the stream delivers those records again. A record delivered twice this way is a replay
 to ``OrderedInput`` (dropped) and to Faust's acknowledgements (counted once by offset),
 so a seek that was not needed costs a re-read and nothing else.
+
+With exactly_once the consumer reads committed records only, and its position moves past
+each transaction's marker: after every transaction the position is one past the handler's
+next offset with nothing to deliver. Such a range is read back once; when it holds no
+committed record it is remembered as empty (:meth:`OrderedInput.confirm_empty`) instead of
+being fetched again.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ POSITION_TIMEOUT_S = 5.0
 class NextOffsets(Protocol):
     """Where the handler's next expected offset per input partition is read (an ``OrderedInput``)."""
 
-    def next_offset(self, topic: str, partition: int) -> int | None: ...
+    def settled_offset(self, topic: str, partition: int) -> int | None: ...
+
+    async def confirm_empty(self, topic: str, partition: int, start: int, end: int) -> bool: ...
 
 
 class TrailingHoleWatch:
@@ -68,7 +76,7 @@ class TrailingHoleWatch:
             reader = self.inputs.get(tp.topic)
             if reader is None:
                 continue
-            expected = reader.next_offset(tp.topic, tp.partition)
+            expected = reader.settled_offset(tp.topic, tp.partition)
             if expected is None:  # nothing processed yet: the first record read decides
                 continue
             try:
@@ -79,6 +87,11 @@ class TrailingHoleWatch:
                 continue
             if self._suspects.get(tp) != (expected, position):
                 seen[tp] = (expected, position)  # first sighting: the stream may still be on its way
+                continue
+            if await reader.confirm_empty(tp.topic, tp.partition, expected, position):
+                # Reading committed records only (exactly_once), the consumer moves past the
+                # marker of the last transaction (and past aborted records), where no record
+                # is to be processed: remembered, not a hole.
                 continue
             log.warning(
                 "the stream skipped %s[%d] offsets %d..%d with nothing after them; reading them again",

@@ -72,11 +72,13 @@ def produce(
     asyncio.run(run())
 
 
-def read_all(topic: str, timeout: float = 10.0) -> list[Record]:
-    """Every record of ``topic`` from the beginning to its current end offsets."""
+def read_all(topic: str, timeout: float = 10.0, isolation_level: str = "read_uncommitted") -> list[Record]:
+    """Every record of ``topic`` from the beginning to its current end offsets (with
+    ``read_committed``: the committed records up to the last stable offsets)."""
 
     async def run() -> list[Record]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, enable_auto_commit=False, auto_offset_reset="earliest")
+        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, enable_auto_commit=False, auto_offset_reset="earliest",
+                                    isolation_level=isolation_level)
         await consumer.start()
         try:
             partitions = consumer.partitions_for_topic(topic)

@@ -8,32 +8,42 @@ once losing it, so it restores from the changelogs alone), then runs to the end:
 tallies must be exactly the ones the generated histories imply. A batch whose commit was
 cut short and that was then skipped would show as an undercount; one applied twice, as
 an overcount.
+
+With exactly_once the same runs must also leave the tallies' internal by-program topic,
+read committed, holding each account change exactly once: a batch cut short at any step
+left nothing visible, and none was committed twice. (``program-tallies`` itself is the
+latest tally per program, published from a timer and republished after each restart, so
+it is checked for its final values, as in the at-least-once run.)
 """
 
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from services.tallies.state import PackedInputs
 from tests.e2e.tallies.test_tallies_e2e import assert_tallies_settle, latest_published
 from tests.support.accounts import generate
-from tests.support.kafka import produce
+from tests.support.kafka import produce, read_all
 from tests.support.services import ServiceProcess, free_port, run_until_killed, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 @pytest.mark.parametrize("step", ["handled", "sent", "logged"])
 def test_sigkill_at_each_commit_step_keeps_exact_tallies(
-    step: str, tally_topics: dict[str, str], service_env: dict[str, str], tmp_path: Path,
+    step: str, guarantee: str, tally_topics: dict[str, str], service_env: dict[str, str], tmp_path: Path,
 ) -> None:
     history = generate(programs=30, accounts_per_program=120, seed=29, logins_per_program=20)
     half = len(history.events) // 2
     produce(tally_topics["events"], history.events[:half])
     produce(tally_topics["logins"], history.logins)
-    env = {**service_env, "STATEFLEET_INSTANCE_ID": "c", "STATEFLEET_CONSUMER_MAX_POLL_RECORDS": "200"}
+    env = {**service_env, "STATEFLEET_INSTANCE_ID": "c", "STATEFLEET_CONSUMER_MAX_POLL_RECORDS": "200",
+           "STATEFLEET_PROCESSING_GUARANTEE": guarantee}
     port = free_port()
     # Small fetches make many batches; the 3rd batch to reach the step dies there.
     run_until_killed("tallies", env, tmp_path / "tallies-1.log", port, f"{step}:3")
@@ -48,5 +58,16 @@ def test_sigkill_at_each_commit_step_keeps_exact_tallies(
         assert_tallies_settle(proc, expected, timeout=90)
         wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,
                  message="program-tallies to hold the exact tallies")
+        if guarantee == "exactly_once":
+            prefix = service_env["STATEFLEET_TOPIC_PREFIX"]
+            changes = Counter(
+                (change.account_id, change.version)
+                for r in read_all(f"{prefix}statefleet-tallies-by-program", isolation_level="read_committed")
+                for inputs in PackedInputs.decode(r.value).programs.values()
+                for change in inputs.changes
+            )
+            repeated = {change: n for change, n in changes.items() if n > 1}
+            assert repeated == {}, f"{len(repeated)} account changes committed twice, e.g. {list(repeated)[:5]}"
+            assert len(changes) == len(history.events), "every account change committed once"
     finally:
         proc.kill()

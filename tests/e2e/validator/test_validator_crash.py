@@ -124,7 +124,7 @@ def test_sigkill_mid_stream_leaves_each_event_exactly_once_per_version(
 
 
 def assert_each_event_once(
-    prefix: str, proc: Any, accounts: int = ACCOUNTS, steps: int = STEPS,
+    prefix: str, proc: Any, accounts: int = ACCOUNTS, steps: int = STEPS, isolation_level: str = "read_uncommitted",
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Once every command of :func:`commands_in_order` is decided: exactly one event per
     (account, version), in command order, no gaps, no rejection; returns every event record
@@ -133,12 +133,12 @@ def assert_each_event_once(
     expected = accounts * steps
 
     def distinct_events() -> list[dict[str, Any]] | None:
-        events = [orjson.loads(r.value) for r in read_all(events_topic)]
+        events = [orjson.loads(r.value) for r in read_all(events_topic, isolation_level=isolation_level)]
         return events if len({e["event_id"] for e in events}) >= expected else None
 
     events = wait_for(distinct_events, timeout=60, interval=0.5, message=f"{expected} distinct events")
     time.sleep(1.0)  # anything still to come would be a violation; give it a moment to show
-    events = [orjson.loads(r.value) for r in read_all(events_topic)]
+    events = [orjson.loads(r.value) for r in read_all(events_topic, isolation_level=isolation_level)]
 
     by_id: dict[str, dict[str, Any]] = {}
     for e in events:
@@ -160,7 +160,7 @@ def assert_each_event_once(
         assert [e["data"]["n"] for e in evs] == list(range(steps))
         assert [e["type"] for e in evs] == ["AccountCreated"] + ["AccountUpdated"] * (steps - 1)
 
-    rejections = read_all(f"{prefix}account-rejections")
+    rejections = read_all(f"{prefix}account-rejections", isolation_level=isolation_level)
     assert rejections == [], f"no command may be rejected: {[r.value for r in rejections[:5]]}"
     for i in (0, 1, accounts - 1):
         body = httpx.get(f"{proc.url}/accounts/crash-{i}", timeout=10).json()

@@ -23,7 +23,7 @@ Every topic of the prefix, the systems' internal ones included, is deleted after
 The systems:
 
 - ``statefleet``: ``python -m services.tallies`` from this checkout, default settings
-  (tallies published every second, at-least-once).
+  (tallies published every second, at-least-once unless ``--exactly-once``).
 - ``kafka-streams``: ``tools/bench/peers/kstreams`` (Kafka Streams 4.1.1, RocksDB stores
   with changelogs, one stream thread, at_least_once, commit interval 1 s), built into
   ``.local/bench/kstreams`` by ``make bench-peers-build``.
@@ -31,8 +31,9 @@ The systems:
   state with changelogs, at-least-once, commit interval 1 s).
 - ``aiokafka``: :mod:`tools.bench.peers.baseline`, reading the two input topics.
 
-``--exactly-once`` runs Kafka Streams with exactly_once_v2 and Quix with exactly-once;
-statefleet has no such mode and stays at-least-once.
+``--exactly-once`` runs Kafka Streams with exactly_once_v2, Quix with exactly-once and
+statefleet with ``STATEFLEET_PROCESSING_GUARANTEE=exactly_once`` (the output is read
+read_committed in both modes).
 """
 
 from __future__ import annotations
@@ -240,7 +241,8 @@ def launch(system: str, prefix: str, workdir: Path, opts: Options) -> tuple[subp
         env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
                "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": str(state_dir),
                "STATEFLEET_HTTP_HOST": "127.0.0.1", "STATEFLEET_HTTP_PORT": str(port),
-               "STATEFLEET_INSTANCE_ID": "peers", "STATEFLEET_LOG_LEVEL": "WARNING"}
+               "STATEFLEET_INSTANCE_ID": "peers", "STATEFLEET_LOG_LEVEL": "WARNING",
+               "STATEFLEET_PROCESSING_GUARANTEE": "exactly_once" if opts.exactly_once else "at_least_once"}
         cmd = [sys.executable, "-m", "services.tallies"]
     elif system == "kafka-streams":
         env = dict(os.environ)
@@ -454,7 +456,8 @@ def parse_args(argv: list[str]) -> tuple[Options, str | None]:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS),
                         help=f"any of {', '.join(SYSTEMS)} (space- or comma-separated)")
     parser.add_argument("--replays", type=float, default=0.0, help="fraction of the records that are replayed account events")
-    parser.add_argument("--exactly-once", action="store_true", help="Kafka Streams exactly_once_v2, Quix exactly-once")
+    parser.add_argument("--exactly-once", action="store_true",
+                        help="statefleet exactly_once, Kafka Streams exactly_once_v2, Quix exactly-once")
     parser.add_argument("--timeout", type=float, default=Options.timeout_s, help="seconds per system and round")
     parser.add_argument("--kstreams-threads", type=int, default=1)
     parser.add_argument("--java-opt", action="append", default=[], help="a JVM option for Kafka Streams (repeatable)")

@@ -117,6 +117,87 @@ def test_a_table_without_the_row_means_the_log_start() -> None:
     assert backfill.reads == [("t", 0, 2, 5)]
 
 
+class CommittedBackfill(FakeBackfill):
+    """A log whose offsets in ``markers`` hold no committed record (markers, aborted records)."""
+
+    def __init__(self, markers: set[int]) -> None:
+        super().__init__()
+        self.markers = markers
+
+    async def read(self, topic: str, partition: int, start: int, end: int) -> list[InRecord]:
+        self.reads.append((topic, partition, start, end))
+        return [InRecord(topic, partition, o, b"k", b"back", [], 1000) for o in range(start, end) if o not in self.markers]
+
+
+def committed_reader(store: dict[tuple[int, bytes], bytes], backfill: FakeBackfill) -> OrderedInput:
+    return OrderedInput(app=None, stores=FakeStore(store), backfill=backfill, read_committed=True)  # type: ignore[arg-type]
+
+
+def test_read_committed_gaps_inside_one_fetch_are_not_read_back() -> None:
+    # The consumer read offsets 11 and 14..15 itself and found no committed record there.
+    backfill = CommittedBackfill(markers={11, 14, 15})
+    reader = committed_reader({(0, next_offset_key("events")): b"10"}, backfill)
+    batch = asyncio.run(reader.batch_records(events("events", 0, 10, 12, 13, 16)))
+    assert [r.offset for r in batch.records] == [10, 12, 13, 16]
+    assert backfill.reads == [] and reader.empty_gaps_accepted == 2 and batch.backfilled == []
+    assert batch.offset_rows[(0, next_offset_key("events"))] == b"17"
+
+
+def test_read_committed_a_marker_before_a_fetch_is_read_back_once_and_accepted(caplog: pytest.LogCaptureFixture) -> None:
+    backfill = CommittedBackfill(markers={10})
+    reader = committed_reader({(0, next_offset_key("events")): b"10"}, backfill)
+    with caplog.at_level(logging.WARNING):
+        batch = asyncio.run(reader.batch_records(events("events", 0, 11, 12)))
+    assert [r.offset for r in batch.records] == [11, 12] and batch.backfilled == []
+    assert backfill.reads == [("events", 0, 10, 11)] and reader.records_backfilled == 0
+    assert "skipped" not in caplog.text
+
+
+def test_read_committed_a_fetch_continuing_the_last_one_needs_no_read_back() -> None:
+    # The consumer handed over records up to 9 before and fetched on with no seek: offset 10
+    # (the previous transaction's marker) was read by it and held no committed record.
+    backfill = CommittedBackfill(markers={10})
+    reader = committed_reader({(0, next_offset_key("events")): b"10"}, backfill)
+    batch = asyncio.run(reader.batch_records(events("events", 0, 11, 12), continues_from=10))
+    assert [r.offset for r in batch.records] == [11, 12] and backfill.reads == []
+
+
+def test_read_committed_a_continuing_fetch_past_unprocessed_records_is_still_read_back() -> None:
+    # The handler is behind what the consumer handed over (its batch was not committed).
+    backfill = CommittedBackfill(markers=set())
+    reader = committed_reader({(0, next_offset_key("events")): b"5"}, backfill)
+    batch = asyncio.run(reader.batch_records(events("events", 0, 11), continues_from=10))
+    assert [r.offset for r in batch.records] == [5, 6, 7, 8, 9, 10, 11] and backfill.reads == [("events", 0, 5, 11)]
+
+
+def test_read_committed_a_real_skip_before_a_fetch_is_still_read_back() -> None:
+    backfill = CommittedBackfill(markers={10})
+    reader = committed_reader({(0, next_offset_key("events")): b"10"}, backfill)
+    batch = asyncio.run(reader.batch_records(events("events", 0, 13)))
+    assert [r.offset for r in batch.records] == [11, 12, 13]
+    assert batch.backfilled == [("events", 0, 10, 12)]
+
+
+def test_read_committed_a_range_confirmed_empty_is_not_read_again() -> None:
+    backfill = CommittedBackfill(markers={10})
+    store = {(0, next_offset_key("events")): b"10"}
+    reader = committed_reader(store, backfill)
+
+    async def scenario() -> Any:
+        assert await reader.confirm_empty("events", 0, 10, 11)  # e.g. the trailing-hole watch
+        assert reader.settled_offset("events", 0) == 11
+        return await reader.batch_records(events("events", 0, 11))
+
+    batch = asyncio.run(scenario())
+    assert [r.offset for r in batch.records] == [11]
+    assert backfill.reads == [("events", 0, 10, 11)]  # once, by confirm_empty
+
+
+def test_reading_uncommitted_records_a_gap_inside_a_fetch_is_still_read_back() -> None:
+    batch, backfill, _ = run({(0, next_offset_key("events")): b"10"}, events("events", 0, 10, 12))
+    assert [r.offset for r in batch.records] == [10, 11, 12] and backfill.reads == [("events", 0, 11, 12)]
+
+
 def test_next_offset_keys_are_recognised() -> None:
     assert is_next_offset_key(next_offset_key("account-events"))
     assert next_offset_key("x").startswith(NEXT_OFFSET_PREFIX)

@@ -36,9 +36,16 @@ class FakeConsumer:
 @dataclass
 class FakeInput:
     offsets: dict[tuple[str, int], int]
+    #: Ranges that hold no committed record (exactly_once); empty: reading uncommitted records.
+    empty: set[tuple[str, int, int, int]] = field(default_factory=set)
+    confirmed: list[tuple[str, int, int, int]] = field(default_factory=list)
 
-    def next_offset(self, topic: str, partition: int) -> int | None:
+    def settled_offset(self, topic: str, partition: int) -> int | None:
         return self.offsets.get((topic, partition))
+
+    async def confirm_empty(self, topic: str, partition: int, start: int, end: int) -> bool:
+        self.confirmed.append((topic, partition, start, end))
+        return (topic, partition, start, end) in self.empty
 
 
 def fake_app(consumer: FakeConsumer, recovered: bool = True) -> Any:
@@ -96,3 +103,22 @@ def test_an_input_with_nothing_processed_yet_is_left_to_the_stream() -> None:
     watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": FakeInput({})}, 5.0)
     checks(watch, 3)
     assert consumer.seeks == []
+
+
+def test_a_range_holding_only_a_transaction_marker_is_not_sought_back_to() -> None:
+    # exactly_once: the consumer's position is one past the handler's next offset after every
+    # transaction (its commit marker); once read back and found empty, it is no hole.
+    consumer = FakeConsumer({EVENTS: 11})
+    reader = FakeInput({("events", 0): 10}, empty={("events", 0, 10, 11)})
+    watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": reader}, 5.0)
+    checks(watch, 4)
+    assert consumer.seeks == [] and watch.rereads == 0
+    assert reader.confirmed[0] == ("events", 0, 10, 11)
+
+
+def test_a_range_with_records_is_still_sought_back_to_under_read_committed() -> None:
+    consumer = FakeConsumer({EVENTS: 12})
+    reader = FakeInput({("events", 0): 10}, empty={("events", 0, 10, 11)})  # 11 holds a record
+    watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": reader}, 5.0)
+    checks(watch, 2)
+    assert consumer.seeks == [{EVENTS: 10}] and watch.rereads == 1
