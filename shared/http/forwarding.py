@@ -25,7 +25,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -38,6 +38,8 @@ from shared.http.errors import Unavailable, Unprocessable
 from shared.metrics import HTTP_FORWARDED, READ_FAILOVERS, READ_LAG, READS_SERVED
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 FORWARDED_BY = "X-Statefleet-Forwarded-By"
 SERVED_BY = "X-Statefleet-Served-By"
@@ -141,17 +143,29 @@ async def route(ctx: ServiceContext, request: Request, table: AnyTable, partitio
     # moves and copies catch up within about a second, and an answer from a copy that is
     # behind is given only when nothing fresher turned up by then.
     patient = not request.headers.get(FORWARDED_BY)
+    found = await _until_settled(
+        ctx.settings.read_retry_s if patient else 0.0, lambda: _freshest_answer(ctx, request, table, partition),
+        settled=lambda found: found.lag == 0, retry_on=NoCopy,
+    )
+    return _deliver(ctx, request, found.answer, max_lag)
+
+
+async def _until_settled(
+    budget_s: float, attempt: Callable[[], Awaitable[T]], *, settled: Callable[[T], bool], retry_on: type[Exception],
+) -> T:
+    """``attempt()`` again every :data:`READ_RETRY_INTERVAL_S` while it raises ``retry_on`` or its
+    answer is not ``settled``, for up to ``budget_s``; then its last answer (or error) stands."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + (ctx.settings.read_retry_s if patient else 0.0)
+    deadline = loop.time() + budget_s
     while True:
         try:
-            found = await _freshest_answer(ctx, request, table, partition)
-        except NoCopy:
+            answer = await attempt()
+        except retry_on:
             if loop.time() >= deadline:
                 raise
         else:
-            if found.lag == 0 or loop.time() >= deadline:
-                return _deliver(ctx, request, found.answer, max_lag)
+            if settled(answer) or loop.time() >= deadline:
+                return answer
         await asyncio.sleep(READ_RETRY_INTERVAL_S)
 
 
@@ -166,13 +180,18 @@ class _Found:
 def _deliver(ctx: ServiceContext, request: Request, answer: Copy | Response, max_lag: int | None) -> Response | None:
     if isinstance(answer, Response):
         return answer  # the instance that answered applied max_lag itself
-    if max_lag is not None and (answer.lag is None or answer.lag > max_lag):
-        raise StaleCopy(answer.lag, max_lag, answer.source)
-    request.state.read_from = ReadFrom(answer.source, answer.lag)
-    READS_SERVED.labels(ctx.service, answer.source).inc()
-    if answer.lag is not None:
-        READ_LAG.labels(ctx.service).observe(answer.lag)
+    _answer_from(ctx, request, ReadFrom(answer.source, answer.lag), max_lag)
     return None
+
+
+def _answer_from(ctx: ServiceContext, request: Request, read_from: ReadFrom, max_lag: int | None) -> None:
+    """This instance answers from state as fresh as ``read_from`` says, unless ``max_lag`` refuses it."""
+    if max_lag is not None and (read_from.lag is None or read_from.lag > max_lag):
+        raise StaleCopy(read_from.lag, max_lag, read_from.source)
+    request.state.read_from = read_from
+    READS_SERVED.labels(ctx.service, read_from.source).inc()
+    if read_from.lag is not None:
+        READ_LAG.labels(ctx.service).observe(read_from.lag)
 
 
 async def _freshest_answer(ctx: ServiceContext, request: Request, table: AnyTable, partition: int) -> _Found:
@@ -395,25 +414,17 @@ async def gather(ctx: ServiceContext, request: Request, table: AnyTable, local: 
     point read does). The answer's source headers give the least fresh copy that contributed.
 
     Peers are asked the same path and query with ``scope=local`` and the ``partitions`` they
-    should list. While some partition has no instance that can answer, it asks again for up
-    to ``read_retry_s``, then answers 503: a list is never silently missing a partition.
+    should list. While some partition has no instance that can answer, or a copy used is
+    behind, it asks again for up to ``read_retry_s``; then the freshest answer found stands, or
+    503: a list is never silently missing a partition.
     """
     max_lag = requested_max_lag(request)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + ctx.settings.read_retry_s
-    while True:
-        try:
-            pages, read_from = await _gather_partitions(ctx, request, table, local)
-        except NoCopy:
-            if loop.time() >= deadline:
-                raise
-            await asyncio.sleep(READ_RETRY_INTERVAL_S)
-            continue
-        if max_lag is not None and (read_from.lag is None or read_from.lag > max_lag):
-            raise StaleCopy(read_from.lag, max_lag, read_from.source)
-        request.state.read_from = read_from
-        READS_SERVED.labels(ctx.service, read_from.source).inc()
-        return pages
+    pages, read_from = await _until_settled(
+        ctx.settings.read_retry_s, lambda: _gather_partitions(ctx, request, table, local),
+        settled=lambda gathered: gathered[1].lag == 0, retry_on=NoCopy,
+    )
+    _answer_from(ctx, request, read_from, max_lag)
+    return pages
 
 
 async def _gather_partitions(
@@ -495,19 +506,12 @@ async def gather_owners(
     rebalance ownership settles within about a second), then answers 503: a list is
     never silently missing a partition.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + ctx.settings.read_retry_s
-    while True:
-        try:
-            pages = await _gather_once(ctx, request, table, local)
-        except Unavailable:
-            if loop.time() >= deadline:
-                raise
-            await asyncio.sleep(READ_RETRY_INTERVAL_S)
-            continue
-        request.state.read_from = ReadFrom("active", 0)
-        READS_SERVED.labels(ctx.service, "active").inc()
-        return pages
+    pages = await _until_settled(
+        ctx.settings.read_retry_s, lambda: _gather_once(ctx, request, table, local),
+        settled=lambda _: True, retry_on=Unavailable,
+    )
+    _answer_from(ctx, request, ReadFrom("active", 0), None)
+    return pages
 
 
 async def _gather_once(
