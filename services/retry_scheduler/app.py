@@ -27,6 +27,11 @@ index a done marker that drops copies of the same dead letter read again later. 
 before the deletes redelivers them again after the restart, with the same ``dlq.id``
 and ``dlq.attempt``; a crash before the acknowledgement loses nothing, because the
 entry is still stored. Nothing is deleted that was not delivered.
+
+Under ``exactly_once`` the redeliveries (and parking-lot records) are staged on the batch
+instead and go out in the transaction that also deletes their entries and writes their
+done markers: committed readers of a retry topic then see each attempt once, through
+crashes, and an aborted batch neither redelivers nor forgets anything.
 """
 
 from __future__ import annotations
@@ -112,6 +117,10 @@ COMMANDS = (KIND_REPLAY, KIND_CANCEL, KIND_UNPARK)
 SEND_TIMEOUT_S = 15.0
 #: Consecutive failed redeliveries of one entry before it is parked instead.
 MAX_SEND_FAILURES = 5
+#: Under exactly_once, how long a redelivery's topic may take to show in the client's metadata
+#: before that record counts as a failed send: the wait holds up the partition's batch, and an
+#: existing topic shows in milliseconds.
+TOPIC_LOOKUP_TIMEOUT_S = 3.0
 #: Largest expiry row (a JSON list of ids), well below the broker's message size limit.
 EXPIRY_BATCH_BYTES = 256 * 1024
 #: Lateness samples kept for GET /retries/stats.
@@ -167,22 +176,8 @@ def next_low_water(start: bytes, now: int, scan: DueScan, failed_keys: list[byte
     return max(start, due_prefix(now + 1))
 
 
-class UnsupportedGuarantee(RuntimeError):
-    """The processing guarantee asked for is one this service does not keep yet."""
-
-
 class RetrySchedulerService:
     def __init__(self, settings: Settings) -> None:
-        if settings.processing_guarantee != "at_least_once":
-            # Its redeliveries are sent on the tick, each on its own and outside any batch commit
-            # (a failed send is an outcome to record, not a reason to stop), so they would still
-            # repeat after a crash: running it would claim a guarantee it does not keep.
-            raise UnsupportedGuarantee(
-                f"STATEFLEET_PROCESSING_GUARANTEE={settings.processing_guarantee} is not supported by the retry "
-                "scheduler yet: its redeliveries are not sent inside the transaction that records them. "
-                "Run it with STATEFLEET_PROCESSING_GUARANTEE=at_least_once (consumers of the retry topics "
-                "deduplicate by dlq.id and attempt)."
-            )
         self.settings = settings
         self.topics: TopicNames = topic_names(settings)
         self.engine = engine = Engine(SERVICE, settings, DEFAULT_PORT)
@@ -363,9 +358,7 @@ class RetrySchedulerService:
         partition = batch.partition
         # A record needs a key or a value; a message that had neither is parked with an empty value.
         value = entry.value if entry.key is not None or entry.value is not None else b""
-        [error] = await self.engine.deliver_each(
-            [Outgoing(self.topics.parking_lot, entry.key, value, entry.parking_headers())], SEND_TIMEOUT_S,
-        )
+        [error] = await self._send_out(batch, [Outgoing(self.topics.parking_lot, entry.key, value, entry.parking_headers())])
         if error is not None:  # too large for the parking lot, say: it is still kept in the parked table
             log.error("could not publish dlq.id=%s to %s: %s", entry.id, self.topics.parking_lot, error)
         idk = id_key(entry.id)
@@ -449,7 +442,7 @@ class RetrySchedulerService:
         start = self.low_water.get(partition, b"")
         scan: DueScan = scan_due(batch.view(self.schedule_store), now, limit, start)
         scanned = time.perf_counter()
-        deliveries = await self._redeliver(scan.items, trigger="tick")
+        deliveries = await self._redeliver(batch, scan.items, trigger="tick")
         failed_keys: list[bytes] = []
         for d in deliveries:
             if d.error is None:
@@ -501,13 +494,29 @@ class RetrySchedulerService:
         self.expiry_low_water[partition] = next_low_water(start, now, scan, [])
         return scan
 
-    async def _redeliver(self, items: list[tuple[bytes, bytes]], trigger: str) -> list[Delivery]:
-        """Send each entry to its retry topic and wait (bounded) for the broker's acknowledgements:
-        a redelivery that fails or is not acknowledged in time keeps its entry for a later tick."""
+    async def _send_out(self, batch: InputBatch, records: list[Outgoing]) -> list[str | None]:
+        """Send what a handler puts out; per record ``None``, or why it could not go.
+
+        At least once, each record is sent on its own now and its acknowledgement awaited
+        (bounded): a failed send is that record's outcome, recorded or retried later, and the
+        batch goes on. Exactly once, the records are staged on the batch and go out in its
+        transaction with the state changes they stand for, so a crash repeats neither; a record
+        that could never be sent (no such topic, too large) would abort every retry of the
+        batch, so it is found first and left out with its reason."""
+        if not self.engine.transactional:
+            return await self.engine.deliver_each(records, SEND_TIMEOUT_S)
+        errors = await self.engine.unsendable(records, TOPIC_LOOKUP_TIMEOUT_S)
+        for record, error in zip(records, errors, strict=True):
+            if error is None:
+                batch.send(record.topic, record.key, record.value, headers=record.headers)
+        return errors
+
+    async def _redeliver(self, batch: InputBatch, items: list[tuple[bytes, bytes]], trigger: str) -> list[Delivery]:
+        """Send each entry to its retry topic (see :meth:`_send_out`): a redelivery that fails
+        or is not acknowledged in time keeps its entry for a later tick."""
         deliveries = [Delivery(key, decode_entry(raw)) for key, raw in items]
-        errors = await self.engine.deliver_each(
-            [Outgoing(d.entry.retry_topic, d.entry.key, d.entry.value, list(d.entry.headers)) for d in deliveries],
-            SEND_TIMEOUT_S,
+        errors = await self._send_out(
+            batch, [Outgoing(d.entry.retry_topic, d.entry.key, d.entry.value, list(d.entry.headers)) for d in deliveries],
         )
         sent_at = now_ms()
         for d, error in zip(deliveries, errors, strict=True):
@@ -546,7 +555,7 @@ class RetrySchedulerService:
                     log.info("cancelled dlq.id=%s attempt=%s", dlq_id, entry.attempt)
                     result = {"id": dlq_id, "status": "cancelled", "attempt": entry.attempt}
                 else:
-                    [d] = await self._redeliver([(key, raw)], trigger="replay")
+                    [d] = await self._redeliver(batch, [(key, raw)], trigger="replay")
                     if d.error is None:
                         self._finish(batch, key, entry, done=DONE_REDELIVERED)
                         self._write_expiry(batch)
@@ -560,7 +569,7 @@ class RetrySchedulerService:
             parked_raw = batch.read(self.parked_store, idk)
             if parked_raw is not None:
                 entry = decode_entry(parked_raw)
-                [d] = await self._redeliver([(idk, parked_raw)], trigger="unpark")
+                [d] = await self._redeliver(batch, [(idk, parked_raw)], trigger="unpark")
                 if d.error is None:
                     if self._delete(batch, self.parked_store, idk):
                         self.counts.add("parked", partition, entry.counted_as, -1)

@@ -6,16 +6,13 @@ from fastapi import FastAPI
 
 from services.retry_scheduler import DEFAULT_PORT, SERVICE
 from services.retry_scheduler.api import router
-from services.retry_scheduler.app import RetrySchedulerService, UnsupportedGuarantee
+from services.retry_scheduler.app import RetrySchedulerService
 from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings
 
 
 def build(settings: Settings) -> tuple[RetrySchedulerService, FastAPI]:
-    try:
-        service = RetrySchedulerService(settings)
-    except UnsupportedGuarantee as exc:
-        raise SystemExit(f"error: {exc}") from None
+    service = RetrySchedulerService(settings)
     api = serve_http(
         service, SERVICE, DEFAULT_PORT, settings, router, title="statefleet retry scheduler",
         description=(

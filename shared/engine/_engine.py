@@ -268,6 +268,17 @@ class Engine:
         For sends whose failure is an outcome to record, not a reason to stop."""
         return await self.producer.deliver_each(records, timeout_s)
 
+    @property
+    def transactional(self) -> bool:
+        """Whether each batch commits as one Kafka transaction (records staged with
+        :meth:`InputBatch.send` go out in it; :meth:`send` and :meth:`deliver_each` do not)."""
+        return self.transactions is not None
+
+    async def unsendable(self, records: Sequence[Outgoing], timeout_s: float) -> list[str | None]:
+        """Per record, why it cannot be staged on a batch (unknown topic, too large), or ``None``:
+        for handlers that give such a record another fate rather than abort their batch."""
+        return await self.producer.unsendable(records, timeout_s)
+
     # -- the hand-over -------------------------------------------------------------------
 
     async def _deliver(self, tp: TP, fetched: Sequence[Any], continues_from: int | None = None) -> None:

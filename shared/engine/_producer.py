@@ -45,6 +45,15 @@ class Outgoing:
     timestamp_ms: int | None = None  # None: now
 
 
+def _too_large(record: Outgoing) -> str | None:
+    """Why ``record`` cannot fit in one record batch, or ``None`` (a close upper estimate of its size)."""
+    size = len(record.key or b"") + len(record.value or b"") + 64
+    size += sum(len(name) + len(value) + 8 for name, value in record.headers or ())
+    if size > MAX_BATCH_BYTES:
+        return f"record of about {size} bytes is larger than a record batch ({MAX_BATCH_BYTES} bytes)"
+    return None
+
+
 class BatchProducer:
     """One aiokafka producer (acks=all) that sends lists of records as record batches."""
 
@@ -74,6 +83,26 @@ class BatchProducer:
             assert self._producer is not None
             count = self._partitions[topic] = len(await self._producer.partitions_for(topic))
         return count
+
+    async def unsendable(self, records: Sequence[Outgoing], timeout_s: float) -> list[str | None]:
+        """Per record, why it cannot be sent in a batch commit, or ``None``: a topic the client
+        finds no metadata for within ``timeout_s`` (missing, or not ours to describe), or a record
+        too large for one record batch. Inside a transaction one such send would abort the whole
+        batch again and again, so a caller that can give a record another fate asks first."""
+        if self._producer is None:
+            await self.start()
+        topic_errors: dict[str, str | None] = {}
+        for topic in {record.topic for record in records}:
+            if topic in self._partitions:
+                topic_errors[topic] = None
+                continue
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._partition_count(topic)
+                topic_errors[topic] = None
+            except Exception as exc:  # unknown topic, authorisation, timeout
+                topic_errors[topic] = f"topic {topic!r} is not available: {type(exc).__name__}: {exc}".rstrip(": ")
+        return [topic_errors[record.topic] or _too_large(record) for record in records]
 
     async def send(self, records: Sequence[Outgoing], what: str) -> dict[tuple[str, int], int]:
         """Send ``records`` (in order per partition) and wait for every acknowledgement; returns the

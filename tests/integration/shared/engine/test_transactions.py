@@ -105,3 +105,24 @@ def test_changelog_highwaters_stop_at_the_last_committed_record(kafka_bootstrap:
     highwaters = asyncio.run(scenario())
     # Faust takes highwater - 1 as the last offset to apply: the record at 4, not the marker at 5.
     assert highwaters == {TP(changelog, 0): 5, TP(changelog, 1): 0}
+
+
+def test_unsendable_names_records_that_would_abort_a_transaction(kafka_bootstrap: str, prefix: str) -> None:
+    out = f"{prefix}out"
+    create_topics([out], partitions=1)
+
+    async def scenario() -> list[str | None]:
+        producer = BatchProducer(settings(kafka_bootstrap), "probe")
+        try:
+            return await producer.unsendable([
+                Outgoing(out, b"k", b"fits"),
+                Outgoing("no such topic!", b"k", b"v"),  # not a legal topic name: no metadata, ever
+                Outgoing(out, b"k", b"x" * 1_000_000),
+            ], timeout_s=5.0)
+        finally:
+            await producer.stop()
+
+    fits, unknown, too_large = asyncio.run(scenario())
+    assert fits is None
+    assert unknown is not None and "'no such topic!' is not available" in unknown
+    assert too_large is not None and "larger than a record batch" in too_large
