@@ -5,16 +5,22 @@
 
 SEED ?= 1
 SECONDS ?= 120
-# The short run `make test` includes: seeded, so a failure is rerun as it was.
+# at_least_once or exactly_once: the fleet's processing guarantee; with exactly_once the topics
+# are read read_committed and a single duplicate delivered fails the run.
+GUARANTEE ?= at_least_once
+# The short runs `make test` includes, one per guarantee: seeded, so a failure is rerun as it was.
 CHAOS_TEST_SEED ?= 16
 CHAOS_TEST_SECONDS ?= 90
+CHAOS_TEST_EOS_SEED ?= 17
+CHAOS_TEST_EOS_SECONDS ?= 60
 
 .PHONY: chaos
-chaos: venv ## The fleet under SIGKILLs and a broker kill, checked against the contract (SECONDS=600 SEED=n)
-	$(PY) -m tools.chaos --seconds $(SECONDS) --seed $(SEED)
+chaos: venv ## The fleet under SIGKILLs and a broker kill, checked against the contract (SECONDS=600 SEED=n GUARANTEE=exactly_once)
+	$(PY) -m tools.chaos --seconds $(SECONDS) --seed $(SEED) --guarantee $(GUARANTEE)
 
 .PHONY: test-chaos
-test-chaos: venv ## The short seeded chaos run that make test includes
-	$(PY) -m tools.chaos --seconds $(CHAOS_TEST_SECONDS) --seed $(CHAOS_TEST_SEED)
+test-chaos: venv ## The short seeded chaos runs that make test includes (at_least_once, then exactly_once)
+	$(PY) -m tools.chaos --seconds $(CHAOS_TEST_SECONDS) --seed $(CHAOS_TEST_SEED) --guarantee at_least_once
+	$(PY) -m tools.chaos --seconds $(CHAOS_TEST_EOS_SECONDS) --seed $(CHAOS_TEST_EOS_SEED) --guarantee exactly_once
 
 test-extra:: test-chaos

@@ -68,6 +68,26 @@ PEER_RESTARTS_ANNOUNCED = Counter(
     ["service"],
     registry=REGISTRY,
 )
+TRANSACTIONS = Counter(
+    "statefleet_transactions_total",
+    "Batch commits as Kafka transactions (exactly_once), by outcome: committed or aborted",
+    ["service", "outcome"],
+    registry=REGISTRY,
+)
+TRANSACTIONS_FENCED = Counter(
+    "statefleet_transactions_fenced_total",
+    "Commits refused because the input partition's next owner fenced this instance's producer",
+    ["service"],
+    registry=REGISTRY,
+)
+TRANSACTION_COMMIT_SECONDS = Histogram(
+    "statefleet_transaction_commit_seconds",
+    "From a batch's commit request to committed readers seeing its records (EndTxn acknowledged: "
+    "the markers are written)",
+    ["service"],
+    registry=REGISTRY,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 READY = Gauge(
     "statefleet_ready",
     "1 when state is restored and queries are answered",

@@ -431,7 +431,14 @@ class RetrySchedulerService:
 
     async def _send_tick(self, partition: int) -> None:
         self.tick_sent[partition] = time.monotonic()
-        await self.engine.send(self.inbox_topic_name, None, KIND_TICK, partition=partition)
+        try:
+            await self.engine.send(self.inbox_topic_name, None, KIND_TICK, partition=partition)
+        except Exception as exc:  # the broker away, say: the next interval sends it again
+            # An exception out of a timer crashes the worker; a missed tick only delays the
+            # redeliveries by one interval.
+            self.tick_sent.pop(partition, None)
+            log.warning("could not send the tick of inbox partition %d (sent again in %.1fs): %s: %s",
+                        partition, self.settings.retry_tick_interval_s, type(exc).__name__, exc)
 
     async def tick(self, batch: InputBatch) -> None:
         partition = batch.partition

@@ -136,7 +136,7 @@ class Engine:
         records only and leaves the input offsets to the transactions."""
         transactions = self.transactions = PartitionTransactions(
             self.settings, app_id(self.service, self.settings), f"{self.service}-{self.settings.instance_id}",
-            self.producer,
+            self.producer, service=self.service,
         )
 
         async def assigned(tps: set[TP]) -> None:
@@ -243,9 +243,26 @@ class Engine:
         )
 
     def timer(self, interval_s: float, name: str) -> Callable[[Callable[[], Awaitable[None]]], Any]:
-        """Run a coroutine every ``interval_s`` on the worker's loop (not for table writes)."""
+        """Run a coroutine every ``interval_s`` on the worker's loop (not for table writes).
+
+        An exception out of one run is logged and the next run comes as usual: Faust would
+        crash the whole worker over it, and what a timer does (publish, send ticks) is done
+        again by its next run, while a crash stops every partition (the broker away for a
+        moment was enough)."""
         timer: Callable[[Callable[[], Awaitable[None]]], Any] = self.app.timer(interval_s, name=f"{self.service}.{name}")
-        return timer
+
+        def register(fn: Callable[[], Awaitable[None]]) -> Any:
+            async def run() -> None:
+                try:
+                    await fn()
+                except Exception as exc:
+                    log.warning("%s timer %r failed (runs again in %.1fs): %s: %s",
+                                self.service, name, interval_s, type(exc).__name__, exc)
+
+            run.__name__ = run.__qualname__ = f"{self.service}_{name}_timer"
+            return timer(run)
+
+        return register
 
     def on_recovered(self, table: DurableTable, callback: Callable[[], Awaitable[None]]) -> None:
         """Call ``callback`` each time ``table``'s partitions are restored after a rebalance."""

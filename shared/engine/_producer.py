@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from aiokafka.errors import ProducerFenced
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._durable import acknowledged
 from shared.engine._partitioning import partition_for
+from shared.metrics import TRANSACTION_COMMIT_SECONDS, TRANSACTIONS, TRANSACTIONS_FENCED
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -221,8 +223,10 @@ class PartitionTransactions:
     restore (read_committed) sees exactly the committed transactions.
     """
 
-    def __init__(self, settings: Settings, group_id: str, client_id: str, records: BatchProducer) -> None:
+    def __init__(self, settings: Settings, group_id: str, client_id: str, records: BatchProducer,
+                 service: str = "") -> None:
         self.settings = settings
+        self.service = service
         self.group_id = group_id
         self.client_id = client_id
         self.records = records  # groups records into record batches (and knows partition counts)
@@ -274,18 +278,28 @@ class PartitionTransactions:
         except AssertionError as exc:
             # aiokafka asserts when a producer in its fatal state (fenced by the partition's
             # next owner, or its transaction timed out) is asked for another transaction.
-            self.fenced += 1
+            self._fenced()
             log.warning("%s: the transactional producer of %s[%d] was fenced; not committing", what, topic, partition)
             raise ProducerFenced(f"{transactional_id(self.group_id, topic, partition)} was fenced ({exc})") from exc
         try:
             last = await self.records.send_with(producer, records, what)
             reached("sent")
             await producer.send_offsets_to_transaction({TopicPartition(topic, partition): next_offset}, self.group_id)
+            ending = time.perf_counter()
             await producer.commit_transaction()
-        except BaseException:
+        except BaseException as exc:
             self.aborted += 1
+            TRANSACTIONS.labels(self.service, "aborted").inc()
+            if isinstance(exc, ProducerFenced):
+                self._fenced()
             with contextlib.suppress(Exception):  # fenced or broken: the broker aborts it (fencing, timeout)
                 await asyncio.wait_for(producer.abort_transaction(), TRANSACTION_TIMEOUT_MS / 1000)
             raise
+        TRANSACTION_COMMIT_SECONDS.labels(self.service).observe(time.perf_counter() - ending)
         self.committed += 1
+        TRANSACTIONS.labels(self.service, "committed").inc()
         return last
+
+    def _fenced(self) -> None:
+        self.fenced += 1
+        TRANSACTIONS_FENCED.labels(self.service).inc()

@@ -3,7 +3,10 @@ seeded load through the public contract, an instance SIGKILLed every 10-20 s (so
 with its data dir deleted) and the broker once; then everything checked against a
 reference model of the contract. Exits 1 on anything lost or wrong.
 
-    python -m tools.chaos --seconds 600 --seed 7
+    python -m tools.chaos --seconds 600 --seed 7 [--guarantee exactly_once]
+
+With ``--guarantee exactly_once`` every service runs in that mode, the topics are read
+``read_committed``, and a single duplicate delivered fails the run.
 
 The run has its own broker (it kills it), fleet home and ports, never those of
 ``make up`` or ``make test``: ``--home`` (``.local/chaos``), ``--broker-port`` (29092, or
@@ -68,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-offset", type=int, default=_env_int("STATEFLEET_CHAOS_PORT_OFFSET"),
                         help="added to the services' ports; default: 20000, or the next free one of 20100, 20200, ...")
     parser.add_argument("--settle", type=float, default=240.0, help="longest wait for the fleet to catch up (s)")
+    parser.add_argument("--guarantee", choices=("at_least_once", "exactly_once"),
+                        default=_env_default("STATEFLEET_CHAOS_GUARANTEE", "at_least_once"),
+                        help="the fleet's STATEFLEET_PROCESSING_GUARANTEE (default at_least_once); with exactly_once "
+                             "a duplicate delivered fails the run")
     parser.add_argument("--max-attempts", type=int, default=4, help="the retry scheduler's STATEFLEET_RETRY_MAX_ATTEMPTS")
     args = parser.parse_args(argv)
     # Two runs at once (two worktrees' make test) each find ports of their own.
@@ -90,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "STATEFLEET_TOPIC_PREFIX": "",
         "STATEFLEET_TOPIC_PARTITIONS": "4",
         "STATEFLEET_RETRY_MAX_ATTEMPTS": str(args.max_attempts),
+        "STATEFLEET_PROCESSING_GUARANTEE": args.guarantee,
         "STATEFLEET_RETRY_BASE_DELAY_MS": "500",
         "STATEFLEET_RETRY_MAX_DELAY_MS": "4000",
         "STATEFLEET_RETRY_POLICY_OVERRIDES": "",
@@ -102,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     run = importlib.import_module("tools.chaos.run")
     cfg = run.Config(seed=args.seed, seconds=args.seconds, home=home, max_attempts=args.max_attempts,
-                     settle_s=args.settle)
+                     settle_s=args.settle, guarantee=args.guarantee)
     try:
         code: int = run.run(cfg)
     except KeyboardInterrupt:

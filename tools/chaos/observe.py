@@ -43,10 +43,13 @@ class Observed:
     parked_http: dict[str, Answer] = field(default_factory=dict)
 
 
-async def read_topics(bootstrap: str, topics: Iterable[str], timeout_s: float = 60.0) -> dict[str, list[Rec]]:
-    """Every record of each topic, from the beginning to the end offsets at the start of the read."""
+async def read_topics(bootstrap: str, topics: Iterable[str], timeout_s: float = 60.0,
+                      isolation_level: str = "read_uncommitted") -> dict[str, list[Rec]]:
+    """Every record of each topic, from the beginning to the end offsets at the start of the read
+    (with ``read_committed``: the committed records up to the last stable offsets)."""
     names = list(topics)
-    consumer = PlainConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = PlainConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                             isolation_level=isolation_level)
     await consumer.start()
     try:
         await refresh_metadata(consumer)

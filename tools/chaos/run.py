@@ -36,6 +36,7 @@ class Config:
     home: Path
     max_attempts: int
     settle_s: float
+    guarantee: str = "at_least_once"
     kill_every: tuple[float, float] = (10.0, 20.0)
     #: Chance that a killed instance's data dir is deleted before it is started again.
     wipe_chance: float = 0.3
@@ -82,9 +83,12 @@ def start_broker(layout: kafka_broker.BrokerLayout) -> None:
     kafka_broker.start(layout, wait_s=180.0)
 
 
-def wait_fleet_ready(timeout: float, now: Callable[[], str]) -> None:
+def wait_fleet_ready(timeout: float, now: Callable[[], str], faults: Faults | None = None) -> None:
     for kind, n in instances():
         if fleet.pid_of(kind, n) is None:
+            if faults is not None:  # after the faults began: it exited on its own, and that is reported
+                _restart_exited(kind, n, faults, now)
+                continue
             say(f"{now()} {kind.name}-{n} is not running: starting it")
             fleet.start_instance(kind, n)
     deadline = time.monotonic() + timeout
@@ -177,12 +181,13 @@ def _kill_broker(layout: kafka_broker.BrokerLayout, faults: Faults, now: Callabl
     say(f"{now()} the broker is back")
 
 
-async def observe(plan: Plan, bootstrap: str, topics: TopicConfig, cache: dict[str, Answer]) -> Observed:
+async def observe(plan: Plan, bootstrap: str, topics: TopicConfig, cache: dict[str, Answer],
+                  isolation_level: str) -> Observed:
     names = await list_topics(bootstrap)
     retry_topics = sorted(t for t in names if t == topics.retry or t.startswith(topics.retry + "-"))
     wanted = ["account-events", "account-rejections", "program-tallies", "dead-letters", topics.parking_lot,
               *retry_topics]
-    read = await read_topics(bootstrap, [t for t in wanted if t in names])
+    read = await read_topics(bootstrap, [t for t in wanted if t in names], isolation_level=isolation_level)
     observed = Observed(
         events=read.get("account-events", []), rejections=read.get("account-rejections", []),
         tallies=read.get("program-tallies", []), dead_letters=read.get("dead-letters", []),
@@ -210,6 +215,9 @@ async def chaos(cfg: Config, layout: kafka_broker.BrokerLayout) -> int:
     now = Clock()
     bootstrap = layout.bootstrap
     topics = TopicConfig(max_attempts=cfg.max_attempts)
+    exactly_once = cfg.guarantee == "exactly_once"
+    # exactly_once promises each record once to committed readers, and only to them.
+    isolation_level = "read_committed" if exactly_once else "read_uncommitted"
     say(f"{now()} starting the broker on {bootstrap} (home {layout.home})")
     await asyncio.to_thread(start_broker, layout)
     say(f"{now()} starting {INSTANCES} instances of each service (logs in {fleet.LOG_DIR})")
@@ -241,22 +249,22 @@ async def chaos(cfg: Config, layout: kafka_broker.BrokerLayout) -> int:
     stats = load_task.result()
     say(f"{now()} load done: " + ", ".join(f"{k} {v}" for k, v in sorted(stats.sent.items())))
 
-    await asyncio.to_thread(wait_fleet_ready, cfg.ready_timeout_s, now)
+    await asyncio.to_thread(wait_fleet_ready, cfg.ready_timeout_s, now, faults)
     say(f"{now()} every instance ready; settling (at most {cfg.settle_s:.0f}s)")
     deadline = time.monotonic() + cfg.settle_s
     cache: dict[str, Answer] = {}
     while True:
         try:
-            observed = await observe(plan, bootstrap, topics, cache)
+            observed = await observe(plan, bootstrap, topics, cache, isolation_level)
         except Exception as exc:  # the broker or an instance not answering yet: look again
             if time.monotonic() > deadline:
                 raise
             say(f"{now()} settling: could not read everything yet ({type(exc).__name__}: {exc})")
             await asyncio.sleep(5)
             continue
-        report = verify(plan, stats.dead_letter_headers, observed, topics)
-        if report.ok or time.monotonic() > deadline:
-            break
+        report = verify(plan, stats.dead_letter_headers, observed, topics, exactly_once=exactly_once)
+        if report.ok or report.settled or time.monotonic() > deadline:
+            break  # settled: nothing missing any more, so waiting cannot undo what is wrong
         say(f"{now()} settling: lost {report.lost}, wrong {report.wrong}, wrong tallies {report.wrong_tallies}, "
             f"dead letters lost {report.dead_letters_lost}")
         await asyncio.sleep(5)
@@ -271,9 +279,13 @@ def print_summary(cfg: Config, plan: Plan, faults: Faults, report: Report, now: 
         say(f"problems ({len(report.problems)}; the first 40):")
         for problem in report.problems[:40]:
             say(f"  {problem}")
-    say(f"\nchaos run, seed {cfg.seed}, {cfg.seconds:.0f}s, {INSTANCES} instances per service:")
+    say(f"\nchaos run, seed {cfg.seed}, {cfg.seconds:.0f}s, {INSTANCES} instances per service, {cfg.guarantee}:")
     say(report.table())
-    say("result: " + ("nothing lost, nothing wrong" if report.ok else f"FAILED (logs in {fleet.LOG_DIR})"))
+    if report.ok:
+        result = "nothing lost, nothing wrong" + (", nothing delivered twice" if report.exactly_once else "")
+    else:
+        result = f"FAILED (logs in {fleet.LOG_DIR})"
+    say("result: " + result)
 
 
 def teardown(layout: kafka_broker.BrokerLayout) -> None:

@@ -2,8 +2,9 @@
 
 Every check counts into one column of the summary: something the model expects and
 nobody wrote or answers is *lost*; something written or answered that the model does
-not allow is *wrong*; a repeat the contract allows (a redone batch's event, a redelivery
-with the same ``dlq.id`` and ``dlq.attempt``) is a *duplicate delivered*.
+not allow is *wrong*; a repeat the contract allows at least once (a redone batch's event, a
+redelivery with the same ``dlq.id`` and ``dlq.attempt``) is a *duplicate delivered*, which
+fails an exactly_once run.
 """
 
 from __future__ import annotations
@@ -39,11 +40,24 @@ class Report:
     wrong_tallies: int = 0
     dead_letters: int = 0
     dead_letters_lost: int = 0
+    #: Whether the run promised each record once to committed readers.
+    exactly_once: bool = False
     problems: list[str] = field(default_factory=list)
 
     @property
-    def ok(self) -> bool:
+    def settled(self) -> bool:
+        """Nothing expected is missing or wrong (duplicates aside)."""
         return not (self.lost or self.wrong or self.wrong_tallies or self.dead_letters_lost)
+
+    @property
+    def ok(self) -> bool:
+        return self.settled and not (self.exactly_once and self.duplicates_delivered)
+
+    def duplicate(self, repeats: int, what: str) -> None:
+        """Count ``repeats`` of one record; under exactly_once each is also a problem."""
+        self.duplicates_delivered += repeats
+        if repeats and self.exactly_once:
+            self.problems.append(f"duplicates delivered: {what} seen {repeats + 1} times read_committed")
 
     def add(self, column: str, problem: str) -> None:
         setattr(self, column, getattr(self, column) + 1)
@@ -82,8 +96,8 @@ def _headers_kept(sent: Sequence[tuple[str, bytes]], got: Sequence[tuple[str, by
 
 
 def verify(plan: Plan, dead_letter_headers: dict[bytes, tuple[tuple[str, bytes], ...]],
-           observed: Observed, topics: TopicConfig) -> Report:
-    report = Report(commands=plan.commands)
+           observed: Observed, topics: TopicConfig, *, exactly_once: bool = False) -> Report:
+    report = Report(commands=plan.commands, exactly_once=exactly_once)
     _check_events(plan, observed, report)
     _check_outcomes(plan, observed, report)
     _check_tallies(plan, observed, report)
@@ -109,7 +123,7 @@ def _check_events(plan: Plan, observed: Observed, report: Report) -> None:
         ids = {c.get("event_id") for c in copies}
         if len(ids) > 1:
             report.add("wrong", f"{len(ids)} different events for ({account!r}, version {version}): {sorted(map(str, ids))}")
-        report.duplicates_delivered += len(copies) - 1
+        report.duplicate(len(copies) - 1, f"event ({account!r}, v{version})")
         want = expected.get((account, version))
         if want is None:
             report.add("wrong", f"an event the model does not expect: {copies[0]}")
@@ -231,7 +245,7 @@ def _check_dead_letters(
             continue
         ids = {_header(c.headers, "dlq.id") for c in copies}
         attempts = {_header(c.headers, "dlq.attempt") for c in copies}
-        report.duplicates_delivered += len(copies) - 1
+        report.duplicate(len(copies) - 1, f"{name} on {fate.topic}")
         first = copies[0]
         if first.key != spec.key or not _headers_kept(headers, first.headers):
             report.add("wrong", f"{name} on {fate.topic} lost its key or headers: key {first.key!r}, "

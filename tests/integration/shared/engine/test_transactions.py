@@ -15,6 +15,7 @@ from faust.types import TP
 
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, transactional_id
 from shared.engine._restore import ChangelogReader
+from shared.metrics import REGISTRY
 from shared.settings import Settings
 from tests.support.kafka import create_topics, read_all
 
@@ -27,7 +28,11 @@ def settings(bootstrap: str) -> Settings:
 
 def owner(bootstrap: str, group: str, name: str) -> PartitionTransactions:
     s = settings(bootstrap)
-    return PartitionTransactions(s, group, name, BatchProducer(s, name))
+    return PartitionTransactions(s, group, name, BatchProducer(s, name), service=name)
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 async def committed_offset(bootstrap: str, group: str, tp: TopicPartition) -> int | None:
@@ -69,6 +74,10 @@ def test_a_stalled_owner_cannot_commit_after_the_new_owner_started(kafka_bootstr
         last = await new.commit(source, 0, [Outgoing(out, b"k", b"from-new", partition=0)], 7, "new", lambda _: None)
         assert last == {(out, 0): last[(out, 0)]}
         assert new.committed == 1 and old.fenced == 1
+        # ...and /metrics says so (the owners are named as services here)
+        assert metric("statefleet_transactions_fenced_total", service="old") == 1
+        assert metric("statefleet_transactions_total", service="new", outcome="committed") == 1
+        assert metric("statefleet_transaction_commit_seconds_count", service="new") == 1
         assert await committed_offset(kafka_bootstrap, group, TopicPartition(source, 0)) == 7
         await old.stop()
         await new.stop()

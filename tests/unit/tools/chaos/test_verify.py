@@ -104,6 +104,19 @@ def test_repeats_the_contract_allows_are_counted_not_failed(plan: Plan) -> None:
     assert report.duplicates_delivered == 2
 
 
+def test_under_exactly_once_any_repeat_fails_the_run_and_says_which(plan: Plan) -> None:
+    obs = perfect(plan)
+    assert verify(plan, sent_headers(plan), obs, TOPICS, exactly_once=True).ok
+    obs.events.append(obs.events[3])
+    redelivered = next(records for records in obs.retries.values() if records)
+    redelivered.append(redelivered[0])
+    report = verify(plan, sent_headers(plan), obs, TOPICS, exactly_once=True)
+    assert report.settled and not report.ok
+    assert report.duplicates_delivered == 2
+    assert len(report.problems) == 2
+    assert all(p.startswith("duplicates delivered: ") and "seen 2 times read_committed" in p for p in report.problems)
+
+
 def _first_event_of_a_later_version(obs: Observed) -> int:
     return next(i for i, r in enumerate(obs.events) if json.loads(r.value or b"")["version"] > 1)
 
