@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from faust.contrib.asgi import serve_asgi
 
 from shared.engine._admin import TopicSpec
-from shared.engine._clients import exactly_once, require_sasl_credentials, ssl_context
+from shared.engine._clients import require_sasl_credentials, ssl_context
 from shared.engine._membership import ANNOUNCE_TIMEOUT_S, announce_restart
 from shared.engine._metadata import track_used_topics
 from shared.engine._restore import BulkRestoringTableManager, register_settings
@@ -89,10 +89,9 @@ def create_app(
         logging_config=logging_config(service, settings.instance_id, settings.log_level),
         loghandlers=[],
     )
-    if settings.bulk_restore or exactly_once(settings):
-        # With exactly_once its changelog reader also gives Faust's recovery highwaters it can
-        # reach reading committed records (bulk restore itself stays off unless asked for).
-        conf["TableManager"] = BulkRestoringTableManager
+    # Its changelog reader also gives Faust's recovery highwaters it can reach reading
+    # committed records (bulk restore itself stays off unless asked for).
+    conf["TableManager"] = BulkRestoringTableManager
     if settings.static_membership:
         conf["consumer_group_instance_id"] = f"{service}-{settings.instance_id}"
     app = app_class(app_id(service, settings), **conf)

@@ -53,11 +53,14 @@ def exactly_once(settings: Settings) -> bool:
     return settings.processing_guarantee == "exactly_once"
 
 
-def isolation_level(settings: Settings) -> str:
-    """What the engine's consumers read: with exactly_once only committed records, so that
-    records of a transaction that was aborted (or is still open) never reach a table, a
-    handler or a restore."""
-    return "read_committed" if exactly_once(settings) else "read_uncommitted"
+#: What the engine's consumers read: only committed records, in either guarantee, so that
+#: records of a transaction that was aborted (or is still open) never reach a table, a handler
+#: or a restore. Under at_least_once nothing is written in transactions and read_committed
+#: reads what read_uncommitted would; but topics written while the deployment ran
+#: exactly_once keep their markers and aborted records, and after a switch back (README,
+#: "Switching the guarantee") neither may those records be applied nor the marker at a
+#: changelog's end be waited for as if it were a record.
+ISOLATION_LEVEL = "read_committed"
 
 
 #: Waits between attempts to reach a broker that does not answer: the first, and the longest.

@@ -35,6 +35,8 @@ from typing import Any
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
+from shared.engine._clients import ISOLATION_LEVEL
+
 log = logging.getLogger(__name__)
 
 #: Called with one partition, its fetched records (aiokafka ``ConsumerRecord``s) in offset order,
@@ -60,13 +62,13 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = self.consumer.fetch_max_wait_ms
-        if self.consumer.exactly_once:
-            # Faust picks read_committed only with its own processing_guarantee="exactly_once",
-            # which would also switch on its own transactions (one producer per partition run
-            # by Faust, committing on its timer, not with the batch). The engine runs the
-            # transactions itself, so it sets only the isolation level. The fetcher reads it
-            # when the consumer starts, which is after this.
-            consumer._isolation_level = "read_committed"
+        # Faust picks read_committed only with its own processing_guarantee="exactly_once",
+        # which would also switch on its own transactions (one producer per partition run by
+        # Faust, committing on its timer, not with the batch). The engine runs transactions
+        # itself, and reads committed records in either guarantee (see
+        # ``_clients.isolation_level``), so it sets only the isolation level. The fetcher
+        # reads it when the consumer starts, which is after this.
+        consumer._isolation_level = ISOLATION_LEVEL
         return consumer
 
 

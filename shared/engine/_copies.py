@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from faust.types import TP
 
-from shared.engine._clients import client_kwargs, isolation_level, started_when_reachable
+from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, started_when_reachable
 from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, recovery_done
 from shared.settings import Settings
 
@@ -91,7 +91,7 @@ class _ChangelogEnds:
             self._consumer = await started_when_reachable(
                 lambda: AIOKafkaConsumer(
                     **client_kwargs(self.settings), enable_auto_commit=False,
-                    isolation_level=isolation_level(self.settings),
+                    isolation_level=ISOLATION_LEVEL,
                 ),
                 "changelog end-offset reader",
             )

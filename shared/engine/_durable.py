@@ -61,7 +61,7 @@ import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from rocksdict import WriteBatch
 
-from shared.engine._clients import client_kwargs, isolation_level, started_when_reachable
+from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, started_when_reachable
 from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, partition_db, partition_items
 from shared.settings import Settings
 
@@ -198,7 +198,7 @@ class Backfill:
         if self._consumer is None:
             self._consumer = await started_when_reachable(lambda: AIOKafkaConsumer(
                 **client_kwargs(self.settings), enable_auto_commit=False, auto_offset_reset="earliest",
-                isolation_level=isolation_level(self.settings),
+                isolation_level=ISOLATION_LEVEL,
             ), "read-back consumer")
         return self._consumer
 
@@ -273,7 +273,7 @@ class OrderedInput:
         self.backfill = backfill
         self.replays_dropped = 0
         self.records_backfilled = 0
-        #: Reading committed records only (exactly_once): every transaction leaves an offset
+        #: Reading committed records only (the engine always does): every transaction leaves an offset
         #: without a record (its commit or abort marker), and an aborted transaction leaves its
         #: records' offsets too. See :meth:`batch_records`.
         self.read_committed = read_committed

@@ -182,7 +182,7 @@ class Engine:
             self.app.topics.add(channel)
             reg = _Registration(
                 name=f"{self.service}.{name}", stream=name, topics=tuple(topics), handle=fn,
-                order=OrderedInput(self.app, offsets, self.backfill, read_committed=exactly_once(self.settings))
+                order=OrderedInput(self.app, offsets, self.backfill, read_committed=True)
                 if offsets is not None else None,
                 dead_letters=dead_letters,
             )

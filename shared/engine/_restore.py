@@ -50,7 +50,7 @@ from faust.types import TP, ConsumerT
 from mode import Service
 from rocksdict import Rdict, WriteBatch
 
-from shared.engine._clients import client_kwargs, exactly_once, isolation_level
+from shared.engine._clients import ISOLATION_LEVEL, client_kwargs
 from shared.engine._internals import store_partition_db
 from shared.settings import Settings
 
@@ -104,7 +104,7 @@ class ChangelogReader:
             consumer = AIOKafkaConsumer(
                 **client_kwargs(self.settings), enable_auto_commit=False, auto_offset_reset="earliest",
                 max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
-                isolation_level=isolation_level(self.settings),
+                isolation_level=ISOLATION_LEVEL,
             )
             await consumer.start()
             self._consumer = consumer
@@ -116,15 +116,15 @@ class ChangelogReader:
             await consumer.stop()
 
     async def highwaters(self, *tps: TP) -> dict[TP, int]:
-        """End offsets, as Faust's ``ConsumerT.highwaters`` gives them (with exactly_once: one
-        past the last committed record, see :meth:`_past_last_committed`)."""
+        """End offsets, as Faust's ``ConsumerT.highwaters`` gives them: one past the last
+        committed record (see :meth:`_past_last_committed`; in either guarantee, since a
+        changelog written under exactly_once keeps its markers after a switch back)."""
         if not tps:
             return {}
         consumer = await self._client()
         ends = {tp: int(end) for tp, end in (await consumer.end_offsets(
             [TopicPartition(tp.topic, tp.partition) for tp in tps])).items()}
-        if exactly_once(self.settings):
-            ends = await self._past_last_committed(consumer, ends)
+        ends = await self._past_last_committed(consumer, ends)
         return {TP(tp.topic, tp.partition): end for tp, end in ends.items()}
 
     @staticmethod
