@@ -3,11 +3,11 @@ fast due messages are redelivered, and how late.
 
     python -m tools.bench retry_scheduler [--stored 1000000] [--due 1000] [--burst 20000]
 
-1. Storage: the tick's RocksDB work in-process, on databases opened with Faust's own
-   options (rocksdict): seek to the low-water key, read the due entries, decode them,
-   delete each and write its done marker and expiry row. Twenty rounds, each adding
-   ``--due`` due entries then ticking, with ``--due`` and with ``--stored`` entries
-   stored; and the same ticks seeking from the first key instead, which must step over
+1. Storage: the tick's RocksDB work in-process, on databases opened with the options the
+   services use (rocksdict, one shared block cache and memtable budget): seek to the
+   low-water key, read the due entries, decode them, delete each and write its done
+   marker and expiry row. Twenty rounds, each adding ``--due`` due entries then ticking,
+   with ``--due`` and with ``--stored`` entries stored; and the same ticks seeking from the first key instead, which must step over
    the tombstones of everything deleted before.
 2. Service: one scheduler worker (defaults: tick 1 s, batch limit 5000) whose schedule
    is pre-loaded through its changelog topics (the records the service itself writes,
@@ -40,7 +40,6 @@ import orjson
 import rocksdict
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from faust.stores.rocksdb import RocksDBOptions
 
 from services.retry_scheduler.domain import percentile
 from services.retry_scheduler.state import (
@@ -56,7 +55,7 @@ from services.retry_scheduler.state import (
     split_due_key,
 )
 from shared import dead_letters as dl
-from shared.engine import TopicSpec, ensure_topics_async, partition_for, refresh_metadata
+from shared.engine import SharedMemoryOptions, TopicSpec, ensure_topics_async, partition_for, refresh_metadata
 from shared.settings import Settings
 from tools.bench.common import bootstrap, machine, stop_worker
 
@@ -103,7 +102,7 @@ class Dbs:
 
 
 def open_dbs(root: Path) -> Dbs:
-    options = RocksDBOptions()
+    options = SharedMemoryOptions()
     return Dbs(*(options.open(root / f"{name}.db") for name in ("schedule", "index", "expiry")))
 
 
@@ -334,7 +333,9 @@ def service_bench(stored: int, due: int, burst: int, port: int) -> ServiceRun:
         f"{time.perf_counter() - t0:.1f}s")
     with tempfile.TemporaryDirectory() as data_dir:
         env = {
-            **os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
+            # The caller's PYTHONPATH after the repository's (e.g. a profiling hook).
+            **os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "STATEFLEET_TOPIC_PREFIX": prefix,
             "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": data_dir,
             "STATEFLEET_HTTP_PORT": str(port), "STATEFLEET_INSTANCE_ID": "bench", "STATEFLEET_LOG_LEVEL": "WARNING",
             "STATEFLEET_RETRY_BASE_DELAY_MS": str(BASE_DELAY_MS), "STATEFLEET_RETRY_JITTER": "none",
