@@ -7,8 +7,8 @@ fast due messages are redelivered, and how late.
    services use (rocksdict, one shared block cache and memtable budget): seek to the
    low-water key, read the due entries, decode them, delete each and write its done
    marker and expiry row. Twenty rounds, each adding ``--due`` due entries then ticking,
-   with ``--due`` and with ``--stored`` entries stored; and the same ticks seeking from the first key instead, which must step over
-   the tombstones of everything deleted before.
+   with ``--due`` and with ``--stored`` entries stored; and the same ticks seeking from
+   the first key instead, which must step over the tombstones of everything deleted before.
 2. Service: one scheduler worker (defaults: tick 1 s, batch limit 5000) whose schedule
    is pre-loaded through its changelog topics (the records the service itself writes,
    restored by Faust at start-up). Then ``--due`` dead letters all due at the same
