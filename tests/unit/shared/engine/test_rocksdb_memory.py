@@ -33,7 +33,7 @@ def test_sizes_come_from_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         memory = configure_rocksdb_memory(Settings())
         assert (memory.cache_bytes, memory.write_buffer_bytes) == (32 * MIB, 16 * MIB)
         assert memory.write_buffers.get_buffer_size() == 16 * MIB
-        assert memory.write_buffer_per_db == 4 * MIB
+        assert memory.write_buffer_per_db == 8 * MIB
     finally:
         monkeypatch.delenv("STATEFLEET_ROCKSDB_CACHE_MB")
         monkeypatch.delenv("STATEFLEET_ROCKSDB_WRITE_BUFFER_MB")
