@@ -89,6 +89,8 @@ class RestoreResult:
 #: Most bytes one fetch of a bulk restore brings, per partition and in all.
 RESTORE_PARTITION_FETCH_BYTES = 4 * 1024 * 1024
 RESTORE_FETCH_BYTES = 16 * 1024 * 1024
+#: Most records decoded and written at a time.
+RESTORE_BATCH_RECORDS = 10_000
 
 
 class ChangelogReader:
@@ -227,7 +229,7 @@ class ChangelogReader:
                 log.warning("bulk restore: stopping after %.0fs with %d partitions not caught up; "
                             "Faust's recovery reads the rest", budget_s, len(remaining))
                 break
-            batches = await consumer.getmany(*remaining, timeout_ms=1000, max_records=10_000)
+            batches = await consumer.getmany(*remaining, timeout_ms=1000, max_records=RESTORE_BATCH_RECORDS)
             for tp, messages in batches.items():
                 records += write_batch(targets[tp], messages)
             for tp in list(remaining):
