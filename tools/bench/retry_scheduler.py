@@ -413,14 +413,14 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
                     lateness=(percentile(late, 50), percentile(late, 99), late[-1] if late else None),
                     raw_produce_rate=burst / raw_s,
                 )
-                if backlog:
-                    run.backlog_rate = backlog_bench(
-                        prefix, backlog, url, workers, start_worker, ready, name=f"{stored:,} stored",
-                    )
                 log(f"service, {stored:,} stored, burst of {burst:,}: read and scheduled at {run.ingest_rate:,.0f}/s; "
                     f"redelivered at {run.redelivery_rate:,.0f}/s ({span_s:.2f}s first to last); lateness p50 "
                     f"{run.lateness[0]} ms, p99 {run.lateness[1]} ms, max {run.lateness[2]} ms; bare aiokafka "
                     f"producer, same records, acks=all: {run.raw_produce_rate:,.0f}/s")
+                if backlog:
+                    run.backlog_rate = backlog_bench(
+                        prefix, backlog, url, workers, start_worker, ready, name=f"{stored:,} stored",
+                    )
                 return run
             finally:
                 restarted = " (restarted, after the backlog)" if len(workers) > 1 else ""
