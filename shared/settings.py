@@ -59,6 +59,14 @@ class Settings(BaseSettings):
     static_membership: bool = Field(True, description="Join the consumer group with group.instance.id = service-instance_id")
     bulk_restore: bool = Field(True, description="Restore lagging table partitions with a plain consumer, not record by record")
     bulk_restore_min_lag: int = Field(10_000, ge=1, description="Smallest changelog lag restored in bulk")
+    rocksdb_cache_mb: int = Field(
+        128, ge=8, description="RocksDB block cache shared by every table partition of the process (MiB); index and "
+        "filter blocks count towards it",
+    )
+    rocksdb_write_buffer_mb: int = Field(
+        64, ge=4, description="Memtable budget shared by every table partition of the process (MiB): when all "
+        "memtables together reach it, the largest are flushed",
+    )
     session_timeout_s: float = Field(
         45.0, gt=0, description="A member silent this long leaves the group; a restart within it keeps the assignment"
     )

@@ -39,6 +39,7 @@ from shared.engine._membership import note_peer_restarting
 from shared.engine._partitioning import partition_for
 from shared.engine._plain import KafkaTopicPartition, PlainAdmin, PlainConsumer, PlainProducer, refresh_metadata
 from shared.engine._producer import Outgoing
+from shared.engine._rocksdb import SharedMemoryOptions
 
 __all__ = [
     "FAUST_OFFSET_KEY",
@@ -56,6 +57,7 @@ __all__ = [
     "PlainProducer",
     "Record",
     "SendFailed",
+    "SharedMemoryOptions",
     "StagedView",
     "Table",
     "TopicPartition",

@@ -1,6 +1,7 @@
 """Build a service's Faust app and run its worker.
 
-Every service gets the same shape: the RocksDB store (rocksdict; with ``bulk_restore``,
+Every service gets the same shape: the RocksDB store (rocksdict, every database sharing one
+block cache and memtable budget, see :mod:`shared.engine._rocksdb`; with ``bulk_restore``,
 lagging partitions restored in bulk, see :mod:`shared.engine._restore`), a data dir per
 service and instance, topics as raw bytes (decoded in the handler, so bad input is a
 dead letter and not a crash), at-least-once processing, static group membership,
@@ -23,6 +24,7 @@ from shared.engine._clients import require_sasl_credentials, ssl_context
 from shared.engine._membership import ANNOUNCE_TIMEOUT_S, announce_restart
 from shared.engine._metadata import track_used_topics
 from shared.engine._restore import BulkRestoringTableManager, register_settings
+from shared.engine._rocksdb import STORE_SCHEME, configure_rocksdb_memory
 from shared.log_config import logging_config
 from shared.settings import Settings, env_snapshot
 
@@ -61,10 +63,11 @@ def create_app(
     port = settings.port_for(default_port)
     datadir = instance_data_dir(service, settings)
     datadir.mkdir(parents=True, exist_ok=True)
+    configure_rocksdb_memory(settings)
     conf: dict[str, Any] = dict(
         broker=[f"kafka://{h.strip()}" for h in settings.kafka_bootstrap_servers.split(",") if h.strip()],
         broker_credentials=broker_credentials(settings),
-        store="rocksdb://",
+        store=f"{STORE_SCHEME}://",  # Faust's RocksDB store with one cache and memtable budget per process
         datadir=str(datadir),
         tabledir="tables",
         autodiscover=False,

@@ -86,6 +86,13 @@ class RestoreResult:
         return self.records / self.seconds if self.seconds > 0 else 0.0
 
 
+#: Most bytes one fetch of a bulk restore brings, per partition and in all.
+RESTORE_PARTITION_FETCH_BYTES = 4 * 1024 * 1024
+RESTORE_FETCH_BYTES = 16 * 1024 * 1024
+#: Most records decoded and written at a time.
+RESTORE_BATCH_RECORDS = 10_000
+
+
 class ChangelogReader:
     """A plain consumer (no group) for changelog offsets and bulk restores.
 
@@ -103,7 +110,9 @@ class ChangelogReader:
         if self._consumer is None:
             consumer = AIOKafkaConsumer(
                 **client_kwargs(self.settings), enable_auto_commit=False, auto_offset_reset="earliest",
-                max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
+                # What one fetch brings is held in memory until it is written: bounded well below
+                # the RocksDB budget (STATEFLEET_ROCKSDB_*), so a restore does not set the peak.
+                max_partition_fetch_bytes=RESTORE_PARTITION_FETCH_BYTES, fetch_max_bytes=RESTORE_FETCH_BYTES,
                 isolation_level=ISOLATION_LEVEL,
             )
             await consumer.start()
@@ -220,7 +229,7 @@ class ChangelogReader:
                 log.warning("bulk restore: stopping after %.0fs with %d partitions not caught up; "
                             "Faust's recovery reads the rest", budget_s, len(remaining))
                 break
-            batches = await consumer.getmany(*remaining, timeout_ms=1000, max_records=20_000)
+            batches = await consumer.getmany(*remaining, timeout_ms=1000, max_records=RESTORE_BATCH_RECORDS)
             for tp, messages in batches.items():
                 records += write_batch(targets[tp], messages)
             for tp in list(remaining):

@@ -3,12 +3,12 @@ fast due messages are redelivered, and how late.
 
     python -m tools.bench retry_scheduler [--stored 1000000] [--due 1000] [--burst 20000]
 
-1. Storage: the tick's RocksDB work in-process, on databases opened with Faust's own
-   options (rocksdict): seek to the low-water key, read the due entries, decode them,
-   delete each and write its done marker and expiry row. Twenty rounds, each adding
-   ``--due`` due entries then ticking, with ``--due`` and with ``--stored`` entries
-   stored; and the same ticks seeking from the first key instead, which must step over
-   the tombstones of everything deleted before.
+1. Storage: the tick's RocksDB work in-process, on databases opened with the options the
+   services use (rocksdict, one shared block cache and memtable budget): seek to the
+   low-water key, read the due entries, decode them, delete each and write its done
+   marker and expiry row. Twenty rounds, each adding ``--due`` due entries then ticking,
+   with ``--due`` and with ``--stored`` entries stored; and the same ticks seeking from
+   the first key instead, which must step over the tombstones of everything deleted before.
 2. Service: one scheduler worker (defaults: tick 1 s, batch limit 5000) whose schedule
    is pre-loaded through its changelog topics (the records the service itself writes,
    restored by Faust at start-up). Then ``--due`` dead letters all due at the same
@@ -17,6 +17,9 @@ fast due messages are redelivered, and how late.
    instant: redelivery rate (first to last redelivery, from the records' timestamps)
    and lateness (record timestamp minus due time), next to a bare aiokafka producer
    sending the same records with the same acks.
+3. Backlog: the worker is stopped, ``--backlog`` dead letters are produced, and the
+   worker is started again on its data dir: the rate at which it reads and schedules
+   them once ready.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ import orjson
 import rocksdict
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from faust.stores.rocksdb import RocksDBOptions
 
 from services.retry_scheduler.domain import percentile
 from services.retry_scheduler.state import (
@@ -56,7 +58,7 @@ from services.retry_scheduler.state import (
     split_due_key,
 )
 from shared import dead_letters as dl
-from shared.engine import TopicSpec, ensure_topics_async, partition_for, refresh_metadata
+from shared.engine import SharedMemoryOptions, TopicSpec, ensure_topics_async, partition_for, refresh_metadata
 from shared.settings import Settings
 from tools.bench.common import bootstrap, machine, stop_worker
 
@@ -103,7 +105,7 @@ class Dbs:
 
 
 def open_dbs(root: Path) -> Dbs:
-    options = RocksDBOptions()
+    options = SharedMemoryOptions()
     return Dbs(*(options.open(root / f"{name}.db") for name in ("schedule", "index", "expiry")))
 
 
@@ -294,6 +296,7 @@ class ServiceRun:
     redelivery_rate: float
     lateness: tuple[int | None, int | None, int | None]
     raw_produce_rate: float
+    backlog_rate: float | None = None
 
 
 def scheduled_total(url: str) -> int:
@@ -323,7 +326,7 @@ def stats(url: str) -> dict[str, Any]:
     return out
 
 
-def service_bench(stored: int, due: int, burst: int, port: int) -> ServiceRun:
+def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0) -> ServiceRun:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     dead, retry = f"{prefix}dead-letters", f"{prefix}retry"
     settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
@@ -334,7 +337,9 @@ def service_bench(stored: int, due: int, burst: int, port: int) -> ServiceRun:
         f"{time.perf_counter() - t0:.1f}s")
     with tempfile.TemporaryDirectory() as data_dir:
         env = {
-            **os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
+            # The caller's PYTHONPATH after the repository's (e.g. a profiling hook).
+            **os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "STATEFLEET_TOPIC_PREFIX": prefix,
             "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": data_dir,
             "STATEFLEET_HTTP_PORT": str(port), "STATEFLEET_INSTANCE_ID": "bench", "STATEFLEET_LOG_LEVEL": "WARNING",
             "STATEFLEET_RETRY_BASE_DELAY_MS": str(BASE_DELAY_MS), "STATEFLEET_RETRY_JITTER": "none",
@@ -345,15 +350,18 @@ def service_bench(stored: int, due: int, burst: int, port: int) -> ServiceRun:
         }
         log_path = Path(data_dir) / "worker.log"
         with open(log_path, "wb") as worker_log:
+            def start_worker() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(
+                    [sys.executable, "-m", "services.retry_scheduler"], env=env, cwd=REPO,
+                    stdout=worker_log, stderr=subprocess.STDOUT,
+                )
+
             started = time.perf_counter()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "services.retry_scheduler"], env=env, cwd=REPO,
-                stdout=worker_log, stderr=subprocess.STDOUT,
-            )
+            workers = [start_worker()]  # the last one is running
             url = f"http://127.0.0.1:{port}"
             try:
                 def ready() -> bool:
-                    if proc.poll() is not None:
+                    if workers[-1].poll() is not None:
                         raise RuntimeError(f"worker exited: {log_path.read_text()[-3000:]}")
                     try:
                         return httpx.get(url + "/readyz", timeout=2).status_code == 200
@@ -409,10 +417,40 @@ def service_bench(stored: int, due: int, burst: int, port: int) -> ServiceRun:
                     f"redelivered at {run.redelivery_rate:,.0f}/s ({span_s:.2f}s first to last); lateness p50 "
                     f"{run.lateness[0]} ms, p99 {run.lateness[1]} ms, max {run.lateness[2]} ms; bare aiokafka "
                     f"producer, same records, acks=all: {run.raw_produce_rate:,.0f}/s")
+                if backlog:
+                    run.backlog_rate = backlog_bench(
+                        prefix, backlog, url, workers, start_worker, ready, name=f"{stored:,} stored",
+                    )
                 return run
             finally:
-                stop_worker(proc, name="retry_scheduler worker")
+                restarted = " (restarted, after the backlog)" if len(workers) > 1 else ""
+                stop_worker(workers[-1], name=f"retry_scheduler worker{restarted}")
                 asyncio.run(delete_topics(prefix))
+
+
+def backlog_bench(
+    prefix: str, backlog: int, url: str, workers: list[subprocess.Popen[bytes]], start_worker: Any, ready: Any,
+    name: str,
+) -> float | None:
+    """Dead letters waiting in the topic before the worker starts: stop the worker, produce
+    ``backlog`` (due in BURST_DELAY_MS, so none is redelivered meanwhile), start it again on
+    its data dir and time it from readiness until all are scheduled. Returns that rate."""
+    stop_worker(workers[-1], name="retry_scheduler worker")
+    failed_at = int(time.time() * 1000)
+    records = list(letters(prefix, "backlog", backlog, failed_at, origin=BURST_ORIGIN))
+    asyncio.run(produce_letters(f"{prefix}dead-letters", records, acks="all"))
+    started = time.perf_counter()
+    workers.append(start_worker())
+    wait_until(ready, 1800, "the restarted worker to be ready")
+    ready_at = time.perf_counter()
+    before = scheduled_total(url)
+    wait_until(lambda: scheduled_total(url) >= backlog, 900, "the backlog to be scheduled")
+    done_at = time.perf_counter()
+    rate = (backlog - before) / (done_at - ready_at) if backlog > before else None
+    log(f"service, {name}, backlog of {backlog:,}: restarted and ready in {ready_at - started:.1f}s, "
+        f"{before:,} scheduled by then; the rest read and scheduled at "
+        f"{'n/a' if rate is None else f'{rate:,.0f}/s'} ({backlog / (done_at - started):,.0f}/s from the restart)")
+    return rate
 
 
 def main(argv: list[str]) -> None:
@@ -420,6 +458,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--stored", type=int, default=1_000_000, help="Entries stored in the large case")
     parser.add_argument("--due", type=int, default=1000, help="Entries due in one tick")
     parser.add_argument("--burst", type=int, default=20_000, help="Dead letters due at one instant (rate, lateness)")
+    parser.add_argument("--backlog", type=int, default=20_000,
+                        help="Dead letters waiting before a restart of the worker (0: not measured)")
     parser.add_argument("--port", type=int, default=18003)
     parser.add_argument("--skip-storage", action="store_true")
     parser.add_argument("--skip-service", action="store_true")
@@ -433,7 +473,7 @@ def main(argv: list[str]) -> None:
         log(f"storage: tick with {args.stored:,} stored / with {args.due:,} stored = {large / small:.2f} "
             f"(median of {ROUNDS} ticks, seeking from the low-water key)")
     if not args.skip_service:
-        runs = [service_bench(n, args.due, args.burst, args.port) for n in sizes]
+        runs = [service_bench(n, args.due, args.burst, args.port, args.backlog) for n in sizes]
         log(f"service: tick handler time with {args.stored:,} stored / with {args.due:,} stored = "
             f"{runs[1].tick_ms / max(runs[0].tick_ms, 0.001):.2f}")
 
