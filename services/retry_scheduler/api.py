@@ -4,7 +4,9 @@ Point queries and commands go to the instance that owns the id's partition (the 
 says which: the scheduler keys everything by ``dlq.id``); lists and stats are gathered
 from every instance. Commands (replay, cancel, replay a parked message) need the admin
 bearer token and are applied by the partition's agent, in order with its other work;
-the answer comes once the agent has applied them.
+the answer comes once the agent has applied them. A group action (every parked message of
+an origin topic and error class) is applied by each instance to the partitions it owns,
+through the same inbox, and the answers are summed.
 """
 
 from __future__ import annotations

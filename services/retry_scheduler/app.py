@@ -12,7 +12,8 @@ Two hops, so that everything about one ``dlq.id`` lives in one partition:
    which the second hop recognises by ``dlq.id`` and attempt.
 2. ``process_inbox`` is the only handler that changes state. Per inbox partition it
    handles, in order: dead letters (schedule, or park when out of attempts), ticks
-   (redeliver what is due), and replay / cancel / unpark commands sent by the HTTP API.
+   (redeliver what is due), and replay / cancel / unpark commands sent by the HTTP API,
+   for one message or for a group of parked ones.
    A table can only be changed from the handler that owns the partition, so ticks and
    commands travel through the same topic as the dead letters, and one partition's
    work is serialised. Its writes are staged on the batch and committed by the engine
