@@ -530,16 +530,23 @@ async def _gather_once(
             return await local()
         params = dict(request.query_params)
         params[LOCAL_SCOPE_PARAM] = "local"
-        try:
-            resp = await ctx.http.get(owner + raw_path(request), params=params, headers={FORWARDED_BY: ctx.url})
-        except httpx.HTTPError as exc:
-            ctx.suspect(owner)
-            raise Unavailable(f"instance {owner} did not answer; retry shortly") from exc
-        if resp.status_code != 200:
-            raise Unavailable(f"instance {owner} answered {resp.status_code}; retry shortly")
-        return loads(resp.content)
+        return await _owner_part(
+            ctx, owner, ctx.http.get(owner + raw_path(request), params=params, headers={FORWARDED_BY: ctx.url}),
+        )
 
     return list(await asyncio.gather(*(ask(o) for o in sorted(owners))))
+
+
+async def _owner_part(ctx: ServiceContext, owner: str, call: Awaitable[httpx.Response]) -> Any:
+    """An owner's part of an answer gathered from every owner: its 200 body, or else 503."""
+    try:
+        resp = await call
+    except httpx.HTTPError as exc:
+        ctx.suspect(owner)
+        raise Unavailable(f"instance {owner} did not answer; retry shortly") from exc
+    if resp.status_code != 200:
+        raise Unavailable(f"instance {owner} answered {resp.status_code}; retry shortly")
+    return loads(resp.content)
 
 
 async def on_each_owner(ctx: ServiceContext, request: Request, table: AnyTable, local: PartitionsPage) -> list[Any]:
@@ -564,16 +571,9 @@ async def on_each_owner(ctx: ServiceContext, request: Request, table: AnyTable, 
             return await local(partitions)
         params = {**request.query_params, LOCAL_SCOPE_PARAM: "local", PARTITIONS_PARAM: ",".join(map(str, partitions))}
         HTTP_FORWARDED.labels(ctx.service).inc()
-        try:
-            resp = await ctx.http.request(
-                request.method, owner + raw_path(request), params=params, content=body, headers=headers,
-            )
-        except httpx.HTTPError as exc:
-            ctx.suspect(owner)
-            raise Unavailable(f"instance {owner} did not answer; retry shortly") from exc
-        if resp.status_code != 200:
-            raise Unavailable(f"instance {owner} answered {resp.status_code}; retry shortly")
-        return loads(resp.content)
+        return await _owner_part(ctx, owner, ctx.http.request(
+            request.method, owner + raw_path(request), params=params, content=body, headers=headers,
+        ))
 
     return list(await asyncio.gather(*(ask(o, parts) for o, parts in sorted(by_owner.items()))))
 

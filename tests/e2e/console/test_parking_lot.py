@@ -28,7 +28,7 @@ from playwright.sync_api import Page, expect
 from services.console.api import router
 from shared import dead_letters as dl
 from tests.e2e.console import realistic
-from tests.e2e.console.conftest import TOKEN, Fleet, off_loop, screenshot
+from tests.e2e.console.conftest import TOKEN, Fleet, browser_session, off_loop, screenshot
 from tests.support.kafka import BOOTSTRAP, read_all
 from tests.support.services import wait_for
 
@@ -44,13 +44,8 @@ PARKED_ATTEMPT, SCHEDULED_ATTEMPT = 2, 1
 @pytest.fixture
 def laptop(chromium, fleet: Fleet) -> Iterator[Page]:  # type: ignore[no-untyped-def]
     """A fresh browser session on the console, at a 1366x768 laptop's size."""
-    context = chromium.new_context(base_url=fleet.console.url, viewport=LAPTOP)
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    try:
+    with browser_session(chromium, fleet, LAPTOP) as page:
         yield page
-    finally:
-        context.close()
 
 
 def send(fleet: Fleet, letters: list[dl.DeadLetter]) -> None:
