@@ -67,8 +67,10 @@ router = APIRouter(tags=["retries"])
 #: Most entries one partition examines for one list request (filters can skip many).
 SCAN_BUDGET = 50_000
 MAX_ID_LENGTH = 1024
-#: Most parked rows one partition examines to group them or count a group (beyond: counts are lower bounds).
+#: Most parked rows one partition examines to group them or count a group (beyond: counts are lower bounds),
+#: in steps of GROUP_SCAN_STEP rows.
 GROUP_SCAN_BUDGET = 1_000_000
+GROUP_SCAN_STEP = 10_000
 #: Names GET /parked in its cursors.
 PARKED = "parked"
 
@@ -400,14 +402,22 @@ def _group_filter(
     return GroupFilter(origin_topic, error_class, parked_from, parked_to)
 
 
-def _groups_of(svc: RetrySchedulerService, flt: GroupFilter, partitions: list[int]) -> dict[str, Any]:
+async def _groups_of(svc: RetrySchedulerService, flt: GroupFilter, partitions: list[int]) -> dict[str, Any]:
+    """The groups of these partitions, read a step at a time: the worker's other work (the
+    handlers, other requests) runs between steps, however many messages are parked."""
     groups: dict[tuple[str, str], ParkedGroup] = {}
     complete = True
     for p in partitions:
-        scan = scan_parked_groups(partition_db(svc.parked, p), flt, GROUP_SCAN_BUDGET)
-        complete = complete and scan.complete
-        for g in scan.groups:
-            _add_group(groups, g)
+        after: bytes | None = None
+        for _ in range(GROUP_SCAN_BUDGET // GROUP_SCAN_STEP):
+            scan = scan_parked_groups(partition_db(svc.parked, p), flt, GROUP_SCAN_STEP, after)
+            for g in scan.groups:
+                _add_group(groups, g)
+            after = scan.resume
+            if after is None:
+                break
+            await asyncio.sleep(0)
+        complete = complete and after is None
     return {"groups": [g.to_json() for g in groups.values()], "complete": complete}
 
 
@@ -444,7 +454,7 @@ async def parked_groups(
     flt = _group_filter(origin_topic, error_class, parked_from, parked_to)
 
     async def local(partitions: list[int]) -> dict[str, Any]:
-        return _groups_of(svc, flt, partitions)
+        return await _groups_of(svc, flt, partitions)
 
     if is_local_scope(request):
         # a peer's partial answer: not the public model
@@ -480,7 +490,7 @@ async def act_on_parked_group(
 
     async def local(partitions: list[int]) -> dict[str, Any]:
         if dry_run:
-            return _groups_of(svc, flt, partitions)
+            return await _groups_of(svc, flt, partitions)
         timeout = ctx.settings.forward_timeout_s
         return {"answers": list(await asyncio.gather(*(svc.request_group(p, action, flt, timeout) for p in partitions)))}
 

@@ -546,50 +546,56 @@ class ParkedGroup:
 @dataclass
 class GroupScan:
     groups: list[ParkedGroup]
-    complete: bool  # every parked row of the partition was examined
+    resume: bytes | None  # where to go on when the budget ran out; None: every row was examined
 
 
-def scan_parked_groups(db: SortedDb, flt: GroupFilter, budget: int) -> GroupScan:
-    """The parked rows ``flt`` covers, grouped by (origin topic, error class), examining at most ``budget``."""
+def _parked_rows(db: SortedDb, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+    """The rows of an id-keyed table (``parked``) in id order, after ``after`` (exclusive)."""
+    it = db.iter()
+    it.seek(after if after is not None else ID_PREFIX)
+    while it.valid():
+        key = bytes(it.key())
+        if not key.startswith(ID_PREFIX):
+            return
+        if after is None or key > after:
+            yield key, bytes(it.value())
+        it.next()
+
+
+def scan_parked_groups(db: SortedDb, flt: GroupFilter, budget: int, after: bytes | None = None) -> GroupScan:
+    """The parked rows ``flt`` covers after ``after``, grouped by (origin topic, error class),
+    examining at most ``budget`` rows."""
     groups: dict[tuple[str, str], ParkedGroup] = {}
-    found, resume = scan_parked_matching(db, flt, after=None, limit=None, budget=budget)
-    for _, _, o in found:
-        k = (str(o["ot"]), str(o["ec"]))
-        group = groups.get(k)
-        if group is None:
-            group = groups[k] = ParkedGroup(*k)
-        group.add(int(o.get("pa") or 0), str(o["em"]))
-    return GroupScan(list(groups.values()), complete=resume is None)
+    last: bytes | None = None
+    for examined, (key, raw) in enumerate(_parked_rows(db, after)):
+        if examined >= budget:
+            return GroupScan(list(groups.values()), resume=last)
+        last = key
+        o = orjson.loads(raw)
+        if flt.matches(o):
+            k = (str(o["ot"]), str(o["ec"]))
+            group = groups.get(k)
+            if group is None:
+                group = groups[k] = ParkedGroup(*k)
+            group.add(int(o.get("pa") or 0), str(o["em"]))
+    return GroupScan(list(groups.values()), resume=None)
 
 
 def scan_parked_matching(
     db: SortedDb, flt: GroupFilter, *, after: bytes | None, limit: int | None, budget: int,
 ) -> tuple[list[tuple[bytes, bytes, dict[str, Any]]], bytes | None]:
     """Parked rows ``flt`` covers, in id order after ``after`` (exclusive), as (key, stored
-    bytes, the stored JSON object): at most
-    ``limit`` of them, examining at most ``budget`` rows. Also the key to go on after, or
-    ``None`` when the partition has no further row."""
-    it = db.iter()
-    it.seek(after if after is not None else ID_PREFIX)
+    bytes, the stored JSON object): at most ``limit`` of them, examining at most ``budget``
+    rows. Also the key to go on after, or ``None`` when the partition has no further row."""
     found: list[tuple[bytes, bytes, dict[str, Any]]] = []
-    examined = 0
     last: bytes | None = None
-    while it.valid():
-        key = bytes(it.key())
-        if not key.startswith(ID_PREFIX):
-            break
-        if after is not None and key <= after:
-            it.next()
-            continue
+    for examined, (key, raw) in enumerate(_parked_rows(db, after)):
         if examined >= budget or (limit is not None and len(found) >= limit):
             return found, last
-        examined += 1
         last = key
-        raw = bytes(it.value())
         o = orjson.loads(raw)
         if flt.matches(o):
             found.append((key, raw, o))
-        it.next()
     return found, None
 
 

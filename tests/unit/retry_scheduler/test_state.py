@@ -299,14 +299,17 @@ def test_parked_rows_are_grouped_with_counts_and_the_newest_error(db: Rdict) -> 
     _park(db, "c", "orders", "KeyError", 20)
     _park(db, "d", "payments", "Timeout", 40)
     scan = scan_parked_groups(db, GroupFilter(origin_topic="orders"), budget=100)
-    assert scan.complete
+    assert scan.resume is None
     by = {(g.origin_topic, g.error_class): g for g in scan.groups}
     assert set(by) == {("orders", "Timeout"), ("orders", "KeyError")}
     t = by[("orders", "Timeout")]
     assert (t.count, t.oldest_parked_at, t.newest_parked_at, t.newest_error_message) == (2, 10, 30, "third")
     ranged = scan_parked_groups(db, GroupFilter("orders", "Timeout", parked_from=5, parked_to=20), budget=100)
     assert [(g.count, g.newest_error_message) for g in ranged.groups] == [(1, "first")]
-    assert not scan_parked_groups(db, GroupFilter(), budget=2).complete
+    first = scan_parked_groups(db, GroupFilter(), budget=2)
+    assert first.resume == id_key("b") and sum(g.count for g in first.groups) == 2
+    rest = scan_parked_groups(db, GroupFilter(), budget=2, after=first.resume)
+    assert rest.resume is None and sum(g.count for g in rest.groups) == 2
 
 
 def test_groups_merge_across_partitions() -> None:
