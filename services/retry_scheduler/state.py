@@ -269,7 +269,7 @@ def decode_entry(raw: bytes) -> Entry:
             error_class=o["ec"], error_message=o["em"],
             first_failed_at=o["ff"], failed_at=o["fa"], received_at=o["ra"],
             due_at=o["due"], max_attempts=o["ma"], parked_at=o["pa"], parked_reason=o["pr"],
-            history=_history_of(o.get("hi")),
+            history=_history_of(o["hi"]) if "hi" in o else (),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not an encoded entry: {exc}") from exc
