@@ -678,7 +678,7 @@ class RetrySchedulerService:
                 done += 1
         elif found:
             items = [(key, raw) for key, raw, _ in found]
-            for d in await self._redeliver(items, trigger="group-replay"):
+            for d in await self._redeliver(batch, items, trigger="group-replay"):
                 if d.error is None:
                     self._unparked(batch, d.entry, GROUP_REPLAYED)
                     done += 1
