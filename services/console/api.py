@@ -9,6 +9,7 @@ answer, refusals included.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -20,6 +21,7 @@ from starlette.templating import Jinja2Templates
 
 from services.console.clients import Clients, ServiceClient, UpstreamError, path_id
 from services.console.fleet import FleetMonitor
+from services.console.models import fmt_ms
 
 router = APIRouter()
 
@@ -226,6 +228,25 @@ async def retries(
     return page(request, "retries.html", **context)
 
 
+def form_time_ms(value: str | None) -> int | None:
+    """A form's UTC time (``2026-01-31T14:05``, seconds optional) as epoch ms; ``ValueError`` if it is not one."""
+    text = _clean(value)
+    if text is None:
+        return None
+    parsed = dt.datetime.fromisoformat(text.replace(" ", "T"))
+    return int(parsed.replace(tzinfo=dt.UTC).timestamp() * 1000)
+
+
+def _parked_range(source: dict[str, str]) -> tuple[dict[str, str | None], int | None, int | None]:
+    """The "parked between" fields of a form: as typed, and as epoch ms. The end counts whole:
+    all of its minute, or of its second when seconds are given."""
+    typed = {k: _clean(source.get(k)) for k in ("parked_from", "parked_to")}
+    start, end = form_time_ms(typed["parked_from"]), form_time_ms(typed["parked_to"])
+    if end is not None and typed["parked_to"] is not None and "." not in typed["parked_to"]:
+        end += 59_999 if len(typed["parked_to"]) <= len("2026-01-31T14:05") else 999
+    return typed, start, end
+
+
 @router.get("/parked", response_class=HTMLResponse)
 async def parked(
     request: Request,
@@ -237,20 +258,25 @@ async def parked(
     client = _clients(request).retry_scheduler
     origin_topic, error_class = _clean(origin_topic), _clean(error_class)
     filters = {"origin_topic": origin_topic, "error_class": error_class, "attempt": _clean(attempt)}
-    context: dict[str, Any] = {"nav": "parked", "filters": filters, "items": [], "next_cursor": None, "stats": None}
+    context: dict[str, Any] = {"nav": "parked", "filters": filters, "items": [], "next_cursor": None, "stats": None,
+                               "groups": None, "span": {}}
     try:
         attempt_n = int(filters["attempt"]) if filters["attempt"] else None
+        span, parked_from, parked_to = _parked_range(dict(request.query_params))
     except ValueError:
-        return page(request, "parked.html", status_code=400, error="Attempt must be a number.", **context)
+        return page(request, "parked.html", status_code=400,
+                    error="Attempt must be a number, and times look like 2026-01-31T14:05 (UTC).", **context)
+    context["span"] = span
     try:
-        stats, (items, next_cursor, examined) = await asyncio.gather(
+        stats, groups, (items, next_cursor, examined) = await asyncio.gather(
             client.get("/retries/stats"),
+            client.get("/parked-groups", params={"parked_from": parked_from, "parked_to": parked_to}),
             filtered_page(client, "/parked", {"origin_topic": origin_topic}, cursor=_clean(cursor), limit=PAGE_LIMIT,
                           error_class=error_class, attempt=attempt_n),
         )
     except UpstreamError as exc:
         return page(request, "parked.html", error=str(exc), **context)
-    context.update(stats=stats, items=items, examined=examined, next_cursor=next_cursor,
+    context.update(stats=stats, groups=groups, items=items, examined=examined, next_cursor=next_cursor,
                    next_query=_query(**filters, cursor=next_cursor) if next_cursor else None,
                    first_query=_query(**filters), filter_query=_query(**filters), paged=bool(_clean(cursor)))
     return page(request, "parked.html", **context)
@@ -420,6 +446,97 @@ async def replay_all(request: Request) -> HTMLResponse:
         nav="parked", filters=filters, selected=len(ids), counted=counted, replayed=done,
         failed=[(i, _explain(e)) for i, e in failed[:20]], failed_count=len(failed), back=back,
     )
+
+
+# -- a whole group (origin topic, error class), optionally parked within a time range ----------------
+
+
+def _group_form(source: dict[str, str]) -> tuple[dict[str, Any], int | None, int | None]:
+    """The group a form names, its time range as typed, and the range in epoch ms."""
+    span, start, end = _parked_range(source)
+    action = source.get("action", "")
+    group = {"action": action if action in ("replay", "cancel") else None,
+             "origin_topic": _clean(source.get("origin_topic")), "error_class": _clean(source.get("error_class")),
+             **span}
+    return group, start, end
+
+
+def _group_params(group: dict[str, Any], start: int | None, end: int | None, **more: Any) -> dict[str, Any]:
+    return {"origin_topic": group["origin_topic"], "error_class": group["error_class"],
+            "parked_from": start, "parked_to": end, **more}
+
+
+@router.get("/parked/group", response_class=HTMLResponse)
+async def group_dry_run(request: Request) -> HTMLResponse:
+    """How many parked messages a group action covers (the API's dry run), and a form to confirm it."""
+    context: dict[str, Any] = {"nav": "parked", "group": {}, "dry": None, "back": "/parked"}
+    try:
+        group, start, end = _group_form(dict(request.query_params))
+    except ValueError:
+        return page(request, "group_action.html", status_code=400,
+                    error="Times look like 2026-01-31T14:05 (UTC).", **context)
+    context["group"] = group
+    if group["action"] is None or not group["origin_topic"] or not group["error_class"]:
+        return page(request, "group_action.html", status_code=400,
+                    error="Name the action (replay or cancel), the origin topic and the error class.", **context)
+    client = _clients(request).retry_scheduler
+    token = token_of(request)
+    try:
+        if token is None:  # read-only: the count from the group listing; confirming needs the token anyway
+            body = await client.get("/parked-groups", params=_group_params(group, start, end))
+            dry: dict[str, Any] = {"matched": body["total"], "complete": body["complete"]}
+        else:
+            answer = await client.call("POST", f"/parked-groups/{group['action']}", token=token,
+                                       params=_group_params(group, start, end, dry_run="true"))
+            dry = answer.body
+    except UpstreamError as exc:
+        return page(request, "group_action.html", status_code=refused(exc), error=_explain(exc), **context)
+    context.update(dry=dry, range_text=_range_text(start, end))
+    return page(request, "group_action.html", **context)
+
+
+def _range_text(start: int | None, end: int | None) -> str:
+    if start is None and end is None:
+        return "whenever parked"
+    if end is None:
+        return f"parked since {fmt_ms(start)}"
+    if start is None:
+        return f"parked until {fmt_ms(end)}"
+    return f"parked between {fmt_ms(start)} and {fmt_ms(end)}"
+
+
+@router.post("/parked/group", response_class=HTMLResponse)
+async def group_act(request: Request) -> HTMLResponse:
+    form = await form_data(request)
+    try:
+        group, start, end = _group_form(form)
+    except ValueError:
+        return result(request, title="Group action refused", ok=False, text="the times in the form are not valid",
+                      back="/parked", status_code=400)
+    if group["action"] is None or not group["origin_topic"] or not group["error_class"]:
+        return result(request, title="Unknown action", ok=False, text="the form did not name a group and an action",
+                      back="/parked", status_code=400)
+    action = group["action"]
+    client = _clients(request).retry_scheduler
+    try:
+        answer = await client.call("POST", f"/parked-groups/{action}", token=token_of(request),
+                                   params=_group_params(group, start, end))
+    except UpstreamError as exc:
+        return result(request, title=f"Group {action} refused", ok=False, text=_explain(exc), back="/parked",
+                      status_code=refused(exc))
+    body = answer.body if isinstance(answer.body, dict) else {}
+    did = "replayed" if action == "replay" else "cancelled"
+    text = (f"{group['origin_topic']} / {group['error_class']} ({_range_text(start, end)}): "
+            f"{body.get('done', 0)} {did}")
+    if form.get("counted"):
+        text += f" (the dry run counted {form['counted']})"
+    if body.get("failed"):
+        text += f"; {body['failed']} could not be redelivered and stay parked"
+    if body.get("continuing"):
+        text += "; more than one round's worth: the rest follows in the background"
+    if body.get("accepted_partitions"):
+        text += f"; partitions {body['accepted_partitions']} did not answer in time (applied shortly)"
+    return result(request, title=f"Group {action} done", ok=not body.get("failed"), text=text + ".", back="/parked")
 
 
 # -- tallies -----------------------------------------------------------------------------------------

@@ -4,13 +4,16 @@ Point queries and commands go to the instance that owns the id's partition (the 
 says which: the scheduler keys everything by ``dlq.id``); lists and stats are gathered
 from every instance. Commands (replay, cancel, replay a parked message) need the admin
 bearer token and are applied by the partition's agent, in order with its other work;
-the answer comes once the agent has applied them.
+the answer comes once the agent has applied them. A group action (every parked message of
+an origin topic and error class) is applied by each instance to the partitions it owns,
+through the same inbox, and the answers are summed.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
@@ -20,6 +23,8 @@ from services.retry_scheduler.app import KIND_CANCEL, KIND_REPLAY, KIND_UNPARK, 
 from services.retry_scheduler.domain import MAX_DUE_MS, percentile
 from services.retry_scheduler.models import (
     CommandOut,
+    GroupActionOut,
+    ParkedGroupsOut,
     ParkedOut,
     ParkedPage,
     RetryOut,
@@ -30,19 +35,31 @@ from services.retry_scheduler.models import (
 from services.retry_scheduler.state import (
     Done,
     Entry,
+    GroupFilter,
     PageScan,
+    ParkedGroup,
     decode_entry,
     due_key,
     id_key,
     id_of,
     scan_ids,
     scan_page,
+    scan_parked_groups,
     split_due_key,
 )
 from shared.engine import partition_db
 from shared.http.deps import Admin, Ctx
-from shared.http.errors import NotFound, Unavailable, error_responses
-from shared.http.forwarding import READS_STATE, gather, gather_owners, is_local_scope, local_scope_partitions, route
+from shared.http.errors import NotFound, Unavailable, Unprocessable, error_responses
+from shared.http.forwarding import (
+    READS_STATE,
+    gather,
+    gather_owners,
+    is_local_scope,
+    local_scope_partitions,
+    on_each_owner,
+    owned_partitions_named,
+    route,
+)
 from shared.http.pagination import CursorParam, InvalidCursor, decode_cursor, encode_cursor
 
 router = APIRouter(tags=["retries"])
@@ -50,6 +67,10 @@ router = APIRouter(tags=["retries"])
 #: Most entries one partition examines for one list request (filters can skip many).
 SCAN_BUDGET = 50_000
 MAX_ID_LENGTH = 1024
+#: Most parked rows one partition examines to group them or count a group (beyond: counts are lower bounds),
+#: in steps of GROUP_SCAN_STEP rows.
+GROUP_SCAN_BUDGET = 1_000_000
+GROUP_SCAN_STEP = 10_000
 #: Names GET /parked in its cursors.
 PARKED = "parked"
 
@@ -365,3 +386,129 @@ async def replay_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
     if svc.parked_entry(dlq_id) is None:
         raise NotFound(f"no parked message with dlq.id {dlq_id!r}")
     return _command_answer(await svc.request(KIND_UNPARK, dlq_id, ctx.settings.forward_timeout_s))
+
+
+# -- parked groups -----------------------------------------------------------------------------------
+
+EpochMs = Annotated[int | None, Query(ge=0, le=MAX_DUE_MS)]
+GroupName = Annotated[str, Query(min_length=1, max_length=1024)]
+
+
+def _group_filter(
+    origin_topic: str | None, error_class: str | None, parked_from: int | None, parked_to: int | None,
+) -> GroupFilter:
+    if parked_from is not None and parked_to is not None and parked_from > parked_to:
+        raise Unprocessable(f"parked_from ({parked_from}) is after parked_to ({parked_to})")
+    return GroupFilter(origin_topic, error_class, parked_from, parked_to)
+
+
+async def _groups_of(svc: RetrySchedulerService, flt: GroupFilter, partitions: list[int]) -> dict[str, Any]:
+    """The groups of these partitions, read a step at a time: the worker's other work (the
+    handlers, other requests) runs between steps, however many messages are parked."""
+    groups: dict[tuple[str, str], ParkedGroup] = {}
+    complete = True
+    for p in partitions:
+        after: bytes | None = None
+        for _ in range(GROUP_SCAN_BUDGET // GROUP_SCAN_STEP):
+            scan = scan_parked_groups(partition_db(svc.parked, p), flt, GROUP_SCAN_STEP, after)
+            for g in scan.groups:
+                _add_group(groups, g)
+            after = scan.resume
+            if after is None:
+                break
+            await asyncio.sleep(0)
+        complete = complete and after is None
+    return {"groups": [g.to_json() for g in groups.values()], "complete": complete}
+
+
+def _add_group(groups: dict[tuple[str, str], ParkedGroup], g: ParkedGroup) -> None:
+    mine = groups.get((g.origin_topic, g.error_class))
+    if mine is None:
+        groups[(g.origin_topic, g.error_class)] = g
+    else:
+        mine.merge(g)
+
+
+def _merge_groups(pages: list[dict[str, Any]]) -> tuple[list[ParkedGroup], bool]:
+    groups: dict[tuple[str, str], ParkedGroup] = {}
+    for page in pages:
+        for raw in page["groups"]:
+            _add_group(groups, ParkedGroup.from_json(raw))
+    ordered = sorted(groups.values(), key=lambda g: (-g.count, g.origin_topic, g.error_class))
+    return ordered, all(page["complete"] for page in pages)
+
+
+@router.get(
+    "/parked-groups", response_model=ParkedGroupsOut, responses=_LIST, dependencies=[READS_STATE],
+    summary="Parked messages grouped by origin topic and error class: counts and the newest error",
+)
+async def parked_groups(
+    request: Request,
+    ctx: Ctx,
+    origin_topic: OriginTopic = None,
+    error_class: Annotated[str | None, Query(min_length=1, max_length=1024, description="Only this error class")] = None,
+    parked_from: Annotated[int | None, Query(ge=0, le=MAX_DUE_MS, description="Only parked at or after (epoch ms)")] = None,
+    parked_to: Annotated[int | None, Query(ge=0, le=MAX_DUE_MS, description="Only parked at or before (epoch ms)")] = None,
+) -> Any:
+    svc = _service(ctx)
+    flt = _group_filter(origin_topic, error_class, parked_from, parked_to)
+
+    async def local(partitions: list[int]) -> dict[str, Any]:
+        return await _groups_of(svc, flt, partitions)
+
+    if is_local_scope(request):
+        # a peer's partial answer: not the public model
+        return JSONResponse(await local(await local_scope_partitions(ctx, request, svc.schedule, svc.owned())))
+    groups, complete = _merge_groups(await gather(ctx, request, svc.schedule, local))
+    return {"groups": [g.to_json() for g in groups], "total": sum(g.count for g in groups), "complete": complete}
+
+
+@router.post(
+    "/parked-groups/{action}", response_model=GroupActionOut, dependencies=[Admin],
+    summary="Replay or cancel every parked message of a group (optionally parked within a time range); "
+            "dry_run=true only counts them",
+    description=(
+        "Each partition's owner sends the command through the scheduler's inbox, so the partition's handler "
+        "applies it in order with its other work, as single replays are. replay sends each message to its retry "
+        "topic (dlq.attempt unchanged) and unparks it; cancel drops it. A partition acts on at most 500 messages "
+        "per round and goes on by itself; the answer is the first round's."
+    ),
+    responses={**_AUTH, **error_responses(422, 503, _503="An owner is recovering or rebalancing; retry")},
+)
+async def act_on_parked_group(
+    request: Request,
+    ctx: Ctx,
+    action: Annotated[Literal["replay", "cancel"], Path(description="replay or cancel")],
+    origin_topic: Annotated[str, Query(min_length=1, max_length=249, description="The group's origin topic")],
+    error_class: GroupName,
+    parked_from: Annotated[int | None, Query(ge=0, le=MAX_DUE_MS, description="Only parked at or after (epoch ms)")] = None,
+    parked_to: Annotated[int | None, Query(ge=0, le=MAX_DUE_MS, description="Only parked at or before (epoch ms)")] = None,
+    dry_run: Annotated[bool, Query(description="Only count what the action would cover; change nothing")] = False,
+) -> Any:
+    svc = _service(ctx)
+    flt = _group_filter(origin_topic, error_class, parked_from, parked_to)
+
+    async def local(partitions: list[int]) -> dict[str, Any]:
+        if dry_run:
+            return await _groups_of(svc, flt, partitions)
+        timeout = ctx.settings.forward_timeout_s
+        return {"answers": list(await asyncio.gather(*(svc.request_group(p, action, flt, timeout) for p in partitions)))}
+
+    if is_local_scope(request):
+        return JSONResponse(await local(owned_partitions_named(ctx, request, svc.owned())))
+    pages = await on_each_owner(ctx, request, svc.schedule, local)
+    out: dict[str, Any] = {
+        "action": action, "dry_run": dry_run, "origin_topic": origin_topic, "error_class": error_class,
+        "parked_from": parked_from, "parked_to": parked_to,
+    }
+    if dry_run:
+        groups, complete = _merge_groups(pages)
+        return {**out, "matched": sum(g.count for g in groups), "complete": complete}
+    answers = [a for page in pages for a in page["answers"]]
+    done = [a for a in answers if a.get("status") == "done"]
+    return {
+        **out,
+        "matched": sum(int(a["matched"]) for a in done), "done": sum(int(a["done"]) for a in done),
+        "failed": sum(int(a["failed"]) for a in done), "continuing": any(a["more"] for a in done),
+        "accepted_partitions": sorted(int(a["partition"]) for a in answers if a.get("status") != "done"),
+    }

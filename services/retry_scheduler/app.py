@@ -12,7 +12,8 @@ Two hops, so that everything about one ``dlq.id`` lives in one partition:
    which the second hop recognises by ``dlq.id`` and attempt.
 2. ``process_inbox`` is the only handler that changes state. Per inbox partition it
    handles, in order: dead letters (schedule, or park when out of attempts), ticks
-   (redeliver what is due), and replay / cancel / unpark commands sent by the HTTP API.
+   (redeliver what is due), and replay / cancel / unpark commands sent by the HTTP API,
+   for one message or for a group of parked ones.
    A table can only be changed from the handler that owns the partition, so ticks and
    commands travel through the same topic as the dead letters, and one partition's
    work is serialised. Its writes are staged on the batch and committed by the engine
@@ -70,19 +71,26 @@ from services.retry_scheduler.state import (
     Done,
     DueScan,
     Entry,
+    GroupFilter,
+    Replayed,
     decode_decided,
     decode_entry,
+    decode_history,
     decode_index,
     due_key,
     due_prefix,
     encode_decided,
     encode_done,
     encode_entry,
+    encode_history,
     entry_from_letter,
     first_due_key,
+    history_key,
     id_key,
+    id_of,
     iter_items,
     scan_due,
+    scan_parked_matching,
 )
 from shared import dead_letters
 from shared.engine import (
@@ -112,6 +120,18 @@ KIND_REPLAY = b"R"
 KIND_CANCEL = b"C"
 KIND_UNPARK = b"U"
 COMMANDS = (KIND_REPLAY, KIND_CANCEL, KIND_UNPARK)
+KIND_GROUP = b"G"  # replay or cancel the parked messages of a group in one partition
+
+#: What a group command may do with the parked messages it covers.
+GROUP_ACTIONS = ("replay", "cancel")
+#: Most parked messages one group command acts on, and rows it examines, before it goes on
+#: in a record of its own (so other work of the partition is not held up).
+GROUP_CHUNK = 500
+GROUP_SCAN_BUDGET = 20_000
+# History actions (Replayed.action).
+REPLAYED_NOW = "replay"
+UNPARKED = "unpark"
+GROUP_REPLAYED = "group replay"
 
 #: Longest wait for one send to be accepted by the producer (topic metadata included).
 SEND_TIMEOUT_S = 15.0
@@ -299,6 +319,8 @@ class RetrySchedulerService:
                     await self.tick(batch)
                 elif kind in COMMANDS:
                     await self.command(batch, kind, orjson.loads(value[1:]))  # type: ignore[index]
+                elif kind == KIND_GROUP:
+                    await self.group_command(batch, orjson.loads(value[1:]))  # type: ignore[index]
                 else:
                     log.warning("ignoring inbox record of unknown kind %r at offset %s", kind, record.offset)
             except (ValueError, KeyError, TypeError) as exc:
@@ -329,10 +351,14 @@ class RetrySchedulerService:
             if parked_raw is not None and decode_entry(parked_raw).attempt > letter.attempt:
                 DUPLICATES.labels("stale").inc()
                 return
-            await self._park(batch, decode_entry(letter.stored))
+        stored = letter.stored
+        if isinstance(current, Done):  # back after a redelivery: it takes its history along
+            stored = self._carry_history(batch, dlq_id, stored)
+        if letter.parked:
+            await self._park(batch, decode_entry(stored))
             return
         key = due_key(letter.due_at, dlq_id)
-        batch.write(self.schedule_store, key, letter.stored)
+        batch.write(self.schedule_store, key, stored)
         batch.write(self.index_store, idk, key)
         self.counts.add("scheduled", partition, letter.counted_as)
         low = self.low_water.get(partition)
@@ -340,6 +366,24 @@ class RetrySchedulerService:
             self.low_water[partition] = key
         SCHEDULED.inc()
         self.totals["scheduled"] += 1
+
+    def _carry_history(self, batch: InputBatch, dlq_id: str, stored: bytes) -> bytes:
+        """``stored`` with the history its id kept while between attempts (and that row gone)."""
+        hk = history_key(dlq_id)
+        raw = batch.read(self.index_store, hk)
+        if raw is None:
+            return stored
+        batch.write(self.index_store, hk, None)
+        try:
+            return encode_entry(decode_entry(stored).with_history(*decode_history(raw)))
+        except ValueError as exc:
+            log.warning("dropping the unreadable history of dlq.id=%s: %s", dlq_id, exc)
+            return stored
+
+    def _keep_history(self, batch: InputBatch, entry: Entry) -> None:
+        """Keep an entry's history while it is away (redelivered): its next attempt takes it back."""
+        if entry.history:
+            batch.write(self.index_store, history_key(entry.id), encode_history(entry.history))
 
     def _index_state(self, batch: InputBatch, idk: bytes) -> tuple[bytes, bytes, Entry] | Done | None:
         """What the index says of an id in the batch's partition: scheduled (key, stored bytes,
@@ -393,6 +437,7 @@ class RetrySchedulerService:
         idk = id_key(entry.id)
         if done is not None:
             self._mark_done(batch, idk, entry.id, done, entry.attempt)
+            self._keep_history(batch, entry)
         elif batch.read(self.index_store, idk) == key:
             self._delete(batch, self.index_store, idk)
         self.send_failures.pop(key, None)
@@ -497,6 +542,7 @@ class RetrySchedulerService:
                 state = decode_index(raw_index) if raw_index is not None else None
                 if isinstance(state, Done) and state.expiry_key == key:
                     self._delete(batch, self.index_store, idk)
+                    self._delete(batch, self.index_store, history_key(str(dlq_id)))
             self._delete(batch, self.expiry_store, key)
         self.expiry_low_water[partition] = next_low_water(start, now, scan, [])
         return scan
@@ -544,7 +590,6 @@ class RetrySchedulerService:
     # -- commands from the HTTP API ------------------------------------------------------------------
 
     async def command(self, batch: InputBatch, kind: bytes, body: dict[str, Any]) -> None:
-        partition = batch.partition
         dlq_id = body["id"]
         if not isinstance(dlq_id, str):
             raise ValueError("command without a string id")
@@ -564,7 +609,8 @@ class RetrySchedulerService:
                 else:
                     [d] = await self._redeliver(batch, [(key, raw)], trigger="replay")
                     if d.error is None:
-                        self._finish(batch, key, entry, done=DONE_REDELIVERED)
+                        replayed = entry.with_history(Replayed(now_ms(), REPLAYED_NOW, entry.attempt))
+                        self._finish(batch, key, replayed, done=DONE_REDELIVERED)
                         self._write_expiry(batch)
                         result = {
                             "id": dlq_id, "status": "redelivered", "attempt": entry.attempt,
@@ -578,9 +624,7 @@ class RetrySchedulerService:
                 entry = decode_entry(parked_raw)
                 [d] = await self._redeliver(batch, [(idk, parked_raw)], trigger="unpark")
                 if d.error is None:
-                    if self._delete(batch, self.parked_store, idk):
-                        self.counts.add("parked", partition, entry.counted_as, -1)
-                    self._mark_done(batch, idk, dlq_id, DONE_UNPARKED, entry.attempt)
+                    self._unparked(batch, entry, UNPARKED)
                     self._write_expiry(batch)
                     log.info("replayed parked dlq.id=%s attempt=%s", dlq_id, entry.attempt)
                     result = {
@@ -596,6 +640,79 @@ class RetrySchedulerService:
                 waiter.set_result(result)
 
         batch.after_commit(answer)
+
+    def _unparked(self, batch: InputBatch, entry: Entry, action: str) -> None:
+        """A parked entry was redelivered: out of the parked table, with a done marker and its history kept."""
+        idk = id_key(entry.id)
+        if self._delete(batch, self.parked_store, idk):
+            self.counts.add("parked", batch.partition, entry.counted_as, -1)
+        self._mark_done(batch, idk, entry.id, DONE_UNPARKED, entry.attempt)
+        self._keep_history(batch, entry.with_history(Replayed(now_ms(), action, entry.attempt)))
+
+    async def group_command(self, batch: InputBatch, body: dict[str, Any]) -> None:
+        """Replay or cancel the parked messages of this partition that a group filter covers.
+
+        Acts on at most :data:`GROUP_CHUNK` of them per record; the rest follow in a record
+        this one sends to the same partition, committed with this batch. The answer (to the
+        waiting HTTP request, if any) is this first record's outcome, with ``more`` set when
+        the work goes on.
+        """
+        action = body["action"]
+        if action not in GROUP_ACTIONS:
+            raise ValueError(f"unknown group action {action!r}")
+        flt = GroupFilter.from_json(body["filter"])
+        after = body.get("after")
+        found, resume = scan_parked_matching(
+            batch.view(self.parked_store), flt, after=id_key(after) if isinstance(after, str) else None,
+            limit=GROUP_CHUNK, budget=GROUP_SCAN_BUDGET,
+        )
+        done = failed = 0
+        if action == "cancel":
+            for key, raw, _ in found:
+                entry = decode_entry(raw)
+                if self._delete(batch, self.parked_store, key):
+                    self.counts.add("parked", batch.partition, entry.counted_as, -1)
+                self._mark_done(batch, key, entry.id, DONE_CANCELLED, entry.attempt)
+                CANCELLED.inc()
+                self.totals["cancelled"] += 1
+                done += 1
+        elif found:
+            items = [(key, raw) for key, raw, _ in found]
+            for d in await self._redeliver(batch, items, trigger="group-replay"):
+                if d.error is None:
+                    self._unparked(batch, d.entry, GROUP_REPLAYED)
+                    done += 1
+                else:
+                    failed += 1  # stays parked
+        self._write_expiry(batch)
+        if resume is not None:
+            follow = {"action": action, "filter": flt.to_json(), "after": id_of(resume)}
+            batch.send(self.inbox_topic_name, None, KIND_GROUP + orjson.dumps(follow), partition=batch.partition)
+        log.info("group %s of parked %s in partition %s: %d done, %d failed%s", action, flt, batch.partition,
+                 done, failed, ", more to follow" if resume is not None else "")
+        result = {"partition": batch.partition, "status": "done", "matched": len(found), "done": done,
+                  "failed": failed, "more": resume is not None}
+        waiter = self.waiters.get(str(body.get("req", "")))
+
+        def answer() -> None:
+            if waiter is not None and not waiter.done():
+                waiter.set_result(result)
+
+        batch.after_commit(answer)
+
+    async def request_group(self, partition: int, action: str, flt: GroupFilter, timeout_s: float) -> dict[str, Any]:
+        """Send a group command to ``partition`` and wait for the handler's answer (as :meth:`request`)."""
+        req = uuid.uuid4().hex
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.waiters[req] = waiter
+        try:
+            body = {"action": action, "filter": flt.to_json(), "req": req}
+            await self.engine.send(self.inbox_topic_name, None, KIND_GROUP + orjson.dumps(body), partition=partition)
+            return await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError:
+            return {"partition": partition, "status": "accepted"}
+        finally:
+            self.waiters.pop(req, None)
 
     async def request(self, kind: bytes, dlq_id: str, timeout_s: float) -> dict[str, Any]:
         """Send a command to the partition of ``dlq_id`` and wait for the handler's answer.

@@ -128,6 +128,21 @@ def due_of(key: bytes) -> int:
 
 # -- entries ---------------------------------------------------------------------------------------
 
+#: Most history events one entry keeps (the latest).
+HISTORY_KEPT = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """An operator's action on a message: when, which action, and the attempt it acted on."""
+
+    at: int
+    action: str
+    attempt: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"at": self.at, "action": self.action, "attempt": self.attempt}
+
 
 # binascii directly: base64's wrappers cost more than the encoding, a dozen times per entry.
 def _b64(data: bytes | None) -> str | None:
@@ -160,17 +175,23 @@ class Entry:
     max_attempts: int = 0
     parked_at: int | None = None
     parked_reason: str | None = None
+    #: What operators did to it, oldest first (:class:`Replayed`); carried to its later attempts.
+    history: tuple[Replayed, ...] = ()
 
     def scheduled(self, due_at: int, max_attempts: int) -> Entry:
         # Spelled out rather than dataclasses.replace, which costs several times more (once per dead letter).
         return Entry(
             self.id, self.key, self.value, self.headers, self.retry_topic, self.attempt, self.origin_topic,
             self.origin_partition, self.origin_offset, self.error_class, self.error_message, self.first_failed_at,
-            self.failed_at, self.received_at, due_at, max_attempts, self.parked_at, self.parked_reason,
+            self.failed_at, self.received_at, due_at, max_attempts, self.parked_at, self.parked_reason, self.history,
         )
 
     def parked(self, at: int, reason: str, max_attempts: int) -> Entry:
         return replace(self, parked_at=at, parked_reason=reason, max_attempts=max_attempts)
+
+    def with_history(self, *events: Replayed) -> Entry:
+        """This entry with ``events`` added to its history (at most :data:`HISTORY_KEPT`, the latest)."""
+        return replace(self, history=(*self.history, *events)[-HISTORY_KEPT:])
 
     @property
     def counted_as(self) -> tuple[str, str]:
@@ -214,7 +235,7 @@ def entry_from_letter(letter: DeadLetter, raw_headers: list[tuple[str, bytes]], 
 
 
 def encode_entry(e: Entry) -> bytes:
-    return orjson.dumps({
+    fields: dict[str, Any] = {
         "id": e.id, "k": _b64(e.key), "v": _b64(e.value),
         "h": [[name, _b64(value)] for name, value in e.headers],
         "rt": e.retry_topic, "a": e.attempt,
@@ -222,7 +243,18 @@ def encode_entry(e: Entry) -> bytes:
         "ec": e.error_class, "em": e.error_message,
         "ff": e.first_failed_at, "fa": e.failed_at, "ra": e.received_at,
         "due": e.due_at, "ma": e.max_attempts, "pa": e.parked_at, "pr": e.parked_reason,
-    })
+    }
+    if e.history:  # absent when empty: entries stored before history existed decode alike
+        fields["hi"] = _history_json(e.history)
+    return orjson.dumps(fields)
+
+
+def _history_json(history: Iterable[Replayed]) -> list[list[Any]]:
+    return [[h.at, h.action, h.attempt] for h in history]
+
+
+def _history_of(raw: Any) -> tuple[Replayed, ...]:
+    return tuple(Replayed(int(at), str(action), int(attempt)) for at, action, attempt in raw or ())
 
 
 def decode_entry(raw: bytes) -> Entry:
@@ -237,6 +269,7 @@ def decode_entry(raw: bytes) -> Entry:
             error_class=o["ec"], error_message=o["em"],
             first_failed_at=o["ff"], failed_at=o["fa"], received_at=o["ra"],
             due_at=o["due"], max_attempts=o["ma"], parked_at=o["pa"], parked_reason=o["pr"],
+            history=_history_of(o["hi"]) if "hi" in o else (),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not an encoded entry: {exc}") from exc
@@ -432,6 +465,161 @@ def scan_ids(
         db, seek=after if after is not None else ID_PREFIX, in_range=lambda key: key.startswith(ID_PREFIX),
         after=after, limit=limit, origin_topic=origin_topic, budget=budget,
     )
+
+
+# -- parked groups -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFilter:
+    """Which parked messages a group view or a group action covers: an origin topic, an
+    error class, and when they were parked (``parked_from <= parked_at <= parked_to``)."""
+
+    origin_topic: str | None = None
+    error_class: str | None = None
+    parked_from: int | None = None
+    parked_to: int | None = None
+
+    def matches(self, o: dict[str, Any]) -> bool:
+        """Whether a decoded stored entry (the JSON object) is covered."""
+        if self.origin_topic is not None and o["ot"] != self.origin_topic:
+            return False
+        if self.error_class is not None and o["ec"] != self.error_class:
+            return False
+        parked_at = o.get("pa") or 0
+        if self.parked_from is not None and parked_at < self.parked_from:
+            return False
+        return self.parked_to is None or parked_at <= self.parked_to
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ot": self.origin_topic, "ec": self.error_class, "from": self.parked_from, "to": self.parked_to}
+
+    @classmethod
+    def from_json(cls, o: dict[str, Any]) -> GroupFilter:
+        return cls(o.get("ot"), o.get("ec"), o.get("from"), o.get("to"))
+
+
+@dataclass
+class ParkedGroup:
+    """Parked messages of one (origin topic, error class), and the newest one's error."""
+
+    origin_topic: str
+    error_class: str
+    count: int = 0
+    oldest_parked_at: int | None = None
+    newest_parked_at: int | None = None
+    newest_error_message: str = ""
+
+    def add(self, parked_at: int, error_message: str) -> None:
+        self.count += 1
+        if self.oldest_parked_at is None or parked_at < self.oldest_parked_at:
+            self.oldest_parked_at = parked_at
+        if self.newest_parked_at is None or parked_at >= self.newest_parked_at:
+            self.newest_parked_at = parked_at
+            self.newest_error_message = error_message
+
+    def merge(self, other: ParkedGroup) -> None:
+        self.count += other.count
+        if other.oldest_parked_at is not None:
+            self.oldest_parked_at = min(other.oldest_parked_at, self.oldest_parked_at or other.oldest_parked_at)
+        if other.newest_parked_at is not None and (
+            self.newest_parked_at is None or other.newest_parked_at >= self.newest_parked_at
+        ):
+            self.newest_parked_at = other.newest_parked_at
+            self.newest_error_message = other.newest_error_message
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "origin_topic": self.origin_topic, "error_class": self.error_class, "count": self.count,
+            "oldest_parked_at": self.oldest_parked_at, "newest_parked_at": self.newest_parked_at,
+            "newest_error_message": self.newest_error_message,
+        }
+
+    @classmethod
+    def from_json(cls, o: dict[str, Any]) -> ParkedGroup:
+        return cls(
+            str(o["origin_topic"]), str(o["error_class"]), int(o["count"]), o.get("oldest_parked_at"),
+            o.get("newest_parked_at"), str(o.get("newest_error_message") or ""),
+        )
+
+
+@dataclass
+class GroupScan:
+    groups: list[ParkedGroup]
+    resume: bytes | None  # where to go on when the budget ran out; None: every row was examined
+
+
+def _parked_rows(db: SortedDb, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+    """The rows of an id-keyed table (``parked``) in id order, after ``after`` (exclusive)."""
+    it = db.iter()
+    it.seek(after if after is not None else ID_PREFIX)
+    while it.valid():
+        key = bytes(it.key())
+        if not key.startswith(ID_PREFIX):
+            return
+        if after is None or key > after:
+            yield key, bytes(it.value())
+        it.next()
+
+
+def scan_parked_groups(db: SortedDb, flt: GroupFilter, budget: int, after: bytes | None = None) -> GroupScan:
+    """The parked rows ``flt`` covers after ``after``, grouped by (origin topic, error class),
+    examining at most ``budget`` rows."""
+    groups: dict[tuple[str, str], ParkedGroup] = {}
+    last: bytes | None = None
+    for examined, (key, raw) in enumerate(_parked_rows(db, after)):
+        if examined >= budget:
+            return GroupScan(list(groups.values()), resume=last)
+        last = key
+        o = orjson.loads(raw)
+        if flt.matches(o):
+            k = (str(o["ot"]), str(o["ec"]))
+            group = groups.get(k)
+            if group is None:
+                group = groups[k] = ParkedGroup(*k)
+            group.add(int(o.get("pa") or 0), str(o["em"]))
+    return GroupScan(list(groups.values()), resume=None)
+
+
+def scan_parked_matching(
+    db: SortedDb, flt: GroupFilter, *, after: bytes | None, limit: int | None, budget: int,
+) -> tuple[list[tuple[bytes, bytes, dict[str, Any]]], bytes | None]:
+    """Parked rows ``flt`` covers, in id order after ``after`` (exclusive), as (key, stored
+    bytes, the stored JSON object): at most ``limit`` of them, examining at most ``budget``
+    rows. Also the key to go on after, or ``None`` when the partition has no further row."""
+    found: list[tuple[bytes, bytes, dict[str, Any]]] = []
+    last: bytes | None = None
+    for examined, (key, raw) in enumerate(_parked_rows(db, after)):
+        if examined >= budget or (limit is not None and len(found) >= limit):
+            return found, last
+        last = key
+        o = orjson.loads(raw)
+        if flt.matches(o):
+            found.append((key, raw, o))
+    return found, None
+
+
+# -- history between attempts ----------------------------------------------------------------------
+
+#: ``index`` rows that keep a message's history while it is between two attempts (sent to its
+#: retry topic, not yet back as a dead letter): ``%`` + ``dlq.id``, apart from the ``#`` rows.
+HISTORY_PREFIX = b"%"
+
+
+def history_key(dlq_id: str) -> bytes:
+    return HISTORY_PREFIX + dlq_id.encode()
+
+
+def encode_history(history: Iterable[Replayed]) -> bytes:
+    return orjson.dumps(_history_json(history))
+
+
+def decode_history(raw: bytes) -> tuple[Replayed, ...]:
+    """Raises ``ValueError`` (or a subclass) on bytes :func:`encode_history` did not make."""
+    try:
+        return _history_of(orjson.loads(raw))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not an encoded history: {exc}") from exc
 
 
 def iter_items(db: Any) -> Iterator[tuple[bytes, bytes]]:

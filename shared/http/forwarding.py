@@ -530,16 +530,65 @@ async def _gather_once(
             return await local()
         params = dict(request.query_params)
         params[LOCAL_SCOPE_PARAM] = "local"
-        try:
-            resp = await ctx.http.get(owner + raw_path(request), params=params, headers={FORWARDED_BY: ctx.url})
-        except httpx.HTTPError as exc:
-            ctx.suspect(owner)
-            raise Unavailable(f"instance {owner} did not answer; retry shortly") from exc
-        if resp.status_code != 200:
-            raise Unavailable(f"instance {owner} answered {resp.status_code}; retry shortly")
-        return loads(resp.content)
+        return await _owner_part(
+            ctx, owner, ctx.http.get(owner + raw_path(request), params=params, headers={FORWARDED_BY: ctx.url}),
+        )
 
     return list(await asyncio.gather(*(ask(o) for o in sorted(owners))))
+
+
+async def _owner_part(ctx: ServiceContext, owner: str, call: Awaitable[httpx.Response]) -> Any:
+    """An owner's part of an answer gathered from every owner: its 200 body, or else 503."""
+    try:
+        resp = await call
+    except httpx.HTTPError as exc:
+        ctx.suspect(owner)
+        raise Unavailable(f"instance {owner} did not answer; retry shortly") from exc
+    if resp.status_code != 200:
+        raise Unavailable(f"instance {owner} answered {resp.status_code}; retry shortly")
+    return loads(resp.content)
+
+
+async def on_each_owner(ctx: ServiceContext, request: Request, table: AnyTable, local: PartitionsPage) -> list[Any]:
+    """A change that spans every partition of ``table``: each active owner applies it to the
+    partitions it owns, and answers with its part.
+
+    Peers get the same method, path, query and body, with ``scope=local`` and the
+    ``partitions`` to act on (see :func:`owned_partitions_named`); this instance calls
+    ``local`` with its own. Changes never go to a copy: 503 when a partition has no owner,
+    an owner is restoring, or an owner does not answer 200.
+    """
+    by_owner: dict[str, list[int]] = {}
+    for p in range(ctx.settings.topic_partitions):
+        by_owner.setdefault(owner_of(ctx, table, p), []).append(p)
+    if ctx.url in by_owner and not ctx.ready():
+        raise Unavailable("state is being restored; retry shortly")
+    body = await request.body()
+    headers = _forward_headers(ctx, request)
+
+    async def ask(owner: str, partitions: list[int]) -> Any:
+        if owner == ctx.url:
+            return await local(partitions)
+        params = {**request.query_params, LOCAL_SCOPE_PARAM: "local", PARTITIONS_PARAM: ",".join(map(str, partitions))}
+        HTTP_FORWARDED.labels(ctx.service).inc()
+        return await _owner_part(ctx, owner, ctx.http.request(
+            request.method, owner + raw_path(request), params=params, content=body, headers=headers,
+        ))
+
+    return list(await asyncio.gather(*(ask(o, parts) for o, parts in sorted(by_owner.items()))))
+
+
+def owned_partitions_named(ctx: ServiceContext, request: Request, owned: set[int]) -> list[int]:
+    """The partitions a ``scope=local`` change names; 503 unless this instance still owns them all."""
+    raw = request.query_params.get(PARTITIONS_PARAM) or ""
+    try:
+        partitions = sorted({int(p) for p in raw.split(",") if p})
+    except ValueError as exc:
+        raise Unprocessable(f"{PARTITIONS_PARAM} must be comma-separated partition numbers") from exc
+    moved = [p for p in partitions if p not in owned]
+    if moved or ctx.app.rebalancing or not ctx.ready():
+        raise Unavailable(f"partitions {moved or partitions} are not active here any more; retry shortly")
+    return partitions
 
 
 def read_source(request: Request) -> str | None:

@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -107,16 +108,23 @@ def chromium() -> Iterator[object]:
             browser.close()
 
 
-@pytest.fixture
-def page(chromium, fleet: Fleet):  # type: ignore[no-untyped-def]
-    """A fresh browser session (no admin token) on the console, laptop-sized."""
-    context = chromium.new_context(base_url=fleet.console.url, viewport={"width": 1366, "height": 860})
+@contextmanager
+def browser_session(chromium, fleet: Fleet, viewport: dict[str, int]):  # type: ignore[no-untyped-def]
+    """A fresh browser session (no admin token) on the console, in a window of ``viewport``'s size."""
+    context = chromium.new_context(base_url=fleet.console.url, viewport=viewport)
     context.set_default_timeout(15_000)
     page = context.new_page()
     try:
         yield page
     finally:
         context.close()
+
+
+@pytest.fixture
+def page(chromium, fleet: Fleet):  # type: ignore[no-untyped-def]
+    """A fresh browser session (no admin token) on the console, laptop-sized."""
+    with browser_session(chromium, fleet, {"width": 1366, "height": 860}) as page:
+        yield page
 
 
 def screenshot(page, name: str) -> Path:  # type: ignore[no-untyped-def]

@@ -1,5 +1,6 @@
 """Two scheduler instances share the partitions: every scheduled or parked message can be
-read, listed, replayed and cancelled through either instance."""
+read, listed, replayed and cancelled through either instance, and a group of parked
+messages counted and cancelled through either."""
 
 from __future__ import annotations
 
@@ -88,6 +89,20 @@ def test_any_instance_answers_for_every_message(kafka_bootstrap: str, tmp_path: 
         assert redelivered == sorted([*scheduled[:6], parked[0]])
         assert get(a.url, f"/retries/{scheduled[0]}").json()["detail"].endswith("(attempt 1 was redelivered)")
         assert get(b.url, f"/retries/{scheduled[6]}").json()["detail"].endswith("(attempt 1 was cancelled)")
+
+        # A group of parked messages, owned by both instances, is counted and cancelled through either.
+        rest = parked[1:]
+        owners = {get(a.url, f"/parked/{i}").headers["x-statefleet-served-by"].split(",")[0].strip() for i in rest}
+        assert owners == {a.url, b.url}
+        group = {"origin_topic": "orders", "error_class": "ValidationError"}
+        [ga] = get(a.url, "/parked-groups").json()["groups"]
+        assert ga == get(b.url, "/parked-groups").json()["groups"][0] and ga["count"] == len(rest)
+        dry = httpx.post(f"{a.url}/parked-groups/cancel", params={**group, "dry_run": "true"}, headers=auth, timeout=30)
+        assert dry.status_code == 200 and dry.json()["matched"] == len(rest)
+        done = httpx.post(f"{b.url}/parked-groups/cancel", params=group, headers=auth, timeout=30)
+        assert done.status_code == 200, done.text
+        assert (done.json()["done"], done.json()["accepted_partitions"]) == (len(rest), [])
+        assert list_all(a.url, "/parked") == [] and get(b.url, "/parked-groups").json()["total"] == 0
     finally:
         a.kill()
         b.kill()

@@ -42,6 +42,10 @@ STATS = {"scheduled": 1, "parked": 1, "by_origin_topic": {"orders": 1}, "by_erro
          "instances": 1, "policy": {}}
 
 
+GROUPS = {"groups": [{"origin_topic": "orders", "error_class": "Boom", "count": 3, "oldest_parked_at": 1,
+                       "newest_parked_at": 2, "newest_error_message": "the newest boom"}], "total": 3, "complete": True}
+
+
 def scheduler(request: httpx.Request, calls: list[httpx.Request]) -> httpx.Response:
     calls.append(request)
     path = request.url.path
@@ -68,6 +72,17 @@ def scheduler(request: httpx.Request, calls: list[httpx.Request]) -> httpx.Respo
                                                           parked_reason="max") for i in range(4)], "next_cursor": None})
     if path.startswith("/parked/") and path.endswith("/replay"):
         return httpx.Response(200, json={"id": path.split("/")[2], "status": "redelivered"})
+    if path == "/parked-groups":
+        return httpx.Response(200, json=GROUPS)
+    if path in ("/parked-groups/replay", "/parked-groups/cancel"):
+        params = request.url.params
+        out = {"action": path.rsplit("/", 1)[1], "origin_topic": params["origin_topic"],
+               "error_class": params["error_class"], "parked_from": params.get("parked_from"),
+               "parked_to": params.get("parked_to"), "dry_run": params.get("dry_run") == "true", "matched": 2,
+               "complete": True, "done": 0, "failed": 0, "continuing": False, "accepted_partitions": []}
+        if not out["dry_run"]:
+            out.update(done=2, failed=1, accepted_partitions=[3])
+        return httpx.Response(200, json=out)
     if path == "/retries":
         cursor = request.url.params.get("cursor")
         if cursor is None:
@@ -250,3 +265,53 @@ def test_copies_behind_says_how_far_each_kind_of_copy_is_behind() -> None:
     assert copies_behind(copies, "restoring") == "lag not known yet"
     assert copies_behind(copies, "active") == "up to date"
     assert copies_behind({}, "standby") is None
+
+
+def test_parked_groups_come_first_with_counts_and_the_newest_error(console: TestClient) -> None:
+    page = console.get("/parked")
+    assert page.status_code == 200
+    groups = page.text.split('id="groups"')[1].split("</table>")[0]
+    assert 'data-group="orders/Boom"' in groups and ">3<" in groups and "the newest boom" in groups
+    assert page.text.index('id="groups"') < page.text.index('id="parked"')
+    assert 'data-action="group-replay" disabled' in groups, "read-only without the token"
+
+
+def test_a_group_action_shows_the_dry_run_count_then_acts_on_confirmation(
+    console: TestClient, calls: list[httpx.Request],
+) -> None:
+    console.cookies.set(TOKEN_COOKIE, TOKEN)
+    dry = console.get("/parked/group", params={"action": "cancel", "origin_topic": "orders", "error_class": "Boom",
+                                               "parked_from": "2023-11-14T22:13", "parked_to": "2023-11-14T22:14:05"})
+    assert dry.status_code == 200 and "<strong>2</strong> parked messages are in this group" in dry.text
+    [call] = [c for c in calls if c.method == "POST"]
+    assert call.url.path == "/parked-groups/cancel" and call.url.params["dry_run"] == "true"
+    # From the start of its minute, to the end of its second (the form's times are UTC).
+    assert (call.url.params["parked_from"], call.url.params["parked_to"]) == ("1699999980000", "1700000045999")
+    assert 'id="confirm-group"' in dry.text and 'name="counted" value="2"' in dry.text
+    done = console.post("/parked/group", data={"action": "cancel", "origin_topic": "orders", "error_class": "Boom",
+                                               "parked_to": "2023-11-14T22:14:05", "counted": "2"})
+    assert "2 cancelled (the dry run counted 2); 1 could not be redelivered" in done.text
+    assert "partitions [3] did not answer in time" in done.text
+    last = [c for c in calls if c.method == "POST"][-1]
+    assert "dry_run" not in last.url.params and last.headers["authorization"] == f"Bearer {TOKEN}"
+
+
+@pytest.mark.parametrize("params", [
+    {"action": "cancel", "origin_topic": "orders"},  # no error class
+    {"action": "drop", "origin_topic": "orders", "error_class": "Boom"},
+    {"action": "cancel", "origin_topic": "orders", "error_class": "Boom", "parked_to": "yesterday"},
+])
+def test_a_group_action_without_a_group_or_with_a_bad_time_is_refused(
+    console: TestClient, calls: list[httpx.Request], params: dict[str, str],
+) -> None:
+    console.cookies.set(TOKEN_COOKIE, TOKEN)
+    assert console.get("/parked/group", params=params).status_code == 400
+    assert console.post("/parked/group", data=params).status_code == 400
+    assert not [c for c in calls if c.method == "POST"]
+
+
+def test_without_the_token_the_group_count_comes_from_the_listing(console: TestClient, calls: list[httpx.Request]) -> None:
+    dry = console.get("/parked/group", params={"action": "replay", "origin_topic": "orders", "error_class": "Boom"})
+    assert "<strong>3</strong> parked messages are in this group" in dry.text
+    assert 'id="confirm-group" class="primary" disabled' in dry.text
+    assert not [c for c in calls if c.method == "POST"]

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,27 +16,37 @@ from rocksdict import Options, Rdict, ReadOptions
 from services.retry_scheduler.domain import MAX_DUE_MS
 from services.retry_scheduler.state import (
     FAUST_OFFSET_KEY,
+    HISTORY_KEPT,
+    ID_PREFIX,
     BadKey,
     Counts,
     Decided,
     Done,
     Entry,
+    GroupFilter,
+    ParkedGroup,
+    Replayed,
     decode_decided,
     decode_entry,
+    decode_history,
     decode_index,
     due_key,
     due_prefix,
     encode_decided,
     encode_done,
     encode_entry,
+    encode_history,
     entry_from_letter,
     first_due_key,
+    history_key,
     id_key,
     id_of,
     is_due_key,
     scan_due,
     scan_ids,
     scan_page,
+    scan_parked_groups,
+    scan_parked_matching,
     split_due_key,
 )
 from shared.dead_letters import parse_dead_letter
@@ -249,3 +260,74 @@ def test_entry_from_a_letter_clamps_numbers_it_cannot_store() -> None:
 def test_scheduling_an_entry_changes_its_due_time_and_max_attempts_only(due: int, max_attempts: int, parked: bool) -> None:
     e = entry(parked_at=7 if parked else None, parked_reason="why" if parked else None)
     assert e.scheduled(due, max_attempts) == replace(e, due_at=due, max_attempts=max_attempts)
+
+
+# -- history and parked groups -----------------------------------------------------------------------
+
+
+def test_entries_stored_before_history_existed_still_decode() -> None:
+    e = entry()
+    old = orjson.loads(encode_entry(e))
+    assert "hi" not in old  # an entry without history is stored as before
+    assert decode_entry(orjson.dumps(old)).history == ()
+
+
+def test_history_round_trips_with_the_entry_and_keeps_the_latest() -> None:
+    e = entry().with_history(Replayed(10, "unpark", 2)).with_history(Replayed(20, "group replay", 3))
+    assert decode_entry(encode_entry(e)).history == (Replayed(10, "unpark", 2), Replayed(20, "group replay", 3))
+    assert e.scheduled(99, 5).history == e.history
+    assert decode_history(encode_history(e.history)) == e.history
+    many = entry().with_history(*(Replayed(i, "unpark", i) for i in range(HISTORY_KEPT + 5)))
+    assert len(many.history) == HISTORY_KEPT and many.history[-1].at == HISTORY_KEPT + 4
+    with pytest.raises(ValueError):
+        decode_history(b"[[1, 2]]")
+
+
+def test_history_rows_stay_apart_from_id_rows() -> None:
+    assert not history_key("a").startswith(ID_PREFIX)
+    assert not is_due_key(history_key("a"))
+
+
+def _park(db: Rdict, dlq_id: str, topic: str, error_class: str, at: int, message: str = "bad") -> None:
+    db[id_key(dlq_id)] = encode_entry(entry(dlq_id, origin_topic=topic, error_class=error_class, error_message=message,
+                                            parked_at=at, parked_reason="why"))
+
+
+def test_parked_rows_are_grouped_with_counts_and_the_newest_error(db: Rdict) -> None:
+    _park(db, "a", "orders", "Timeout", 30, "third")
+    _park(db, "b", "orders", "Timeout", 10, "first")
+    _park(db, "c", "orders", "KeyError", 20)
+    _park(db, "d", "payments", "Timeout", 40)
+    scan = scan_parked_groups(db, GroupFilter(origin_topic="orders"), budget=100)
+    assert scan.resume is None
+    by = {(g.origin_topic, g.error_class): g for g in scan.groups}
+    assert set(by) == {("orders", "Timeout"), ("orders", "KeyError")}
+    t = by[("orders", "Timeout")]
+    assert (t.count, t.oldest_parked_at, t.newest_parked_at, t.newest_error_message) == (2, 10, 30, "third")
+    ranged = scan_parked_groups(db, GroupFilter("orders", "Timeout", parked_from=5, parked_to=20), budget=100)
+    assert [(g.count, g.newest_error_message) for g in ranged.groups] == [(1, "first")]
+    first = scan_parked_groups(db, GroupFilter(), budget=2)
+    assert first.resume == id_key("b") and sum(g.count for g in first.groups) == 2
+    rest = scan_parked_groups(db, GroupFilter(), budget=2, after=first.resume)
+    assert rest.resume is None and sum(g.count for g in rest.groups) == 2
+
+
+def test_groups_merge_across_partitions() -> None:
+    one = ParkedGroup("o", "E", 2, 10, 30, "thirty")
+    one.merge(ParkedGroup("o", "E", 1, 5, 40, "forty"))
+    one.merge(ParkedGroup("o", "E", 1, 20, 25, "older"))
+    assert (one.count, one.oldest_parked_at, one.newest_parked_at, one.newest_error_message) == (4, 5, 40, "forty")
+    assert ParkedGroup.from_json(one.to_json()) == one
+
+
+def test_matching_parked_rows_are_read_in_rounds(db: Rdict) -> None:
+    for i in range(7):
+        _park(db, f"m{i}", "orders", "Timeout" if i % 2 == 0 else "Other", i)
+    flt = GroupFilter("orders", "Timeout")
+    first, resume = scan_parked_matching(db, flt, after=None, limit=2, budget=100)
+    assert [id_of(k) for k, _, _ in first] == ["m0", "m2"] and resume is not None
+    rest, end = scan_parked_matching(db, flt, after=resume, limit=10, budget=100)
+    assert [id_of(k) for k, _, _ in rest] == ["m4", "m6"] and end is None
+    budgeted, stopped = scan_parked_matching(db, flt, after=None, limit=None, budget=3)
+    assert [id_of(k) for k, _, _ in budgeted] == ["m0", "m2"] and stopped == id_key("m2")
+    assert GroupFilter.from_json(flt.to_json()) == flt
