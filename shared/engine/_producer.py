@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import ProducerFenced
+from aiokafka.errors import KafkaTimeoutError, ProducerFenced
 
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._durable import acknowledged
@@ -44,6 +44,28 @@ class Outgoing:
     partition: int | None = None
     timestamp_ms: int | None = None  # None: now
 
+
+
+#: Tries to enqueue one record batch (each waits up to the producer's request timeout).
+ENQUEUE_TRIES = 3
+
+
+async def _enqueue(producer: AIOKafkaProducer, batch: Any, topic: str, partition: int) -> Any:
+    """``producer.send_batch``, tried again when the batch could not be queued in time.
+
+    aiokafka queues a record batch once the partition's previous batch has been drained,
+    waiting at most the request timeout measured on the monotonic clock, which goes on while
+    the process is stopped (SIGSTOP, a frozen VM): a send that was waiting when the process
+    stopped fails at once when it continues, and the worker would stop for it. Nothing was
+    queued, so queuing the same batch again sends nothing twice."""
+    for attempt in range(1, ENQUEUE_TRIES + 1):
+        try:
+            return await producer.send_batch(batch, topic, partition=partition)
+        except KafkaTimeoutError:
+            if attempt == ENQUEUE_TRIES:
+                raise
+            log.warning("a record batch for %s[%d] could not be queued in time; trying again", topic, partition)
+    raise AssertionError("unreachable")
 
 class BatchProducer:
     """One aiokafka producer (acks=all) that sends lists of records as record batches."""
@@ -112,14 +134,14 @@ class BatchProducer:
                     # full: send it, and start the next record batch with this record
                     if n == 0:
                         raise ValueError(f"a record for {topic} does not fit in one record batch")
-                    pending.append(((topic, partition), n, await producer.send_batch(batch, topic, partition=partition)))
+                    pending.append(((topic, partition), n, await _enqueue(producer, batch, topic, partition)))
                     batch = producer.create_batch()
                     n = 0
                     if batch.append(key=record.key, value=record.value, timestamp=record.timestamp_ms, headers=headers) is None:
                         raise ValueError(f"a record for {topic} does not fit in one record batch")
                 n += 1
             if n:
-                pending.append(((topic, partition), n, await producer.send_batch(batch, topic, partition=partition)))
+                pending.append(((topic, partition), n, await _enqueue(producer, batch, topic, partition)))
         metadata = await acknowledged([fut for _, _, fut in pending], f"{what}: {len(records)} records")
         last: dict[tuple[str, int], int] = {}
         for (tp, n, _), meta in zip(pending, metadata, strict=True):
