@@ -147,7 +147,7 @@ async def commit(
     BLOCK.reached()
     if member is not None:
         await member()
-    await producer.send(batch.sends, what)
+    await producer.send(batch.sends, what, member)
     CRASH.reached("sent")
     if order is None or ordered is None:
         if batch.rows:
@@ -168,7 +168,7 @@ async def write_all(
     :meth:`OrderedInput.writes`). ``member``: see :func:`commit`; it awaits nothing while
     heartbeats confirm the member."""
     pending = [(table, rows) for table, rows in writes if rows]
-    last = await producer.send(changelog_records(pending), what)
+    last = await producer.send(changelog_records(pending), what, member)
     CRASH.reached("logged")
     if member is not None:
         await member()

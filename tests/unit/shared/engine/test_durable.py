@@ -220,7 +220,7 @@ class FakeProducer:
         self.sent: list[tuple[str, int, bytes | None, bytes | None]] = []
         self.acked: asyncio.Future[None] | None = None
 
-    async def send(self, records: list[Any], what: str) -> dict[tuple[str, int], int]:
+    async def send(self, records: list[Any], what: str, before_retry: Any = None) -> dict[tuple[str, int], int]:
         last: dict[tuple[str, int], int] = {}
         for r in records:
             self.sent.append((r.topic, r.partition, r.key, r.value))

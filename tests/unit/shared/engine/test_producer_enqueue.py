@@ -36,3 +36,14 @@ def test_a_producer_that_never_takes_the_batch_still_fails() -> None:
     with pytest.raises(KafkaTimeoutError):
         asyncio.run(_enqueue(producer, object(), "t", 3))  # type: ignore[arg-type]
     assert producer.tries == ENQUEUE_TRIES
+
+
+def test_a_batch_is_queued_again_only_if_the_check_before_it_passes() -> None:
+    producer = FakeProducer(timeouts=1)
+
+    async def dropped() -> None:
+        raise RuntimeError("no longer a member")
+
+    with pytest.raises(RuntimeError, match="no longer a member"):
+        asyncio.run(_enqueue(producer, object(), "t", 3, dropped))  # type: ignore[arg-type]
+    assert producer.tries == 1
