@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,8 @@ from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactio
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
 
 Headers = Sequence[tuple[str, bytes]] | None
+#: Raises when this consumer may no longer be the member that owns the batch's partition.
+Fence = Callable[[], Awaitable[None]]
 _NOT_STAGED = object()
 
 
@@ -125,9 +127,17 @@ class InputBatch:
 async def commit(
     producer: BatchProducer, order: OrderedInput | None, ordered: Batch | None, batch: InputBatch, what: str,
     transactions: PartitionTransactions | None = None, next_offset: int | None = None,
+    member: Fence | None = None,
 ) -> None:
     """Make ``batch`` durable in the order the module docs give (with ``transactions``: as one
-    transaction, see :func:`commit_transaction`)."""
+    transaction, see :func:`commit_transaction`).
+
+    ``member`` (at-least-once): awaited before anything is sent and again before the local
+    write; it raises when the consumer group may have handed the input partition to another
+    member meanwhile (this process was stopped or cut off), and the batch then writes nothing
+    more. Otherwise such a batch would append rows computed from a stale copy after the new
+    owner's, and write their changelog offset, which is past the new owner's records, into the
+    local database, whose next recovery would then skip those records."""
     if transactions is not None:
         if next_offset is None:
             raise ValueError(f"{what}: a transactional commit needs the input's next offset")
@@ -135,26 +145,33 @@ async def commit(
         return
     CRASH.reached("handled")
     BLOCK.reached()
-    await producer.send(batch.sends, what)
+    if member is not None:
+        await member()
+    await producer.send(batch.sends, what, member)
     CRASH.reached("sent")
     if order is None or ordered is None:
         if batch.rows:
             raise RuntimeError(f"{what}: a handler without an offsets table cannot write rows")
     else:
-        await write_all(producer, order.writes(ordered, batch.rows), what)
+        await write_all(producer, order.writes(ordered, batch.rows), what, member)
     for callback in batch.callbacks:
         callback()
 
 
-async def write_all(producer: BatchProducer, writes: Iterable[tuple[DurableTable, Rows]], what: str) -> None:
+async def write_all(
+    producer: BatchProducer, writes: Iterable[tuple[DurableTable, Rows]], what: str, member: Fence | None = None,
+) -> None:
     """Every table's rows to its changelog, every acknowledgement awaited, and only then the rows
-    (with each partition's changelog offset) into the local databases, without yielding to the
-    event loop in between. Records of different changelogs can land in any order; only the order
-    within one changelog partition is kept, which is why a handler writing several tables keeps
-    its next-offset rows in each (see :meth:`OrderedInput.writes`)."""
+    (with each partition's changelog offset) into the local databases. Records of different
+    changelogs can land in any order; only the order within one changelog partition is kept,
+    which is why a handler writing several tables keeps its next-offset rows in each (see
+    :meth:`OrderedInput.writes`). ``member``: see :func:`commit`; it awaits nothing while
+    heartbeats confirm the member."""
     pending = [(table, rows) for table, rows in writes if rows]
-    last = await producer.send(changelog_records(pending), what)
+    last = await producer.send(changelog_records(pending), what, member)
     CRASH.reached("logged")
+    if member is not None:
+        await member()
     apply_local(pending, last)
 
 

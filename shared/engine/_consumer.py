@@ -23,15 +23,32 @@ What it owns, since Faust's bookkeeping never sees these records:
 * **Revocation.** Faust waits for ``wait_empty()`` before giving partitions up; that
   wait includes the running batch. The revoked partitions' delivered offsets are then
   committed, so a rebalance does not make the next owner re-read work already done.
+* **No batch from a member the group may have dropped.** A process that was stopped or
+  frozen (SIGSTOP, a paused VM, a network partition) comes back with records it fetched
+  before, and its event loop can hand them over before the consumer thread's next
+  heartbeat learns that the group removed this member meanwhile and gave its partitions to
+  another. Such a batch would write rows computed from a stale copy to a changelog
+  partition that the new owner writes too, and the acknowledged changelog offset, which is
+  past the new owner's records, into the local database: the local copy then claims to be
+  up to date with rows it never read, and the next recovery of that partition here skips
+  them (stale rows served and processed on). So a batch is handed over only while the
+  coordinator has recognised this member recently (:data:`MEMBER_CONFIRMED_WITHIN_S`, kept
+  fresh by the heartbeats of the consumer thread, which a busy event loop does not hold
+  up); after a longer silence one heartbeat is sent first, and when the member is no longer
+  known (or no answer comes) the batch is left unfetched, for whoever owns it after the
+  rebalance that follows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
+from aiokafka.protocol.group import JoinGroupRequest
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
@@ -47,6 +64,23 @@ Deliver = Callable[[TP, Sequence[Any], int | None], Awaitable[None]]
 #: Longest wait for the commit of revoked partitions' offsets (a failed commit only costs a re-read).
 REVOKE_COMMIT_TIMEOUT_S = 5.0
 
+#: A batch is handed over without asking the coordinator first when it recognised this member
+#: this recently. Heartbeats (every 3 s at most) keep it fresh while the process runs; only a
+#: process that was not running at all (stopped, frozen) or cut off from the broker goes past it.
+#: A removal by the peer watch or by the session timeout takes longer than that to happen.
+MEMBER_CONFIRMED_WITHIN_S = 6.0
+
+#: Longest wait for the heartbeat that confirms this member before a batch.
+MEMBER_CONFIRM_TIMEOUT_S = 5.0
+
+#: The consumer generation the batch being delivered (in this task) was fetched in.
+_BATCH_GENERATION: contextvars.ContextVar[int] = contextvars.ContextVar("batch_generation")
+
+
+class NotAMember(Exception):
+    """The group may no longer count this consumer as the member that fetched the batch being
+    committed: nothing more of it is written (see the module docs), and it is fetched again."""
+
 
 class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     """Faust's consumer thread with the worker's fetch wait from the settings.
@@ -58,6 +92,56 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     records (seen as pauses of 1.5 s in the tally workload's progress)."""
 
     consumer: BatchConsumer
+
+    #: When the group coordinator last recognised this member (a heartbeat answered for its
+    #: generation), on the monotonic clock; 0.0 before the first one.
+    member_confirmed_at: float = 0.0
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        # Runs on the consumer thread's loop, as the coordinator's heartbeats do.
+        coordinator = self._ensure_consumer()._coordinator
+        if coordinator is None:  # no group (never the case for a worker)
+            return
+        heartbeat = coordinator._do_heartbeat
+
+        async def recorded_heartbeat() -> bool:
+            sent = time.monotonic()
+            # True: the coordinator knows this member and its generation (REBALANCE_IN_PROGRESS
+            # included, which the broker answers only to a current member).
+            recognised = bool(await heartbeat())
+            if recognised:
+                self.member_confirmed_at = max(self.member_confirmed_at, sent)
+            return recognised
+
+        coordinator._do_heartbeat = recorded_heartbeat
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        # Called on the consumer thread right after the coordinator answered this member's SyncGroup.
+        self.member_confirmed_at = max(self.member_confirmed_at, time.monotonic())
+        await super().on_partitions_assigned(assigned, generation_id)
+
+    def member_current(self, generation: int) -> bool:
+        """Whether this consumer is, as far as it knows, still the member of ``generation``."""
+        coordinator = self._ensure_consumer()._coordinator
+        return bool(coordinator is not None and coordinator.generation == generation
+                    and coordinator.member_id != JoinGroupRequest.UNKNOWN_MEMBER_ID)
+
+    async def confirm_member(self, generation: int, timeout_s: float) -> bool:
+        """Send one heartbeat now (on the consumer thread) and tell whether the coordinator still
+        knows this member of ``generation``. One it no longer knows makes aiokafka rejoin."""
+        if not self.member_current(generation):
+            return False
+        coordinator = self._ensure_consumer()._coordinator
+        future = asyncio.run_coroutine_threadsafe(coordinator._do_heartbeat(), self.thread_loop)
+        try:
+            recognised = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # no answer in time, or the consumer stopping: not confirmed
+            log.info("no answer from the group coordinator to confirm this member (%r)", exc)
+            return False
+        return bool(recognised) and self.member_current(generation)
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
@@ -104,9 +188,15 @@ class BatchConsumer(aiokafka_driver.Consumer):
         self._running = 0  # batches being delivered now
         self._idle = asyncio.Event()
         self._idle.set()
+        self._confirming = asyncio.Lock()
+        self._dropped_generation: int | None = None  # the last generation found dropped (logged once)
 
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    @property
+    def _member_thread(self) -> _ConsumerThread:
+        return self._thread  # type: ignore[return-value]
 
     # -- the hand-over ------------------------------------------------------------------
 
@@ -171,11 +261,49 @@ class BatchConsumer(aiokafka_driver.Consumer):
 
     async def _deliver_in_turn(self, batches: list[tuple[TP, Sequence[Any]]], active: set[TP] | None,
                                generation: int, epoch: int = -1) -> None:
+        _BATCH_GENERATION.set(generation)
         for tp, batch in batches:
-            if self._may_deliver(tp, active, generation):
-                await self._deliver(tp, batch, epoch)
+            if self._may_deliver(tp, active, generation) and await self._still_member(generation):
+                try:
+                    await self._deliver(tp, batch, epoch)
+                except NotAMember as exc:
+                    log.warning("%s[%d] offsets %d..%d not committed: %s", tp.topic, tp.partition,
+                                batch[0].offset, batch[-1].offset, exc)
+                    await self._seek_back(tp, batch[0].offset)
             else:
                 await self._seek_back(tp, batch[0].offset)
+
+    async def ensure_member(self) -> None:
+        """Raise :class:`NotAMember` unless the group still counts this consumer as the member that
+        fetched the batch being delivered: called by a batch's commit before it writes anything,
+        and again before its rows go into the local tables, since the process may have been
+        stopped anywhere in between."""
+        generation = _BATCH_GENERATION.get(None)
+        if generation is not None and not await self._still_member(generation):
+            raise NotAMember(f"the group coordinator did not confirm this member of generation {generation}")
+
+    async def _still_member(self, generation: int) -> bool:
+        """Whether the group still counts this consumer as the member of ``generation``: known
+        from a recent heartbeat, or asked now after a silence (see the module docs)."""
+        thread = self._member_thread
+        if not thread.member_current(generation):
+            if self._dropped_generation != generation:
+                self._dropped_generation = generation
+                log.warning("the group coordinator no longer knows this member of generation %d: fetched "
+                            "batches are left for the partitions' owner after the rebalance", generation)
+            return False
+        if time.monotonic() - thread.member_confirmed_at <= MEMBER_CONFIRMED_WITHIN_S:
+            return True
+        async with self._confirming:  # batches of several lanes wait for one answer
+            if time.monotonic() - thread.member_confirmed_at <= MEMBER_CONFIRMED_WITHIN_S:
+                return thread.member_current(generation)
+            silent_s = time.monotonic() - thread.member_confirmed_at
+            confirmed = await thread.confirm_member(generation, MEMBER_CONFIRM_TIMEOUT_S)
+        if not confirmed:
+            log.warning("the group coordinator did not confirm this member of generation %d after %.1fs "
+                        "without a heartbeat: its fetched batches are left for the partitions' owner "
+                        "after the rebalance", generation, silent_s)
+        return confirmed
 
     def _continues_from(self, tp: TP, epoch: int) -> int | None:
         """The offset after the records of ``tp`` handed over last, when a fetch of ``epoch``

@@ -17,7 +17,11 @@ changelog offset stored with every write batch, see :mod:`shared.engine._durable
 End offsets come from the worker's consumer where it fetches the changelog (standbys)
 and otherwise from a plain consumer of this module, asked at most once per
 :data:`END_MAX_AGE_S` per changelog, within :data:`END_LOOKUP_TIMEOUT_S`: a read never
-waits long for the broker either.
+waits long for the broker either. A last known end older than :data:`END_TRUSTED_S` gives
+no lag at all (unknown): an end offset only grows, so an old one makes a copy look fresher
+than it is. After a stall of the process (stopped, frozen) every end it knows is from before
+the stall, and the copies it restores or keeps would otherwise claim to be up to date
+(lag 0) while they are still far behind.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ Source = Literal["active", "standby", "restoring"]
 END_MAX_AGE_S = 1.0
 #: Longest a read waits for the broker's end offsets before it answers with the last known.
 END_LOOKUP_TIMEOUT_S = 0.5
+#: Oldest answer of the broker a lag is computed from; past it the lag is unknown.
+END_TRUSTED_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,18 +73,29 @@ class _ChangelogEnds:
         self._ends: dict[TP, int] = {}
         self._asked: dict[str, float] = {}
         self._lock = asyncio.Lock()
+        self._refreshing: dict[str, asyncio.Future[None]] = {}
         self._stopped = False
 
     async def end(self, tp: TP, partitions: int) -> int | None:
         """The end offset of ``tp`` as last known, asked anew when older than :data:`END_MAX_AGE_S`
-        (not after :meth:`stop`: a worker shutting down answers with what it knew)."""
+        (not after :meth:`stop`: a worker shutting down answers with what it knew); None when
+        the broker's last answer is older than :data:`END_TRUSTED_S` (see the module docs)."""
         if not self._stopped and time.monotonic() - self._asked.get(tp.topic, float("-inf")) >= END_MAX_AGE_S:
+            refresh = self._refreshing.get(tp.topic)
+            if refresh is None or refresh.done():
+                # Left to finish when this read stops waiting for it: on a slow broker (or a
+                # process catching up after a stall) each read's lookup would be cancelled in
+                # turn and the ends never learnt.
+                refresh = self._refreshing[tp.topic] = asyncio.ensure_future(self._refresh(tp.topic, partitions))
+                refresh.add_done_callback(_retrieve)
             try:
-                await asyncio.wait_for(self._refresh(tp.topic, partitions), END_LOOKUP_TIMEOUT_S)
+                await asyncio.wait_for(asyncio.shield(refresh), END_LOOKUP_TIMEOUT_S)
             except TimeoutError:
                 log.debug("end offsets of %s not known within %.1fs; using the last known", tp.topic, END_LOOKUP_TIMEOUT_S)
             except Exception as exc:  # the broker is away: the last known end stands
                 log.debug("end offsets of %s: %s", tp.topic, exc)
+        if not self._stopped and time.monotonic() - self._asked.get(tp.topic, float("-inf")) > END_TRUSTED_S:
+            return None
         return self._ends.get(tp)
 
     async def start(self) -> None:
@@ -102,10 +119,11 @@ class _ChangelogEnds:
             if time.monotonic() - self._asked.get(topic, float("-inf")) < END_MAX_AGE_S:
                 return  # another read refreshed it while this one waited
             consumer = await self._client()
+            asked = time.monotonic()  # the ends are at least as recent as the question
             ends = await consumer.end_offsets([KafkaTP(topic, p) for p in range(partitions)])
             for ktp, end in ends.items():
                 self._ends[TP(ktp.topic, ktp.partition)] = int(end)
-            self._asked[topic] = time.monotonic()
+            self._asked[topic] = asked
 
     def saw(self, tp: TP, end: int) -> None:
         if end > self._ends.get(tp, -1):
@@ -116,6 +134,12 @@ class _ChangelogEnds:
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
             await consumer.stop()
+
+
+def _retrieve(refresh: asyncio.Future[None]) -> None:
+    """Mark the outcome of a lookup no read waited for as seen (its failure is logged where awaited)."""
+    if not refresh.cancelled():
+        refresh.exception()
 
 
 _ENDS: weakref.WeakKeyDictionary[faust.App, _ChangelogEnds] = weakref.WeakKeyDictionary()

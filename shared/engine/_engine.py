@@ -27,7 +27,7 @@ from faust.types import TP
 from shared.engine._app import app_id, create_app
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
 from shared.engine._clients import exactly_once
-from shared.engine._consumer import BatchConsumer
+from shared.engine._consumer import BatchConsumer, NotAMember
 from shared.engine._copies import start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._gc import freeze_startup_objects
@@ -311,7 +311,10 @@ class Engine:
         try:
             await reg.handle(batch)
             await commit(self.producer, reg.order, ordered, batch, reg.name,
-                         self.transactions, int(fetched[-1].offset) + 1)
+                         self.transactions, int(fetched[-1].offset) + 1,
+                         member=cast(BatchConsumer, self.app.consumer).ensure_member)
+        except NotAMember:
+            raise  # nothing more of the batch is written; the consumer fetches it again
         except Exception as exc:
             # Nothing of the batch is committed: stop the worker, so that it (or the instance
             # taking its partitions) reads the batch again, rather than go on past it.

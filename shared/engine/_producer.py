@@ -16,12 +16,12 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import ProducerFenced
+from aiokafka.errors import KafkaTimeoutError, ProducerFenced
 
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._durable import acknowledged
@@ -54,6 +54,36 @@ def _too_large(record: Outgoing) -> str | None:
     if size > MAX_BATCH_BYTES:
         return f"record of about {size} bytes is larger than a record batch ({MAX_BATCH_BYTES} bytes)"
     return None
+
+
+#: Tries to enqueue one record batch (each waits up to the producer's request timeout).
+ENQUEUE_TRIES = 3
+
+#: Awaited before a record batch is queued again; raises to stop the send.
+Retry = Callable[[], Awaitable[None]]
+
+
+async def _enqueue(
+    producer: AIOKafkaProducer, batch: Any, topic: str, partition: int, before_retry: Retry | None = None,
+) -> Any:
+    """``producer.send_batch``, tried again when the batch could not be queued in time.
+
+    aiokafka queues a record batch once the partition's previous batch has been drained,
+    waiting at most the request timeout measured on the monotonic clock, which goes on while
+    the process is stopped (SIGSTOP, a frozen VM): a send that was waiting when the process
+    stopped fails at once when it continues, and the worker would stop for it. Nothing was
+    queued, so queuing the same batch again sends nothing twice. ``before_retry`` may raise to
+    send nothing more (a batch's commit checks there that its consumer is still a member)."""
+    for attempt in range(1, ENQUEUE_TRIES + 1):
+        try:
+            return await producer.send_batch(batch, topic, partition=partition)
+        except KafkaTimeoutError:
+            if attempt == ENQUEUE_TRIES:
+                raise
+            log.warning("a record batch for %s[%d] could not be queued in time; trying again", topic, partition)
+            if before_retry is not None:
+                await before_retry()
+    raise AssertionError("unreachable")
 
 
 class BatchProducer:
@@ -106,18 +136,21 @@ class BatchProducer:
                 topic_errors[topic] = f"topic {topic!r} is not available: {type(exc).__name__}: {exc}".rstrip(": ")
         return [topic_errors[record.topic] or _too_large(record) for record in records]
 
-    async def send(self, records: Sequence[Outgoing], what: str) -> dict[tuple[str, int], int]:
+    async def send(self, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None,
+                   ) -> dict[tuple[str, int], int]:
         """Send ``records`` (in order per partition) and wait for every acknowledgement; returns the
-        offset of the last record per (topic, partition). The first failure raises."""
+        offset of the last record per (topic, partition). The first failure raises.
+        ``before_retry`` is awaited before a record batch is queued again (see :func:`_enqueue`)."""
         if not records:
             return {}
         if self._producer is None:
             await self.start()
         producer = self._producer
         assert producer is not None
-        return await self.send_with(producer, records, what)
+        return await self.send_with(producer, records, what, before_retry)
 
-    async def send_with(self, producer: AIOKafkaProducer, records: Sequence[Outgoing], what: str) -> dict[tuple[str, int], int]:
+    async def send_with(self, producer: AIOKafkaProducer, records: Sequence[Outgoing], what: str,
+                        before_retry: Retry | None = None) -> dict[tuple[str, int], int]:
         """:meth:`send` through ``producer`` (a transactional one, inside its transaction)."""
         if not records:
             return {}
@@ -143,14 +176,14 @@ class BatchProducer:
                     # full: send it, and start the next record batch with this record
                     if n == 0:
                         raise ValueError(f"a record for {topic} does not fit in one record batch")
-                    pending.append(((topic, partition), n, await producer.send_batch(batch, topic, partition=partition)))
+                    pending.append(((topic, partition), n, await _enqueue(producer, batch, topic, partition, before_retry)))
                     batch = producer.create_batch()
                     n = 0
                     if batch.append(key=record.key, value=record.value, timestamp=record.timestamp_ms, headers=headers) is None:
                         raise ValueError(f"a record for {topic} does not fit in one record batch")
                 n += 1
             if n:
-                pending.append(((topic, partition), n, await producer.send_batch(batch, topic, partition=partition)))
+                pending.append(((topic, partition), n, await _enqueue(producer, batch, topic, partition, before_retry)))
         metadata = await acknowledged([fut for _, _, fut in pending], f"{what}: {len(records)} records")
         last: dict[tuple[str, int], int] = {}
         for (tp, n, _), meta in zip(pending, metadata, strict=True):

@@ -64,6 +64,9 @@ PROGRESS_EVERY_S = 5.0
 #: How often standby copies apply the changelog records Faust buffered for them.
 STANDBY_FLUSH_INTERVAL_S = 0.2
 
+#: How long table recovery may apply nothing, with records left, before the consumer's state is logged.
+RECOVERY_STALL_CHECK_S = 10.0
+
 
 class PartitionTarget(Protocol):
     """Where one changelog partition is restored to."""
@@ -286,6 +289,43 @@ class BulkRestoringRecovery(Recovery):
         await super().on_stop()
         if self._reader is not None:
             await self._reader.stop()
+
+    _stalled_at: tuple[int, ...] | None = None
+
+    @Service.timer(RECOVERY_STALL_CHECK_S)
+    async def _report_stalled_recovery(self) -> None:
+        """Log what the consumer holds for each active changelog partition when table recovery
+        has applied nothing for :data:`RECOVERY_STALL_CHECK_S` with records left to read.
+
+        Faust logs nothing while it waits for changelog records (its own warning comes after
+        minutes), and a recovery that stops making progress leaves the worker's partitions
+        unprocessed: this says where it stopped (position, pause, Faust's read offset)."""
+        if not self.in_recovery or not self.active_remaining_total():
+            self._stalled_at = None
+            return
+        progress = tuple(int(self.active_offsets[tp] or -1) for tp in sorted(self.active_tps))
+        if progress != self._stalled_at:
+            self._stalled_at = progress
+            return
+        log.warning("table recovery applied nothing in %.0fs: %s", RECOVERY_STALL_CHECK_S,
+                    "; ".join(self._changelog_state(tp) for tp in sorted(self.active_remaining())))
+
+    def _changelog_state(self, tp: TP) -> str:
+        consumer = cast(Any, self.app.consumer)
+        state = f"{tp.topic}[{tp.partition}] at {self.active_offsets[tp]} of {self.active_highwaters[tp]}"
+        try:
+            kafka_consumer = consumer._thread._ensure_consumer()
+            assignment = kafka_consumer._subscription.subscription.assignment
+            ktp = TopicPartition(tp.topic, tp.partition)
+            if assignment is None or ktp not in assignment.tps:
+                return state + ", not assigned to the consumer"
+            partition = assignment.state_value(ktp)
+            position = partition.position if partition.has_valid_position else None
+            return (state + f", consumer position {position}, paused {partition.paused}, "
+                    f"Faust paused {tp in consumer._paused_partitions}, read offset {consumer._read_offset.get(tp)}, "
+                    f"queued {self.tables.changelog_queue.qsize()}, flow {consumer.flow_active}")
+        except Exception as exc:  # the consumer is restarting: the state is unknown
+            return state + f" ({exc!r})"
 
     @Service.timer(STANDBY_FLUSH_INTERVAL_S)
     async def _flush_standbys(self) -> None:

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 import faust
+from aiokafka.errors import IllegalStateError
 from faust.types import TP
 
 from shared.engine._internals import recovery_done, tps_with_unacked_messages
@@ -83,6 +84,9 @@ class TrailingHoleWatch:
                 position = await asyncio.wait_for(self.app.consumer.position(tp), POSITION_TIMEOUT_S)
             except TimeoutError:  # a partition still resetting its position: the next check sees it
                 continue
+            except IllegalStateError:  # revoked since the assignment was read: a rebalance began
+                self._suspects.clear()
+                return
             if position is None or position <= expected or tp in in_streams:
                 continue
             if self._suspects.get(tp) != (expected, position):
@@ -97,7 +101,11 @@ class TrailingHoleWatch:
                 "the stream skipped %s[%d] offsets %d..%d with nothing after them; reading them again",
                 tp.topic, tp.partition, expected, position - 1,
             )
-            await self.app.consumer.seek_wait({tp: expected})
+            try:
+                await self.app.consumer.seek_wait({tp: expected})
+            except IllegalStateError:  # revoked meanwhile: its next owner starts from the committed offset
+                self._suspects.clear()
+                return
             TRAILING_HOLES_REREAD.labels(self.service).inc()
             self.rereads += 1
         self._suspects = seen

@@ -162,20 +162,26 @@ def test_a_killed_instances_partitions_are_processed_again_within_seconds(
 
 @pytest.mark.parametrize("removed", [
     False,
-    # Known fault, left open in issue 21: a member removed while its process is stopped
-    # sometimes rejoins and then never finishes its table recovery ("Restoring state from
-    # changelog topics..." and nothing after), so its partitions stop. Seen in about half of
-    # the runs on a loaded 2-core machine; the peer watch itself never removes a stopped
-    # process (the "kept" case), so only a removal by hand or by the broker reaches it.
-    pytest.param(True, marks=pytest.mark.skip(reason="recovery can hang after a removed member rejoins; issue 21")),
+    # Known fault, left open in issue 21: a member removed while its process is stopped rejoins
+    # and its table recovery can stop reading the changelog ("Restoring state from changelog
+    # topics..." and no progress after), so its partitions stop. On an idle 2-core machine 5 of
+    # 6 runs failed (4 with that recovery unfinished when the test ended, 1 with a list right
+    # and then wrong a second later, read during the rejoin's rebalance); on a loaded one 10 of
+    # 10 passed. The recovery stop shows without the batch fence too. Recovery now logs the consumer's state of each
+    # partition after 10 s without progress ("table recovery applied nothing"), to find where
+    # the records stop. Fixed meanwhile: the batches the stopped member fetched or was
+    # committing are not written, and copies no longer report lag 0 from a stale changelog end.
+    pytest.param(True, marks=pytest.mark.skip(reason="recovery can stop after a removed member rejoins; issue 21")),
 ], ids=["kept", "removed-while-stopped"])
 def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
     start_tallies: Any, tally_topics: dict[str, str], prefix: str, removed: bool,
 ) -> None:
     """Stopped, the instance still accepts connections (the kernel does), so its peers do not
     count it gone and its member stays. The other case removes the member while it is stopped,
-    as a peer that judged it gone would: it comes back fenced, with batches it fetched before
-    the stop, and rejoins."""
+    as a peer that judged it gone would: it comes back fenced, with batches it fetched (or was
+    committing) before the stop, writes none of them (``BatchConsumer``: no batch from a member
+    the group may have dropped), rejoins, restores what the others wrote meanwhile, and answers
+    from up-to-date state only."""
     history = history_for_feeding()
     fleet = start_fleet(start_tallies, tally_topics["events"])
     stalled = fleet["b"]

@@ -14,6 +14,7 @@ import pytest
 from rocksdict import Options, Rdict
 
 from shared.engine._batch import write_all
+from shared.engine._consumer import NotAMember
 from shared.engine._durable import (
     NEXT_OFFSET_PREFIX,
     DurableTable,
@@ -219,7 +220,7 @@ class FakeProducer:
         self.sent: list[tuple[str, int, bytes | None, bytes | None]] = []
         self.acked: asyncio.Future[None] | None = None
 
-    async def send(self, records: list[Any], what: str) -> dict[tuple[str, int], int]:
+    async def send(self, records: list[Any], what: str, before_retry: Any = None) -> dict[tuple[str, int], int]:
         last: dict[tuple[str, int], int] = {}
         for r in records:
             self.sent.append((r.topic, r.partition, r.key, r.value))
@@ -375,3 +376,26 @@ def test_waiting_for_acknowledgements_can_be_cancelled() -> None:
         raise AssertionError("the wait must end cancelled")
 
     assert asyncio.run(scenario()).cancelled()
+
+
+def test_a_member_the_group_dropped_while_the_changelog_acknowledged_writes_nothing_locally() -> None:
+    """The process may be stopped between the changelog's acknowledgement and the local write;
+    a member the group dropped meanwhile must not write the acknowledged (later) offset."""
+    app, a, b = tables()
+
+    async def dropped() -> None:
+        raise NotAMember("dropped")
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(write_all(
+            app.producer, [(a, {(0, b"x"): b"1"}), (b, {(0, b"z"): b"3"})], "test", dropped,  # type: ignore[arg-type]
+        ))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        app.producer.ack_all()
+        with pytest.raises(NotAMember):
+            await task
+
+    asyncio.run(scenario())
+    assert a.get(0, b"x") is None and b.get(0, b"z") is None
+    assert a.table.data.persisted == {} and b.table.data.persisted == {}

@@ -1,0 +1,77 @@
+"""A batch is handed over only while the group still counts this consumer as its member: a
+recent heartbeat says so, a silence is answered by one heartbeat first, and a member the
+coordinator dropped hands nothing over (see ``shared/engine/_consumer.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from shared.engine._consumer import _BATCH_GENERATION, MEMBER_CONFIRMED_WITHIN_S, BatchConsumer, NotAMember
+
+
+class FakeThread:
+    def __init__(self, confirmed_ago_s: float, *, current: bool = True, answer: bool = True) -> None:
+        self.member_confirmed_at = time.monotonic() - confirmed_ago_s
+        self.current = current
+        self.answer = answer
+        self.asked: list[int] = []
+
+    def member_current(self, generation: int) -> bool:
+        return self.current and generation == 5
+
+    async def confirm_member(self, generation: int, timeout_s: float) -> bool:
+        self.asked.append(generation)
+        await asyncio.sleep(0.01)
+        if self.answer:
+            self.member_confirmed_at = time.monotonic()
+        return self.answer and self.member_current(generation)
+
+
+def consumer(thread: FakeThread) -> Any:
+    return SimpleNamespace(_member_thread=thread, _confirming=asyncio.Lock(), _dropped_generation=None)
+
+
+def still_member(fake: Any, generation: int = 5) -> bool:
+    return asyncio.run(BatchConsumer._still_member(fake, generation))
+
+
+def test_a_recent_heartbeat_confirms_the_member_without_asking() -> None:
+    thread = FakeThread(confirmed_ago_s=1.0)
+    assert still_member(consumer(thread))
+    assert thread.asked == []
+
+
+def test_after_a_silence_one_heartbeat_is_sent_first() -> None:
+    thread = FakeThread(confirmed_ago_s=MEMBER_CONFIRMED_WITHIN_S + 20)
+    fake = consumer(thread)
+
+    async def three_lanes() -> list[bool]:
+        return list(await asyncio.gather(*(BatchConsumer._still_member(fake, 5) for _ in range(3))))
+
+    assert asyncio.run(three_lanes()) == [True, True, True]
+    assert thread.asked == [5]  # the lanes waited for one answer
+
+
+@pytest.mark.parametrize("thread", [
+    FakeThread(confirmed_ago_s=MEMBER_CONFIRMED_WITHIN_S + 20, answer=False),  # removed while stopped
+    FakeThread(confirmed_ago_s=1.0, current=False),  # the heartbeat already learnt it
+], ids=["coordinator-says-unknown", "generation-reset"])
+def test_a_member_the_group_dropped_hands_nothing_over(thread: FakeThread) -> None:
+    assert not still_member(consumer(thread))
+
+
+def test_a_commit_of_a_dropped_member_raises() -> None:
+    fake = consumer(FakeThread(confirmed_ago_s=MEMBER_CONFIRMED_WITHIN_S + 20, answer=False))
+    fake._still_member = lambda generation: BatchConsumer._still_member(fake, generation)
+
+    async def commit_in_batch() -> None:
+        _BATCH_GENERATION.set(5)
+        await BatchConsumer.ensure_member(fake)
+
+    with pytest.raises(NotAMember):
+        asyncio.run(commit_in_batch())
