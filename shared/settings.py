@@ -74,6 +74,14 @@ class Settings(BaseSettings):
         True, description="Probe the other instances and have the group coordinator drop a dead one's member at once, "
         "so its partitions move within seconds instead of after the session timeout",
     )
+    warmups: bool = Field(
+        True, description="Hand a partition over only to an instance with a caught-up copy of its tables: a new "
+        "instance first warms its copies up as standbys, then asks for the rebalance that moves them (KIP-441)",
+    )
+    warmup_max_lag: int = Field(
+        1_000, ge=0, description="Changelog records a copy may be behind and still count as caught up for a hand-over "
+        "(the new owner replays them record by record before it processes)",
+    )
     peer_probe_interval_s: float = Field(0.25, gt=0, le=10, description="How often each peer's GET /healthz is probed")
     peer_gone_after_s: float = Field(
         1.0, ge=0.5, le=60,

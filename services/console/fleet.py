@@ -150,6 +150,7 @@ class FleetMonitor:
             instance_id=info.get("instance"),
             active=info.get("active", {}),
             standby=info.get("standby", {}),
+            warmup=info.get("warmup", {}),
             copies=info.get("copies", {}),
             lag={topic: v.get("total") for topic, v in info.get("lag", {}).items()},
             rate=rate,

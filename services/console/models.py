@@ -24,6 +24,8 @@ class InstanceView:
     error: str | None = None
     active: dict[str, list[int]] = field(default_factory=dict)
     standby: dict[str, list[int]] = field(default_factory=dict)
+    #: changelog topic -> standby copies warmed up to take the partition over (a subset of standby)
+    warmup: dict[str, list[int]] = field(default_factory=dict)
     lag: dict[str, int | None] = field(default_factory=dict)
     #: changelog topic -> partition -> {"source": active|standby|restoring, "lag": records or None}
     copies: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)

@@ -40,6 +40,7 @@ from shared.engine._partitioning import partition_for
 from shared.engine._plain import KafkaTopicPartition, PlainAdmin, PlainConsumer, PlainProducer, refresh_metadata
 from shared.engine._producer import Outgoing
 from shared.engine._rocksdb import SharedMemoryOptions
+from shared.engine._warmup import rejoin_for_peer, warmup_partitions
 
 __all__ = [
     "FAUST_OFFSET_KEY",
@@ -82,7 +83,9 @@ __all__ = [
     "partition_owner_url",
     "recovery_done",
     "refresh_metadata",
+    "rejoin_for_peer",
     "run_worker",
     "serve_api",
     "state_items",
+    "warmup_partitions",
 ]

@@ -25,6 +25,7 @@ from shared.engine._membership import ANNOUNCE_TIMEOUT_S, announce_restart
 from shared.engine._metadata import track_used_topics
 from shared.engine._restore import BulkRestoringTableManager, register_settings
 from shared.engine._rocksdb import STORE_SCHEME, configure_rocksdb_memory
+from shared.engine._warmup import WarmupAssignor
 from shared.log_config import logging_config
 from shared.settings import Settings, env_snapshot
 
@@ -82,7 +83,9 @@ def create_app(
         broker_max_poll_records=settings.consumer_max_poll_records,
         stream_buffer_maxsize=settings.stream_buffer_maxsize,
         broker_session_timeout=settings.session_timeout_s,
-        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 5),
+        # Every second: in an eager rebalance the members that noticed it first stop processing
+        # until the last one rejoins, and a member notices at its next heartbeat.
+        broker_heartbeat_interval=min(1.0, settings.session_timeout_s / 5),
         web_enabled=True,
         web_bind=settings.http_host,
         web_port=port,
@@ -95,10 +98,13 @@ def create_app(
     # Its changelog reader also gives Faust's recovery highwaters it can reach reading
     # committed records (bulk restore itself stays off unless asked for).
     conf["TableManager"] = BulkRestoringTableManager
+    # Partitions move only to instances with caught-up copies (see shared/engine/_warmup.py).
+    conf["PartitionAssignor"] = WarmupAssignor
     if settings.static_membership:
         conf["consumer_group_instance_id"] = f"{service}-{settings.instance_id}"
     app = app_class(app_id(service, settings), **conf)
     register_settings(app, settings)
+    cast(WarmupAssignor, app.assignor).enabled = settings.warmups
     return app
 
 

@@ -215,6 +215,16 @@ async def local_copy(app: faust.App, table: AnyTable, partition: int) -> Copy | 
     return Copy(source, max(0, end - (applied or 0)))
 
 
+async def lag_without_copy(app: faust.App, table: AnyTable, partition: int) -> int | None:
+    """Changelog records a copy of ``partition`` would have to apply starting from nothing: the
+    changelog's end offset as last known (None: not known)."""
+    ends = _ENDS.get(app)
+    if ends is None:
+        return None
+    tp = TP(table.changelog_topic.get_topic_name(), partition)
+    return await ends.end(tp, table.partitions or partition + 1)
+
+
 def _consumer_highwater(app: faust.App, tp: TP) -> int | None:
     try:
         highwater = cast(Any, app.consumer).highwater(tp)

@@ -35,6 +35,7 @@ from shared.engine._membership import PeerWatch
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions
 from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.engine._versions import check_versions
+from shared.engine._warmup import WarmupWatch
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,11 @@ class Engine:
                 self.app, service, app_id(service, settings), settings.url_for(default_port), settings,
             )
             self.app.task(self.peer_watch.run)
+        # Copies measured for the next join, and warm-ups taken over once caught up.
+        self.warmup_watch: WarmupWatch | None = None
+        if settings.warmups:
+            self.warmup_watch = WarmupWatch(self.app, settings, settings.url_for(default_port))
+            self.app.task(self.warmup_watch.run)
         # The engine's own clients connect as the worker starts: each one's first metadata
         # fetch covers every topic of the cluster, which is better paid before the first batch.
         self.app.task(self._start_clients)
@@ -123,6 +129,8 @@ class Engine:
     async def _on_shutdown(self, app: Any, **_: Any) -> None:
         if self.peer_watch is not None:
             await self.peer_watch.close()
+        if self.warmup_watch is not None:
+            self.warmup_watch.close()
         if self.transactions is not None:
             await self.transactions.stop()
         await self.producer.stop()

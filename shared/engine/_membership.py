@@ -58,6 +58,7 @@ from aiokafka.protocol.group import LeaveGroupRequest
 from shared.engine._admin import _Admin
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._internals import member_urls, request_rejoin
+from shared.engine._loops import run_every
 from shared.metrics import PEER_FAILOVERS, PEER_RESTARTS_ANNOUNCED
 from shared.settings import Settings
 
@@ -258,16 +259,9 @@ class PeerWatch:
         )
         try:
             self._admin = await started_when_reachable(lambda: _Admin(**client_kwargs(self.settings)), "peer watch")
-            loop = asyncio.get_running_loop()
-            while not self.stopping:
-                started = loop.time()
-                try:
-                    await self.tick()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # the broker or a peer misbehaved; the next tick tries again
-                    log.warning("peer watch: %r", exc)
-                await asyncio.sleep(max(0.0, started + self.interval_s - loop.time()))
+            # The broker or a peer misbehaving fails one tick; the next tries again.
+            await run_every(self.interval_s, self.tick, lambda: not self.stopping,
+                            lambda exc: log.warning("peer watch: %r", exc))
         finally:
             await self.close()
 
@@ -332,7 +326,7 @@ class PeerWatch:
             return  # the group already rebalanced without it, or the rejoin was asked for already
         self._rejoined[url] = now
         # The coordinator tells the survivors of the rebalance only on their next heartbeat (up to
-        # 3 s away); rejoining at once saves that wait.
+        # 1 s away); rejoining at once saves that wait.
         if request_rejoin(self.app):
             log.info("peer %s is out of group %s: rejoining now", url, self.group_id)
 

@@ -6,7 +6,9 @@ never forwarded.
 
 POST /instance/restarting is the peers' own: a worker stopping on SIGTERM tells each
 peer it is restarting, so their peer watch does not remove its group member meanwhile
-(see ``shared/engine/_membership.py``).
+(see ``shared/engine/_membership.py``). So is POST /instance/rebalance: an instance whose
+warm-up copies are caught up asks for the rebalance that hands them over, and has its peers
+rejoin at once rather than at their next heartbeat (see ``shared/engine/_warmup.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from shared.engine import TopicPartition as TP
-from shared.engine import assigned_copies, assigned_partitions, input_lag, known_instance_urls, note_peer_restarting
+from shared.engine import (
+    assigned_copies,
+    assigned_partitions,
+    input_lag,
+    known_instance_urls,
+    note_peer_restarting,
+    rejoin_for_peer,
+    warmup_partitions,
+)
 from shared.http.deps import Admin, Ctx
 from shared.http.errors import error_responses
 
@@ -47,6 +57,11 @@ class InstanceOut(BaseModel):
     rebalancing: bool
     active: dict[str, list[int]] = Field(description="Topic -> partitions this instance owns as active")
     standby: dict[str, list[int]] = Field(description="Changelog topic -> partitions kept here as standby copies")
+    warmup: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Changelog topic -> standby copies being warmed up to take the partition over once caught up "
+        "(STATEFLEET_WARMUPS); a subset of standby",
+    )
     lag: dict[str, TopicLag] = Field(description="Input topic -> consumer lag (high watermark minus committed offset)")
     copies: dict[str, dict[str, CopyOut]] = Field(
         default_factory=dict,
@@ -86,6 +101,7 @@ async def instance(ctx: Ctx) -> Any:
         "rebalancing": bool(app.rebalancing),
         "active": _by_topic(active),
         "standby": _by_topic(standby),
+        "warmup": warmup_partitions(app),
         "lag": lag,
         "peers": sorted(known_instance_urls(app) | {ctx.url}),
     }
@@ -108,3 +124,21 @@ class RestartingOut(BaseModel):
 async def restarting(body: RestartingIn, ctx: Ctx) -> Any:
     noted = note_peer_restarting(ctx.app, body.url)
     return {"url": body.url, "noted": noted, "grace_s": ctx.settings.session_timeout_s}
+
+
+class RebalanceIn(BaseModel):
+    url: str = Field(min_length=1, max_length=2048, description="The URL of the instance asking (as its peers know it)")
+
+
+class RebalanceOut(BaseModel):
+    url: str
+    rejoining: bool = Field(description="False when this instance's consumer has not started")
+
+
+@router.post(
+    "/instance/rebalance", response_model=RebalanceOut, dependencies=[Admin], responses=error_responses(401, 422),
+    summary="A peer's warm-up copies are caught up: rejoin the group now, so the rebalance that hands them over "
+    "is short (sent by the peers themselves)",
+)
+async def rebalance(body: RebalanceIn, ctx: Ctx) -> Any:
+    return {"url": body.url, "rejoining": rejoin_for_peer(ctx.app, body.url)}

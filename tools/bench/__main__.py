@@ -1,7 +1,7 @@
 """Run the benchmarks: ``python -m tools.bench [area ...] [-- area args]``.
 
-Areas: faust_ceiling, tallies, scaleout, availability, failover, validator, retry_scheduler, spark, peers. With no area
-named, all of them run in that order with their default sizes.
+Areas: faust_ceiling, tallies, scaleout, availability, failover, rebalance_pause, validator, retry_scheduler, spark,
+peers. With no area named, all of them run in that order with their default sizes.
 """
 
 from __future__ import annotations
@@ -9,7 +9,10 @@ from __future__ import annotations
 import importlib
 import sys
 
-AREAS = ("faust_ceiling", "tallies", "scaleout", "availability", "failover", "validator", "retry_scheduler", "spark", "peers")
+AREAS = (
+    "faust_ceiling", "tallies", "scaleout", "availability", "failover", "rebalance_pause", "validator",
+    "retry_scheduler", "spark", "peers",
+)
 
 
 def main(argv: list[str]) -> int:

@@ -229,7 +229,8 @@ async def test_fleet_poll_rates_and_down_instances() -> None:
             base = f"http://{request.url.host}:{request.url.port}"
             return httpx.Response(200, json={
                 "service": request.url.host, "instance": f"{request.url.host}-0", "url": base, "ready": True,
-                "rebalancing": False, "active": {"events": [0, 1]}, "standby": {}, "peers": [base],
+                "rebalancing": False, "active": {"events": [0, 1]}, "peers": [base],
+                "standby": {"x-memberships-changelog": [2, 3]}, "warmup": {"x-memberships-changelog": [3]},
                 "lag": {"events": {"total": 3, "partitions": {"0": 1, "1": 2}}},
             })
         totals["n"] += 50
@@ -245,6 +246,7 @@ async def test_fleet_poll_rates_and_down_instances() -> None:
         snap = await monitor.poll()
         tallies = next(s for s in snap.services if s.name == "tallies")
         assert tallies.state == "up" and tallies.instances[0].lag == {"events": 3}
+        assert tallies.instances[0].warmup == {"x-memberships-changelog": [3]}
         assert tallies.instances[0].rate is not None and tallies.instances[0].rate > 0
 
         up["tallies"] = False
