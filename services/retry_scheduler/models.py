@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from services.retry_scheduler.state import Entry
+from services.retry_scheduler.entries import Entry
 
 
 class HistoryOut(BaseModel):

@@ -21,8 +21,10 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
-from services.validator.app import OutcomesBehind, ValidatorService
-from services.validator.domain import MAX_ID_LENGTH, PENDING, CommandBatch
+from services.validator.app import ValidatorService
+from services.validator.command_batch import CommandBatch
+from services.validator.domain import MAX_ID_LENGTH
+from services.validator.handlers.outcomes import OutcomesBehind
 from services.validator.models import (
     AccountOut,
     BatchAccepted,
@@ -33,6 +35,7 @@ from services.validator.models import (
     CommandStatus,
     ProgramAccountsPage,
 )
+from services.validator.outcome_records import PENDING
 from services.validator.state import listing_cursor, listing_key_from_cursor
 from shared import codecs
 from shared.engine import SendFailed
@@ -84,14 +87,14 @@ async def command_status(
     any record of the command (not ``final``) before it replies.
     """
     svc = _service(ctx)
-    owner = owner_of(ctx, svc.outcomes, ctx.partition_for(command_id))
+    owner = owner_of(ctx, svc.outcomes.table, ctx.partition_for(command_id))
     if owner == ctx.url:
         if not ctx.ready():
             raise Unavailable("state is being restored; retry shortly")
-        raw = await svc.wait_outcome(command_id, wait, final=final) if wait > 0 else svc.outcome(command_id)
+        raw = await svc.outcomes.wait_outcome(command_id, wait, final=final) if wait > 0 else svc.outcomes.outcome(command_id)
         if raw is None:
             try:
-                raw = await svc.outcome_once_applied(command_id)
+                raw = await svc.outcomes.outcome_once_applied(command_id)
             except OutcomesBehind as exc:
                 raise Unavailable(f"{exc}; retry shortly") from exc
         return status_body(raw) if raw is not None else None
@@ -146,7 +149,7 @@ async def post_command(
     if body.issued_at is None:
         command["issued_at"] = int(time.time() * 1000)
     try:
-        await svc.submit(command)
+        await svc.commands.submit(command)
     except SendFailed as exc:
         raise Unavailable(f"the command could not be written to Kafka: {exc}") from exc
     if not wait:
@@ -199,13 +202,13 @@ async def get_command(
                 raise NotFound(f"no command {command_id!r}")
             return status
     svc = _service(ctx)
-    forwarded = await route(ctx, request, svc.outcomes, ctx.partition_for(command_id))
+    forwarded = await route(ctx, request, svc.outcomes.table, ctx.partition_for(command_id))
     if forwarded is not None:
         return forwarded
-    raw = svc.outcome(command_id)
+    raw = svc.outcomes.outcome(command_id)
     if raw is None and read_source(request) == "active":
         try:
-            raw = await svc.outcome_once_applied(command_id)
+            raw = await svc.outcomes.outcome_once_applied(command_id)
         except OutcomesBehind as exc:
             raise Unavailable(f"{exc}; retry shortly") from exc
     if raw is None:
@@ -222,10 +225,10 @@ async def get_command(
 )
 async def get_account(account_id: IdPath, request: Request, ctx: Ctx) -> Any:
     svc = _service(ctx)
-    forwarded = await route(ctx, request, svc.accounts, ctx.partition_for(account_id))
+    forwarded = await route(ctx, request, svc.commands.table, ctx.partition_for(account_id))
     if forwarded is not None:
         return forwarded
-    account = svc.account(account_id)
+    account = svc.commands.account(account_id)
     if account is None:
         raise NotFound(f"no account {account_id!r}")
     return account.to_json()
@@ -251,7 +254,7 @@ async def list_program_accounts(
     if "\x00" in program_id:
         raise ApiError("program_id must not contain NUL")
     svc = _service(ctx)
-    forwarded = await route(ctx, request, svc.program_accounts, ctx.partition_for(program_id))
+    forwarded = await route(ctx, request, svc.program_listings.table, ctx.partition_for(program_id))
     if forwarded is not None:
         return forwarded
     before = None
@@ -261,7 +264,7 @@ async def list_program_accounts(
             before = listing_key_from_cursor(program_id, text)
         except ValueError as exc:
             raise InvalidCursor("cursor is not one this API returned") from exc
-    items, more = svc.list_program(program_id, limit=limit, before=before, status=status)
+    items, more = svc.program_listings.list_program(program_id, limit=limit, before=before, status=status)
     return {
         "items": [item.to_json() for item in items],
         "next_cursor": encode_cursor(listing_cursor(items[-1]), LISTING) if more and items else None,
@@ -308,11 +311,11 @@ def batch_status_body(
 async def batch_status(ctx: ServiceContext, batch_id: str, *, start: int, limit: int) -> dict[str, Any] | None:
     """The batch's status from the instance that owns it (None: no such batch yet)."""
     svc = _service(ctx)
-    owner = owner_of(ctx, svc.batches, ctx.partition_for(batch_id))
+    owner = owner_of(ctx, svc.command_batches.table, ctx.partition_for(batch_id))
     if owner == ctx.url:
         if not ctx.ready():
             raise Unavailable("state is being restored; retry shortly")
-        found = svc.batch_summary(batch_id)
+        found = svc.command_batches.batch_summary(batch_id)
         if found is None:
             return None
         ids, outcomes = found
@@ -349,12 +352,12 @@ async def post_batch(
     if len(body.commands) > limit:
         raise Unprocessable(f"a batch holds at most {limit} commands, got {len(body.commands)}")
     svc = _service(ctx)
-    batch = CommandBatch(batch_id=body.batch_id, items=tuple(body.commands))
+    command_batch = CommandBatch(batch_id=body.batch_id, items=tuple(body.commands))
     try:
-        await svc.submit_batch(batch)
+        await svc.command_batches.submit(command_batch)
     except SendFailed as exc:
         raise Unavailable(f"the batch could not be written to Kafka: {exc}") from exc
-    accepted = {"batch_id": batch.batch_id, "command_ids": batch.command_ids()}
+    accepted = {"batch_id": command_batch.batch_id, "command_ids": command_batch.command_ids()}
     if not wait:
         return JSONResponse(accepted, status_code=202)
     loop = asyncio.get_running_loop()
@@ -362,7 +365,7 @@ async def post_batch(
     status: dict[str, Any] | None = None
     while loop.time() < deadline:
         with contextlib.suppress(Unavailable):
-            status = await batch_status(ctx, batch.batch_id, start=0, limit=limit)
+            status = await batch_status(ctx, command_batch.batch_id, start=0, limit=limit)
         if status is not None and status["counts"][PENDING] == 0:
             return JSONResponse(status, status_code=200)
         await asyncio.sleep(BATCH_POLL_S)
@@ -386,7 +389,7 @@ async def get_batch(
     cursor: CursorParam = None,
 ) -> Any:
     svc = _service(ctx)
-    forwarded = await route(ctx, request, svc.batches, ctx.partition_for(batch_id))
+    forwarded = await route(ctx, request, svc.command_batches.table, ctx.partition_for(batch_id))
     if forwarded is not None:
         return forwarded
     start = 0
@@ -395,7 +398,7 @@ async def get_batch(
         if not text.isdigit():
             raise InvalidCursor("cursor is not one this API returned")
         start = int(text) + 1
-    found = svc.batch_summary(batch_id)
+    found = svc.command_batches.batch_summary(batch_id)
     if found is None:
         raise NotFound(f"no batch {batch_id!r}")
     ids, outcomes = found

@@ -52,9 +52,7 @@ from shared.accounts import (
     EVENT_TYPES,
     INACTIVE,
     STATUS_AFTER,
-    AccountChange,
     id_problem,
-    status_after,
 )
 from shared.accounts import MAX_ID_LENGTH as MAX_ID_LENGTH  # the longest id of a command, as of an event
 
@@ -246,7 +244,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _id_problem(name: str, value: Any, *, required: bool) -> str | None:
+def id_field_problem(name: str, value: Any, *, required: bool) -> str | None:
     if value is None:
         return f"'{name}' is required" if required else None
     return id_problem(name, value)
@@ -274,11 +272,11 @@ def parse_command(obj: Mapping[str, Any], *, default_issued_at: int) -> Command:
         problems.append(f"unknown command type {command_type!r:.80}; expected one of {', '.join(COMMAND_TYPES)}")
         command_type = command_type if isinstance(command_type, str) else ""
     for name, value in (("command_id", command_id), ("account_id", account_id)):
-        problem = _id_problem(name, value, required=True)
+        problem = id_field_problem(name, value, required=True)
         if problem:
             problems.append(problem)
     program_id = obj.get("program_id")
-    problem = _id_problem("program_id", program_id, required=False)
+    problem = id_field_problem("program_id", program_id, required=False)
     if problem:
         problems.append(problem)
         program_id = None
@@ -429,134 +427,3 @@ def plan_batch(
         state.remember(command.command_id, outcome.code, history_limit)
         changed[command.account_id] = state
     return BatchPlan(outcomes=outcomes, states=changed)
-
-
-# -- records on the wire ---------------------------------------------------------------------
-
-PENDING = "pending"
-ACCEPTED = "accepted"
-REJECTED = "rejected"
-
-
-def outcome_record(outcome: Accepted | Rejected, *, at: int) -> dict[str, Any]:
-    """The record kept per command id for GET /commands/{command_id}."""
-    if isinstance(outcome, Accepted):
-        ev = outcome.event
-        return {"status": ACCEPTED, "command_id": ev.command_id, "account_id": ev.account_id,
-                "event": ev.to_json(), "rejection": None, "at": at}
-    rej = outcome.rejection
-    return {"status": REJECTED, "command_id": rej.command_id, "account_id": rej.account_id,
-            "event": None, "rejection": rej.to_json(), "at": at}
-
-
-def pending_record(command_id: str, account_id: str, *, at: int) -> dict[str, Any]:
-    return {"status": PENDING, "command_id": command_id, "account_id": account_id,
-            "event": None, "rejection": None, "at": at}
-
-
-# -- the category projection (GET /programs/{program_id}/accounts) ----------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Listing:
-    """An account as its program's listing shows it."""
-
-    account_id: str
-    program_id: str
-    status: str
-    version: int
-    created_at: int
-    updated_at: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "account_id": self.account_id, "program_id": self.program_id, "status": self.status,
-            "version": self.version, "created_at": self.created_at, "updated_at": self.updated_at,
-        }
-
-
-def apply_to_listing(current: Listing | None, change: AccountChange) -> Listing | None:
-    """The listing row after ``change``, or None when it is a replay (version not newer).
-
-    An account first seen through an event other than AccountCreated (its creation is
-    no longer on the topic) is listed from that event, with status ``unknown`` if the
-    event does not say.
-    """
-    if current is not None and change.version <= current.version:
-        return None
-    if current is None:
-        status = status_after(change.type, None)
-        at = change.occurred_at or 0
-        return Listing(
-            account_id=change.account_id, program_id=change.program_id, status=status, version=change.version,
-            created_at=at, updated_at=at,
-        )
-    return Listing(
-        account_id=current.account_id, program_id=current.program_id,
-        status=status_after(change.type, current.status), version=change.version,
-        created_at=current.created_at, updated_at=change.occurred_at or current.updated_at,
-    )
-
-
-# -- batches of commands (POST /commands/batch, account-command-batches) ---------------------
-
-#: Headers on a command split out of a batch: which batch, which item.
-BATCH_ID_HEADER = "statefleet.batch.id"
-BATCH_INDEX_HEADER = "statefleet.batch.index"
-
-
-class MalformedBatch(ValueError):
-    """A record on ``account-command-batches`` that is not a batch at all (it becomes a dead letter)."""
-
-
-@dataclass(frozen=True, slots=True)
-class CommandBatch:
-    batch_id: str
-    items: tuple[Any, ...]
-
-    def command_ids(self) -> list[str]:
-        return [item_command_id(self.batch_id, index, item) for index, item in enumerate(self.items)]
-
-
-def parse_batch(obj: Mapping[str, Any], *, max_commands: int) -> CommandBatch:
-    """Read a batch: ``{"batch_id": str, "commands": [item, ...]}``. Only the envelope is
-    checked here; each item is decided on its own, like a single command."""
-    problem = _id_problem("batch_id", obj.get("batch_id"), required=True)
-    if problem:
-        raise MalformedBatch(problem)
-    commands = obj.get("commands")
-    if not isinstance(commands, list) or not commands:
-        raise MalformedBatch("'commands' must be a non-empty list")
-    if len(commands) > max_commands:
-        raise MalformedBatch(f"a batch holds at most {max_commands} commands, got {len(commands)}")
-    return CommandBatch(batch_id=obj["batch_id"], items=tuple(commands))
-
-
-def item_command_id(batch_id: str, index: int, item: Any) -> str:
-    """An item's command id: its own when it has a usable one, else derived from the batch id
-    and its index, so a resent batch names each item the same again."""
-    own = item.get("command_id") if isinstance(item, dict) else None
-    if isinstance(own, str) and _id_problem("command_id", own, required=True) is None:
-        return own
-    derived = f"{batch_id}:{index}"
-    return derived if len(derived) <= MAX_ID_LENGTH else f"{batch_id[:MAX_ID_LENGTH - 12]}:{index}"
-
-
-def batch_item(batch_id: str, index: int, item: dict[str, Any]) -> dict[str, Any]:
-    """The command written for an item (its command id filled in)."""
-    return {**item, "command_id": item_command_id(batch_id, index, item)}
-
-
-def batch_item_outcome(command_id: str, outcome: Outcome | None, error: str | None = None) -> dict[str, Any]:
-    """What a batch keeps of one item's outcome. ``outcome`` None: the item could not be read
-    as a command at all (``error`` says why); it is rejected INVALID_COMMAND."""
-    if isinstance(outcome, Accepted):
-        return {"command_id": command_id, "status": ACCEPTED, "reason": None, "version": outcome.event.version}
-    if isinstance(outcome, Rejected):
-        rej = outcome.rejection
-        return {"command_id": command_id, "status": REJECTED, "reason": rej.reason, "detail": rej.detail}
-    if isinstance(outcome, Duplicate):
-        if isinstance(outcome.original, int):
-            return {"command_id": command_id, "status": ACCEPTED, "reason": None, "version": outcome.original}
-        return {"command_id": command_id, "status": REJECTED, "reason": outcome.original, "detail": "answered before"}
-    return {"command_id": command_id, "status": REJECTED, "reason": INVALID_COMMAND, "detail": error or "not a command"}

@@ -8,7 +8,7 @@
     version or its rejection reason.
 
 ``outcomes`` (partitioned by command_id)
-    key ``command_id``; value the outcome record JSON (see ``domain.outcome_record``).
+    key ``command_id``; value the outcome record JSON (see ``outcome_records.outcome_record``).
     ``EXPIRY_PREFIX`` + expires_at (8 bytes, big-endian, sign-flipped, epoch ms) +
     command_id → empty: one per outcome row, written with the row's first version, so
     a seek from the prefix finds the rows to delete oldest first.
@@ -29,7 +29,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
-from services.validator.domain import Account, AccountState, Listing, OutcomeCode
+from services.validator.domain import Account, AccountState, OutcomeCode
+from services.validator.listing import Listing
 from shared import codecs
 
 #: Faust keeps each partition's committed offset under this key in the same database.
@@ -153,7 +154,7 @@ def listing_key_from_cursor(program_id: str, cursor: str) -> bytes:
 #
 # ``B`` + batch_id + NUL + ``m`` → the batch's manifest JSON ``{"ids": [command_id, ...]}``;
 # ``B`` + batch_id + NUL + ``i`` + index (4 bytes, big-endian) → the item's outcome JSON
-# (``domain.batch_item_outcome``): the items of a batch sort by index after its manifest.
+# (``outcome_records.batch_item_outcome``): the items of a batch sort by index after its manifest.
 
 BATCH_PREFIX = b"B"
 

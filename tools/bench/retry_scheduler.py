@@ -45,18 +45,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from services.retry_scheduler.domain import percentile
-from services.retry_scheduler.state import (
-    DONE_REDELIVERED,
-    Entry,
-    decode_entry,
-    due_key,
-    due_prefix,
-    encode_done,
-    encode_entry,
-    id_key,
-    scan_due,
-    split_due_key,
-)
+from services.retry_scheduler.entries import Entry, decode_entry, encode_entry
+from services.retry_scheduler.scans import scan_due
+from services.retry_scheduler.state import DONE_REDELIVERED, due_key, due_prefix, encode_done, id_key, split_due_key
 from shared import dead_letters as dl
 from shared.engine import SharedMemoryOptions, TopicSpec, ensure_topics_async, partition_for, refresh_metadata
 from shared.settings import Settings

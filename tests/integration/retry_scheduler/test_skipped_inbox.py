@@ -14,8 +14,8 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from services.retry_scheduler.app import KIND_LETTER
-from services.retry_scheduler.state import encode_entry, entry_from_letter
+from services.retry_scheduler.entries import encode_entry, entry_from_letter
+from services.retry_scheduler.handlers.kinds import KIND_LETTER
 from shared import dead_letters as dl
 from shared.engine._partitioning import partition_for
 from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env, start_scheduler

@@ -12,11 +12,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from services.console.api import TOKEN_COOKIE
 from services.console.app import create_app
 from services.console.clients import Clients, ServiceClient
 from services.console.fleet import FleetMonitor, processed_total
 from services.console.models import chart, ranges, render_bytes
+from services.console.pages.common import TOKEN_COOKIE
 from shared.settings import Settings
 
 VALIDATOR, TALLIES, SCHEDULER = "http://validator:8001", "http://tallies:8002", "http://scheduler:8003"

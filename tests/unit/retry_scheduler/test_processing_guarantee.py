@@ -30,7 +30,7 @@ def test_exactly_once_stages_what_can_be_sent_and_reports_what_cannot(tmp_path: 
     batch = InputBatch("inbox", 0, [])
     records = [Outgoing("retry", b"k1", b"v1", [("dlq.id", b"a")]), Outgoing("gone", b"k2", b"v2"),
                Outgoing("retry", None, b"v3")]
-    errors = asyncio.run(service._send_out(batch, records))
+    errors = asyncio.run(service.state.send_out(batch, records))
     assert errors == [None, "topic 'gone' is not available", None]
     assert [(o.topic, o.key, o.value, o.headers) for o in batch.sends] == [
         ("retry", b"k1", b"v1", [("dlq.id", b"a")]), ("retry", None, b"v3", None),
@@ -48,7 +48,7 @@ def test_at_least_once_sends_at_once_and_stages_nothing(tmp_path: Path) -> None:
 
     service.engine.deliver_each = deliver_each  # type: ignore[method-assign]
     batch = InputBatch("inbox", 0, [])
-    assert asyncio.run(service._send_out(batch, [Outgoing("retry", b"k", b"v")])) == [None]
+    assert asyncio.run(service.state.send_out(batch, [Outgoing("retry", b"k", b"v")])) == [None]
     assert [o.topic for o in sent] == ["retry"] and batch.sends == []
 
 

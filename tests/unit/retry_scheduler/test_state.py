@@ -14,39 +14,43 @@ from hypothesis import strategies as st
 from rocksdict import Options, Rdict, ReadOptions
 
 from services.retry_scheduler.domain import MAX_DUE_MS
-from services.retry_scheduler.state import (
-    FAUST_OFFSET_KEY,
+from services.retry_scheduler.entries import (
     HISTORY_KEPT,
-    ID_PREFIX,
-    BadKey,
-    Counts,
     Decided,
-    Done,
     Entry,
-    GroupFilter,
-    ParkedGroup,
     Replayed,
     decode_decided,
     decode_entry,
     decode_history,
-    decode_index,
-    due_key,
-    due_prefix,
     encode_decided,
-    encode_done,
     encode_entry,
     encode_history,
     entry_from_letter,
+)
+from services.retry_scheduler.scans import (
+    GroupFilter,
+    ParkedGroup,
     first_due_key,
-    history_key,
-    id_key,
-    id_of,
-    is_due_key,
     scan_due,
     scan_ids,
     scan_page,
     scan_parked_groups,
     scan_parked_matching,
+)
+from services.retry_scheduler.state import (
+    FAUST_OFFSET_KEY,
+    ID_PREFIX,
+    BadKey,
+    Counts,
+    Done,
+    decode_index,
+    due_key,
+    due_prefix,
+    encode_done,
+    history_key,
+    id_key,
+    id_of,
+    is_due_key,
     split_due_key,
 )
 from shared.dead_letters import parse_dead_letter

@@ -5,17 +5,10 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from services.validator.domain import (
-    COMMAND_TYPES,
-    AccountState,
-    Command,
-    Listing,
-    apply_to_listing,
-    outcome_record,
-    pending_record,
-    plan_batch,
-)
+from services.validator.domain import COMMAND_TYPES, AccountState, Command, plan_batch
+from services.validator.listing import Listing, apply_to_listing
 from services.validator.models import CommandIn, CommandType
+from services.validator.outcome_records import outcome_record, pending_record
 from services.validator.state import (
     FAUST_OFFSET_KEY,
     decode_listing,

@@ -1,0 +1,230 @@
+"""Scheduled and parked messages as bytes: an :class:`Entry` (the dead letter with its
+fate and history) as the ``schedule`` and ``parked`` tables keep it, and a :class:`Decided`
+dead letter as the route hop hands it to the inbox."""
+
+from __future__ import annotations
+
+import struct
+from binascii import a2b_base64, b2a_base64
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from services.retry_scheduler.domain import MAX_DUE_MS, merge_headers
+from shared.dead_letters import DLQ_PREFIX, DeadLetter
+
+# -- entries ---------------------------------------------------------------------------------------
+
+#: Most history events one entry keeps (the latest).
+HISTORY_KEPT = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """An operator's action on a message: when, which action, and the attempt it acted on."""
+
+    at: int
+    action: str
+    attempt: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"at": self.at, "action": self.action, "attempt": self.attempt}
+
+
+# binascii directly: base64's wrappers cost more than the encoding, a dozen times per entry.
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else b2a_base64(data, newline=False).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes | None:
+    return None if text is None else a2b_base64(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A dead letter as stored: what to redeliver, where, and why it failed."""
+
+    id: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    retry_topic: str
+    attempt: int
+    origin_topic: str
+    origin_partition: int
+    origin_offset: int
+    error_class: str
+    error_message: str
+    first_failed_at: int
+    failed_at: int
+    received_at: int
+    due_at: int = 0
+    max_attempts: int = 0
+    parked_at: int | None = None
+    parked_reason: str | None = None
+    #: What operators did to it, oldest first (:class:`Replayed`); carried to its later attempts.
+    history: tuple[Replayed, ...] = ()
+
+    def scheduled(self, due_at: int, max_attempts: int) -> Entry:
+        # Spelled out rather than dataclasses.replace, which costs several times more (once per dead letter).
+        return Entry(
+            self.id, self.key, self.value, self.headers, self.retry_topic, self.attempt, self.origin_topic,
+            self.origin_partition, self.origin_offset, self.error_class, self.error_message, self.first_failed_at,
+            self.failed_at, self.received_at, due_at, max_attempts, self.parked_at, self.parked_reason, self.history,
+        )
+
+    def parked(self, at: int, reason: str, max_attempts: int) -> Entry:
+        return replace(self, parked_at=at, parked_reason=reason, max_attempts=max_attempts)
+
+    def with_history(self, *events: Replayed) -> Entry:
+        """This entry with ``events`` added to its history (at most :data:`HISTORY_KEPT`, the latest)."""
+        return replace(self, history=(*self.history, *events)[-HISTORY_KEPT:])
+
+    @property
+    def counted_as(self) -> tuple[str, str]:
+        """The key it is counted under (:class:`Counts`): origin topic and error class."""
+        return (self.origin_topic, self.error_class)
+
+    def parking_headers(self) -> list[tuple[str, bytes]]:
+        """Every header it was redelivered with, plus when and why it was parked."""
+        extra = [
+            ("dlq.parked.at", str(self.parked_at or 0).encode()),
+            ("dlq.parked.reason", (self.parked_reason or "").encode()),
+        ]
+        return list(self.headers) + extra
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_MAX_ATTEMPT = (1 << 31) - 1
+
+
+def _clamp(n: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, n))
+
+
+def entry_from_letter(letter: DeadLetter, raw_headers: list[tuple[str, bytes]], received_at: int) -> Entry:
+    """The entry for a dead letter: its headers as received, with every ``dlq.*`` header filled in.
+
+    Numbers read from headers are clamped to what is stored (the headers themselves are
+    redelivered as they came).
+    """
+    dlq_headers = [(k, v) for k, v in letter.headers() if k.startswith(DLQ_PREFIX)]
+    return Entry(
+        id=letter.id, key=letter.key, value=letter.value,
+        headers=tuple(merge_headers(raw_headers, dlq_headers)),
+        retry_topic=letter.retry_topic, attempt=_clamp(letter.attempt, 1, _MAX_ATTEMPT),
+        origin_topic=letter.original_topic, origin_partition=_clamp(letter.original_partition, *_INT64),
+        origin_offset=_clamp(letter.original_offset, *_INT64),
+        error_class=letter.error_class, error_message=letter.error_message,
+        first_failed_at=_clamp(letter.first_failed_at, 0, MAX_DUE_MS),
+        failed_at=_clamp(letter.failed_at, 0, MAX_DUE_MS), received_at=received_at,
+    )
+
+
+def encode_entry(e: Entry) -> bytes:
+    fields: dict[str, Any] = {
+        "id": e.id, "k": _b64(e.key), "v": _b64(e.value),
+        "h": [[name, _b64(value)] for name, value in e.headers],
+        "rt": e.retry_topic, "a": e.attempt,
+        "ot": e.origin_topic, "op": e.origin_partition, "oo": e.origin_offset,
+        "ec": e.error_class, "em": e.error_message,
+        "ff": e.first_failed_at, "fa": e.failed_at, "ra": e.received_at,
+        "due": e.due_at, "ma": e.max_attempts, "pa": e.parked_at, "pr": e.parked_reason,
+    }
+    if e.history:  # absent when empty: entries stored before history existed decode alike
+        fields["hi"] = _history_json(e.history)
+    return orjson.dumps(fields)
+
+
+def _history_json(history: Iterable[Replayed]) -> list[list[Any]]:
+    return [[h.at, h.action, h.attempt] for h in history]
+
+
+def _history_of(raw: Any) -> tuple[Replayed, ...]:
+    return tuple(Replayed(int(at), str(action), int(attempt)) for at, action, attempt in raw or ())
+
+
+def decode_entry(raw: bytes) -> Entry:
+    """Raises ``ValueError`` (or a subclass) on bytes that are not an encoded entry."""
+    try:
+        o = orjson.loads(raw)
+        return Entry(
+            id=o["id"], key=_unb64(o["k"]), value=_unb64(o["v"]),
+            headers=tuple((name, _unb64(value) or b"") for name, value in o["h"]),
+            retry_topic=o["rt"], attempt=o["a"],
+            origin_topic=o["ot"], origin_partition=o["op"], origin_offset=o["oo"],
+            error_class=o["ec"], error_message=o["em"],
+            first_failed_at=o["ff"], failed_at=o["fa"], received_at=o["ra"],
+            due_at=o["due"], max_attempts=o["ma"], parked_at=o["pa"], parked_reason=o["pr"],
+            history=_history_of(o["hi"]) if "hi" in o else (),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not an encoded entry: {exc}") from exc
+
+
+# -- decided dead letters (the inbox's letters) -----------------------------------------------------
+
+#: Parked flag, attempt, due time, then the byte lengths of the id, origin topic and error class.
+_DECIDED_HEAD = struct.Struct(">BIQIII")
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A dead letter with its fate decided: the entry to store, already encoded, and the few
+    fields the inbox needs to store it without decoding it."""
+
+    id: str
+    parked: bool
+    attempt: int
+    due_at: int
+    counted_as: tuple[str, str]
+    stored: bytes  # encode_entry of the scheduled or parked entry
+
+    @classmethod
+    def of(cls, entry: Entry) -> Decided:
+        """A scheduled or parked entry (see :meth:`Entry.scheduled`, :meth:`Entry.parked`)."""
+        return cls(entry.id, entry.parked_at is not None, entry.attempt, entry.due_at, entry.counted_as,
+                   encode_entry(entry))
+
+
+def encode_decided(d: Decided) -> bytes:
+    """A fixed head, the id and the counting key, then the stored bytes unchanged."""
+    dlq_id, topic, error_class = d.id.encode(), d.counted_as[0].encode(), d.counted_as[1].encode()
+    head = _DECIDED_HEAD.pack(d.parked, d.attempt, d.due_at, len(dlq_id), len(topic), len(error_class))
+    return b"".join((head, dlq_id, topic, error_class, d.stored))
+
+
+def decode_decided(raw: bytes) -> Decided:
+    """Raises ``ValueError`` (or a subclass) on bytes :func:`encode_decided` did not make."""
+    try:
+        parked, attempt, due_at, id_len, topic_len, class_len = _DECIDED_HEAD.unpack_from(raw)
+    except struct.error as exc:
+        raise ValueError(f"not a decided dead letter: {exc}") from exc
+    at = _DECIDED_HEAD.size
+    fields = []
+    for n in (id_len, topic_len, class_len):
+        fields.append(raw[at:at + n].decode())
+        at += n
+    if len(raw) <= at:
+        raise ValueError("not a decided dead letter: truncated")
+    return Decided(fields[0], bool(parked), attempt, due_at, (fields[1], fields[2]), raw[at:])
+
+
+def classify(raw: bytes) -> tuple[str, str]:
+    """(origin topic, error class) of an encoded entry, for the in-memory counts."""
+    o = orjson.loads(raw)
+    return str(o["ot"]), str(o["ec"])
+
+
+def encode_history(history: Iterable[Replayed]) -> bytes:
+    return orjson.dumps(_history_json(history))
+
+
+def decode_history(raw: bytes) -> tuple[Replayed, ...]:
+    """Raises ``ValueError`` (or a subclass) on bytes :func:`encode_history` did not make."""
+    try:
+        return _history_of(orjson.loads(raw))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not an encoded history: {exc}") from exc

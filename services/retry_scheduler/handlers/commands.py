@@ -1,0 +1,115 @@
+"""Commands from the HTTP API, as a request and an answer through the inbox.
+
+The API sends a command (replay or cancel a scheduled message, replay a parked one, or a
+group action on the parked) to the inbox partition that owns it, and waits; the inbox
+handler applies it in order with the partition's other work and answers once the
+changes are committed. No answer in time means the partition moved meanwhile: the
+command is still applied, by the new owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+import orjson
+
+from services.retry_scheduler.entries import Replayed
+from services.retry_scheduler.handlers.inbox_state import InboxState, now_ms
+from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_GROUP, KIND_REPLAY, KIND_UNPARK
+from services.retry_scheduler.handlers.parking import Parking
+from services.retry_scheduler.metrics import CANCELLED
+from services.retry_scheduler.scans import GroupFilter
+from services.retry_scheduler.state import DONE_CANCELLED, DONE_REDELIVERED, Done, id_key
+from shared.engine import Engine, InputBatch
+
+log = logging.getLogger(__name__)
+
+# History action (Replayed.action) of a scheduled message replayed before its due time.
+REPLAYED_NOW = "replay"
+
+
+class HttpCommands:
+    def __init__(self, engine: Engine, state: InboxState, parking: Parking, inbox_topic: str) -> None:
+        self.engine = engine
+        self.state = state
+        self.parking = parking
+        self.inbox_topic = inbox_topic
+        self.waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
+
+    # -- the API's side ------------------------------------------------------------------------------
+
+    async def request(self, kind: bytes, dlq_id: str, timeout_s: float) -> dict[str, Any]:
+        """Send a command to the partition of ``dlq_id`` and wait for the handler's answer.
+
+        ``{"status": "accepted"}`` when the answer does not come within ``timeout_s`` (the
+        partition moved meanwhile): the command is still applied, by the new owner.
+        """
+        return await self._ask(dlq_id.encode(), kind, {"id": dlq_id}, self.state.partition_of(dlq_id), timeout_s,
+                               {"id": dlq_id, "status": "accepted"})
+
+    async def request_group(self, partition: int, action: str, flt: GroupFilter, timeout_s: float) -> dict[str, Any]:
+        """Send a group command to ``partition`` and wait for the handler's answer (as :meth:`request`)."""
+        return await self._ask(None, KIND_GROUP, {"action": action, "filter": flt.to_json()}, partition, timeout_s,
+                               {"partition": partition, "status": "accepted"})
+
+    async def _ask(self, key: bytes | None, kind: bytes, body: dict[str, Any], partition: int, timeout_s: float,
+                   accepted: dict[str, Any]) -> dict[str, Any]:
+        req = uuid.uuid4().hex
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.waiters[req] = waiter
+        try:
+            await self.engine.send(self.inbox_topic, key, kind + orjson.dumps({**body, "req": req}), partition=partition)
+            return await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError:
+            return accepted
+        finally:
+            self.waiters.pop(req, None)
+
+    # -- the inbox handler's side --------------------------------------------------------------------
+
+    async def command(self, batch: InputBatch, kind: bytes, body: dict[str, Any]) -> None:
+        dlq_id = body["id"]
+        if not isinstance(dlq_id, str):
+            raise ValueError("command without a string id")
+        if kind == KIND_UNPARK:
+            result = await self.parking.unpark(batch, dlq_id)
+        else:
+            result = await self._replay_or_cancel(batch, kind, dlq_id)
+        self._answer(batch, body, result)
+
+    async def group_command(self, batch: InputBatch, body: dict[str, Any]) -> None:
+        self._answer(batch, body, await self.parking.group_action(batch, body))
+
+    async def _replay_or_cancel(self, batch: InputBatch, kind: bytes, dlq_id: str) -> dict[str, Any]:
+        state = self.state
+        current = state.index_state(batch, id_key(dlq_id))
+        if current is None or isinstance(current, Done) or kind not in (KIND_REPLAY, KIND_CANCEL):
+            return {"id": dlq_id, "status": "not_found"}
+        key, raw, entry = current
+        if kind == KIND_CANCEL:
+            state.finish(batch, key, entry, done=DONE_CANCELLED)
+            state.write_expiry(batch)
+            CANCELLED.inc()
+            state.totals["cancelled"] += 1
+            log.info("cancelled dlq.id=%s attempt=%s", dlq_id, entry.attempt)
+            return {"id": dlq_id, "status": "cancelled", "attempt": entry.attempt}
+        [d] = await state.redeliver(batch, [(key, raw)], trigger="replay")
+        if d.error is not None:
+            return {"id": dlq_id, "status": "failed", "detail": d.error}
+        replayed = entry.with_history(Replayed(now_ms(), REPLAYED_NOW, entry.attempt))
+        state.finish(batch, key, replayed, done=DONE_REDELIVERED)
+        state.write_expiry(batch)
+        return {"id": dlq_id, "status": "redelivered", "attempt": entry.attempt, "topic": entry.retry_topic}
+
+    def _answer(self, batch: InputBatch, body: dict[str, Any], result: dict[str, Any]) -> None:
+        """Answer the waiting HTTP request, if it waits here, once the command's changes are committed."""
+        waiter = self.waiters.get(str(body.get("req", "")))
+
+        def answer() -> None:
+            if waiter is not None and not waiter.done():
+                waiter.set_result(result)
+
+        batch.after_commit(answer)

@@ -1,0 +1,244 @@
+"""The four tables the inbox handler writes (``schedule``, ``index``, ``expiry``, ``parked``;
+see :mod:`services.retry_scheduler.state`) and the row changes every kind of inbox record
+makes with them: look an id up, finish a scheduled entry (with a done marker and its
+expiry), park an entry, and send what the handler puts out.
+
+Every change is staged on the engine's input batch and committed by the engine
+(changelog acknowledged, then RocksDB, with the inbox's next offset).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+import orjson
+
+from services.retry_scheduler.domain import MAX_DUE_MS
+from services.retry_scheduler.entries import Entry, Replayed, decode_entry, decode_history, encode_entry, encode_history
+from services.retry_scheduler.metrics import LATENESS_SECONDS, PARKED, REDELIVERED, REDELIVERY_FAILED
+from services.retry_scheduler.state import (
+    DONE_MEMORY_MS,
+    DONE_UNPARKED,
+    Counts,
+    Done,
+    decode_index,
+    due_key,
+    encode_done,
+    history_key,
+    id_key,
+)
+from shared.engine import Engine, InputBatch, Outgoing, Table, partition_for
+from shared.settings import Settings
+from shared.topics import TopicNames
+
+log = logging.getLogger(__name__)
+
+#: Longest wait for one send to be accepted by the producer (topic metadata included).
+SEND_TIMEOUT_S = 15.0
+#: Under exactly_once, how long a redelivery's topic may take to show in the client's metadata
+#: before that record counts as a failed send: the wait holds up the partition's batch, and an
+#: existing topic shows in milliseconds.
+TOPIC_LOOKUP_TIMEOUT_S = 3.0
+#: Largest expiry row (a JSON list of ids), well below the broker's message size limit.
+EXPIRY_BATCH_BYTES = 256 * 1024
+#: Lateness samples kept for GET /retries/stats.
+LATENESS_SAMPLES = 1000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class ExpiryBatch:
+    """Ids whose done markers expire together: one ``expiry`` row instead of one per id."""
+
+    key: bytes
+    ids: list[str] = field(default_factory=list)
+    size: int = 0
+
+
+@dataclass
+class Delivery:
+    key: bytes
+    entry: Entry
+    error: str | None = None
+
+
+class InboxState:
+    def __init__(self, engine: Engine, settings: Settings, topics: TopicNames) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.topics = topics
+        self.schedule_store = engine.table("schedule")
+        self.index_store = engine.table("index")
+        self.expiry_store = engine.table("expiry")
+        self.parked_store = engine.table("parked")
+        self.schedule = self.schedule_store.table
+        self.index = self.index_store.table
+        self.expiry = self.expiry_store.table
+        self.parked = self.parked_store.table
+        self.counts = Counts()
+        self.totals = {"redelivered": 0, "parked": 0, "scheduled": 0, "cancelled": 0}
+        #: Per partition, a key no live entry sorts below; absent means "scan from the first key".
+        self.low_water: dict[int, bytes] = {}
+        self.send_failures: dict[bytes, int] = {}
+        self.lateness_ms: deque[int] = deque(maxlen=LATENESS_SAMPLES)
+        #: Per partition, the expiry row the done markers of the record being handled go in.
+        self._expiry_batch: dict[int, ExpiryBatch] = {}
+
+    def partition_of(self, dlq_id: str) -> int:
+        return partition_for(dlq_id, self.settings.topic_partitions)
+
+    @property
+    def stores(self) -> list[Table]:
+        return [self.index_store, self.schedule_store, self.expiry_store, self.parked_store]
+
+    def index_state(self, batch: InputBatch, idk: bytes) -> tuple[bytes, bytes, Entry] | Done | None:
+        """What the index says of an id in the batch's partition: scheduled (key, stored bytes,
+        entry), a done marker, or nothing."""
+        raw_index = batch.read(self.index_store, idk)
+        if raw_index is None:
+            return None
+        state = decode_index(raw_index)
+        if isinstance(state, Done):
+            return state
+        raw = batch.read(self.schedule_store, state)
+        return (state, raw, decode_entry(raw)) if raw is not None else None
+
+    @staticmethod
+    def delete(batch: InputBatch, table: Table, key: bytes) -> bool:
+        """Stage the delete of ``key`` (a tombstone in the changelog); False when there is no such row."""
+        if batch.read(table, key) is None:
+            return False
+        batch.write(table, key, None)
+        return True
+
+    def carry_history(self, batch: InputBatch, dlq_id: str, stored: bytes) -> bytes:
+        """``stored`` with the history its id kept while between attempts (and that row gone)."""
+        hk = history_key(dlq_id)
+        raw = batch.read(self.index_store, hk)
+        if raw is None:
+            return stored
+        batch.write(self.index_store, hk, None)
+        try:
+            return encode_entry(decode_entry(stored).with_history(*decode_history(raw)))
+        except ValueError as exc:
+            log.warning("dropping the unreadable history of dlq.id=%s: %s", dlq_id, exc)
+            return stored
+
+    def keep_history(self, batch: InputBatch, entry: Entry) -> None:
+        """Keep an entry's history while it is away (redelivered): its next attempt takes it back."""
+        if entry.history:
+            batch.write(self.index_store, history_key(entry.id), encode_history(entry.history))
+
+    def finish(self, batch: InputBatch, key: bytes, entry: Entry, done: bytes | None) -> None:
+        """Remove a scheduled entry.
+
+        With ``done`` the index keeps a marker that this attempt was redelivered or
+        cancelled, so a copy of its dead letter read later is dropped; without, the
+        index row goes too (the id is about to be scheduled again or parked).
+        """
+        if self.delete(batch, self.schedule_store, key):
+            self.counts.add("scheduled", batch.partition, entry.counted_as, -1)
+        idk = id_key(entry.id)
+        if done is not None:
+            self.mark_done(batch, idk, entry.id, done, entry.attempt)
+            self.keep_history(batch, entry)
+        elif batch.read(self.index_store, idk) == key:
+            self.delete(batch, self.index_store, idk)
+        self.send_failures.pop(key, None)
+
+    def mark_done(self, batch: InputBatch, idk: bytes, dlq_id: str, kind: bytes, attempt: int) -> None:
+        """Leave a done marker in the index; its expiry is written with the others of this record."""
+        expiry = self._expiry_batch.get(batch.partition)
+        if expiry is None:
+            expire_at = min(now_ms() + DONE_MEMORY_MS, MAX_DUE_MS)
+            expiry = self._expiry_batch[batch.partition] = ExpiryBatch(due_key(expire_at, f"~{uuid.uuid4().hex[:16]}"))
+        batch.write(self.index_store, idk, encode_done(kind, attempt, expiry.key))
+        expiry.ids.append(dlq_id)
+        expiry.size += len(dlq_id) + 3
+        if expiry.size >= EXPIRY_BATCH_BYTES:
+            self.write_expiry(batch)
+
+    def write_expiry(self, batch: InputBatch) -> None:
+        """One expiry row for all the markers left while handling the current record."""
+        expiry = self._expiry_batch.pop(batch.partition, None)
+        if expiry is not None and expiry.ids:
+            batch.write(self.expiry_store, expiry.key, orjson.dumps(expiry.ids))
+
+    # -- parking ----------------------------------------------------------------------------------------
+
+    async def park(self, batch: InputBatch, entry: Entry) -> None:
+        """Publish to the parking lot and keep it in the parked table."""
+        partition = batch.partition
+        # A record needs a key or a value; a message that had neither is parked with an empty value.
+        value = entry.value if entry.key is not None or entry.value is not None else b""
+        [error] = await self.send_out(batch, [Outgoing(self.topics.parking_lot, entry.key, value, entry.parking_headers())])
+        if error is not None:  # too large for the parking lot, say: it is still kept in the parked table
+            log.error("could not publish dlq.id=%s to %s: %s", entry.id, self.topics.parking_lot, error)
+        idk = id_key(entry.id)
+        previous_raw = batch.read(self.parked_store, idk)
+        if previous_raw is not None:
+            self.counts.add("parked", partition, decode_entry(previous_raw).counted_as, -1)
+        batch.write(self.parked_store, idk, encode_entry(entry))
+        self.counts.add("parked", partition, entry.counted_as)
+        PARKED.inc()
+        self.totals["parked"] += 1
+        log.info(
+            "parked dlq.id=%s attempt=%s from %s: %s", entry.id, entry.attempt, entry.origin_topic, entry.parked_reason,
+        )
+
+    def unparked(self, batch: InputBatch, entry: Entry, action: str) -> None:
+        """A parked entry was redelivered: out of the parked table, with a done marker and its history kept."""
+        idk = id_key(entry.id)
+        if self.delete(batch, self.parked_store, idk):
+            self.counts.add("parked", batch.partition, entry.counted_as, -1)
+        self.mark_done(batch, idk, entry.id, DONE_UNPARKED, entry.attempt)
+        self.keep_history(batch, entry.with_history(Replayed(now_ms(), action, entry.attempt)))
+
+    # -- what the handler puts out ----------------------------------------------------------------------
+
+    async def send_out(self, batch: InputBatch, records: list[Outgoing]) -> list[str | None]:
+        """Send what a handler puts out; per record ``None``, or why it could not go.
+
+        At least once, each record is sent on its own now and its acknowledgement awaited
+        (bounded): a failed send is that record's outcome, recorded or retried later, and the
+        batch goes on. Exactly once, the records are staged on the batch and go out in its
+        transaction with the state changes they stand for, so a crash repeats neither; a record
+        that could never be sent (no such topic, too large) would abort every retry of the
+        batch, so it is found first and left out with its reason."""
+        if not self.engine.transactional:
+            return await self.engine.deliver_each(records, SEND_TIMEOUT_S)
+        errors = await self.engine.unsendable(records, TOPIC_LOOKUP_TIMEOUT_S)
+        for record, error in zip(records, errors, strict=True):
+            if error is None:
+                batch.send(record.topic, record.key, record.value, headers=record.headers)
+        return errors
+
+    async def redeliver(self, batch: InputBatch, items: list[tuple[bytes, bytes]], trigger: str) -> list[Delivery]:
+        """Send each entry to its retry topic (see :meth:`send_out`): a redelivery that fails
+        or is not acknowledged in time keeps its entry for a later tick."""
+        deliveries = [Delivery(key, decode_entry(raw)) for key, raw in items]
+        errors = await self.send_out(
+            batch, [Outgoing(d.entry.retry_topic, d.entry.key, d.entry.value, list(d.entry.headers)) for d in deliveries],
+        )
+        sent_at = now_ms()
+        for d, error in zip(deliveries, errors, strict=True):
+            d.error = error
+        for d in deliveries:
+            if d.error is None:
+                if trigger == "tick":  # lateness: how long after its due time a tick sent it
+                    late = sent_at - d.entry.due_at
+                    self.lateness_ms.append(late)
+                    LATENESS_SECONDS.observe(max(late, 0) / 1000)
+                REDELIVERED.labels(trigger).inc()
+                self.totals["redelivered"] += 1
+            else:
+                REDELIVERY_FAILED.inc()
+                log.warning("redelivery of dlq.id=%s to %s failed: %s", d.entry.id, d.entry.retry_topic, d.error)
+        return deliveries

@@ -1,0 +1,98 @@
+"""The parking lot's commands: replaying one parked message, and replaying or cancelling
+the parked messages a group filter covers (an origin topic and error class).
+
+A group action acts on at most :data:`GROUP_CHUNK` parked messages per inbox record; the
+rest follow in a record it sends to the same partition, committed with this batch, so
+other work of the partition is not held up.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+
+from services.retry_scheduler.entries import decode_entry
+from services.retry_scheduler.handlers.inbox_state import InboxState
+from services.retry_scheduler.handlers.kinds import KIND_GROUP
+from services.retry_scheduler.metrics import CANCELLED
+from services.retry_scheduler.scans import GroupFilter, scan_parked_matching
+from services.retry_scheduler.state import DONE_CANCELLED, id_key, id_of
+from shared.engine import InputBatch
+
+log = logging.getLogger(__name__)
+
+#: What a group command may do with the parked messages it covers.
+GROUP_ACTIONS = ("replay", "cancel")
+#: Most parked messages one group command acts on, and rows it examines, before it goes on
+#: in a record of its own (so other work of the partition is not held up).
+GROUP_CHUNK = 500
+GROUP_SCAN_BUDGET = 20_000
+# History actions (Replayed.action).
+UNPARKED = "unpark"
+GROUP_REPLAYED = "group replay"
+
+
+class Parking:
+    def __init__(self, state: InboxState, inbox_topic: str) -> None:
+        self.state = state
+        self.inbox_topic = inbox_topic
+
+    async def unpark(self, batch: InputBatch, dlq_id: str) -> dict[str, Any]:
+        """Redeliver one parked message; the answer to the HTTP request."""
+        state = self.state
+        parked_raw = batch.read(state.parked_store, id_key(dlq_id))
+        if parked_raw is None:
+            return {"id": dlq_id, "status": "not_found"}
+        entry = decode_entry(parked_raw)
+        [d] = await state.redeliver(batch, [(id_key(dlq_id), parked_raw)], trigger="unpark")
+        if d.error is not None:
+            return {"id": dlq_id, "status": "failed", "detail": d.error}
+        state.unparked(batch, entry, UNPARKED)
+        state.write_expiry(batch)
+        log.info("replayed parked dlq.id=%s attempt=%s", dlq_id, entry.attempt)
+        return {"id": dlq_id, "status": "redelivered", "attempt": entry.attempt, "topic": entry.retry_topic}
+
+    async def group_action(self, batch: InputBatch, body: dict[str, Any]) -> dict[str, Any]:
+        """Replay or cancel the parked messages of this partition that a group filter covers.
+
+        The answer (to the waiting HTTP request, if any) is this first record's outcome,
+        with ``more`` set when the work goes on.
+        """
+        state = self.state
+        action = body["action"]
+        if action not in GROUP_ACTIONS:
+            raise ValueError(f"unknown group action {action!r}")
+        flt = GroupFilter.from_json(body["filter"])
+        after = body.get("after")
+        found, resume = scan_parked_matching(
+            batch.view(state.parked_store), flt, after=id_key(after) if isinstance(after, str) else None,
+            limit=GROUP_CHUNK, budget=GROUP_SCAN_BUDGET,
+        )
+        done = failed = 0
+        if action == "cancel":
+            for key, raw, _ in found:
+                entry = decode_entry(raw)
+                if state.delete(batch, state.parked_store, key):
+                    state.counts.add("parked", batch.partition, entry.counted_as, -1)
+                state.mark_done(batch, key, entry.id, DONE_CANCELLED, entry.attempt)
+                CANCELLED.inc()
+                state.totals["cancelled"] += 1
+                done += 1
+        elif found:
+            items = [(key, raw) for key, raw, _ in found]
+            for d in await state.redeliver(batch, items, trigger="group-replay"):
+                if d.error is None:
+                    state.unparked(batch, d.entry, GROUP_REPLAYED)
+                    done += 1
+                else:
+                    failed += 1  # stays parked
+        state.write_expiry(batch)
+        if resume is not None:
+            follow = {"action": action, "filter": flt.to_json(), "after": id_of(resume)}
+            batch.send(self.inbox_topic, None, KIND_GROUP + orjson.dumps(follow), partition=batch.partition)
+        log.info("group %s of parked %s in partition %s: %d done, %d failed%s", action, flt, batch.partition,
+                 done, failed, ", more to follow" if resume is not None else "")
+        return {"partition": batch.partition, "status": "done", "matched": len(found), "done": done,
+                "failed": failed, "more": resume is not None}

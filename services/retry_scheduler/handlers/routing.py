@@ -1,0 +1,83 @@
+"""Hop 1: ``route`` reads ``dead-letters`` and keys each one by its ``dlq.id``.
+
+Anyone may write to ``dead-letters``, with any key and missing headers, on any number of
+partitions. ``route`` reads the ``dlq.*`` headers with the contract's defaults, decides the
+message's fate (its due time, or the parking lot) and forwards the entry to store to the
+internal ``…-inbox`` topic keyed and partitioned by ``dlq.id``, already encoded, so the
+second hop stores it without decoding it. It keeps no state: the engine commits its input
+only after the forwarded records are acknowledged, and a record read twice is forwarded
+twice, which the second hop recognises by ``dlq.id`` and attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from services.retry_scheduler.domain import Park, PolicyBook, build_policy_book, decide
+from services.retry_scheduler.entries import Decided, Entry, encode_decided, entry_from_letter
+from services.retry_scheduler.handlers.inbox_state import now_ms
+from services.retry_scheduler.handlers.kinds import KIND_DECIDED
+from services.retry_scheduler.metrics import PARKED
+from shared import dead_letters
+from shared.engine import Engine, InputBatch, partition_for
+from shared.engine import Record as InRecord
+from shared.settings import Settings
+from shared.topics import TopicNames
+
+log = logging.getLogger(__name__)
+
+
+class Routing:
+    def __init__(self, engine: Engine, settings: Settings, topics: TopicNames, inbox_topic: str) -> None:
+        self.settings = settings
+        self.topics = topics
+        self.inbox_topic = inbox_topic
+        self.policies: PolicyBook = build_policy_book(
+            max_attempts=settings.retry_max_attempts,
+            base_delay_ms=settings.retry_base_delay_ms,
+            max_delay_ms=settings.retry_max_delay_ms,
+            jitter=settings.retry_jitter,
+            overrides=settings.retry_policy_overrides,
+            topic_prefix=settings.topic_prefix,
+        )
+        # Redelivering to these would feed the message straight back into the scheduler.
+        self.looping_topics = frozenset({topics.dead_letters, inbox_topic})
+        engine.handler(topics.dead_letters, name="dead-letters", offsets=None)(self.route)
+
+    async def route(self, batch: InputBatch) -> None:
+        received_at = now_ms()
+        for record in batch.records:
+            try:
+                raw_headers = dead_letters.header_items(record.headers)
+                letter = dead_letters.parse_dead_letter(
+                    record.key, record.value, raw_headers,
+                    topic=record.topic, partition=record.partition, offset=record.offset,
+                    timestamp_ms=record.timestamp or None, default_retry_topic=self.topics.retry,
+                )
+                entry = self.decide_fate(entry_from_letter(letter, raw_headers, received_at), received_at)
+                encoded = KIND_DECIDED + encode_decided(Decided.of(entry))
+            except Exception as exc:  # never expected: parsing is lenient; keep the message anyway
+                log.exception("unreadable dead letter at %s[%s]@%s", record.topic, record.partition, record.offset)
+                self._park_unreadable(batch, record, exc)
+                continue
+            partition = partition_for(letter.id, self.settings.topic_partitions)
+            batch.send(self.inbox_topic, letter.id.encode(), encoded, partition=partition)
+
+    def _park_unreadable(self, batch: InputBatch, record: InRecord, exc: Exception) -> None:
+        """Publish a dead letter that cannot be read to the parking lot as it came, with the reason."""
+        headers = [*dead_letters.header_items(record.headers), ("dlq.parked.reason", f"unreadable: {exc}"[:2000].encode())]
+        value = record.value if record.key is not None or record.value is not None else b""
+        batch.send(self.topics.parking_lot, record.key, value, headers=headers)
+        PARKED.inc()
+
+    def decide_fate(self, entry: Entry, now: int) -> Entry:
+        """``entry`` scheduled for its next delivery, or parked when that cannot or must not be."""
+        decision = decide(
+            self.policies, dlq_id=entry.id, attempt=entry.attempt, origin_topic=entry.origin_topic,
+            error_class=entry.error_class, failed_at=entry.failed_at, retry_topic=entry.retry_topic,
+            now_ms=now, forbidden_retry_topics=self.looping_topics,
+            has_key_or_value=entry.key is not None or entry.value is not None,
+        )
+        if isinstance(decision, Park):
+            return entry.parked(now, decision.reason, decision.policy.max_attempts)
+        return entry.scheduled(decision.due_at, decision.policy.max_attempts)

@@ -1,0 +1,1 @@
+"""The retry scheduler's HTTP routes, one module per resource; :mod:`services.retry_scheduler.api` joins them."""

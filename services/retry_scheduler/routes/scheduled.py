@@ -1,0 +1,213 @@
+"""HTTP: scheduled messages (GET /retries, /retries/stats, /retries/{id}, /scheduled/{id}; replay and
+cancel), from any instance."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+
+import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
+from services.retry_scheduler.domain import MAX_DUE_MS, percentile
+from services.retry_scheduler.entries import Entry, decode_entry
+from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_REPLAY
+from services.retry_scheduler.models import (
+    CommandOut,
+    RetryOut,
+    RetryPage,
+    StatsOut,
+    entry_json,
+)
+from services.retry_scheduler.routes.common import (
+    ACCEPTED,
+    AUTH,
+    BUSY,
+    COMMAND_BUSY,
+    LIST_ERRORS,
+    SCAN_BUDGET,
+    Cursor,
+    DlqId,
+    Limit,
+    OriginTopic,
+    Responses,
+    command_answer,
+    service_of,
+)
+from services.retry_scheduler.routes.pages import (
+    cursor_after,
+    decode_retry_cursor,
+    merge_pages,
+    retry_cursor,
+    retry_frontier,
+    retry_sort,
+)
+from services.retry_scheduler.scans import PageScan, scan_page
+from services.retry_scheduler.state import Done, split_due_key
+from shared.engine import partition_db
+from shared.http.deps import Admin, Ctx
+from shared.http.errors import NotFound, error_responses
+from shared.http.forwarding import (
+    READS_STATE,
+    gather,
+    gather_owners,
+    is_local_scope,
+    local_scope_partitions,
+    route,
+)
+
+router = APIRouter(tags=["retries"])
+
+
+@router.get(
+    "/retries/stats", response_model=StatsOut, summary="Counts, oldest due time, lateness", responses=BUSY,
+    dependencies=[READS_STATE],
+)
+async def retry_stats(request: Request, ctx: Ctx) -> Any:
+    svc = service_of(ctx)
+
+    async def local() -> dict[str, Any]:
+        owned = svc.stats.owned()
+        svc.stats.update_gauges()
+        return {
+            **svc.state.counts.totals(owned),
+            "oldest_due_at": svc.stats.oldest_due(owned),
+            "redelivered_total": svc.state.totals["redelivered"],
+            "parked_total": svc.state.totals["parked"],
+            "lateness_samples": list(svc.state.lateness_ms),
+            "last_ticks": [t.to_json() for p, t in sorted(svc.ticks.last_ticks.items()) if p in owned],
+            "busy_ticks": [t.to_json() for t in svc.ticks.busy_ticks],
+            "policy": svc.routing.policies.to_json(),
+        }
+
+    if is_local_scope(request):
+        return JSONResponse(await local())  # a peer's partial answer: not the public model
+    pages = await gather_owners(ctx, request, svc.state.schedule, local)
+    out: dict[str, Any] = {
+        "scheduled": 0, "parked": 0, "by_origin_topic": {}, "by_error_class": {}, "parked_by_origin_topic": {},
+        "oldest_due_at": None, "redelivered_total": 0, "parked_total": 0, "last_ticks": [], "busy_ticks": [],
+        "instances": len(pages), "policy": pages[0]["policy"] if pages else svc.routing.policies.to_json(),
+    }
+    samples: list[int] = []
+    for page in pages:
+        for name in ("scheduled", "parked", "redelivered_total", "parked_total"):
+            out[name] += int(page[name])
+        for name in ("by_origin_topic", "by_error_class", "parked_by_origin_topic"):
+            for k, v in page[name].items():
+                out[name][k] = out[name].get(k, 0) + int(v)
+        if page["oldest_due_at"] is not None:
+            oldest = out["oldest_due_at"]
+            out["oldest_due_at"] = page["oldest_due_at"] if oldest is None else min(oldest, page["oldest_due_at"])
+        samples.extend(int(s) for s in page["lateness_samples"])
+        out["last_ticks"].extend(page["last_ticks"])
+        out["busy_ticks"].extend(page["busy_ticks"])
+    samples.sort()
+    out["lateness"] = {
+        "count": len(samples), "p50_ms": percentile(samples, 50), "p99_ms": percentile(samples, 99),
+        "max_ms": samples[-1] if samples else None,
+    }
+    out["last_ticks"].sort(key=lambda t: t["partition"])
+    out["busy_ticks"].sort(key=lambda t: (t["at"], t["partition"]))
+    return out
+
+
+@router.get(
+    "/retries", response_model=RetryPage, summary="Scheduled messages in due order", responses=LIST_ERRORS,
+    dependencies=[READS_STATE],
+)
+async def list_retries(
+    request: Request,
+    ctx: Ctx,
+    limit: Limit = 100,
+    due_before: Annotated[int | None, Query(ge=0, le=MAX_DUE_MS, description="Only due before this (epoch ms)")] = None,
+    origin_topic: OriginTopic = None,
+    cursor: Cursor = None,
+) -> Any:
+    svc = service_of(ctx)
+    after = decode_retry_cursor(cursor)
+
+    async def local(partitions: list[int]) -> dict[str, Any]:
+        pages: list[dict[str, Any]] = []
+        for p in partitions:
+            scan: PageScan = scan_page(
+                partition_db(svc.state.schedule, p), after=after, limit=limit, due_before=due_before,
+                origin_topic=origin_topic, budget=SCAN_BUDGET, start=svc.state.low_water.get(p, b""),
+            )
+            pages.append({
+                "items": [entry_json(decode_entry(raw)) for _, raw in scan.items],
+                "frontier": list(split_due_key(scan.frontier)) if scan.frontier is not None else None,
+            })
+        items, frontier = merge_pages(pages, limit, retry_sort, retry_frontier)
+        return {"items": items, "frontier": list(frontier) if frontier is not None else None}
+
+    if is_local_scope(request):
+        # a peer's partial answer: not the public model
+        return JSONResponse(await local(await local_scope_partitions(ctx, request, svc.state.schedule, svc.stats.owned())))
+    pages = await gather(ctx, request, svc.state.schedule, local)
+    items, frontier = merge_pages(pages, limit, retry_sort, retry_frontier)
+    next_cursor = cursor_after(items, limit, frontier, retry_sort, lambda key: retry_cursor(*key))
+    return {"items": items, "next_cursor": next_cursor}
+
+
+_GET_RETRY: Responses = error_responses(
+    404, 422, 503, _404="Not scheduled (never seen, redelivered, cancelled or parked)",
+)
+
+
+# GET /retries/stats comes first, so the id "stats" cannot be asked for as /retries/stats:
+# /scheduled/{id} has no literal path beside it and answers for every id.
+@router.get(
+    "/retries/{dlq_id:id}", response_model=RetryOut, summary="One scheduled message", responses=_GET_RETRY,
+    dependencies=[READS_STATE],
+)
+@router.get(
+    "/scheduled/{dlq_id:id}", response_model=RetryOut, responses=_GET_RETRY, dependencies=[READS_STATE],
+    summary="One scheduled message, any id (GET /retries/stats answers the stats, this the id \"stats\")",
+)
+async def get_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
+    svc = service_of(ctx)
+    forwarded = await route(ctx, request, svc.state.schedule, svc.state.partition_of(dlq_id))
+    if forwarded is not None:
+        return forwarded
+    state = svc.stats.index_entry(dlq_id)
+    if isinstance(state, Entry):
+        return entry_json(state, with_value=True)
+    if svc.stats.parked_entry(dlq_id) is not None:
+        hint = " (it is parked: GET /parked/{id})"
+    elif isinstance(state, Done):
+        hint = f" (attempt {state.attempt} was {state.what})"
+    else:
+        hint = ""
+    raise NotFound(f"no scheduled message with dlq.id {dlq_id!r}{hint}")
+
+
+@router.post(
+    "/retries/{dlq_id:id}/replay", response_model=CommandOut, dependencies=[Admin],
+    summary="Redeliver a scheduled message now",
+    responses={**ACCEPTED, **AUTH, **error_responses(404, 422, _404="Not scheduled"), **COMMAND_BUSY},
+)
+async def replay_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
+    svc = service_of(ctx)
+    forwarded = await route(ctx, request, svc.state.schedule, svc.state.partition_of(dlq_id))
+    if forwarded is not None:
+        return forwarded
+    if svc.stats.scheduled_entry(dlq_id) is None:
+        raise NotFound(f"no scheduled message with dlq.id {dlq_id!r}")
+    return command_answer(await svc.commands.request(KIND_REPLAY, dlq_id, ctx.settings.forward_timeout_s))
+
+
+@router.delete(
+    "/retries/{dlq_id:id}", response_model=CommandOut, dependencies=[Admin],
+    summary="Cancel a scheduled message (it is not redelivered)",
+    responses={**ACCEPTED, **AUTH, **error_responses(404, 422, _404="Not scheduled"), **COMMAND_BUSY},
+)
+async def cancel_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
+    svc = service_of(ctx)
+    forwarded = await route(ctx, request, svc.state.schedule, svc.state.partition_of(dlq_id))
+    if forwarded is not None:
+        return forwarded
+    if svc.stats.scheduled_entry(dlq_id) is None:
+        raise NotFound(f"no scheduled message with dlq.id {dlq_id!r}")
+    return command_answer(await svc.commands.request(KIND_CANCEL, dlq_id, ctx.settings.forward_timeout_s))
+
+
