@@ -83,9 +83,9 @@ def create_app(
         broker_max_poll_records=settings.consumer_max_poll_records,
         stream_buffer_maxsize=settings.stream_buffer_maxsize,
         broker_session_timeout=settings.session_timeout_s,
-        # Every second: in an eager rebalance the members that noticed it first stop processing
-        # until the last one rejoins, and a member notices at its next heartbeat.
-        broker_heartbeat_interval=min(1.0, settings.session_timeout_s / 5),
+        # Twice a second: in an eager rebalance the members that noticed it first stop
+        # processing until the last one rejoins, and a member notices at its next heartbeat.
+        broker_heartbeat_interval=min(0.5, settings.session_timeout_s / 5),
         web_enabled=True,
         web_bind=settings.http_host,
         web_port=port,

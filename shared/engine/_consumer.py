@@ -65,7 +65,7 @@ Deliver = Callable[[TP, Sequence[Any], int | None], Awaitable[None]]
 REVOKE_COMMIT_TIMEOUT_S = 5.0
 
 #: A batch is handed over without asking the coordinator first when it recognised this member
-#: this recently. Heartbeats (every 1 s at most) keep it fresh while the process runs; only a
+#: this recently. Heartbeats (every 0.5 s at most) keep it fresh while the process runs; only a
 #: process that was not running at all (stopped, frozen) or cut off from the broker goes past it.
 #: A removal by the peer watch or by the session timeout takes longer than that to happen.
 MEMBER_CONFIRMED_WITHIN_S = 6.0

@@ -326,7 +326,7 @@ class PeerWatch:
             return  # the group already rebalanced without it, or the rejoin was asked for already
         self._rejoined[url] = now
         # The coordinator tells the survivors of the rebalance only on their next heartbeat (up to
-        # 1 s away); rejoining at once saves that wait.
+        # 0.5 s away); rejoining at once saves that wait.
         if request_rejoin(self.app):
             log.info("peer %s is out of group %s: rejoining now", url, self.group_id)
 
