@@ -215,3 +215,27 @@ def test_some_warm_ups_caught_up_are_enough_after_a_while_and_probes_are_spaced(
 def test_no_warm_ups_no_rebalance(watch: WarmupWatch) -> None:
     watch.assignor.warmups = {}
     assert not watch.due({"c": [1, 2]}, now=100.0)
+
+
+def test_a_leaving_members_partitions_go_to_the_members_with_their_standbys(assignor: WarmupAssignor) -> None:
+    """Scale-in: nothing is held for a member that is gone, and Faust's assignment promotes the
+    standby copies, which the members report caught up."""
+    cl = changelog(assignor)
+    topics = [SOURCE, cl]
+
+    def with_standbys(url: str, actives: list[int], standbys: list[int]) -> Any:
+        meta = ClientMetadata(
+            assignment=ClientAssignment(actives={t: actives for t in topics}, standbys={cl: standbys, SOURCE: standbys}),
+            url=url, changelog_distribution={}, external_topic_distribution={}, topic_groups={},
+        )
+        raw = json.loads(meta.dumps())
+        raw["caught_up"] = {cl: sorted(actives + standbys)}
+        return ConsumerProtocolMemberMetadata(4, topics, json.dumps(raw).encode())
+
+    # c (partitions 6, 7) has left; a kept a standby of 6, b of 7.
+    members = {"m-a": with_standbys("http://a", [0, 1, 2], [3, 6]), "m-b": with_standbys("http://b", [3, 4, 5], [0, 7])}
+    out = assignor._perform_assignment(Cluster(topics), members)  # type: ignore[arg-type]
+    a = set(decode(out["m-a"])["assignment"]["actives"][SOURCE])
+    b = set(decode(out["m-b"])["assignment"]["actives"][SOURCE])
+    assert 6 in a and 7 in b
+    assert a | b == set(range(PARTITIONS)) and assignor.last_holds == {}
