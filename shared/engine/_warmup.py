@@ -150,6 +150,8 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
     def __init__(self, app: faust.App, replicas: int = 0) -> None:
         super().__init__(app, replicas=replicas)
         self.caught_up: dict[str, list[int]] | None = None
+        #: Changelog topic -> partitions whose whole changelog is within ``warmup_max_lag`` records.
+        self.small: dict[str, list[int]] | None = None
         self.warmups: dict[str, list[int]] = {}
         self.assigned_at = time.monotonic()
         self.enabled = True
@@ -227,18 +229,21 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
             self._get_external_topic_distribution(assignments), topic_to_group_id, warmups,
         )
 
-    @staticmethod
-    def _caught_up(clients_metadata: Mapping[str, ClientMetadata], changelogs: list[str]) -> CaughtUp:
+    def _caught_up(self, clients_metadata: Mapping[str, ClientMetadata], changelogs: list[str]) -> CaughtUp:
         reported: dict[str, dict[str, set[int]] | None] = {}
         for member, metadata in clients_metadata.items():
             copies = getattr(metadata, "caught_up", None)
             reported[member] = None if copies is None else {t: set(ps) for t, ps in copies.items()}
+        # A partition whose whole changelog is within the bound is caught up anywhere: a member
+        # that joins before it has measured its copies reports none, and small tables (a fresh
+        # deployment) should not wait for a warm-up.
+        small = {t: set(ps) for t, ps in (self.small or {}).items()}
 
         def caught_up(member: str, partition: int) -> bool:
             copies = reported.get(member)
             if copies is None:  # this member does not report its copies: Faust's behaviour
                 return True
-            return all(partition in copies.get(topic, ()) for topic in changelogs)
+            return all(partition in copies.get(topic, ()) or partition in small.get(topic, ()) for topic in changelogs)
 
         return caught_up
 
@@ -309,8 +314,8 @@ class WarmupWatch:
                         lambda exc: log.debug("warm-up check: %r", exc))
 
     async def tick(self) -> None:
-        caught_up = await self.measure()
-        self.assignor.caught_up = caught_up
+        caught_up, small = await self.measure()
+        self.assignor.caught_up, self.assignor.small = caught_up, small
         if self.due(caught_up, time.monotonic()):
             self._probed_at = time.monotonic()
             waiting = {t: ps for t, ps in self.assignor.warmups.items()}
@@ -353,22 +358,28 @@ class WarmupWatch:
             return True
         return bool(warm) and now - self.assignor.assigned_at >= PARTIAL_PROBE_AFTER_S
 
-    async def measure(self) -> dict[str, list[int]]:
+    async def measure(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
         """Changelog topic -> partitions this instance could take over with at most
-        ``warmup_max_lag`` changelog records to apply (an unknown lag does not count)."""
+        ``warmup_max_lag`` changelog records to apply (an unknown lag does not count); and
+        changelog topic -> partitions whose whole changelog is within that bound."""
         out: dict[str, list[int]] = {}
+        small: dict[str, list[int]] = {}
         for table in list(self.app.tables.values()):
             topic = table.changelog_topic.get_topic_name()
             partitions = table.partitions or self.app.conf.topic_partitions
             caught: list[int] = []
+            small[topic] = []
             for p in range(partitions):
                 copy = await local_copy(self.app, cast(AnyTable, table), p)
+                whole = await lag_without_copy(self.app, cast(AnyTable, table), p)
+                if whole is not None and whole <= self.max_lag:
+                    small[topic].append(p)
                 # No copy at all is as good as one when the whole changelog is within the bound.
-                lag = copy.lag if copy is not None else await lag_without_copy(self.app, cast(AnyTable, table), p)
+                lag = copy.lag if copy is not None else whole
                 if lag is not None and lag <= self.max_lag:
                     caught.append(p)
             out[topic] = caught
-        return out
+        return out, small
 
     def close(self) -> None:
         self.stopping = True

@@ -251,10 +251,18 @@ def test_unrepresentable_values_get_422_and_leave_nothing_behind(
     assert get(shared_validator, "/healthz").status_code == 200
 
 
+def owns_partitions(proc: ServiceProcess) -> bool:
+    """Ready, not rebalancing, owning input partitions, with no warm-up copy pending."""
+    body = get(proc, "/instance").json()
+    return bool(body["ready"] and not body["rebalancing"] and body["active"] and not body["warmup"])
+
+
 def test_two_instances_answer_for_any_key(start_validator: Any) -> None:
     first = start_validator("a")
     second = start_validator("b")
     wait_for(lambda: all(get(p, "/readyz").status_code == 200 for p in (first, second)), timeout=60, message="both ready")
+    # A joining instance takes partitions over once its copies are warm (STATEFLEET_WARMUPS).
+    wait_for(lambda: all(owns_partitions(p) for p in (first, second)), timeout=90, message="both to own partitions")
     accounts = [f"multi-{i}" for i in range(12)]
 
     def post_ok(proc: ServiceProcess, body: dict[str, Any]) -> dict[str, Any]:

@@ -239,3 +239,18 @@ def test_a_leaving_members_partitions_go_to_the_members_with_their_standbys(assi
     b = set(decode(out["m-b"])["assignment"]["actives"][SOURCE])
     assert 6 in a and 7 in b
     assert a | b == set(range(PARTITIONS)) and assignor.last_holds == {}
+
+
+def test_a_small_changelog_is_handed_over_even_to_a_member_that_reports_no_copies(assignor: WarmupAssignor) -> None:
+    """A member that joins before it measured its copies reports none; partitions whose whole
+    changelog is within the bound (as the leader last measured) need no warm-up."""
+    cl = changelog(assignor)
+    assignor.small = {cl: list(range(PARTITIONS))}
+    members = {
+        "m-a": member(assignor, "http://a", [0, 1, 2, 3], list(range(PARTITIONS))),
+        "m-b": member(assignor, "http://b", [4, 5, 6, 7], list(range(PARTITIONS))),
+        "m-new": member(assignor, "http://new", [], []),
+    }
+    out = assignor._perform_assignment(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
+    assert decode(out["m-new"])["assignment"]["actives"][SOURCE] != []
+    assert assignor.last_holds == {}
