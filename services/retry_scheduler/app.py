@@ -29,7 +29,7 @@ from services.retry_scheduler.handlers.parking import Parking
 from services.retry_scheduler.handlers.routing import Routing
 from services.retry_scheduler.handlers.stats import Stats
 from services.retry_scheduler.handlers.ticks import Ticks
-from shared.engine import Engine, TopicSpec, app_id, changelog_topic_specs
+from shared.engine import Engine, TopicSpec, app_id
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
 
@@ -57,8 +57,7 @@ class RetrySchedulerService:
             TopicSpec(self.topics.dead_letters, n),
             TopicSpec(self.topics.retry, n),
             TopicSpec(self.topics.parking_lot, n),
-            TopicSpec(self.inbox_topic_name, n),
             # Before the worker starts: a table written before Faust's own creation of its
             # changelog shows in the client's metadata fails with PartitionsMismatch.
-            *changelog_topic_specs(self.app, self.settings),
+            *self.engine.internal_topic_specs(),
         ]

@@ -8,9 +8,9 @@ from fastapi import APIRouter, Path, Query, Request
 
 import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
 from services.tallies.models import TallyOut, TallyPage
-from shared.http.deps import Ctx
+from shared.http.deps import Ctx, owned_key
 from shared.http.errors import NotFound, error_responses
-from shared.http.forwarding import READS_STATE, gather, is_local_scope, local_scope_partitions, route
+from shared.http.forwarding import READS_STATE, gather, is_local_scope, local_scope_partitions
 from shared.http.pagination import CursorParam, decode_cursor, encode_cursor, merge_pages
 
 router = APIRouter(tags=["tallies"])
@@ -26,18 +26,21 @@ def _service(ctx: Any) -> Any:
     return ctx.extras["service"]
 
 
+async def _program_id(program_id: ProgramId) -> str:
+    return program_id
+
+
+#: A program id whose tally this instance answers for (the owner of its partition of memberships).
+TalliedProgram = Annotated[str, owned_key(_program_id, lambda ctx: _service(ctx).memberships)]
+
+
 @router.get(
     "/tallies/{program_id:id}",
     response_model=TallyOut,
     responses=error_responses(404, 503, _404="No account or login seen for this program"),
-    dependencies=[READS_STATE],
 )
-async def get_tally(program_id: ProgramId, request: Request, ctx: Ctx) -> Any:
-    svc = _service(ctx)
-    forwarded = await route(ctx, request, svc.memberships, ctx.partition_for(program_id))
-    if forwarded is not None:
-        return forwarded
-    tally = svc.tally(program_id)
+async def get_tally(program_id: TalliedProgram, ctx: Ctx) -> Any:
+    tally = _service(ctx).tally(program_id)
     if tally is None:
         raise NotFound(f"no tally for program {program_id!r}")
     return tally.to_json()

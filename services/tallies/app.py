@@ -65,7 +65,6 @@ from shared.engine import (
     TopicSpec,
     active_partitions,
     app_id,
-    changelog_topic_specs,
     partition_for,
     partition_items,
     state_items,
@@ -145,8 +144,7 @@ class TalliesService:
             TopicSpec(self.retry_topic_name, n),
             TopicSpec(self.topics.dead_letters, n),
             TopicSpec(self.topics.program_tallies, n, compacted=True),
-            TopicSpec(self.by_program_topic_name, n),
-            *changelog_topic_specs(self.app, self.settings),
+            *self.engine.internal_topic_specs(),
         ]
 
     # -- hop 1: validate and pack by program partition ----------------------------------------

@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 import httpx
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
@@ -40,9 +41,9 @@ from services.validator.state import listing_cursor, listing_key_from_cursor
 from shared import codecs
 from shared.engine import SendFailed
 from shared.http.context import ServiceContext
-from shared.http.deps import Ctx
+from shared.http.deps import Ctx, MaxLag, owned_key
 from shared.http.errors import ApiError, NotFound, Unavailable, Unprocessable, error_responses
-from shared.http.forwarding import FORWARDED_BY, READ_COPY, READS_STATE, owner_of, read_source, route
+from shared.http.forwarding import FORWARDED_BY, READ_COPY, answer_here, owner_of, read_source
 from shared.http.pagination import CursorParam, InvalidCursor, decode_cursor, encode_cursor
 from shared.metrics import HTTP_FORWARDED
 
@@ -170,25 +171,26 @@ async def post_command(
     return JSONResponse(status, status_code=200)
 
 
-@router.get(
-    "/commands/{command_id:id}",
-    response_model=CommandStatus,
-    summary="A command's status: pending, accepted (with its event) or rejected (with the reason)",
-    dependencies=[READS_STATE],
-    responses=error_responses(
-        404, 422, 503, _404="No command with this id was submitted or answered",
-        _503="State is being restored, or the outcomes are still being recorded; retry",
-    ),
-)
-async def get_command(
+@dataclass(frozen=True, slots=True)
+class CommandRead:
+    """GET /commands/{command_id}: the id, and the status its owner answered once it waited for one."""
+
+    command_id: str
+    waited: dict[str, Any] | None = None
+
+
+async def _command_read(
     command_id: IdPath,
     request: Request,
     ctx: Ctx,
+    max_lag: MaxLag,
     wait: Annotated[
         float, Query(ge=0, le=60, description="Seconds to wait for an answer (capped by the configured timeout)"),
     ] = 0.0,
     until: Annotated[Literal["final", "known"], Query(include_in_schema=False)] = "final",
-) -> Any:
+) -> CommandRead:
+    """With ``wait``, the owner of the command's outcome waits for it first; without, or when the
+    owner cannot wait, the command is read as any key is (its owner, or the freshest copy)."""
     wait = min(wait, ctx.settings.command_wait_timeout_s)
     if wait > 0 and not request.headers.get(READ_COPY):
         try:
@@ -200,50 +202,79 @@ async def get_command(
         else:
             if status is None:
                 raise NotFound(f"no command {command_id!r}")
-            return status
+            return CommandRead(command_id, status)
+    await answer_here(ctx, request, _service(ctx).outcomes.table, ctx.partition_for(command_id))
+    return CommandRead(command_id)
+
+
+@router.get(
+    "/commands/{command_id:id}",
+    response_model=CommandStatus,
+    summary="A command's status: pending, accepted (with its event) or rejected (with the reason)",
+    responses=error_responses(
+        404, 422, 503, _404="No command with this id was submitted or answered",
+        _503="State is being restored, or the outcomes are still being recorded; retry",
+    ),
+)
+async def get_command(read: Annotated[CommandRead, Depends(_command_read)], request: Request, ctx: Ctx) -> Any:
+    if read.waited is not None:
+        return read.waited
     svc = _service(ctx)
-    forwarded = await route(ctx, request, svc.outcomes.table, ctx.partition_for(command_id))
-    if forwarded is not None:
-        return forwarded
-    raw = svc.outcomes.outcome(command_id)
+    raw = svc.outcomes.outcome(read.command_id)
     if raw is None and read_source(request) == "active":
         try:
-            raw = await svc.outcomes.outcome_once_applied(command_id)
+            raw = await svc.outcomes.outcome_once_applied(read.command_id)
         except OutcomesBehind as exc:
             raise Unavailable(f"{exc}; retry shortly") from exc
     if raw is None:
-        raise NotFound(f"no command {command_id!r}")
+        raise NotFound(f"no command {read.command_id!r}")
     return status_body(raw)
+
+
+async def _account_id(account_id: IdPath) -> str:
+    return account_id
+
+
+#: An account id this instance answers for (the owner of its partition of accounts).
+Account = Annotated[str, owned_key(_account_id, lambda ctx: _service(ctx).commands.table)]
 
 
 @router.get(
     "/accounts/{account_id:id}",
     response_model=AccountOut,
     summary="An account's current status and version",
-    dependencies=[READS_STATE],
     responses=error_responses(404, 503, _404="The account never existed"),
 )
-async def get_account(account_id: IdPath, request: Request, ctx: Ctx) -> Any:
-    svc = _service(ctx)
-    forwarded = await route(ctx, request, svc.commands.table, ctx.partition_for(account_id))
-    if forwarded is not None:
-        return forwarded
-    account = svc.commands.account(account_id)
+async def get_account(account_id: Account, ctx: Ctx) -> Any:
+    account = _service(ctx).commands.account(account_id)
     if account is None:
         raise NotFound(f"no account {account_id!r}")
     return account.to_json()
+
+
+async def _program_id(program_id: IdPath) -> str:
+    return program_id
+
+
+def _no_nul(program_id: str) -> None:
+    if "\x00" in program_id:
+        raise ApiError("program_id must not contain NUL")
+
+
+#: A program id whose listing this instance answers for (the owner of its partition of program-accounts).
+ListedProgram = Annotated[
+    str, owned_key(_program_id, lambda ctx: _service(ctx).program_listings.table, check=_no_nul),
+]
 
 
 @router.get(
     "/programs/{program_id:id}/accounts",
     response_model=ProgramAccountsPage,
     summary="A program's accounts with their status, newest first (the category projection)",
-    dependencies=[READS_STATE],
     responses=error_responses(400, 422, 503, _400="A cursor this API did not make, or a program id holding NUL"),
 )
 async def list_program_accounts(
-    program_id: IdPath,
-    request: Request,
+    program_id: ListedProgram,
     ctx: Ctx,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: CursorParam = None,
@@ -251,12 +282,6 @@ async def list_program_accounts(
         Literal["active", "inactive", "deleted"] | None, Query(description="Only accounts with this status"),
     ] = None,
 ) -> Any:
-    if "\x00" in program_id:
-        raise ApiError("program_id must not contain NUL")
-    svc = _service(ctx)
-    forwarded = await route(ctx, request, svc.program_listings.table, ctx.partition_for(program_id))
-    if forwarded is not None:
-        return forwarded
     before = None
     text = decode_cursor(cursor, LISTING)
     if text is not None:
@@ -264,7 +289,7 @@ async def list_program_accounts(
             before = listing_key_from_cursor(program_id, text)
         except ValueError as exc:
             raise InvalidCursor("cursor is not one this API returned") from exc
-    items, more = svc.program_listings.list_program(program_id, limit=limit, before=before, status=status)
+    items, more = _service(ctx).program_listings.list_program(program_id, limit=limit, before=before, status=status)
     return {
         "items": [item.to_json() for item in items],
         "next_cursor": encode_cursor(listing_cursor(items[-1]), LISTING) if more and items else None,
@@ -372,33 +397,35 @@ async def post_batch(
     return JSONResponse(status or accepted, status_code=202)
 
 
+async def _batch_id(batch_id: IdPath) -> str:
+    return batch_id
+
+
+#: A batch id this instance answers for (the owner of its partition of command batches).
+Batch = Annotated[str, owned_key(_batch_id, lambda ctx: _service(ctx).command_batches.table)]
+
+
 @router.get(
     "/batches/{batch_id:id}",
     response_model=BatchStatus,
     summary="A batch's counts by outcome and its items' outcomes, in pages",
-    dependencies=[READS_STATE],
     responses=error_responses(
         400, 404, 422, 503, _400="A cursor this API did not make", _404="No batch with this id was received",
     ),
 )
 async def get_batch(
-    batch_id: IdPath,
-    request: Request,
+    batch_id: Batch,
     ctx: Ctx,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: CursorParam = None,
 ) -> Any:
-    svc = _service(ctx)
-    forwarded = await route(ctx, request, svc.command_batches.table, ctx.partition_for(batch_id))
-    if forwarded is not None:
-        return forwarded
     start = 0
     text = decode_cursor(cursor, BATCH_ITEMS)
     if text is not None:
         if not text.isdigit():
             raise InvalidCursor("cursor is not one this API returned")
         start = int(text) + 1
-    found = svc.command_batches.batch_summary(batch_id)
+    found = _service(ctx).command_batches.batch_summary(batch_id)
     if found is None:
         raise NotFound(f"no batch {batch_id!r}")
     ids, outcomes = found

@@ -27,7 +27,7 @@ from services.validator.handlers.commands import Commands
 from services.validator.handlers.outcomes import Outcomes
 from services.validator.handlers.program_listings import ProgramListings
 from services.validator.handlers.topics import ValidatorTopics
-from shared.engine import Engine, TopicSpec, changelog_topic_specs
+from shared.engine import Engine, TopicSpec
 from shared.settings import Settings
 from shared.topics import topic_names
 
@@ -49,10 +49,9 @@ class ValidatorService:
         n, own = self.settings.topic_partitions, self.own_topics
         return [
             *(TopicSpec(name, n) for name in (
-                own.commands, own.events, own.rejections, own.dead_letters, own.retry, own.outcomes,
-                own.command_batches, own.batch_outcomes, own.by_program,
+                own.commands, own.events, own.rejections, own.dead_letters, own.retry, own.command_batches,
             )),
-            # Changelogs too, so they exist before the first assignment (Faust would create
-            # them at start-up, racing the group's first metadata read).
-            *changelog_topic_specs(self.app, self.settings),
+            # Its internal topics and changelogs too, so they exist before the first assignment
+            # (Faust would create them at start-up, racing the group's first metadata read).
+            *self.engine.internal_topic_specs(),
         ]

@@ -24,7 +24,8 @@ from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
 from faust.types import TP
 
-from shared.engine._app import app_id, create_app
+from shared.engine._admin import TopicSpec
+from shared.engine._app import app_id, changelog_topic_specs, create_app
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
 from shared.engine._clients import exactly_once
 from shared.engine._consumer import BatchConsumer, NotAMember
@@ -91,6 +92,8 @@ class Engine:
         self.backfill = Backfill(settings)
         self._by_topic: dict[str, _Registration] = {}
         self._handlers: list[_Registration] = []
+        #: Topic -> partitions, for the topics handlers read as the service's own.
+        self._internal_topics: dict[str, int] = {}
         consumer_class: type[BatchConsumer] = type(
             f"{service.title()}BatchConsumer", (BatchConsumer,),
             {"deliver": staticmethod(self._deliver), "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms},
@@ -197,10 +200,20 @@ class Engine:
             self._handlers.append(reg)
             for topic in topics:
                 self._by_topic[topic] = reg
+                if internal_partitions is not None:
+                    self._internal_topics[topic] = internal_partitions
             self._consumer_class.batch_topics = frozenset(self._by_topic)
             self._consumer_class.lanes = self._lanes()
             return fn
         return register
+
+    def internal_topic_specs(self) -> list[TopicSpec]:
+        """The topics the service owns: those its handlers were registered for as internal, and
+        its tables' changelogs (see :func:`changelog_topic_specs`), to create before the worker starts."""
+        return [
+            *(TopicSpec(topic, partitions) for topic, partitions in self._internal_topics.items()),
+            *changelog_topic_specs(self.app, self.settings),
+        ]
 
     def _lanes(self) -> dict[str, int]:
         """Topic → lane: handlers that write a common table share a lane; every other pair of

@@ -13,7 +13,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from shared.http.context import ServiceContext
 from shared.http.errors import ERROR_DESCRIPTIONS, ErrorOut, ErrorResponse, error_body, install_error_handlers
-from shared.http.forwarding import LAG, MAX_LAG_PARAM, SERVED_BY, SOURCE, read_from_headers
+from shared.http.forwarding import LAG, MAX_LAG_PARAM, SERVED_BY, SOURCE, AnsweredElsewhere, read_from_headers
 from shared.http.health import router as health_router
 from shared.http.instance import router as instance_router
 from shared.http.limits import BodySizeLimit
@@ -25,6 +25,11 @@ def create_api(ctx: ServiceContext, *, title: str, description: str, version: st
     api = FastAPI(title=title, description=description, version=version, docs_url=None, redoc_url=None)
     api.state.ctx = ctx
     install_error_handlers(api)
+
+    @api.exception_handler(AnsweredElsewhere)
+    async def answered_elsewhere(_: Request, answer: AnsweredElsewhere) -> Response:
+        return answer.response
+
     api.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes)
 
     @api.middleware("http")

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi.dependencies.utils import request_params_to_args
+from fastapi.params import Depends as Dependency
+from fastapi.routing import APIRoute
 
+from shared.engine import AnyTable
 from shared.http.context import ServiceContext
 from shared.http.errors import Unauthorized
+from shared.http.forwarding import answer_here, max_lag_param
 
 
 def get_context(request: Request) -> ServiceContext:
@@ -29,3 +35,59 @@ def require_admin(ctx: Ctx, authorization: Annotated[str | None, Header()] = Non
 
 
 Admin = Depends(require_admin)
+
+#: ``?max_lag``, for a dependency that reads state (an endpoint declares ``READS_STATE`` instead).
+MaxLag = Annotated[int | None, Depends(max_lag_param)]
+
+#: The dependency that gives a route's key from its path (and checks it, as the route would first).
+KeyOfPath = Callable[..., Awaitable[str]]
+TableOf = Callable[[ServiceContext], AnyTable]
+PartitionOf = Callable[[ServiceContext, str], int]
+
+
+def _partition_for(ctx: ServiceContext, key: str) -> int:
+    return ctx.partition_for(key)
+
+
+def owned_key(
+    key: KeyOfPath, table: TableOf, partition: PartitionOf = _partition_for, *,
+    reads: bool = True, check: Callable[[str], None] | None = None,
+) -> Dependency:
+    """The key of a route that reads (``reads``) or changes one key's state in ``table``,
+    once this instance is the one to answer for it.
+
+    A route declares ``Annotated[str, owned_key(...)]`` for its key and its body holds only its
+    own logic: the owner of the key's partition answers, or a copy when the owner does not
+    (for reads; see :func:`shared.http.forwarding.route`), and any other instance passes on
+    that instance's answer, status, headers and body unchanged. A read also takes ``?max_lag``.
+
+    A request that the route would refuse (422) is refused here, never forwarded: FastAPI
+    validates a route's own query parameters only after its dependencies ran, so they are
+    checked first; then ``check`` (which raises the route's own refusal of the key).
+    """
+
+    async def answered_here(request: Request, ctx: Ctx, owned: str) -> str:
+        if _query_valid(request):
+            if check is not None:
+                check(owned)
+            await answer_here(ctx, request, table(ctx), partition(ctx, owned))
+        return owned
+
+    # ``max_lag`` before the key, as an endpoint's READS_STATE comes before its own parameters:
+    # a request with both wrong lists its errors in the same order either way.
+    async def read(request: Request, ctx: Ctx, max_lag: MaxLag, owned: str = Depends(key)) -> str:
+        return await answered_here(request, ctx, owned)
+
+    async def change(request: Request, ctx: Ctx, owned: str = Depends(key)) -> str:
+        return await answered_here(request, ctx, owned)
+
+    return Dependency(read if reads else change)
+
+
+def _query_valid(request: Request) -> bool:
+    """Whether the route's own query parameters validate (its dependencies' have by now)."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return True
+    _, errors = request_params_to_args(route.dependant.query_params, request.query_params)
+    return not errors

@@ -13,6 +13,9 @@ far behind it may be (``X-Statefleet-Source``, ``X-Statefleet-Lag-Records``), an
 
 Changes (anything but GET and HEAD) go to the active owner only, never to a copy.
 
+A route for one key declares it with ``shared.http.deps.owned_key``, which runs :func:`route`
+before the route's body (raising :class:`AnsweredElsewhere` with another instance's answer).
+
 A list is gathered from every instance that owns partitions of the table and merged by
 the caller. Forwarded requests carry ``X-Statefleet-Forwarded-By``; an instance that
 receives one for a key it does not own answers from its own copy instead of forwarding
@@ -74,7 +77,8 @@ def max_lag_param(
     return max_lag
 
 
-#: In the ``dependencies`` of every endpoint that reads state: /openapi.json then documents
+#: In the ``dependencies`` of every endpoint that reads state but not one key's (a key's read
+#: takes ``max_lag`` through ``shared.http.deps.owned_key``): /openapi.json then documents
 #: ``max_lag`` and the answer's source headers there (see ``shared.http.api``).
 READS_STATE = Depends(max_lag_param)
 
@@ -115,6 +119,22 @@ def requested_max_lag(request: Request) -> int | None:
     if not raw.isdigit():
         raise Unprocessable(f"{MAX_LAG_PARAM} must be a whole number of records, 0 or more; got {raw!r}")
     return int(raw)
+
+
+class AnsweredElsewhere(Exception):
+    """Another instance answered the request; its answer is the response, as it gave it."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+async def answer_here(ctx: ServiceContext, request: Request, table: AnyTable, partition: int) -> None:
+    """Return when this instance answers ``request`` (see :func:`route`); otherwise raise
+    :class:`AnsweredElsewhere` with the answer of the instance that should."""
+    answer = await route(ctx, request, table, partition)
+    if answer is not None:
+        raise AnsweredElsewhere(answer)
 
 
 def owner_of(ctx: ServiceContext, table: AnyTable, partition: int) -> str:

@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 
 from services.retry_scheduler.app import RetrySchedulerService
 from services.retry_scheduler.models import CommandOut
+from shared.http.context import ServiceContext
+from shared.http.deps import owned_key
 from shared.http.errors import NotFound, Unavailable, error_responses
 from shared.http.pagination import CursorParam
 
@@ -32,12 +34,40 @@ COMMAND_BUSY: Responses = error_responses(
 )
 
 
+def command_responses(not_found: str) -> Responses:
+    """What a command on one message answers: 202, 401, 404 (``not_found``), 422 and 503."""
+    return {**ACCEPTED, **AUTH, **error_responses(404, 422, _404=not_found), **COMMAND_BUSY}
+
+
 def service_of(ctx: Any) -> RetrySchedulerService:
     svc: RetrySchedulerService = ctx.extras["service"]
     return svc
 
 
-def command_answer(result: dict[str, Any]) -> Any:
+async def _dlq_id(dlq_id: DlqId) -> str:
+    return dlq_id
+
+
+def _partition_of(ctx: ServiceContext, dlq_id: str) -> int:
+    return service_of(ctx).state.partition_of(dlq_id)
+
+
+def _schedule(ctx: ServiceContext) -> Any:
+    return service_of(ctx).state.schedule
+
+
+#: A dlq.id this instance answers a read of (the owner of its partition of the schedule, or a copy).
+ReadId = Annotated[str, owned_key(_dlq_id, _schedule, _partition_of)]
+#: A dlq.id this instance applies a command to (the active owner of its partition of the schedule).
+CommandId = Annotated[str, owned_key(_dlq_id, _schedule, _partition_of, reads=False)]
+
+
+async def command_on(ctx: ServiceContext, kind: bytes, dlq_id: str, *, held: bool, what: str) -> Any:
+    """Send command ``kind`` for the message through the inbox and answer as its handler did;
+    404 unless the message is ``what`` it must be (``held``)."""
+    if not held:
+        raise NotFound(f"no {what} message with dlq.id {dlq_id!r}")
+    result = await service_of(ctx).commands.request(kind, dlq_id, ctx.settings.forward_timeout_s)
     status = result.get("status")
     if status == "not_found":
         raise NotFound(f"no such message with dlq.id {result['id']!r}")

@@ -23,16 +23,16 @@ from services.retry_scheduler.models import (
     entry_json,
 )
 from services.retry_scheduler.routes.common import (
-    ACCEPTED,
     AUTH,
-    COMMAND_BUSY,
     LIST_ERRORS,
     SCAN_BUDGET,
+    CommandId,
     Cursor,
-    DlqId,
     Limit,
     OriginTopic,
-    command_answer,
+    ReadId,
+    command_on,
+    command_responses,
     service_of,
 )
 from services.retry_scheduler.routes.pages import cursor_after, merge_pages, parked_sort
@@ -48,7 +48,6 @@ from shared.http.forwarding import (
     local_scope_partitions,
     on_each_owner,
     owned_partitions_named,
-    route,
 )
 from shared.http.pagination import decode_cursor, encode_cursor
 
@@ -103,14 +102,11 @@ async def list_parked(
 
 
 @router.get(
-    "/parked/{dlq_id:id}", response_model=ParkedOut, summary="One parked message", dependencies=[READS_STATE],
+    "/parked/{dlq_id:id}", response_model=ParkedOut, summary="One parked message",
     responses=error_responses(404, 422, 503, _404="Not parked"),
 )
-async def get_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
+async def get_parked(dlq_id: ReadId, ctx: Ctx) -> Any:
     svc = service_of(ctx)
-    forwarded = await route(ctx, request, svc.state.schedule, svc.state.partition_of(dlq_id))
-    if forwarded is not None:
-        return forwarded
     entry = svc.stats.parked_entry(dlq_id)
     if entry is None:
         raise NotFound(f"no parked message with dlq.id {dlq_id!r}")
@@ -120,16 +116,11 @@ async def get_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
 @router.post(
     "/parked/{dlq_id:id}/replay", response_model=CommandOut, dependencies=[Admin],
     summary="Redeliver a parked message to its retry topic (dlq.attempt unchanged) and unpark it",
-    responses={**ACCEPTED, **AUTH, **error_responses(404, 422, _404="Not parked"), **COMMAND_BUSY},
+    responses=command_responses("Not parked"),
 )
-async def replay_parked(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
-    svc = service_of(ctx)
-    forwarded = await route(ctx, request, svc.state.schedule, svc.state.partition_of(dlq_id))
-    if forwarded is not None:
-        return forwarded
-    if svc.stats.parked_entry(dlq_id) is None:
-        raise NotFound(f"no parked message with dlq.id {dlq_id!r}")
-    return command_answer(await svc.commands.request(KIND_UNPARK, dlq_id, ctx.settings.forward_timeout_s))
+async def replay_parked(dlq_id: CommandId, ctx: Ctx) -> Any:
+    held = service_of(ctx).stats.parked_entry(dlq_id) is not None
+    return await command_on(ctx, KIND_UNPARK, dlq_id, held=held, what="parked")
 
 
 # -- parked groups -----------------------------------------------------------------------------------

@@ -20,18 +20,17 @@ from services.retry_scheduler.models import (
     entry_json,
 )
 from services.retry_scheduler.routes.common import (
-    ACCEPTED,
-    AUTH,
     BUSY,
-    COMMAND_BUSY,
     LIST_ERRORS,
     SCAN_BUDGET,
+    CommandId,
     Cursor,
-    DlqId,
     Limit,
     OriginTopic,
+    ReadId,
     Responses,
-    command_answer,
+    command_on,
+    command_responses,
     service_of,
 )
 from services.retry_scheduler.routes.pages import (
@@ -53,7 +52,6 @@ from shared.http.forwarding import (
     gather_owners,
     is_local_scope,
     local_scope_partitions,
-    route,
 )
 
 router = APIRouter(tags=["retries"])
@@ -158,17 +156,13 @@ _GET_RETRY: Responses = error_responses(
 # /scheduled/{id} has no literal path beside it and answers for every id.
 @router.get(
     "/retries/{dlq_id:id}", response_model=RetryOut, summary="One scheduled message", responses=_GET_RETRY,
-    dependencies=[READS_STATE],
 )
 @router.get(
-    "/scheduled/{dlq_id:id}", response_model=RetryOut, responses=_GET_RETRY, dependencies=[READS_STATE],
+    "/scheduled/{dlq_id:id}", response_model=RetryOut, responses=_GET_RETRY,
     summary="One scheduled message, any id (GET /retries/stats answers the stats, this the id \"stats\")",
 )
-async def get_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
+async def get_retry(dlq_id: ReadId, ctx: Ctx) -> Any:
     svc = service_of(ctx)
-    forwarded = await route(ctx, request, svc.state.schedule, svc.state.partition_of(dlq_id))
-    if forwarded is not None:
-        return forwarded
     state = svc.stats.index_entry(dlq_id)
     if isinstance(state, Entry):
         return entry_json(state, with_value=True)
@@ -184,30 +178,20 @@ async def get_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
 @router.post(
     "/retries/{dlq_id:id}/replay", response_model=CommandOut, dependencies=[Admin],
     summary="Redeliver a scheduled message now",
-    responses={**ACCEPTED, **AUTH, **error_responses(404, 422, _404="Not scheduled"), **COMMAND_BUSY},
+    responses=command_responses("Not scheduled"),
 )
-async def replay_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
-    svc = service_of(ctx)
-    forwarded = await route(ctx, request, svc.state.schedule, svc.state.partition_of(dlq_id))
-    if forwarded is not None:
-        return forwarded
-    if svc.stats.scheduled_entry(dlq_id) is None:
-        raise NotFound(f"no scheduled message with dlq.id {dlq_id!r}")
-    return command_answer(await svc.commands.request(KIND_REPLAY, dlq_id, ctx.settings.forward_timeout_s))
+async def replay_retry(dlq_id: CommandId, ctx: Ctx) -> Any:
+    held = service_of(ctx).stats.scheduled_entry(dlq_id) is not None
+    return await command_on(ctx, KIND_REPLAY, dlq_id, held=held, what="scheduled")
 
 
 @router.delete(
     "/retries/{dlq_id:id}", response_model=CommandOut, dependencies=[Admin],
     summary="Cancel a scheduled message (it is not redelivered)",
-    responses={**ACCEPTED, **AUTH, **error_responses(404, 422, _404="Not scheduled"), **COMMAND_BUSY},
+    responses=command_responses("Not scheduled"),
 )
-async def cancel_retry(dlq_id: DlqId, request: Request, ctx: Ctx) -> Any:
-    svc = service_of(ctx)
-    forwarded = await route(ctx, request, svc.state.schedule, svc.state.partition_of(dlq_id))
-    if forwarded is not None:
-        return forwarded
-    if svc.stats.scheduled_entry(dlq_id) is None:
-        raise NotFound(f"no scheduled message with dlq.id {dlq_id!r}")
-    return command_answer(await svc.commands.request(KIND_CANCEL, dlq_id, ctx.settings.forward_timeout_s))
+async def cancel_retry(dlq_id: CommandId, ctx: Ctx) -> Any:
+    held = service_of(ctx).stats.scheduled_entry(dlq_id) is not None
+    return await command_on(ctx, KIND_CANCEL, dlq_id, held=held, what="scheduled")
 
 

@@ -18,6 +18,7 @@ from shared.http.context import ServiceContext
 from shared.http.errors import Unavailable, Unprocessable
 from shared.http.forwarding import LAG, READ_COPY, SOURCE, StaleCopy, read_from_headers, route
 from shared.settings import Settings
+from tests.support.forwarding import stand_in_engine
 
 ME, OWNER, PEER_A, PEER_B = "http://me:1", "http://owner:2", "http://peer-a:3", "http://peer-b:4"
 TABLE: Any = object()
@@ -52,13 +53,10 @@ class Fleet:
 @pytest.fixture
 def fleet(monkeypatch: pytest.MonkeyPatch) -> Fleet:
     state = Fleet()
-
-    async def local_copy(app: Any, table: Any, partition: int) -> Copy | None:
-        return state.mine
-
-    monkeypatch.setattr(forwarding, "local_copy", local_copy)
-    monkeypatch.setattr(forwarding, "partition_owner_url", lambda app, table, p: state.owners.get(p, state.owner))
-    monkeypatch.setattr(forwarding, "known_instance_urls", lambda app: {ME, OWNER, PEER_A, PEER_B})
+    stand_in_engine(
+        monkeypatch, owner=lambda p: state.owners.get(p, state.owner), copy=lambda: state.mine,
+        instances={ME, OWNER, PEER_A, PEER_B},
+    )
     return state
 
 
