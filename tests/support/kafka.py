@@ -72,6 +72,20 @@ def produce(
     asyncio.run(run())
 
 
+def committed_offsets(group: str, topic: str, partitions: int) -> dict[int, int | None]:
+    """The offset ``group`` has committed for each partition of ``topic`` (None: nothing yet)."""
+
+    async def run() -> dict[int, int | None]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, group_id=group, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            return {p: await consumer.committed(TopicPartition(topic, p)) for p in range(partitions)}
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
 def read_all(topic: str, timeout: float = 10.0, isolation_level: str = "read_uncommitted") -> list[Record]:
     """Every record of ``topic`` from the beginning to its current end offsets (with
     ``read_committed``: the committed records up to the last stable offsets)."""

@@ -18,6 +18,7 @@ from tests.integration.retry_scheduler.helpers import (
     letter_headers,
     new_id,
     records_for,
+    send_end_marker,
     send_letter,
 )
 from tests.support.kafka import produce, read_all
@@ -106,8 +107,9 @@ def test_a_duplicated_or_stale_dead_letter_is_not_scheduled_twice(scheduler: Sch
     for _ in range(3):
         send_letter(scheduler, b"k", b"v", headers)
     send_letter(scheduler, b"k", b"v", letter_headers(dlq_id, topic, attempt=1, origin="slow", failed_at=failed_at))
-    wait_for(lambda: scheduler.get(f"/retries/{dlq_id}").status_code == 200, timeout=15, message="scheduled")
-    time.sleep(1.0)
+    marker = send_end_marker(scheduler, b"k", dlq_id, topic)
+    wait_for(lambda: scheduler.get(f"/retries/{marker}").status_code == 200, timeout=15,
+             message="every copy of the letter read, up to the end marker")
     body = scheduler.get(f"/retries/{dlq_id}").json()
     assert body["attempt"] == 2
     assert body["due_at"] == failed_at + 600_000
