@@ -20,7 +20,7 @@ import orjson
 from shared import dead_letters as dl
 from shared.engine import partition_for
 from tests.support.kafka import Record, create_topics, produce, read_all
-from tests.support.services import ServiceProcess, free_port
+from tests.support.services import ServiceProcess, free_port, wait_for
 
 TICK_S = 0.2
 #: Partitions of the scheduler's topics (the settings' default).
@@ -100,6 +100,18 @@ def records_for(topic: str, dlq_id: str) -> list[Record]:
 
 def new_id(label: str) -> str:
     return f"{label}-{uuid.uuid4().hex[:8]}"
+
+
+def wait_for_a_tick_everywhere(url: str) -> None:
+    """Until every inbox partition has processed a tick from now on: what was due by now has been
+    redelivered, and what was redelivered before is not again."""
+    since = int(time.time() * 1000)
+
+    def ticked() -> bool:
+        ticks = httpx.get(url + "/retries/stats", timeout=10).json()["last_ticks"]
+        return len({t["partition"] for t in ticks if t["at"] >= since}) == PARTITIONS
+
+    wait_for(ticked, timeout=30, message="a tick of every inbox partition")
 
 
 def send_end_marker(s: Scheduler, key: bytes, dlq_id: str, retry_topic: str) -> str:

@@ -20,6 +20,7 @@ from tests.integration.retry_scheduler.helpers import (
     records_for,
     send_end_marker,
     send_letter,
+    wait_for_a_tick_everywhere,
 )
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
@@ -44,7 +45,7 @@ def test_due_messages_are_redelivered_within_one_tick_with_key_value_and_headers
         sent[dlq_id] = (key, value, headers, failed_at + min(1000, 300 * 2 ** (i % 3)))
 
     wait_for(lambda: len(read_all(topic)) >= len(sent), timeout=30, message="20 redeliveries")
-    time.sleep(2 * TICK_S)
+    wait_for_a_tick_everywhere(scheduler.url)  # nothing redelivered twice
     records = read_all(topic)
     assert len(records) == len(sent)
     for r in records:
