@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -72,6 +73,67 @@ def produce(
     asyncio.run(run())
 
 
+def committed_offsets(group: str, topic: str, partitions: int) -> dict[int, int | None]:
+    """The offset ``group`` has committed for each partition of ``topic`` (None: nothing yet)."""
+
+    async def run() -> dict[int, int | None]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, group_id=group, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            return {p: await consumer.committed(TopicPartition(topic, p)) for p in range(partitions)}
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+def unconsumed(group: str, topics: Iterable[str], timeout: float = 10.0) -> int:
+    """Committed records of ``topics`` at or past the offsets ``group`` has committed: read back,
+    so that transaction markers (which hold no record, yet take an offset) do not count."""
+
+    async def run() -> int:
+        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, group_id=group, enable_auto_commit=False,
+                                    isolation_level="read_committed")
+        await consumer.start()
+        try:
+            await consumer._client.force_metadata_update()
+            tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+            ends = await consumer.end_offsets(tps) if tps else {}
+            starts = {tp: await consumer.committed(tp) or 0 for tp in tps}
+            remaining = {tp for tp in tps if starts[tp] < ends[tp]}
+            if not remaining:
+                return 0
+            consumer.assign(list(remaining))
+            for tp in remaining:
+                consumer.seek(tp, starts[tp])
+            found = await _read_until(consumer, ends, remaining, timeout)
+            return len(found) + len(remaining)  # a partition not read to its end is not known to be consumed
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+async def _read_until(
+    consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int], remaining: set[TopicPartition], read_for_s: float,
+) -> list[Any]:
+    """The records of the assigned partitions in ``remaining`` from their positions up to ``ends``,
+    read for at most ``read_for_s`` seconds; ``remaining`` keeps the partitions not read to their end."""
+    out: list[Any] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + read_for_s
+    while remaining and loop.time() < deadline:
+        batch = await consumer.getmany(timeout_ms=500)
+        for tp, msgs in batch.items():
+            out.extend(m for m in msgs if m.offset < ends[tp])
+            if msgs and msgs[-1].offset >= ends[tp] - 1:
+                remaining.discard(tp)
+        for tp in list(remaining):
+            if await consumer.position(tp) >= ends[tp]:
+                remaining.discard(tp)
+    return out
+
+
 def read_all(topic: str, timeout: float = 10.0, isolation_level: str = "read_uncommitted") -> list[Record]:
     """Every record of ``topic`` from the beginning to its current end offsets (with
     ``read_committed``: the committed records up to the last stable offsets)."""
@@ -91,22 +153,8 @@ def read_all(topic: str, timeout: float = 10.0, isolation_level: str = "read_unc
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
             ends = await consumer.end_offsets(tps)
-            out: list[Record] = []
-            remaining = {tp for tp in tps if ends[tp] > 0}
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout
-            while remaining and loop.time() < deadline:
-                batch = await consumer.getmany(timeout_ms=500)
-                for tp, msgs in batch.items():
-                    for m in msgs:
-                        if m.offset < ends[tp]:
-                            out.append(Record(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers), m.timestamp))
-                    if msgs and msgs[-1].offset >= ends[tp] - 1:
-                        remaining.discard(tp)
-                for tp in list(remaining):
-                    if await consumer.position(tp) >= ends[tp]:
-                        remaining.discard(tp)
-            return out
+            read = await _read_until(consumer, ends, {tp for tp in tps if ends[tp] > 0}, timeout)
+            return [Record(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers), m.timestamp) for m in read]
         finally:
             await consumer.stop()
 

@@ -26,7 +26,7 @@ import orjson
 import pytest
 
 from shared import dead_letters as dl
-from tests.e2e.tallies.test_tallies_e2e import all_tallies, latest_published
+from tests.e2e.tallies.test_tallies_e2e import all_tallies, latest_published, wait_all_input_consumed
 from tests.support.accounts import generate
 from tests.support.kafka import create_topics, produce
 from tests.support.services import ServiceProcess, wait_for
@@ -109,7 +109,7 @@ def test_sigkill_mid_stream_keeps_exact_tallies(
     deadline = time.monotonic() + 120
     while (diff := wrong()) and time.monotonic() < deadline:
         time.sleep(0.5)
-    time.sleep(1.0)  # anything still to come would be a violation; give it a moment to show
+    wait_all_input_consumed(proc)  # anything still to come would be a violation
     diff = wrong()
     missing = {field: sum(e[field] - (g or {}).get(field, 0) for g, e in diff.values() if e)
                for field in ("numberActive", "numberInactive")}

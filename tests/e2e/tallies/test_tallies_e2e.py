@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from shared import dead_letters as dl
 from tests.support.accounts import event, generate
-from tests.support.kafka import BOOTSTRAP, produce, read_all
+from tests.support.kafka import BOOTSTRAP, produce, read_all, unconsumed
 from tests.support.services import ServiceProcess, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -46,6 +46,15 @@ def wait_tallies(proc: ServiceProcess, expected: dict[str, dict[str, Any]], time
     wait_for(lambda: all_tallies(proc) == expected, timeout=timeout, message="tallies to match")
 
 
+def wait_all_input_consumed(proc: ServiceProcess, timeout: float = 60) -> None:
+    """Until the tallies' consumer group has committed every record of its inputs and of its
+    internal topic: each one has been applied (a batch's offsets are committed after its rows)."""
+    prefix = proc.env["STATEFLEET_TOPIC_PREFIX"]
+    inputs = [f"{prefix}{name}" for name in ("account-events", "logins", "retry-tallies", "statefleet-tallies-by-program")]
+    wait_for(lambda: unconsumed(f"{prefix}statefleet-tallies", inputs) == 0, timeout=timeout,
+             message="every input record consumed")
+
+
 def assert_tallies_settle(proc: ServiceProcess, expected: dict[str, dict[str, Any]], timeout: float = 120) -> None:
     """Every tally over HTTP (from ``proc``, gathered from every owner) equals ``expected`` within
     ``timeout``, and still does a moment later."""
@@ -60,7 +69,7 @@ def assert_tallies_settle(proc: ServiceProcess, expected: dict[str, dict[str, An
     deadline = time.monotonic() + timeout
     while wrong() and time.monotonic() < deadline:
         time.sleep(0.5)
-    time.sleep(1.0)  # anything still to come would be a violation; give it a moment to show
+    wait_all_input_consumed(proc)  # anything still to come would be a violation
     diff = wrong()
     assert not diff, f"{len(diff)} of {len(expected)} tallies wrong: {sorted(diff.items())[:3]}"
 

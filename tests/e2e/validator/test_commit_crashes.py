@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.e2e.validator.test_validator_crash import assert_each_event_once, commands_in_order
+from tests.e2e.validator.test_validator_crash import assert_each_event_once, commands_in_order, is_end_marker
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import ServiceProcess, free_port, run_until_killed
 
@@ -56,7 +56,7 @@ def assert_exactly_once(prefix: str, proc: ServiceProcess) -> None:
     outcomes = [orjson.loads(r.value) for r in read_all(
         f"{prefix}statefleet-validator-outcomes", isolation_level="read_committed",
     )]
-    final = Counter(o["command_id"] for o in outcomes if o.get("status") != "pending")
+    final = Counter(o["command_id"] for o in outcomes if o.get("status") != "pending" and not is_end_marker(o["command_id"]))
     assert len(final) == len(by_id), "every command has a final outcome"
     repeated = {command: n for command, n in final.items() if n > 1}
     assert repeated == {}, f"final outcomes repeated: {list(repeated.items())[:5]}"

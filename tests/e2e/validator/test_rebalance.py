@@ -10,8 +10,15 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.validator.test_validator_crash import assert_each_event_once, commands_in_order
+from tests.e2e.validator.test_validator_crash import (
+    ACCOUNTS,
+    STEPS,
+    RecordCount,
+    assert_each_event_once,
+    commands_in_order,
+)
 from tests.support.kafka import produce
+from tests.support.services import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -29,10 +36,13 @@ def test_instances_added_and_killed_mid_stream_leave_each_event_once(start_valid
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    time.sleep(1.5)
+    # The membership changes land mid-stream: one at a fifth of the events, one at two fifths.
+    events = RecordCount(f"{prefix}account-events")
+    wait_for(lambda: events() >= ACCOUNTS * STEPS // 5, timeout=60, interval=0.05, message="a fifth of the events")
     instances["d"] = start_validator("d", **FLEET_ENV)
-    time.sleep(1.5)
+    wait_for(lambda: events() >= ACCOUNTS * STEPS * 2 // 5, timeout=60, interval=0.05, message="two fifths of the events")
     instances.pop("b").kill()
+    events.close()
     feeder.join(120)
     assert not feeder.is_alive()
     assert_each_event_once(prefix, instances["a"])

@@ -10,6 +10,7 @@ import contextlib
 import shutil
 import threading
 import time
+import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from shared.engine import partition_for
 from tests.support.kafka import BOOTSTRAP, produce, read_all
 from tests.support.services import wait_for
 
@@ -123,6 +125,32 @@ def test_sigkill_mid_stream_leaves_each_event_exactly_once_per_version(
           f"({len(events) - len(by_id)} replays dropped by event_id)")
 
 
+#: Partitions of ``account-commands`` (as the validator creates it).
+COMMAND_PARTITIONS = 8
+END_MARKER_PREFIX = "end-marker-"
+
+
+def is_end_marker(account_or_command_id: str) -> bool:
+    return account_or_command_id.startswith(END_MARKER_PREFIX)
+
+
+def send_end_markers(commands_topic: str) -> set[str]:
+    """A CreateAccount of a new account on each partition of ``commands_topic``, behind every
+    command sent so far; returns their account ids. Once a marker's event is on
+    ``account-events``, every command before it on its partition has been decided and its event
+    sent: a partition's batches are decided in order, each one's events acknowledged before the
+    next batch."""
+    markers: dict[int, str] = {}
+    while len(markers) < COMMAND_PARTITIONS:
+        account_id = f"{END_MARKER_PREFIX}{uuid.uuid4().hex[:8]}"
+        markers.setdefault(partition_for(account_id, COMMAND_PARTITIONS), account_id)
+    produce(commands_topic, [
+        (a, orjson.dumps({"command_id": a, "account_id": a, "type": "CreateAccount", "program_id": "end"}))
+        for a in markers.values()
+    ])
+    return set(markers.values())
+
+
 def assert_each_event_once(
     prefix: str, proc: Any, accounts: int = ACCOUNTS, steps: int = STEPS, isolation_level: str = "read_uncommitted",
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
@@ -136,9 +164,16 @@ def assert_each_event_once(
         events = [orjson.loads(r.value) for r in read_all(events_topic, isolation_level=isolation_level)]
         return events if len({e["event_id"] for e in events}) >= expected else None
 
-    events = wait_for(distinct_events, timeout=60, interval=0.5, message=f"{expected} distinct events")
-    time.sleep(1.0)  # anything still to come would be a violation; give it a moment to show
-    events = [orjson.loads(r.value) for r in read_all(events_topic, isolation_level=isolation_level)]
+    wait_for(distinct_events, timeout=60, interval=0.5, message=f"{expected} distinct events")
+    # Anything still to come would be a violation: read once every partition has decided an end marker.
+    markers = send_end_markers(f"{prefix}account-commands")
+
+    def through_the_markers() -> list[dict[str, Any]] | None:
+        events = [orjson.loads(r.value) for r in read_all(events_topic, isolation_level=isolation_level)]
+        return events if markers <= {e["account_id"] for e in events} else None
+
+    events = wait_for(through_the_markers, timeout=60, interval=0.5, message="the end markers' events")
+    events = [e for e in events if not is_end_marker(e["account_id"])]
 
     by_id: dict[str, dict[str, Any]] = {}
     for e in events:

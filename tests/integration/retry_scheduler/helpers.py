@@ -18,10 +18,13 @@ import httpx
 import orjson
 
 from shared import dead_letters as dl
+from shared.engine import partition_for
 from tests.support.kafka import Record, create_topics, produce, read_all
-from tests.support.services import ServiceProcess, free_port
+from tests.support.services import ServiceProcess, free_port, wait_for
 
 TICK_S = 0.2
+#: Partitions of the scheduler's topics (the settings' default).
+PARTITIONS = 8
 TOKEN = "test-admin-token"
 OVERRIDES = {"origin_topic": {"slow": {"base_delay_ms": 600_000, "max_delay_ms": 600_000}}}
 
@@ -97,6 +100,31 @@ def records_for(topic: str, dlq_id: str) -> list[Record]:
 
 def new_id(label: str) -> str:
     return f"{label}-{uuid.uuid4().hex[:8]}"
+
+
+def wait_for_a_tick_everywhere(url: str) -> None:
+    """Until every inbox partition has processed a tick from now on: what was due by now has been
+    redelivered, and what was redelivered before is not again."""
+    since = int(time.time() * 1000)
+
+    def ticked() -> bool:
+        ticks = httpx.get(url + "/retries/stats", timeout=10).json()["last_ticks"]
+        return len({t["partition"] for t in ticks if t["at"] >= since}) == PARTITIONS
+
+    wait_for(ticked, timeout=30, message="a tick of every inbox partition")
+
+
+def send_end_marker(s: Scheduler, key: bytes, dlq_id: str, retry_topic: str) -> str:
+    """Send, behind every letter sent so far with ``key``, a letter that stays scheduled on the
+    inbox partition of ``dlq_id``; returns its id. Once it is scheduled, every letter for
+    ``dlq_id`` sent before it with ``key`` has been read: they share a dead-letters partition
+    and an inbox partition, each read in order."""
+    inbox_partition = partition_for(dlq_id, PARTITIONS)
+    marker = new_id("end")
+    while partition_for(marker, PARTITIONS) != inbox_partition:
+        marker = new_id("end")
+    send_letter(s, key, b"end", letter_headers(marker, retry_topic, origin="slow"))
+    return marker
 
 
 def start_scheduler(env: dict[str, str], log_dir: Path, instance: str = "a", port: int | None = None) -> ServiceProcess:

@@ -4,7 +4,6 @@ scheduler holds exactly the entries not yet redelivered (deletes reached the cha
 from __future__ import annotations
 
 import shutil
-import time
 import uuid
 from pathlib import Path
 
@@ -12,7 +11,12 @@ import httpx
 import pytest
 
 from shared import dead_letters as dl
-from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env, start_scheduler
+from tests.integration.retry_scheduler.helpers import (
+    letter_headers,
+    scheduler_env,
+    start_scheduler,
+    wait_for_a_tick_everywhere,
+)
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import wait_for
 
@@ -48,7 +52,7 @@ def test_restore_after_deleting_the_data_dir_brings_back_only_what_was_not_redel
         bulk = {"STATEFLEET_BULK_RESTORE": "true", "STATEFLEET_BULK_RESTORE_MIN_LAG": "1"}
         proc = start_scheduler({**env, **bulk}, tmp_path, port=proc.port)
         assert sorted(item["id"] for item in list_all(proc.url)) == sorted(slow)
-        time.sleep(1.0)  # several ticks: nothing redelivered a second time
+        wait_for_a_tick_everywhere(proc.url)  # nothing redelivered a second time
         records = read_all(retry)
         assert len(records) == len(fast)
         assert {dict(r.headers)[dl.ID].decode() for r in records} == set(fast)

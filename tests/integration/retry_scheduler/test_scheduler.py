@@ -18,7 +18,9 @@ from tests.integration.retry_scheduler.helpers import (
     letter_headers,
     new_id,
     records_for,
+    send_end_marker,
     send_letter,
+    wait_for_a_tick_everywhere,
 )
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
@@ -43,7 +45,7 @@ def test_due_messages_are_redelivered_within_one_tick_with_key_value_and_headers
         sent[dlq_id] = (key, value, headers, failed_at + min(1000, 300 * 2 ** (i % 3)))
 
     wait_for(lambda: len(read_all(topic)) >= len(sent), timeout=30, message="20 redeliveries")
-    time.sleep(2 * TICK_S)
+    wait_for_a_tick_everywhere(scheduler.url)  # nothing redelivered twice
     records = read_all(topic)
     assert len(records) == len(sent)
     for r in records:
@@ -106,8 +108,9 @@ def test_a_duplicated_or_stale_dead_letter_is_not_scheduled_twice(scheduler: Sch
     for _ in range(3):
         send_letter(scheduler, b"k", b"v", headers)
     send_letter(scheduler, b"k", b"v", letter_headers(dlq_id, topic, attempt=1, origin="slow", failed_at=failed_at))
-    wait_for(lambda: scheduler.get(f"/retries/{dlq_id}").status_code == 200, timeout=15, message="scheduled")
-    time.sleep(1.0)
+    marker = send_end_marker(scheduler, b"k", dlq_id, topic)
+    wait_for(lambda: scheduler.get(f"/retries/{marker}").status_code == 200, timeout=15,
+             message="every copy of the letter read, up to the end marker")
     body = scheduler.get(f"/retries/{dlq_id}").json()
     assert body["attempt"] == 2
     assert body["due_at"] == failed_at + 600_000

@@ -19,7 +19,7 @@ from services.retry_scheduler.handlers.kinds import KIND_LETTER
 from shared import dead_letters as dl
 from shared.engine._partitioning import partition_for
 from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env, start_scheduler
-from tests.support.kafka import BOOTSTRAP, create_topics
+from tests.support.kafka import BOOTSTRAP, committed_offsets, create_topics
 from tests.support.services import wait_for
 
 pytestmark = pytest.mark.integration
@@ -60,13 +60,15 @@ def test_a_dead_letter_the_inbox_stream_skipped_is_read_back_and_scheduled(
     create_topics([f"{prefix}dead-letters", retry, f"{prefix}parking-lot"])
     # Without static membership a clean stop leaves the group, so its offsets can be moved.
     env = {**scheduler_env(kafka_bootstrap, prefix, tmp_path / "data"), "STATEFLEET_STATIC_MEMBERSHIP": "false"}
+    inbox, group = f"{prefix}statefleet-retry_scheduler-inbox", f"{prefix}statefleet-retry_scheduler"
     proc = start_scheduler(env, tmp_path)
-    time.sleep(2)  # a few ticks: every inbox partition has been read, so each has a next offset
+    # Every inbox partition has had a tick read and committed, so each has a next offset.
+    wait_for(lambda: all(committed_offsets(group, inbox, 8).values()), timeout=30,
+             message="a record of every inbox partition processed")
     proc.stop()
 
     dlq_id = f"skipped-{uuid.uuid4().hex[:8]}"
-    inbox = f"{prefix}statefleet-retry_scheduler-inbox"
-    offset = asyncio.run(write_to_inbox_and_commit_past_it(inbox, f"{prefix}statefleet-retry_scheduler", dlq_id, retry))
+    offset = asyncio.run(write_to_inbox_and_commit_past_it(inbox, group, dlq_id, retry))
 
     restarted = start_scheduler(env, tmp_path)
     try:

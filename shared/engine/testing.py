@@ -1,0 +1,287 @@
+"""A service's handlers run in memory, as Kafka Streams' ``TopologyTestDriver`` runs a topology:
+records piped in, the records the handlers send and the rows they write read back, with no
+broker and no Faust worker.
+
+The driver wraps an :class:`~shared.engine.Engine` whose service has registered its tables and
+handlers (build the service as usual, with ``Settings(data_dir=tmp_path)``), and replaces only
+the engine's Kafka clients: its producer, its read-back consumer and its transactional producers
+write to and read from topic partitions kept as lists here. Everything between them is the
+engine's own: :class:`~shared.engine._durable.OrderedInput` (replays dropped, next-offset rows),
+:class:`~shared.engine._batch.InputBatch` and :func:`~shared.engine._batch.commit` (sends, then
+the changelog rows, then the local RocksDB tables, then the after-commit callbacks). So the
+changelog topics receive the rows and next-offset rows a worker would send, and the tables are
+the service's Faust tables (RocksDB in the data dir).
+
+Records a handler sends to a topic that has a handler (the service's internal topics, or an
+input it also writes, such as a reroute) are handed to that handler in turn by :meth:`process`,
+as the worker's consumer would; every other topic only collects them for :meth:`outputs`.
+Timers (the engine's ``timer``) do not run; a test calls what they call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import TypeVar
+
+from shared.engine._batch import Headers, InputBatch, commit
+from shared.engine._durable import Backfill, DurableTable, InRecord, next_offset_key, state_items
+from shared.engine._engine import Engine
+from shared.engine._partitioning import partition_for
+from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, Retry, _too_large
+from shared.settings import Settings
+
+T = TypeVar("T")
+
+#: Rounds of :meth:`TopologyDriver.process` after which handlers that keep sending to each
+#: other are taken for a loop.
+MAX_ROUNDS = 100
+
+
+class MemoryTopics:
+    """Topic partitions as lists of records, offsets from 0, in the order they were appended."""
+
+    def __init__(self, default_partitions: int, partitions: Mapping[str, int]) -> None:
+        self.default_partitions = default_partitions
+        self.partitions = dict(partitions)
+        self.logs: dict[tuple[str, int], list[InRecord]] = {}
+        #: Every record appended, in order, across topics.
+        self.appended: list[InRecord] = []
+
+    def partition_count(self, topic: str) -> int:
+        return self.partitions.get(topic, self.default_partitions)
+
+    def append(self, record: Outgoing) -> InRecord:
+        """``record`` at the end of its partition (a keyed record without a partition goes where
+        the engine's partitioner puts it, one without a key to partition 0)."""
+        partition = record.partition
+        if partition is None:
+            partition = partition_for(record.key, self.partition_count(record.topic)) if record.key is not None else 0
+        log = self.logs.setdefault((record.topic, partition), [])
+        timestamp = record.timestamp_ms if record.timestamp_ms is not None else int(time.time() * 1000)
+        appended = InRecord(record.topic, partition, len(log), record.key, record.value,
+                            list(record.headers or ()), timestamp)
+        log.append(appended)
+        self.appended.append(appended)
+        return appended
+
+    def log(self, topic: str, partition: int) -> list[InRecord]:
+        return self.logs.get((topic, partition), [])
+
+
+class MemoryProducer(BatchProducer):
+    """The engine's producer, appending to :class:`MemoryTopics`; every send is acknowledged."""
+
+    def __init__(self, settings: Settings, topics: MemoryTopics) -> None:
+        super().__init__(settings, client_id="topology-driver")
+        self.topics = topics
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def send(self, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None,
+                   ) -> dict[tuple[str, int], int]:
+        last: dict[tuple[str, int], int] = {}
+        for record in records:
+            appended = self.topics.append(record)
+            last[(appended.topic, appended.partition)] = appended.offset
+        return last
+
+    async def deliver_each(self, records: Sequence[Outgoing], timeout_s: float) -> list[str | None]:
+        await self.send(records, "deliver_each")
+        return [None] * len(records)
+
+    async def unsendable(self, records: Sequence[Outgoing], timeout_s: float) -> list[str | None]:
+        return [_too_large(record) for record in records]
+
+
+class MemoryTransactions(PartitionTransactions):
+    """exactly_once's per-partition transactions, each one committed at once into :class:`MemoryTopics`."""
+
+    def __init__(self, settings: Settings, records: MemoryProducer) -> None:
+        super().__init__(settings, group_id="topology-driver", client_id="topology-driver", records=records)
+
+    async def assign(self, tps: Sequence[tuple[str, int]]) -> None:
+        pass
+
+    async def revoke(self, tps: Sequence[tuple[str, int]]) -> None:
+        pass
+
+    async def commit(
+        self, topic: str, partition: int, records: Sequence[Outgoing], next_offset: int, what: str,
+        reached: Callable[[str], None],
+    ) -> dict[tuple[str, int], int]:
+        last = await self.records.send(records, what)
+        reached("sent")
+        self.committed += 1
+        return last
+
+
+class MemoryBackfill(Backfill):
+    """The engine's read-back consumer, reading :class:`MemoryTopics`."""
+
+    def __init__(self, settings: Settings, topics: MemoryTopics) -> None:
+        super().__init__(settings)
+        self.topics = topics
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def log_start(self, topic: str, partition: int) -> int:
+        return 0
+
+    async def log_end(self, topic: str, partition: int) -> int:
+        return len(self.topics.log(topic, partition))
+
+    async def read(self, topic: str, partition: int, start: int, end: int) -> list[InRecord]:
+        return self.topics.log(topic, partition)[start:end]
+
+
+class TableView:
+    """Reads of one of the service's tables as its handlers left it."""
+
+    def __init__(self, table: DurableTable, partitions: int) -> None:
+        self.table = table
+        self.partitions = partitions
+
+    def get(self, key: bytes, *, partition: int | None = None) -> bytes | None:
+        """The row of ``key`` (by default in the partition the engine's partitioner gives it)."""
+        return self.table.get(partition_for(key, self.partitions) if partition is None else partition, key)
+
+    def items(self, partition: int | None = None) -> list[tuple[bytes, bytes]]:
+        """The service's rows (not the engine's) of ``partition``, or of every partition, in key order."""
+        chosen = range(self.partitions) if partition is None else (partition,)
+        return [item for p in chosen for item in state_items(self.table.table, p)]
+
+    def next_offset(self, topic: str, partition: int) -> int | None:
+        """The next offset of ``topic``'s ``partition`` a handler keeps in this table."""
+        raw = self.table.get(partition, next_offset_key(topic))
+        return int(raw) if raw is not None else None
+
+
+class TopologyDriver:
+    """Runs ``engine``'s handlers on records piped in; see the module docs.
+
+    ``partitions``: partition counts of topics that do not have the settings' ``topic_partitions``.
+    The driver runs its own event loop: use it from synchronous tests, and :meth:`run` for the
+    service's coroutines (an HTTP command's send, say).
+    """
+
+    def __init__(self, engine: Engine, *, partitions: Mapping[str, int] | None = None) -> None:
+        self.engine = engine
+        settings = engine.settings
+        self.topics = MemoryTopics(settings.topic_partitions, partitions or {})
+        producer = MemoryProducer(settings, self.topics)
+        backfill = MemoryBackfill(settings, self.topics)
+        engine.producer = producer
+        engine.backfill = backfill
+        if engine.transactions is not None:
+            engine.transactions = MemoryTransactions(settings, producer)
+        for registration in engine._handlers:
+            if registration.order is not None:
+                registration.order.backfill = backfill
+        #: Per input partition, the offset of the next record to hand to its handler.
+        self.positions: dict[tuple[str, int], int] = {}
+        self._loop = asyncio.new_event_loop()
+
+    # -- input -----------------------------------------------------------------------------------
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, *, headers: Headers = None,
+             partition: int | None = None, timestamp_ms: int | None = None) -> InRecord:
+        """Append a record to ``topic`` without handing it over yet: records sent before one
+        :meth:`process` reach their handler as one batch per partition."""
+        return self.topics.append(Outgoing(topic, key, value, headers, partition, timestamp_ms))
+
+    def pipe(self, topic: str, key: bytes | None, value: bytes | None, *, headers: Headers = None,
+             partition: int | None = None, timestamp_ms: int | None = None) -> InRecord:
+        """:meth:`send` a record, then :meth:`process` it and all that follows from it."""
+        record = self.send(topic, key, value, headers=headers, partition=partition, timestamp_ms=timestamp_ms)
+        self.process()
+        return record
+
+    def process(self) -> list[InputBatch]:
+        """Hand every record not handed over yet to its topic's handler, one batch per input
+        partition, until no handler has anything left; returns the batches committed.
+
+        A handler that raises commits nothing of its batch and the error propagates; its records
+        stay to be handed over again, as a worker's restart would."""
+        return self.run(self._process())
+
+    def rewind(self, topic: str, partition: int, offset: int) -> None:
+        """Hand ``topic``'s ``partition`` over again from ``offset`` at the next :meth:`process`,
+        as a consumer does after a rebalance or a restart before its last commit."""
+        self.positions[(topic, partition)] = offset
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """Run a coroutine of the service on the driver's loop."""
+        return self._loop.run_until_complete(awaitable)
+
+    async def _process(self) -> list[InputBatch]:
+        committed: list[InputBatch] = []
+        for _ in range(MAX_ROUNDS):
+            pending = list(self._pending())
+            if not pending:
+                return committed
+            for topic, partition, records in pending:
+                batch = await self._deliver(topic, partition, records)
+                self.positions[(topic, partition)] = records[-1].offset + 1
+                if batch is not None:
+                    committed.append(batch)
+        raise RuntimeError(f"handlers still sending to each other after {MAX_ROUNDS} rounds")
+
+    def _pending(self) -> Iterator[tuple[str, int, list[InRecord]]]:
+        handled = self.engine._by_topic
+        for (topic, partition), log in list(self.topics.logs.items()):
+            position = self.positions.get((topic, partition), 0)
+            if topic in handled and position < len(log):
+                yield topic, partition, log[position:]
+
+    async def _deliver(self, topic: str, partition: int, records: list[InRecord]) -> InputBatch | None:
+        """What the engine does with a fetched batch (``Engine._deliver``), without the consumer."""
+        engine = self.engine
+        registration = engine._by_topic[topic]
+        order = registration.order
+        ordered = await order.batch_records(records) if order is not None else None
+        if ordered is not None and not ordered.records:
+            return None  # every record a replay
+        batch = InputBatch(topic, partition, ordered.records if ordered is not None else list(records),
+                           dead_letter_route=registration.dead_letters)
+        await registration.handle(batch)
+        await commit(engine.producer, order, ordered, batch, registration.name, engine.transactions,
+                     records[-1].offset + 1)
+        return batch
+
+    # -- output ----------------------------------------------------------------------------------
+
+    def outputs(self, topic: str, partition: int | None = None) -> list[InRecord]:
+        """Every record on ``topic`` (or one partition of it), piped in or sent, in the order appended."""
+        return [r for r in self.topics.appended if r.topic == topic and (partition is None or r.partition == partition)]
+
+    def table(self, name: str) -> TableView:
+        """The service's table ``name`` (as declared with ``Engine.table``)."""
+        faust_table = self.engine.app.tables[name]
+        durable = DurableTable(self.engine.app, faust_table)
+        return TableView(durable, faust_table.partitions or self.engine.settings.topic_partitions)
+
+    def changelog(self, name: str) -> list[InRecord]:
+        """What the commits sent to table ``name``'s changelog: its rows and the next-offset rows."""
+        return self.outputs(self.table(name).table.changelog)
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._loop.close()
+
+    def __enter__(self) -> TopologyDriver:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,88 @@
+"""The retry scheduler's handlers on the in-memory topology driver, without a broker: a dead
+letter is routed to the inbox partition of its id and scheduled; a tick redelivers what is due
+to its retry topic with key, value and headers kept, once; a letter out of attempts is parked."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.retry_scheduler.app import RetrySchedulerService
+from shared import dead_letters as dl
+from shared.engine import partition_for
+from shared.engine.testing import TopologyDriver
+from shared.settings import Settings
+
+PARTITIONS = 4
+RETRY_TOPIC = "retry-orders"
+HOUR_MS = 3_600_000
+
+
+@pytest.fixture
+def scheduler(tmp_path: Path) -> Iterator[tuple[RetrySchedulerService, TopologyDriver]]:
+    service = RetrySchedulerService(Settings(
+        data_dir=tmp_path, topic_partitions=PARTITIONS, retry_max_attempts=3, retry_base_delay_ms=HOUR_MS,
+        retry_max_delay_ms=HOUR_MS, retry_jitter="none",
+    ))
+    with TopologyDriver(service.engine) as driver:
+        yield service, driver
+
+
+def letter_headers(dlq_id: str, *, attempt: int, failed_at: int) -> list[tuple[str, bytes]]:
+    return [(name, str(value).encode()) for name, value in {
+        dl.ID: dlq_id, dl.ORIGINAL_TOPIC: "orders", dl.ORIGINAL_PARTITION: 0, dl.ORIGINAL_OFFSET: 7,
+        dl.RETRY_TOPIC: RETRY_TOPIC, dl.ATTEMPT: attempt, dl.ERROR_CLASS: "Boom", dl.ERROR_MESSAGE: "it broke",
+        dl.FIRST_FAILED_AT: failed_at, dl.FAILED_AT: failed_at,
+    }.items()]
+
+
+def send_letter(service: RetrySchedulerService, driver: TopologyDriver, dlq_id: str, *, attempt: int = 1,
+                failed_at: int | None = None) -> list[tuple[str, bytes]]:
+    headers = letter_headers(dlq_id, attempt=attempt, failed_at=int(time.time() * 1000) if failed_at is None else failed_at)
+    driver.pipe(service.topics.dead_letters, b"key", b"\xffvalue", headers=headers)
+    return headers
+
+
+def tick_every_partition(service: RetrySchedulerService, driver: TopologyDriver) -> None:
+    for partition in range(PARTITIONS):
+        driver.run(service.ticks.send_tick(partition))
+    driver.process()
+
+
+def test_a_dead_letter_is_routed_to_its_ids_inbox_partition_and_scheduled(
+    scheduler: tuple[RetrySchedulerService, TopologyDriver],
+) -> None:
+    service, driver = scheduler
+    send_letter(service, driver, "d1")
+    [routed] = driver.outputs(service.inbox_topic_name)
+    assert routed.key == b"d1" and routed.partition == partition_for(b"d1", PARTITIONS)
+    entry = service.stats.scheduled_entry("d1")
+    assert entry is not None and entry.attempt == 1 and entry.retry_topic == RETRY_TOPIC
+    tick_every_partition(service, driver)
+    assert driver.outputs(RETRY_TOPIC) == []  # due in an hour
+
+
+def test_a_tick_redelivers_what_is_due_once_with_everything_kept(
+    scheduler: tuple[RetrySchedulerService, TopologyDriver],
+) -> None:
+    service, driver = scheduler
+    headers = send_letter(service, driver, "d1", failed_at=int(time.time() * 1000) - 2 * HOUR_MS)
+    tick_every_partition(service, driver)
+    [redelivered] = driver.outputs(RETRY_TOPIC)
+    assert (redelivered.key, redelivered.value, redelivered.headers) == (b"key", b"\xffvalue", headers)
+    assert service.stats.scheduled_entry("d1") is None
+    tick_every_partition(service, driver)
+    assert len(driver.outputs(RETRY_TOPIC)) == 1
+
+
+def test_a_letter_out_of_attempts_is_parked(scheduler: tuple[RetrySchedulerService, TopologyDriver]) -> None:
+    service, driver = scheduler
+    send_letter(service, driver, "d1", attempt=3)
+    [parked] = driver.outputs(service.topics.parking_lot)
+    assert parked.value == b"\xffvalue"
+    entry = service.stats.parked_entry("d1")
+    assert entry is not None and entry.attempt == 3
+    assert service.stats.scheduled_entry("d1") is None
