@@ -277,9 +277,15 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
         }
 
 
-def rejoin_for_peer(app: faust.App, url: str) -> bool:
-    """A peer asked for a rebalance (to take its warm-ups over): rejoin the group now. False when
-    the consumer has not started."""
+def rejoin_for_peer(app: faust.App, url: str, own_url: str) -> bool:
+    """A peer asked for a rebalance (to take its warm-ups over): rejoin the group now. False, and
+    nothing done, when ``url`` is not another member of the last assignment (a rebalance stops
+    every partition, so only the group's own members may ask for one) or the consumer has not
+    started."""
+    asking = url.rstrip("/")
+    if asking == own_url.rstrip("/") or asking not in member_urls(app):
+        log.info("ignored a rebalance request from %s: not a member of the group", asking)
+        return False
     joined = request_rejoin(app)
     if joined:
         log.info("peer %s asked for a rebalance: rejoining now", url.rstrip("/"))

@@ -132,7 +132,10 @@ class RebalanceIn(BaseModel):
 
 class RebalanceOut(BaseModel):
     url: str
-    rejoining: bool = Field(description="False when this instance's consumer has not started")
+    rejoining: bool = Field(
+        description="False, and nothing done, when the URL is not another member of the group's last assignment "
+        "or this instance's consumer has not started",
+    )
 
 
 @router.post(
@@ -141,4 +144,4 @@ class RebalanceOut(BaseModel):
     "is short (sent by the peers themselves)",
 )
 async def rebalance(body: RebalanceIn, ctx: Ctx) -> Any:
-    return {"url": body.url, "rejoining": rejoin_for_peer(ctx.app, body.url)}
+    return {"url": body.url, "rejoining": rejoin_for_peer(ctx.app, body.url, ctx.url)}

@@ -17,6 +17,7 @@ from shared.engine._warmup import (
     WarmupWatch,
     hand_over_to_caught_up,
     hold_until_warm,
+    rejoin_for_peer,
 )
 from shared.settings import Settings
 
@@ -254,3 +255,14 @@ def test_a_small_changelog_is_handed_over_even_to_a_member_that_reports_no_copie
     out = assignor._perform_assignment(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
     assert decode(out["m-new"])["assignment"]["actives"][SOURCE] != []
     assert assignor.last_holds == {}
+
+
+def test_only_another_member_of_the_group_can_ask_for_a_rebalance(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[object] = []
+    monkeypatch.setattr("shared.engine._warmup.member_urls", lambda app: {"http://a", "http://b"})
+    monkeypatch.setattr("shared.engine._warmup.request_rejoin", lambda app: asked.append(app) or True)
+    assert not rejoin_for_peer(object(), "http://stranger", "http://a")  # type: ignore[arg-type]
+    assert not rejoin_for_peer(object(), "http://a/", "http://a")  # type: ignore[arg-type]
+    assert asked == []
+    assert rejoin_for_peer(object(), "http://b", "http://a")  # type: ignore[arg-type]
+    assert len(asked) == 1
