@@ -215,7 +215,9 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
                 assigned = CopartitionedAssignor(
                     topics=topics, cluster_asgn=previous, num_partitions=num_partitions, replicas=self.replicas,
                 ).get_assignment()
-                if self.enabled and group_changelogs:
+                # A leader that has not measured the changelogs yet (it has just started, as in a
+                # fleet starting at once) cannot tell small tables from large: Faust's assignment.
+                if self.enabled and group_changelogs and self.small is not None:
                     for member, held in hold_until_warm(assigned, previous_owner, caught_up).items():
                         for topic in group_changelogs:
                             warmups[member][topic] = sorted(held)

@@ -110,6 +110,7 @@ def decode(assignment: Any) -> dict[str, Any]:
 
 def test_a_new_member_without_copies_warms_up_and_takes_nothing_over(assignor: WarmupAssignor) -> None:
     cl = changelog(assignor)
+    assignor.small = {cl: []}  # the leader has measured: no changelog is small
     members = {
         "m-a": member(assignor, "http://a", [0, 1, 2, 3], list(range(PARTITIONS))),
         "m-b": member(assignor, "http://b", [4, 5, 6, 7], list(range(PARTITIONS))),
@@ -266,3 +267,16 @@ def test_only_another_member_of_the_group_can_ask_for_a_rebalance(monkeypatch: p
     assert asked == []
     assert rejoin_for_peer(object(), "http://b", "http://a")  # type: ignore[arg-type]
     assert len(asked) == 1
+
+
+def test_a_leader_that_has_not_measured_the_changelogs_holds_nothing(assignor: WarmupAssignor) -> None:
+    """A fleet starting at once: the first member leads before it has measured anything."""
+    cl = changelog(assignor)
+    assert assignor.small is None
+    members = {
+        "m-a": member(assignor, "http://a", list(range(PARTITIONS)), []),
+        "m-new": member(assignor, "http://new", [], []),
+    }
+    out = assignor._perform_assignment(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
+    assert decode(out["m-new"])["assignment"]["actives"][SOURCE] != []
+    assert assignor.last_holds == {}
