@@ -22,7 +22,10 @@ warm-up replicas, and this module does the same on Faust's assignor:
   then needs no restore.
 
 A partition whose owner is gone (a failover) goes where Faust's assignor puts it, a
-standby first; nothing is held for an owner that is not there. Members that do not report
+standby first; nothing is held for an owner that is not there. Nor is a partition whose
+whole changelog is within the bound (as the leader last measured it: a member reports no
+copies until it has measured them), and a leader that has not measured the changelogs yet
+holds nothing back at all. Members that do not report
 their copies (warm-ups turned off there, or an older version) count as caught up, which is
 Faust's behaviour.
 """
