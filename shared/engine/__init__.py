@@ -17,6 +17,7 @@ from shared.engine._app import App, app_id, changelog_topic_specs, run_worker, s
 from shared.engine._batch import DeadLetterRoute, InputBatch, StagedView
 from shared.engine._clients import client_kwargs
 from shared.engine._copies import Copy, assigned_copies, local_copy
+from shared.engine._coverage import ready
 from shared.engine._durable import DurableTable as Table
 from shared.engine._durable import InRecord as Record
 from shared.engine._durable import is_next_offset_key, state_items
@@ -33,7 +34,6 @@ from shared.engine._internals import (
     partition_db,
     partition_items,
     partition_owner_url,
-    recovery_done,
 )
 from shared.engine._membership import note_peer_restarting
 from shared.engine._partitioning import partition_for
@@ -81,7 +81,7 @@ __all__ = [
     "partition_for",
     "partition_items",
     "partition_owner_url",
-    "recovery_done",
+    "ready",
     "refresh_metadata",
     "rejoin_for_peer",
     "run_worker",

@@ -69,6 +69,8 @@ class _EngineApp(faust.App):
     """A Faust app whose consumer is the engine's :class:`BatchConsumer`."""
 
     consumer_class: type[BatchConsumer] = BatchConsumer
+    #: The topics the engine's handlers read (see :func:`shared.engine._coverage.ready`).
+    input_topics: frozenset[str] = frozenset()
 
     def _new_consumer(self) -> Any:
         transport = self.transport
@@ -203,6 +205,7 @@ class Engine:
                 if internal_partitions is not None:
                     self._internal_topics[topic] = internal_partitions
             self._consumer_class.batch_topics = frozenset(self._by_topic)
+            cast(_EngineApp, self.app).input_topics = frozenset(self._by_topic)
             self._consumer_class.lanes = self._lanes()
             return fn
         return register

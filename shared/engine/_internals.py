@@ -124,16 +124,27 @@ def member_urls(app: faust.App) -> set[str]:
     return {str(url).rstrip("/") for distribution in distributions for url in distribution}
 
 
+def consumer_coordinator(app: faust.App) -> Any | None:
+    """The worker consumer's aiokafka group coordinator, which lives on the consumer thread's
+    loop (None before the consumer has started)."""
+    try:
+        return cast(Any, app.consumer)._thread._ensure_consumer()._coordinator
+    except Exception as exc:  # not started, or stopping
+        log.debug("no group coordinator: %r", exc)
+        return None
+
+
 def request_rejoin(app: faust.App) -> bool:
     """Have the worker's consumer rejoin its group now (False if it has not started).
 
     aiokafka's group coordinator runs on the consumer thread's loop, so the request is
     handed to that loop."""
+    coordinator = consumer_coordinator(app)
+    if coordinator is None:
+        return False
     try:
-        thread = cast(Any, app.consumer)._thread
-        coordinator = thread._ensure_consumer()._coordinator
-        thread.thread_loop.call_soon_threadsafe(coordinator.request_rejoin)
-    except Exception as exc:  # not started, or stopping
+        cast(Any, app.consumer)._thread.thread_loop.call_soon_threadsafe(coordinator.request_rejoin)
+    except Exception as exc:  # stopping
         log.debug("no rejoin: %r", exc)
         return False
     return True

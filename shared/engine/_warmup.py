@@ -50,6 +50,7 @@ from faust.assignor.cluster_assignment import ClusterAssignment
 from faust.assignor.copartitioned_assignor import CopartitionedAssignor
 
 from shared.engine._copies import lag_without_copy, local_copy
+from shared.engine._coverage import MetadataChase
 from shared.engine._internals import AnyTable, member_urls, recovery_done, request_rejoin
 from shared.engine._loops import run_every
 from shared.settings import Settings
@@ -161,6 +162,8 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
         #: The last assignment's hand-overs and holds, for the log and the tests.
         self.last_moves: list[tuple[str, int, str, str]] = []
         self.last_holds: dict[str, dict[str, list[int]]] = {}
+        #: Topics the last assignment skipped for want of metadata, refreshed until known.
+        self.metadata_chase = MetadataChase(app)
 
     # -- a member --------------------------------------------------------------------------
 
@@ -194,6 +197,9 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
         for member in member_metadata:
             cluster_assignment.add_client(member, subscriptions[member], clients_metadata[member])
         groups = self._get_copartitioned_groups(cluster_assignment.topics(), cluster, subscriptions)
+        # Faust skips a topic the cluster metadata does not show yet: nobody would own it until
+        # the next rebalance, which only a metadata change minutes later would bring.
+        self.metadata_chase.start(t for t in cluster_assignment.topics() if not cluster.partitions_for_topic(t))
         self._update_member_urls(clients_metadata)
         assignments: MutableMapping[str, ClientAssignment] = {
             member: ClientAssignment(actives={}, standbys={}) for member in member_metadata

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from shared.engine import App, partition_for, recovery_done
+from shared.engine import App, partition_for, ready
 from shared.settings import Settings
 from shared.topics import TopicNames
 
@@ -46,7 +46,7 @@ class ServiceContext:
         return True
 
     def ready(self) -> bool:
-        return recovery_done(self.app)
+        return ready(self.app)
 
     def partition_for(self, key: str | bytes) -> int:
         return partition_for(key, self.settings.topic_partitions)

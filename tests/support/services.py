@@ -28,7 +28,7 @@ def free_port() -> int:
 
 @dataclass
 class ServiceProcess:
-    """One instance of ``python -m services.<module>``."""
+    """One instance of ``python -m services.<module>`` (or of ``module`` itself, when dotted)."""
 
     module: str
     env: dict[str, str]
@@ -45,7 +45,7 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", f"services.{self.module}"], cwd=REPO, env=env,
+                [sys.executable, "-m", self.module if "." in self.module else f"services.{self.module}"], cwd=REPO, env=env,
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         return self
