@@ -87,6 +87,11 @@ class Settings(BaseSettings):
         1.0, ge=0.5, le=60,
         description="A peer whose port refuses or times out on every probe for this long (3 probes at least) is gone",
     )
+    peer_refused_gone_after_s: float = Field(
+        0.5, ge=0.25, le=60,
+        description="A peer whose port refuses every probe (nothing listens there) for this long (3 probes at least) "
+                    "is gone; at most peer_gone_after_s",
+    )
 
     # HTTP
     http_host: str = "127.0.0.1"

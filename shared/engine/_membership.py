@@ -15,7 +15,10 @@ told from "busy":
   broker's session timeout remains the judge of a hung process). A refused connection
   (the port is closed: the process is gone) or a connect timeout (on Kubernetes a dead
   pod's address stops answering at all) is evidence; a peer is *gone* after at least
-  :data:`MIN_FAILED_PROBES` such probes in a row spanning ``peer_gone_after_s``. Only a
+  :data:`MIN_FAILED_PROBES` such probes in a row spanning ``peer_gone_after_s``, or
+  ``peer_refused_gone_after_s`` when every one of them was refused: a refusal comes from a
+  host that is there and has nothing listening on the port (the process is gone), while a
+  timeout may be a network that is slow for a moment. Only a
   peer seen listening before is judged: a joining instance is in the assignment before its
   API listens (the worker starts it once recovered), and one that dies before it ever
   listens is left to the session timeout.
@@ -84,7 +87,8 @@ REJOIN_EVERY_S = 5.0
 class Probe(enum.Enum):
     UP = "up"                    # answered over HTTP, whatever the status: the process is there
     SLOW = "slow"                # connected but no answer in time: busy or stopped, not dead
-    UNREACHABLE = "unreachable"  # refused, connect timed out, or reset: evidence of death
+    REFUSED = "refused"          # nothing listens on the port: the strongest evidence of death
+    UNREACHABLE = "unreachable"  # connect timed out, or reset: evidence of death
     LATE = "late"                # this instance was late itself: says nothing about the peer
 
 
@@ -94,6 +98,8 @@ def classify(error: BaseException | None, elapsed_s: float, timeout_s: float) ->
         return Probe.LATE
     if error is None:
         return Probe.UP
+    if isinstance(error, httpx.ConnectError) and _refused(error):
+        return Probe.REFUSED
     if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
         return Probe.UNREACHABLE
     if isinstance(error, httpx.TimeoutException):  # read or write timeout on a made connection
@@ -101,6 +107,18 @@ def classify(error: BaseException | None, elapsed_s: float, timeout_s: float) ->
     if isinstance(error, httpx.TransportError):  # reset or closed mid-request: the next probe tells more
         return Probe.UNREACHABLE
     return Probe.UP  # an answer this client could not use is still an answer
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether a connect error was the peer's host refusing the connection (httpx wraps the OS error)."""
+    seen: BaseException | None = error
+    for _ in range(8):  # the chain is short: httpx's error, httpcore's, the OS error
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def member_url(metadata: bytes) -> str | None:
@@ -119,12 +137,15 @@ class Gone:
     url: str
     failures: int
     since: float  # when the first of the failed probes in a row started
+    #: How long its probes had to fail for it to count as gone (shorter when all were refused).
+    after_s: float = field(default=0.0, compare=False)
 
 
 @dataclass
 class _Peer:
     failures: int = 0
     first_failure: float | None = None
+    refused_only: bool = True  # every failure of the streak a refused connection
     # A joining instance is in the assignment before its API listens (the worker starts it once
     # recovered), so a peer is judged only once it has been seen listening.
     seen_up: bool = False
@@ -143,6 +164,8 @@ class PeerVerdicts:
     own_url: str
     gone_after_s: float
     restart_grace_s: float
+    #: How long refused connections alone take to count (at most ``gone_after_s``).
+    refused_gone_after_s: float | None = None
     min_failures: int = MIN_FAILED_PROBES
     _peers: dict[str, _Peer] = field(default_factory=dict)
     _restarting: dict[str, _Announcement] = field(default_factory=dict)
@@ -161,10 +184,11 @@ class PeerVerdicts:
         if peer is None or probe is Probe.LATE:
             return
         announced = self._restarting.get(url)
-        if probe is Probe.UNREACHABLE:
+        if probe in (Probe.UNREACHABLE, Probe.REFUSED):
             if peer.failures == 0:
-                peer.first_failure = now
+                peer.first_failure, peer.refused_only = now, True
             peer.failures += 1
+            peer.refused_only = peer.refused_only and probe is Probe.REFUSED
             if announced is not None:
                 announced.seen_down = True
             return
@@ -186,10 +210,16 @@ class PeerVerdicts:
         """Peers whose probes failed long and often enough, and that did not announce a restart."""
         out = []
         for url, peer in sorted(self._peers.items()):
+            after_s = self._gone_after(peer)
             if (peer.seen_up and peer.first_failure is not None and peer.failures >= self.min_failures
-                    and now - peer.first_failure >= self.gone_after_s and not self.restarting(url, now)):
-                out.append(Gone(url, peer.failures, peer.first_failure))
+                    and now - peer.first_failure >= after_s and not self.restarting(url, now)):
+                out.append(Gone(url, peer.failures, peer.first_failure, after_s))
         return out
+
+    def _gone_after(self, peer: _Peer) -> float:
+        if peer.refused_only and self.refused_gone_after_s is not None:
+            return min(self.refused_gone_after_s, self.gone_after_s)
+        return self.gone_after_s
 
     def rank(self, now: float) -> int:
         """This instance's place among the instances it sees alive, by URL (0: it acts first)."""
@@ -199,7 +229,7 @@ class PeerVerdicts:
     def due(self, gone: Gone, now: float) -> bool:
         """Whether this instance removes ``gone``'s member now: at once when it ranks first,
         else ``gone_after_s`` later per place, as a backup."""
-        return now >= gone.since + self.gone_after_s * (1 + self.rank(now))
+        return now >= gone.since + (gone.after_s or self.gone_after_s) + self.gone_after_s * self.rank(now)
 
     def removed(self, url: str) -> None:
         """Its member was removed: a new case needs new evidence, once it is seen up again."""
@@ -241,7 +271,8 @@ class PeerWatch:
         self.interval_s = settings.peer_probe_interval_s
         # Connect timeouts count as evidence, so several must fit in the time a peer needs to be gone.
         self.probe_timeout_s = min(0.5, settings.peer_gone_after_s / 2)
-        self.verdicts = PeerVerdicts(own_url.rstrip("/"), settings.peer_gone_after_s, settings.session_timeout_s)
+        self.verdicts = PeerVerdicts(own_url.rstrip("/"), settings.peer_gone_after_s, settings.session_timeout_s,
+                                     refused_gone_after_s=settings.peer_refused_gone_after_s)
         self.stopping = False
         self._admin: _Admin | None = None
         self._http: httpx.AsyncClient | None = None
@@ -308,7 +339,7 @@ class PeerWatch:
         ids = [member_id for member_id, url in members if url == gone.url]
         if ids and act:
             # A last look: a peer that answers now (restarted quickly) is not removed.
-            if await self.probe(gone.url) is not Probe.UNREACHABLE:
+            if await self.probe(gone.url) not in (Probe.UNREACHABLE, Probe.REFUSED):
                 return
             for member_id in ids:
                 await self.leave_group(coordinator, member_id)

@@ -141,10 +141,46 @@ def test_peers_no_longer_assigned_are_forgotten() -> None:
     assert v.peers == [C]
 
 
+def test_a_peer_whose_port_refuses_every_probe_is_gone_sooner() -> None:
+    v = PeerVerdicts(own_url=A, gone_after_s=1.0, restart_grace_s=45.0, refused_gone_after_s=0.5)
+    v.set_peers([B, C])
+    for url in (B, C):
+        v.record(url, Probe.UP, 0.0)
+    for t in (0.0, 0.25, 0.5):
+        v.record(B, Probe.REFUSED, t)  # nothing listens: the process is gone
+        v.record(C, Probe.REFUSED if t < 0.5 else Probe.UNREACHABLE, t)  # one timeout: the network, maybe
+    gone = v.gone(0.5)
+    assert [g.url for g in gone] == [B] and gone[0].after_s == 0.5
+    assert v.due(gone[0], 0.5)
+    fail(v, C, [0.75, 1.0])
+    assert [g.url for g in v.gone(1.0)] == [B, C]
+    # Two refusals are not enough, however long apart.
+    w = PeerVerdicts(own_url=A, gone_after_s=1.0, restart_grace_s=45.0, refused_gone_after_s=0.5)
+    w.set_peers([B])
+    w.record(B, Probe.UP, 0.0)
+    w.record(B, Probe.REFUSED, 0.0)
+    w.record(B, Probe.REFUSED, 5.0)
+    assert w.gone(5.0) == []
+
+
+def test_a_backup_acts_a_gone_time_after_the_first_when_the_port_refuses() -> None:
+    b = PeerVerdicts(own_url=B, gone_after_s=1.0, restart_grace_s=45.0, refused_gone_after_s=0.5)
+    b.set_peers([A, C])
+    for url in (A, C):
+        b.record(url, Probe.UP, 0.0)
+    for t in (0.0, 0.25, 0.5):
+        b.record(C, Probe.REFUSED, t)
+    gone = b.gone(0.5)[0]
+    assert not b.due(gone, 0.5) and not b.due(gone, 1.4) and b.due(gone, 1.5)  # A, alive, acts first
+
+
 def test_probe_outcomes_are_classified() -> None:
     request = httpx.Request("GET", "http://b:1/healthz")
     assert classify(None, 0.01, 0.5) is Probe.UP
-    assert classify(httpx.ConnectError("refused", request=request), 0.001, 0.5) is Probe.UNREACHABLE
+    assert classify(httpx.ConnectError("no route", request=request), 0.001, 0.5) is Probe.UNREACHABLE
+    refused = httpx.ConnectError("refused", request=request)
+    refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    assert classify(refused, 0.001, 0.5) is Probe.REFUSED
     assert classify(httpx.ConnectTimeout("timed out", request=request), 0.5, 0.5) is Probe.UNREACHABLE
     assert classify(httpx.ReadTimeout("no answer", request=request), 0.5, 0.5) is Probe.SLOW
     assert classify(httpx.RemoteProtocolError("closed", request=request), 0.01, 0.5) is Probe.UNREACHABLE
@@ -162,3 +198,13 @@ def test_a_members_url_is_read_from_faust_metadata() -> None:
     assert member_url(ConsumerProtocolMemberMetadata(0, ["t"], b"not json").encode()) is None
     assert member_url(ConsumerProtocolMemberMetadata(0, ["t"], b'{"no": "url"}').encode()) is None
     assert member_url(b"\x00") is None
+
+
+def test_a_closed_port_on_this_host_is_classified_as_refused() -> None:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again at once: nothing listens there
+    with pytest.raises(httpx.ConnectError) as caught:
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0)
+    assert classify(caught.value, 0.01, 0.5) is Probe.REFUSED
