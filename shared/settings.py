@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     session_timeout_s: float = Field(
         45.0, gt=0, description="A member silent this long leaves the group; a restart within it keeps the assignment"
     )
+    restart_grace_s: float = Field(
+        20.0, ge=0, le=3600,
+        description="How long peers leave alone the group member of an instance that announced a restart (SIGTERM) "
+        "before they remove it, unless it has rejoined meanwhile; at most the session timeout",
+    )
     peer_watch: bool = Field(
         True, description="Probe the other instances and have the group coordinator drop a dead one's member at once, "
         "so its partitions move within seconds instead of after the session timeout",
@@ -188,6 +193,11 @@ class Settings(BaseSettings):
                 "messages. Set STATEFLEET_ADMIN_TOKEN to a secret of your own (the Helm chart takes it from its "
                 "admin Secret), or STATEFLEET_ENV=local for a local run."
             )
+
+    @property
+    def effective_restart_grace_s(self) -> float:
+        """The restart grace in force: past the session timeout the broker removes the member anyway."""
+        return min(self.restart_grace_s, self.session_timeout_s)
 
     def port_for(self, service_default: int) -> int:
         return self.http_port if self.http_port is not None else service_default

@@ -35,9 +35,14 @@ told from "busy":
   UNKNOWN_MEMBER_ID and changes nothing, so a duplicate from a backup is harmless.
 * **Restarts.** A worker stopping on SIGTERM tells its peers it is restarting
   (``POST /instance/restarting``, see :func:`announce_restart`); they then leave its
-  member alone for the session timeout, so a quick restart with static membership gets
-  its partitions back without a rebalance. If it does not return in that time, the
-  broker's session timeout removes it anyway.
+  member alone for the restart grace (``restart_grace_s``, at most the session timeout),
+  so a quick restart with static membership gets its partitions back without a
+  rebalance. One that is still gone after the grace (scaled in, or slow to come back) is
+  removed like a dead one, so its partitions move to their standbys instead of waiting for
+  the session timeout; unless the group already holds a new member for its URL (a static
+  member rejoining gets a new member id), which is the instance back and still recovering,
+  its API not listening yet. The member ids an instance had when it announced its restart
+  are what tells the two apart.
 """
 
 from __future__ import annotations
@@ -247,8 +252,10 @@ def note_peer_restarting(app: faust.App, url: str) -> bool:
     if watch is None:
         return False
     watch.verdicts.announce_restart(url, time.monotonic())
+    watch.remember_members(url.rstrip("/"))
     PEER_RESTARTS_ANNOUNCED.labels(watch.service).inc()
-    log.info("peer %s says it is restarting: not removing it for %.0fs", url.rstrip("/"), watch.settings.session_timeout_s)
+    log.info("peer %s says it is restarting: not removing it for %.0fs unless it is back",
+             url.rstrip("/"), watch.settings.effective_restart_grace_s)
     return True
 
 
@@ -271,12 +278,16 @@ class PeerWatch:
         self.interval_s = settings.peer_probe_interval_s
         # Connect timeouts count as evidence, so several must fit in the time a peer needs to be gone.
         self.probe_timeout_s = min(0.5, settings.peer_gone_after_s / 2)
-        self.verdicts = PeerVerdicts(own_url.rstrip("/"), settings.peer_gone_after_s, settings.session_timeout_s,
+        self.verdicts = PeerVerdicts(own_url.rstrip("/"), settings.peer_gone_after_s,
+                                     settings.effective_restart_grace_s,
                                      refused_gone_after_s=settings.peer_refused_gone_after_s)
         self.stopping = False
         self._admin: _Admin | None = None
         self._http: httpx.AsyncClient | None = None
         self._rejoined: dict[str, float] = {}
+        #: URL -> the member ids its group member had when it announced a restart.
+        self._members_at_restart: dict[str, set[str]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         _WATCHES[app] = self
 
     # -- the loop ----------------------------------------------------------------------
@@ -337,6 +348,16 @@ class PeerWatch:
         names it."""
         coordinator, members = await self.describe_group()
         ids = [member_id for member_id, url in members if url == gone.url]
+        before = self._members_at_restart.get(gone.url)
+        if ids and before is not None and not set(ids) <= before:
+            # It announced a restart, and the group holds a member for its URL that it did not
+            # have then: the instance is back (a static member rejoins under a new member id)
+            # and recovering, its API not listening yet. Judged again once it answers.
+            del self._members_at_restart[gone.url]
+            self.verdicts.removed(gone.url)
+            log.info("peer %s is back in group %s after its restart (member %s): not removing it",
+                     gone.url, self.group_id, ", ".join(sorted(set(ids) - before)))
+            return
         if ids and act:
             # A last look: a peer that answers now (restarted quickly) is not removed.
             if await self.probe(gone.url) not in (Probe.UNREACHABLE, Probe.REFUSED):
@@ -347,6 +368,7 @@ class PeerWatch:
                 log.warning("peer %s gone after %d failed probes over %.1fs; removed its member %s from group %s",
                             gone.url, gone.failures, time.monotonic() - gone.since, member_id, self.group_id)
             self.verdicts.removed(gone.url)
+            self._members_at_restart.pop(gone.url, None)
             ids = []
         if not ids:
             self.rejoin(gone.url)
@@ -360,6 +382,23 @@ class PeerWatch:
         # 0.5 s away); rejoining at once saves that wait.
         if request_rejoin(self.app):
             log.info("peer %s is out of group %s: rejoining now", url, self.group_id)
+
+    def remember_members(self, url: str) -> None:
+        """Note, in the background, the member ids ``url`` has in the group now (it announced a
+        restart): a different one later is the instance back."""
+        async def remember() -> None:
+            try:
+                _, members = await self.describe_group()
+            except Exception as exc:  # the broker away: then the grace alone decides
+                log.info("could not note the group member of restarting peer %s: %r", url, exc)
+                return
+            self._members_at_restart[url] = {member_id for member_id, u in members if u == url}
+
+        if self._admin is None:
+            return
+        task = asyncio.get_running_loop().create_task(remember())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def describe_group(self) -> tuple[int, list[tuple[str, str | None]]]:
         """The group's coordinator and its members as (member id, URL from the metadata)."""

@@ -114,7 +114,7 @@ class RestartingIn(BaseModel):
 class RestartingOut(BaseModel):
     url: str
     noted: bool = Field(description="False when this instance keeps no peer watch (STATEFLEET_PEER_WATCH=false)")
-    grace_s: float = Field(description="How long its group member is left alone (the session timeout)")
+    grace_s: float = Field(description="How long its group member is left alone unless it is back (the restart grace)")
 
 
 @router.post(
@@ -123,7 +123,7 @@ class RestartingOut(BaseModel):
 )
 async def restarting(body: RestartingIn, ctx: Ctx) -> Any:
     noted = note_peer_restarting(ctx.app, body.url)
-    return {"url": body.url, "noted": noted, "grace_s": ctx.settings.session_timeout_s}
+    return {"url": body.url, "noted": noted, "grace_s": ctx.settings.effective_restart_grace_s}
 
 
 class RebalanceIn(BaseModel):

@@ -124,12 +124,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--no-watch", action="store_true", help="STATEFLEET_PEER_WATCH=false (the session timeout decides)")
     parser.add_argument("--keep", type=Path, default=None, help="run in this dir and keep the instances' logs and data")
     parser.add_argument("--gone-after", type=float, default=None, help="STATEFLEET_PEER_GONE_AFTER_S (default: the setting's)")
+    parser.add_argument("--refused-gone-after", type=float, default=None,
+                        help="STATEFLEET_PEER_REFUSED_GONE_AFTER_S (default: the setting's)")
     args, _ = parser.parse_known_args(argv)
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     watch = "false" if args.no_watch else "true"
     print(f"[bench] machine: {machine()}; prefix {prefix}; {args.accounts:,} accounts, 3 instances, "
           f"peer watch {watch}"
-          f"{'' if args.no_watch else f' (gone after {args.gone_after or Settings().peer_gone_after_s:g}s)'}, "
+          f"{'' if args.no_watch else f' (gone after {args.gone_after or Settings().peer_gone_after_s:g}s, '}"
+          f"{'' if args.no_watch else f'refused {args.refused_gone_after or Settings().peer_refused_gone_after_s:g}s)'}, "
           "default session timeout", flush=True)
     settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
     topic = f"{prefix}account-events"
@@ -141,6 +144,8 @@ def main(argv: list[str]) -> None:
            "STATEFLEET_PEER_WATCH": watch}
     if args.gone_after is not None:
         env["STATEFLEET_PEER_GONE_AFTER_S"] = str(args.gone_after)
+    if args.refused_gone_after is not None:
+        env["STATEFLEET_PEER_REFUSED_GONE_AFTER_S"] = str(args.refused_gone_after)
     env.pop("STATEFLEET_SESSION_TIMEOUT_S", None)
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)

@@ -108,47 +108,59 @@ def history_for_feeding() -> History:
     return generate(programs=30, accounts_per_program=120, seed=23, logins_per_program=20)
 
 
+class Markers:
+    """Marker events for a program and accounts that only ``partitions`` carry, at both hops
+    (account events by account, the tally by program): a tally for it can only come from them."""
+
+    def __init__(self, partitions: set[int], events_topic: str) -> None:
+        self.program = next(p for n in range(10_000) if partition_for(p := f"marker-{n}", PARTITIONS) in partitions)
+        self.accounts = (a for n in range(100_000) if partition_for(a := f"marker-acct-{n}", PARTITIONS) in partitions)
+        self.events_topic = events_topic
+        self.sent = 0
+
+    def processed_again_after(self, since: float, reader: ServiceProcess, limit_s: float, logs: str) -> float:
+        """Seconds from ``since`` until ``reader`` answers the marker program's tally with a count,
+        sending a marker every 0.1 s meanwhile; fails past ``limit_s``."""
+        while True:
+            elapsed = time.monotonic() - since
+            assert elapsed < limit_s, f"the partitions were not processed again within {limit_s}s; logs:\n{logs}"
+            if self.sent <= elapsed * 10:  # a new marker event every 0.1 s
+                account = next(self.accounts)
+                produce(self.events_topic, [(account, orjson.dumps(event(account, self.program, "AccountCreated", 1)))])
+                self.sent += 1
+            try:
+                got = httpx.get(f"{reader.url}/tallies/{self.program}", timeout=1)
+            except httpx.HTTPError:
+                got = None
+            if got is not None and got.status_code == 200 and got.json()["numberActive"] >= 1:
+                return time.monotonic() - since
+            time.sleep(0.02)
+
+    def expected(self) -> dict[str, dict[str, Any]]:
+        return {self.program: {"program_id": self.program, "numberActive": self.sent, "numberInactive": 0,
+                               "lastLogin": None}}
+
+
 def test_a_killed_instances_partitions_are_processed_again_within_seconds(
     start_tallies: Any, tally_topics: dict[str, str],
 ) -> None:
     history = history_for_feeding()
     fleet = start_fleet(start_tallies, tally_topics["events"])
     victim, survivors = fleet["c"], [fleet["a"], fleet["b"]]
-    mine = set(instance_view(victim)["active"][tally_topics["events"]])
-    # A program and accounts that only the victim's partitions carry, at both hops (account
-    # events by account, the tally by program): a tally for it can only come from them.
-    program = next(p for n in range(10_000) if partition_for(p := f"marker-{n}", PARTITIONS) in mine)
-    accounts = (a for n in range(100_000) if partition_for(a := f"marker-acct-{n}", PARTITIONS) in mine)
+    markers = Markers(set(instance_view(victim)["active"][tally_topics["events"]]), tally_topics["events"])
 
     feeder = Feeder(history, tally_topics)
     feeder.start()
     time.sleep(2.0)  # the kill lands mid-stream
     victim.kill()
     killed_at = time.monotonic()
-    markers = 0
-    first_processed_s: float | None = None
-    while first_processed_s is None:
-        elapsed = time.monotonic() - killed_at
-        assert elapsed < FAILOVER_LIMIT_S, (
-            f"the killed instance's partitions were not processed again within {FAILOVER_LIMIT_S}s; "
-            f"logs:\n{survivors[0].log_tail()}\n{survivors[1].log_tail()}")
-        if markers <= elapsed * 10:  # a new marker event every 0.1 s
-            account = next(accounts)
-            produce(tally_topics["events"], [(account, orjson.dumps(event(account, program, "AccountCreated", 1)))])
-            markers += 1
-        try:
-            got = httpx.get(f"{survivors[0].url}/tallies/{program}", timeout=1)
-        except httpx.HTTPError:
-            got = None
-        if got is not None and got.status_code == 200 and got.json()["numberActive"] >= 1:
-            first_processed_s = time.monotonic() - killed_at
-        time.sleep(0.02)
+    first_processed_s = markers.processed_again_after(
+        killed_at, survivors[0], FAILOVER_LIMIT_S, f"{survivors[0].log_tail()}\n{survivors[1].log_tail()}")
     print(f"\nfailover: the killed instance's partitions processed again {first_processed_s:.2f}s after SIGKILL")
 
     feeder.join(120)
     assert not feeder.is_alive()
-    expected = {**history.expected, program: {
-        "program_id": program, "numberActive": markers, "numberInactive": 0, "lastLogin": None}}
+    expected = {**history.expected, **markers.expected()}
     assert_tallies_settle(survivors[0], expected)
     assert all_tallies(survivors[1], limit=100) == expected
     wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,
@@ -158,6 +170,44 @@ def test_a_killed_instances_partitions_are_processed_again_within_seconds(
     assert sum(removals) >= 1 and max(removals) == 1, removals  # a backup acts only if the first has not
     assert sum(metric(p, "statefleet_peer_failovers_total") for p in survivors) == sum(removals)
     print(f"failover: members removed per survivor {removals}")
+
+
+#: The restart grace of the scale-in test: shorter than the default (20 s) to keep the test short.
+SCALE_IN_GRACE_S = 4.0
+
+
+def test_a_stopped_instance_that_does_not_come_back_is_removed_after_the_restart_grace(
+    start_tallies: Any, tally_topics: dict[str, str],
+) -> None:
+    """Scale-in: an instance stopped with SIGTERM announces a restart, and its peers leave its
+    member alone for the restart grace; when it has not come back by then, its partitions move to
+    the survivors, long before the 45 s session timeout would have moved them."""
+    history = history_for_feeding()
+    grace = {"STATEFLEET_RESTART_GRACE_S": str(SCALE_IN_GRACE_S)}
+    fleet = start_fleet(start_tallies, tally_topics["events"], env={name: grace for name in ("a", "b", "c")})
+    leaving, survivors = fleet["c"], [fleet["a"], fleet["b"]]
+    markers = Markers(set(instance_view(leaving)["active"][tally_topics["events"]]), tally_topics["events"])
+    feeder = Feeder(history, tally_topics)
+    feeder.start()
+    time.sleep(2.0)
+    stopped_at = time.monotonic()
+    leaving.stop()
+    assert "peers this instance is restarting" in leaving.log_path.read_text(errors="replace")
+    processed_s = markers.processed_again_after(
+        stopped_at, survivors[0], SCALE_IN_GRACE_S + FAILOVER_LIMIT_S,
+        f"{survivors[0].log_tail()}\n{survivors[1].log_tail()}")
+    print(f"\nscale-in: the stopped instance's partitions processed again {processed_s:.2f}s after SIGTERM "
+          f"(restart grace {SCALE_IN_GRACE_S:g}s)")
+    assert processed_s >= SCALE_IN_GRACE_S - 0.5  # spared for the grace, as a restart would be
+
+    feeder.join(120)
+    assert not feeder.is_alive()
+    expected = {**history.expected, **markers.expected()}
+    assert_tallies_settle(survivors[0], expected)
+    assert all_tallies(survivors[1], limit=100) == expected
+    removals = [p.log_path.read_text(errors="replace").count(REMOVED) for p in survivors]
+    assert sum(removals) >= 1 and max(removals) == 1, removals
+    assert sum(metric(p, "statefleet_peer_restarts_announced_total") for p in survivors) == 2
 
 
 @pytest.mark.parametrize("removed", [
