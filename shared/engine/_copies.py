@@ -22,6 +22,12 @@ no lag at all (unknown): an end offset only grows, so an old one makes a copy lo
 than it is. After a stall of the process (stopped, frozen) every end it knows is from before
 the stall, and the copies it restores or keeps would otherwise claim to be up to date
 (lag 0) while they are still far behind.
+
+Under ``exactly_once`` a changelog ends with the last transaction's commit marker, an offset
+that holds no record a copy could apply: an up-to-date copy would report a lag of at least
+1. So a small lag (at most :data:`MARKERS_CHECKED`) is read back once, read_committed, and
+counted as 0 when the offsets between the copy and the end hold no committed record (the
+range is remembered, so the next read of the same copy asks nothing).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from faust.types import TP
 
-from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, started_when_reachable
+from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, exactly_once, started_when_reachable
 from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, recovery_done
 from shared.settings import Settings
 
@@ -53,6 +59,8 @@ END_MAX_AGE_S = 1.0
 END_LOOKUP_TIMEOUT_S = 0.5
 #: Oldest answer of the broker a lag is computed from; past it the lag is unknown.
 END_TRUSTED_S = 5.0
+#: Under exactly_once, a lag this small is read back to tell transaction markers from records.
+MARKERS_CHECKED = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +83,10 @@ class _ChangelogEnds:
         self._lock = asyncio.Lock()
         self._refreshing: dict[str, asyncio.Future[None]] = {}
         self._stopped = False
+        #: Whether changelogs are written in transactions (their ends can be commit markers).
+        self.transactional = exactly_once(settings)
+        #: Per changelog partition, the last offset range read back and found to hold no record.
+        self._no_records: dict[TP, tuple[int, int]] = {}
 
     async def end(self, tp: TP, partitions: int) -> int | None:
         """The end offset of ``tp`` as last known, asked anew when older than :data:`END_MAX_AGE_S`
@@ -124,6 +136,28 @@ class _ChangelogEnds:
             for ktp, end in ends.items():
                 self._ends[TP(ktp.topic, ktp.partition)] = int(end)
             self._asked[topic] = asked
+
+    async def holds_no_records(self, tp: TP, start: int, end: int) -> bool:
+        """Whether offsets ``start`` to ``end - 1`` of ``tp`` hold no committed record (only
+        transaction markers or aborted records), read back once and remembered."""
+        known = self._no_records.get(tp)
+        if known is not None and known[0] <= start and end <= known[1]:
+            return True
+        async with self._lock:
+            consumer = await self._client()
+            ktp = KafkaTP(tp.topic, tp.partition)
+            consumer.assign([ktp])
+            try:
+                consumer.seek(ktp, start)
+                while await consumer.position(ktp) < end:
+                    # A range of markers only returns no record, but moves the position past it.
+                    fetched = await consumer.getmany(ktp, timeout_ms=100)
+                    if any(start <= m.offset < end for m in fetched.get(ktp, [])):
+                        return False
+            finally:
+                consumer.unsubscribe()  # or its fetcher would go on reading the partition
+        self._no_records[tp] = (start, end)
+        return True
 
     def saw(self, tp: TP, end: int) -> None:
         if end > self._ends.get(tp, -1):
@@ -212,7 +246,14 @@ async def local_copy(app: faust.App, table: AnyTable, partition: int) -> Copy | 
         end = await ends.end(tp, table.partitions or partition + 1)
     if end is None:
         return Copy(source, None)
-    return Copy(source, max(0, end - (applied or 0)))
+    lag = max(0, end - (applied or 0))
+    if ends is not None and ends.transactional and applied is not None and 0 < lag <= MARKERS_CHECKED:
+        try:
+            if await asyncio.wait_for(ends.holds_no_records(tp, applied, end), END_LOOKUP_TIMEOUT_S):
+                lag = 0  # what is left is the last transaction's marker (or aborted records)
+        except Exception as exc:  # no answer in time, or the broker away: the lag as counted
+            log.debug("could not read %s[%d] back from %d to %d: %r", tp.topic, tp.partition, applied, end, exc)
+    return Copy(source, lag)
 
 
 async def lag_without_copy(app: faust.App, table: AnyTable, partition: int) -> int | None:

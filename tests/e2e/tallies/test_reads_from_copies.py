@@ -101,8 +101,12 @@ def settled_fleet(
 
 
 #: The dead owner's partitions stay unassigned (no peer watch, the default 45 s session timeout),
-#: so the reads of them are answered from copies the whole time.
-@pytest.mark.parametrize("fleet_env", [{"STATEFLEET_PEER_WATCH": "false"}], indirect=True)
+#: so the reads of them are answered from copies the whole time. Under exactly_once each
+#: changelog ends with a commit marker, which an up-to-date copy must not count as lag.
+@pytest.mark.parametrize("fleet_env", [
+    {"STATEFLEET_PEER_WATCH": "false"},
+    {"STATEFLEET_PEER_WATCH": "false", "STATEFLEET_PROCESSING_GUARANTEE": "exactly_once"},
+], indirect=True, ids=["at_least_once", "exactly_once"])
 def test_owner_sigkilled_every_key_answered_from_a_copy(
     settled_fleet: tuple[dict[str, ServiceProcess], dict[str, Any]],
 ) -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from faust.types import TP
 
+from shared.engine._copies import _ChangelogEnds
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, transactional_id
 from shared.engine._restore import ChangelogReader
 from shared.metrics import REGISTRY
@@ -135,3 +136,33 @@ def test_unsendable_names_records_that_would_abort_a_transaction(kafka_bootstrap
     assert fits is None
     assert unknown is not None and "'no such topic!' is not available" in unknown
     assert too_large is not None and "larger than a record batch" in too_large
+
+
+def test_a_changelog_ending_in_a_commit_marker_holds_no_record_past_the_last_one(kafka_bootstrap: str, prefix: str) -> None:
+    """What a copy's lag discounts under exactly_once: past the last committed record a
+    changelog holds only the transaction's marker, and the read-back says so; a range holding
+    a committed record is not mistaken for markers."""
+    topic = f"{prefix}markers-changelog"
+    create_topics([topic], partitions=1)
+    asyncio.run(_markers_check(kafka_bootstrap, prefix, topic))
+
+
+async def _markers_check(kafka_bootstrap: str, prefix: str, topic: str) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"{prefix}markers")
+    await producer.start()
+    try:
+        for n in range(3):  # three transactions of one record each: offsets 0, 2, 4, markers 1, 3, 5
+            async with producer.transaction():
+                await producer.send_and_wait(topic, b"v%d" % n, key=b"k", partition=0)
+    finally:
+        await producer.stop()
+    ends = _ChangelogEnds(settings(kafka_bootstrap))
+    tp = TP(topic, 0)
+    try:
+        assert ends.transactional
+        assert await ends.end(tp, 1) == 6
+        assert await ends.holds_no_records(tp, 5, 6)  # a copy that applied offset 4 is up to date
+        assert not await ends.holds_no_records(tp, 3, 6)  # offset 4 is a record it still lacks
+        assert await ends.holds_no_records(tp, 5, 6)  # remembered, and asked again after another range
+    finally:
+        await ends.stop()
