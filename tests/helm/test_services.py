@@ -153,6 +153,14 @@ def test_grace_period_allows_a_clean_leave(render, service):
     assert spec["terminationGracePeriodSeconds"] >= 60
 
 
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_stopping_pod_keeps_answering_while_the_service_stops_routing_to_it(render, service):
+    spec = render().get("StatefulSet", sts_name(service))["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep" and 0 < int(command[1]) < spec["terminationGracePeriodSeconds"] / 4
+
+
 @pytest.mark.parametrize("service,port", SERVICES.items())
 def test_client_service_balances_over_the_pods(render, service, port):
     m = render()

@@ -44,7 +44,10 @@ async def _events_then_reads(proc: ServiceProcess, bootstrap: str) -> tuple[int,
             await producer.send(prefix + "account-commands", orjson.dumps(command), key=command["account_id"].encode())
         await producer.flush()
 
-        async with httpx.AsyncClient(base_url=proc.url, timeout=15) as http:
+        # A fetch can hand over thousands of events at once, each read at once: they queue for one
+        # of the client's connections as long as it takes (no pool timeout), each answer within 15 s.
+        async with httpx.AsyncClient(base_url=proc.url, timeout=httpx.Timeout(15.0, pool=None),
+                                     limits=httpx.Limits(max_connections=50)) as http:
             deadline = time.monotonic() + 120
             while read < COMMANDS and time.monotonic() < deadline:
                 batch = await consumer.getmany(timeout_ms=200)
