@@ -67,6 +67,7 @@ from shared.engine import (
     app_id,
     partition_for,
     partition_items,
+    recovery_done,
     state_items,
 )
 from shared.settings import Settings
@@ -242,11 +243,24 @@ class TalliesService:
             lastLogin=int(raw_login) if raw_login is not None else None,
         )
 
+    def _counts_current(self, partition: int) -> bool:
+        """Whether the in-memory counts answer for ``partition``.
+
+        They are rebuilt from the memberships once a rebalance's recovery is done and move
+        with every batch after that, so they match the rows of the partitions this instance
+        processes, and only then: from a rebalance's start until its recovery is done they
+        are the counts of before it, while the rows under them are being restored. An instance
+        that was stopped and removed from the group comes back with the counts of before the
+        stop and restores what the others wrote meanwhile: its counts would be answered as a
+        copy as fresh as the restored rows (lag 0 once they are caught up), yet be as stale
+        as before the restore. Meanwhile the rows themselves answer, with the lag they have."""
+        return self.counts.holds(partition) and recovery_done(self.app)
+
     def _program_counts(self, partition: int, program_id: str) -> tuple[int, int] | None:
-        if self.counts.holds(partition):
+        if self._counts_current(partition):
             return self.counts.get(partition, program_id)
-        # A copy this instance does not process (a standby, or a partition it owned before):
-        # its counts are not kept in memory, so they are counted from its memberships.
+        # A copy this instance does not process (a standby, a partition it owned before, or one
+        # it is restoring): its counts are not kept in memory, so they are counted from its memberships.
         prefix = program_prefix(program_id)
         rows = partition_items(self.memberships, partition, from_key=prefix)
         return count_memberships(takewhile(lambda row: row[0].startswith(prefix), rows))
@@ -262,7 +276,7 @@ class TalliesService:
         """The programs of ``partitions``, from this instance's copy of each (owned or not)."""
         programs: set[str] = set()
         for p in partitions:
-            if self.counts.holds(p):
+            if self._counts_current(p):
                 programs.update(self.counts.programs_of(p))
             else:
                 programs.update(split_membership_key(key)[0] for key, _ in state_items(self.memberships, p))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TextIO, cast
 
 import faust
 from fastapi import FastAPI
@@ -21,6 +21,7 @@ from faust.contrib.asgi import serve_asgi
 
 from shared.engine._admin import TopicSpec
 from shared.engine._clients import require_sasl_credentials, ssl_context
+from shared.engine._internals import print_thread_loop_tasks
 from shared.engine._membership import ANNOUNCE_TIMEOUT_S, announce_restart
 from shared.engine._metadata import track_used_topics
 from shared.engine._restore import BulkRestoringTableManager, register_settings
@@ -144,6 +145,13 @@ class _Worker(faust.Worker):
         except Exception as exc:
             log.warning("could not tell the peers this instance is restarting: %r", exc)
         await super()._stop_on_signal(signal)
+
+    async def _cry(self) -> None:
+        # SIGUSR1: mode writes every thread's stack and the tasks of this (the main) loop; the
+        # consumer thread runs a loop of its own (group coordinator, fetcher, the calls Faust
+        # hands to it), whose tasks tell where a call to the consumer waits.
+        await super()._cry()
+        print_thread_loop_tasks(cast(faust.App, self.app), cast(TextIO, self.stderr))
 
 
 def run_worker(app: faust.App, service: str, settings: Settings) -> None:

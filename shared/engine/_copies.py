@@ -13,7 +13,9 @@ instance can hold a copy in three ways, and each answer says which:
 
 The lag is the number of changelog records the copy has not applied: the changelog's
 end offset, as last known, minus the next offset the local database expects (the
-changelog offset stored with every write batch, see :mod:`shared.engine._durable`).
+changelog offset stored with every write batch, see :mod:`shared.engine._durable`), taken
+over every table co-partitioned with the one read (they are restored together, each from its
+own changelog, and a read may answer from any of them): the least fresh one sets the lag.
 End offsets come from the worker's consumer where it fetches the changelog (standbys)
 and otherwise from a plain consumer of this module, asked at most once per
 :data:`END_MAX_AGE_S` per changelog, within :data:`END_LOOKUP_TIMEOUT_S`: a read never
@@ -224,8 +226,47 @@ def _applied_next(table: AnyTable, partition: int) -> int | None:
 async def local_copy(app: faust.App, table: AnyTable, partition: int) -> Copy | None:
     """This instance's copy of ``partition`` of ``table`` with its lag, or None when it has none.
 
-    A copy whose database cannot be opened (still locked by a closing handle) counts as none.
+    The copy is that of every table co-partitioned with ``table`` (see :func:`_restored_with`):
+    it answers as fresh as the least fresh of them, and as none when one of them has none. A
+    copy whose database cannot be opened (still locked by a closing handle) counts as none.
     """
+    copies: list[Copy] = []
+    for each in _restored_with(app, table):
+        copy = await _table_copy(app, each, partition)
+        if copy is None:
+            return None
+        copies.append(copy)
+    return Copy(
+        max((copy.source for copy in copies), key=_SOURCE_RANK.__getitem__),
+        None if any(copy.lag is None for copy in copies) else max(copy.lag or 0 for copy in copies),
+    )
+
+
+#: Least fresh last.
+_SOURCE_RANK: dict[Source, int] = {"active": 0, "standby": 1, "restoring": 2}
+
+
+def _restored_with(app: faust.App, table: AnyTable) -> list[AnyTable]:
+    """``table`` and the app's other tables with as many partitions.
+
+    Faust assigns partition p of co-partitioned tables to the same instances and restores
+    them in the same recovery, but each from its own changelog, each at its own pace; and a
+    read of one table commonly answers from the others' same partition too (a tally: its
+    counts from memberships, its last login from last-logins). A copy that counted only the
+    table a read is routed by would claim to be caught up (lag 0) while another it reads from
+    is still being restored or is further behind (a tally with no last login yet, from an
+    instance restoring the partition after it rejoined the group)."""
+    count = _partition_count(app, table)
+    others = [cast(AnyTable, t) for t in app.tables.values() if t is not table]
+    return [table, *(t for t in others if _partition_count(app, t) == count)]
+
+
+def _partition_count(app: faust.App, table: AnyTable) -> int:
+    return int(table.partitions or app.conf.topic_partitions)
+
+
+async def _table_copy(app: faust.App, table: AnyTable, partition: int) -> Copy | None:
+    """This instance's copy of ``partition`` of ``table`` alone, with its lag (None: no copy)."""
     source = copy_source(app, table, partition)
     if source is None:
         return None

@@ -8,9 +8,10 @@ Faust upgrade moves them, this is the only module to change.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any, TextIO, cast
 
 import faust
 from faust.types import TP, TableT
@@ -148,3 +149,26 @@ def request_rejoin(app: faust.App) -> bool:
         log.debug("no rejoin: %r", exc)
         return False
     return True
+
+
+def print_thread_loop_tasks(app: faust.App, file: TextIO) -> None:
+    """Write the stack of every task on the consumer thread's event loop (aiokafka's group
+    coordinator, its fetcher, and the calls Faust hands to that thread) to ``file``."""
+    try:
+        loop = cast(Any, app.consumer)._thread.thread_loop
+    except Exception as exc:  # not started
+        print(f"no consumer thread loop: {exc!r}", file=file)
+        return
+    for attempt in range(3):  # the set of tasks may change while it is read from this thread
+        try:
+            tasks = list(asyncio.all_tasks(loop))
+            break
+        except RuntimeError:
+            if attempt == 2:
+                print("the consumer thread's tasks could not be listed", file=file)
+                return
+    print(f"CONSUMER THREAD LOOP: {len(tasks)} TASKS", file=file)
+    for task in tasks:
+        print(f"  TASK {task!r}", file=file)
+        task.print_stack(file=file)
+    file.flush()

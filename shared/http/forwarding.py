@@ -402,12 +402,18 @@ _SOURCE_RANK = {"active": 0, "standby": 1, "restoring": 2}
 async def local_scope_partitions(ctx: ServiceContext, request: Request, table: AnyTable, owned: set[int]) -> list[int]:
     """The partitions a ``scope=local`` request asks this instance to list: the ``partitions``
     it names, or else those it owns. A copy read (``X-Statefleet-Read-Copy``) is answered only
-    when this instance holds a copy of every partition named, and says how far behind they are."""
+    when this instance holds a copy of every partition named, and says how far behind they are.
+
+    Any other request asks this instance as the partitions' active owner, whose answer the asker
+    takes as up to date (no source headers): 503 unless it is one now, that is it owns every
+    partition named and has restored them since the last rebalance. An instance that was
+    removed from the group and rejoined is named the owner by its peers as soon as the
+    rebalance assigns the partitions, while it still holds the state it had before: answering
+    from it then would list stale figures as current. The asker then lists those partitions
+    from the freshest copy, as it does for an owner that does not answer."""
     raw = request.query_params.get(PARTITIONS_PARAM)
-    if not raw:
-        return sorted(owned)
     try:
-        partitions = sorted({int(p) for p in raw.split(",")})
+        partitions = sorted({int(p) for p in raw.split(",")}) if raw else sorted(owned)
     except ValueError as exc:
         raise Unprocessable(f"{PARTITIONS_PARAM} must be comma-separated partition numbers") from exc
     if request.headers.get(READ_COPY):
@@ -416,6 +422,11 @@ async def local_scope_partitions(ctx: ServiceContext, request: Request, table: A
             raise Unavailable("no copy of some of those partitions here", retry_after=RETRY_AFTER_S)
         held = [copy for copy in copies if copy is not None]
         request.state.read_from = _worst(held)
+        return partitions
+    moved = [p for p in partitions if p not in owned]
+    if moved or ctx.app.rebalancing or not ctx.ready():
+        raise Unavailable(f"partitions {moved or partitions} are not active and restored here; retry shortly",
+                          retry_after=RETRY_AFTER_S)
     return partitions
 
 

@@ -224,3 +224,56 @@ async def test_a_list_refuses_copies_staler_than_max_lag(fleet: Fleet) -> None:
 
 async def local_pages(partitions: list[int]) -> dict[str, Any]:
     return {"from": ME, "partitions": ",".join(map(str, partitions))}
+
+
+def asked_as_owner(partitions: str) -> Request:
+    """A peer gathering a list asks this instance for the partitions it takes it to own."""
+    return request(query=f"limit=5&scope=local&partitions={partitions}".encode())
+
+
+async def test_the_owners_part_of_a_list_comes_from_an_owner_that_has_restored_them(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ctx = context(fleet)
+    monkeypatch.setattr(ctx, "ready", lambda: True)
+    req = asked_as_owner("1,3")
+    assert await forwarding.local_scope_partitions(ctx, req, TABLE, {1, 2, 3}) == [1, 3]
+    assert read_from_headers(req) == {}  # the asker takes it as the active owner's answer
+
+
+@pytest.mark.parametrize(("ready", "rebalancing", "owned"), [
+    (False, False, {1, 2, 3}),  # restoring: a member that rejoined still holds the state of before
+    (True, True, {1, 2, 3}),  # a rebalance under way
+    (True, False, {1, 2}),  # partition 3 moved away
+], ids=["restoring", "rebalancing", "not-owned"])
+async def test_the_owners_part_of_a_list_is_refused_unless_it_is_current_here(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, ready: bool, rebalancing: bool, owned: set[int],
+) -> None:
+    fleet.rebalancing = rebalancing
+    ctx = context(fleet)
+    monkeypatch.setattr(ctx, "ready", lambda: ready)
+    with pytest.raises(Unavailable) as refused:
+        await forwarding.local_scope_partitions(ctx, asked_as_owner("1,3"), TABLE, owned)
+    assert refused.value.headers["Retry-After"] == "1"
+
+
+async def test_a_copy_read_of_a_list_is_answered_while_restoring_with_its_lag(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleet.mine = Copy("restoring", 5)
+    ctx = context(fleet)
+    monkeypatch.setattr(ctx, "ready", lambda: False)
+    req = request(query=b"limit=5&scope=local&partitions=1,3", headers={READ_COPY: "1"})
+    assert await forwarding.local_scope_partitions(ctx, req, TABLE, {1, 2, 3}) == [1, 3]
+    assert read_from_headers(req) == {SOURCE: "restoring", LAG: "5"}
+
+
+async def test_a_list_whose_owner_is_restoring_takes_those_partitions_from_copies(fleet: Fleet) -> None:
+    split_owners(fleet)
+    # The owner of 0-3 rejoined and restores: it refuses its owner's part, its copy is behind.
+    fleet.answers = {OWNER: (503, 40), PEER_A: (200, None), PEER_B: (200, 0)}
+    req = request()
+    pages = await forwarding.gather(context(fleet, topic_partitions=8), req, TABLE, local_pages)
+    assert sorted(str(page["partitions"]) for page in pages) == ["0", "1", "2", "3", "4,5,6,7"]
+    assert all(page["from"] == PEER_B for page in pages if page["partitions"] in ("0", "1", "2", "3"))
+    assert read_from_headers(req) == {SOURCE: "standby", LAG: "0"}

@@ -68,3 +68,25 @@ def test_logins_keep_the_largest_ts_across_the_batch_and_the_table() -> None:
     TalliesService.apply_login(svc, batch, "P", 70, programs)
     TalliesService.apply_login(svc, batch, "P", 60, programs)
     assert batch.rows[cast(Any, logins)] == {(1, b"P"): b"70"} and programs == {"P"}
+
+
+def test_counts_kept_in_memory_answer_only_once_the_recovery_is_done(monkeypatch: Any) -> None:
+    """A member removed while stopped rejoins with the counts of before the stop, while its rows
+    are restored with what the others wrote meanwhile: until the recovery is done (and the
+    counts rebuilt), a tally is counted from the rows, whose lag the copy reports."""
+    import services.tallies.app as tallies_app
+
+    rows = sorted([
+        (membership_key("P", "a"), encode_membership(Membership(ACTIVE, 1))),
+        (membership_key("P", "b"), encode_membership(Membership(ACTIVE, 1))),  # written while it was stopped
+    ])
+    monkeypatch.setattr(tallies_app, "partition_items", lambda table, p, from_key=None: iter(rows))
+    recovered = [False]
+    monkeypatch.setattr(tallies_app, "recovery_done", lambda app: recovered[0])
+    counts = ProgramCounts()
+    counts.rebuild({2: rows[:1]})  # the counts of before the stop
+    svc: Any = SimpleNamespace(counts=counts, app=None, memberships=None)
+    svc._counts_current = lambda p: TalliesService._counts_current(svc, p)
+    assert TalliesService._program_counts(svc, 2, "P") == (2, 0)
+    recovered[0] = True  # the recovery's rebuild would have counted both; the counts answer from here on
+    assert TalliesService._program_counts(svc, 2, "P") == (1, 0)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
+from typing import Any, cast
 
 from faust.types import TP
 
-from shared.engine._copies import END_MAX_AGE_S, END_TRUSTED_S, _ChangelogEnds
+from shared.engine import _copies
+from shared.engine._copies import END_MAX_AGE_S, END_TRUSTED_S, Copy, _ChangelogEnds, local_copy
 from shared.settings import Settings
 
 TOPIC = "t-changelog"
@@ -40,3 +43,32 @@ def test_a_worker_shutting_down_answers_with_what_it_knew() -> None:
     ends = ends_known(ago_s=END_TRUSTED_S + 15)
     ends._stopped = True
     assert asyncio.run(ends.end(TP(TOPIC, 0), 1)) == 120
+
+
+class FakeTable:
+    def __init__(self, partitions: int | None) -> None:
+        self.partitions = partitions
+
+
+def test_a_copy_is_as_fresh_as_the_least_fresh_of_its_co_partitioned_tables(monkeypatch: Any) -> None:
+    """A tally reads memberships and last-logins of one partition, restored each at its own pace:
+    an instance restoring the partition has no copy that is caught up until both are."""
+    memberships, logins, elsewhere = FakeTable(None), FakeTable(8), FakeTable(4)
+    app: Any = SimpleNamespace(tables={"m": memberships, "l": logins, "e": elsewhere},
+                               conf=SimpleNamespace(topic_partitions=8))
+    copies: dict[FakeTable, Copy | None] = {
+        memberships: Copy("restoring", 0), logins: Copy("restoring", 12), elsewhere: None,
+    }
+
+    async def table_copy(app: Any, table: FakeTable, partition: int) -> Copy | None:
+        return copies[table]
+
+    monkeypatch.setattr(_copies, "_table_copy", table_copy)
+    assert asyncio.run(local_copy(app, cast(Any, memberships), 3)) == Copy("restoring", 12)
+    assert asyncio.run(local_copy(app, cast(Any, logins), 3)) == Copy("restoring", 12)
+    copies[logins] = Copy("restoring", None)
+    assert asyncio.run(local_copy(app, cast(Any, memberships), 3)) == Copy("restoring", None)
+    copies[logins] = None
+    assert asyncio.run(local_copy(app, cast(Any, memberships), 3)) is None
+    copies[memberships], copies[logins] = Copy("active", 0), Copy("active", 0)
+    assert asyncio.run(local_copy(app, cast(Any, memberships), 3)) == Copy("active", 0)
