@@ -67,7 +67,7 @@ from shared.engine import (
     app_id,
     partition_for,
     partition_items,
-    recovery_done,
+    ready,
     state_items,
 )
 from shared.settings import Settings
@@ -254,7 +254,7 @@ class TalliesService:
         stop and restores what the others wrote meanwhile: its counts would be answered as a
         copy as fresh as the restored rows (lag 0 once they are caught up), yet be as stale
         as before the restore. Meanwhile the rows themselves answer, with the lag they have."""
-        return self.counts.holds(partition) and recovery_done(self.app)
+        return self.counts.holds(partition) and ready(self.app)
 
     def _program_counts(self, partition: int, program_id: str) -> tuple[int, int] | None:
         if self._counts_current(partition):

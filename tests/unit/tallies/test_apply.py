@@ -82,7 +82,7 @@ def test_counts_kept_in_memory_answer_only_once_the_recovery_is_done(monkeypatch
     ])
     monkeypatch.setattr(tallies_app, "partition_items", lambda table, p, from_key=None: iter(rows))
     recovered = [False]
-    monkeypatch.setattr(tallies_app, "recovery_done", lambda app: recovered[0])
+    monkeypatch.setattr(tallies_app, "ready", lambda app: recovered[0])
     counts = ProgramCounts()
     counts.rebuild({2: rows[:1]})  # the counts of before the stop
     svc: Any = SimpleNamespace(counts=counts, app=None, memberships=None)
