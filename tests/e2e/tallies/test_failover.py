@@ -104,6 +104,39 @@ class Feeder(threading.Thread):
             time.sleep(self.pause_s)
 
 
+class Prober(threading.Thread):
+    """Reads the history's programs without pause from ``procs`` while input flows, and keeps every
+    read that was not answered (an error status other than 404, or no answer at all): the values
+    move as input arrives, so only that each read is answered is checked here."""
+
+    def __init__(self, procs: list[ServiceProcess], programs: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.procs, self.programs = procs, programs
+        self.failed: list[str] = []
+        self.answered = 0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=10) as http:
+            n = 0
+            while not self.stopping.is_set():
+                proc, program = self.procs[n % len(self.procs)], self.programs[n % len(self.programs)]
+                n += 1
+                try:
+                    got = http.get(f"{proc.url}/tallies/{program}")
+                except httpx.HTTPError as exc:
+                    self.failed.append(f"{proc.url} {program}: {exc!r}")
+                    continue
+                if got.status_code not in (200, 404):  # 404: no account of it has arrived yet
+                    self.failed.append(f"{proc.url} {program}: {got.status_code} {got.text[:200]}")
+                else:
+                    self.answered += 1
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(30)
+
+
 def history_for_feeding() -> History:
     return generate(programs=30, accounts_per_program=120, seed=23, logins_per_program=20)
 
@@ -233,6 +266,10 @@ def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
     assert stalled.proc is not None
     feeder = Feeder(history, tally_topics, pause_s=0.6)  # input keeps flowing through the stall (~15 s)
     feeder.start()
+    # Queries go on through the stall, to the two others: a read the stopped owner would answer
+    # is answered from a copy once the owner has not answered in time.
+    prober = Prober([fleet["a"], fleet["c"]], sorted(history.expected))
+    prober.start()
     time.sleep(2.0)
     stalled.proc.send_signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
@@ -245,6 +282,10 @@ def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
         stalled.proc.send_signal(signal.SIGCONT)
     feeder.join(120)
     assert not feeder.is_alive()
+    prober.stop()
+    assert not prober.failed, f"{len(prober.failed)} of {prober.answered + len(prober.failed)} reads failed: " \
+        f"{prober.failed[:5]}"
+    assert prober.answered > 0
 
     expected = history.expected
     for proc in fleet.values():
