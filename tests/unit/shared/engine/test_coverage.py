@@ -8,7 +8,6 @@ import json
 import zlib
 from typing import Any
 
-import faust
 import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from faust.assignor.client_assignment import ClientAssignment, ClientMetadata
@@ -29,16 +28,6 @@ class Cluster:
 
     def partitions_for_topic(self, topic: str) -> set[int] | None:
         return None if topic in self.missing else set(range(PARTITIONS))
-
-
-@pytest.fixture
-def assignor(tmp_path: Any) -> WarmupAssignor:
-    app = faust.App("cover", broker="kafka://localhost:1", datadir=str(tmp_path), PartitionAssignor=WarmupAssignor,
-                    table_standby_replicas=1, topic_partitions=PARTITIONS)
-    app.Table("counts", default=int, partitions=PARTITIONS)
-    a = app.assignor
-    assert isinstance(a, WarmupAssignor)
-    return a
 
 
 def join(assignor: WarmupAssignor, url: str) -> ConsumerProtocolMemberMetadata:

@@ -6,7 +6,6 @@ import json
 import zlib
 from typing import Any
 
-import faust
 import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from faust.assignor.client_assignment import ClientAssignment, ClientMetadata, CopartitionedAssignment
@@ -76,16 +75,6 @@ class Cluster:
 
     def partitions_for_topic(self, topic: str) -> set[int]:
         return set(range(PARTITIONS))
-
-
-@pytest.fixture
-def assignor(tmp_path: Any) -> WarmupAssignor:
-    app = faust.App("warm", broker="kafka://localhost:1", datadir=str(tmp_path), PartitionAssignor=WarmupAssignor,
-                    table_standby_replicas=1, topic_partitions=PARTITIONS)
-    app.Table("counts", default=int, partitions=PARTITIONS)
-    a = app.assignor
-    assert isinstance(a, WarmupAssignor)
-    return a
 
 
 def changelog(assignor: WarmupAssignor) -> str:
