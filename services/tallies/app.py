@@ -8,22 +8,34 @@ Two hops, because inputs are keyed by account and tallies by program:
    topic, partition and offset, and are never counted), and forwards them to the internal ``…-by-program`` topic,
    packed: one record per program partition per batch (:class:`PackedInputs`).
 2. ``apply_inputs`` reads that topic. Per program partition it holds the memberships
-   table (the state) and the last-logins table, and updates the derived counts.
+   table (the state), the last-logins table and the published-tallies table (the tally
+   last published per program), updates the derived counts and publishes the tallies.
 
 The engine hands each handler one input partition's records exactly once, in order, and
 commits what the handler staged: sends acknowledged first, then the rows with the
 input's next offset (changelog, then RocksDB). ``apply_inputs`` moves the in-memory
-counts once its rows are in the local tables. Its input resumes from the smaller of the
-two tables' next-offset copies, so a crash that left one table's rows in its changelog
-and not the other's re-applies the difference, which the version check (memberships)
-and the maximum (last logins) make harmless. So after a SIGKILL, with the local state
-kept or restored from the changelogs alone, every input record is applied exactly once
-in effect: none is skipped, none counts twice.
+counts once its rows are in the local tables. Its input resumes from the smallest of the
+three tables' next-offset copies, so a crash that left one table's rows in its changelog
+and not another's re-applies the difference, which the version check (memberships), the
+maximum (last logins) and the comparison with the published tally make harmless. So
+after a SIGKILL, with the local state kept or restored from the changelogs alone, every
+input record is applied exactly once in effect: none is skipped, none counts twice.
 
-Changed programs are marked dirty and published to ``program-tallies`` by a timer
-(at most once per interval per program, not once per input event). After every
-rebalance, counts are rebuilt from the restored memberships and every owned program
-is republished, so nothing a crash interrupted stays unpublished.
+Tallies go to ``program-tallies`` from the by-program handler itself, in a batch, so that
+they commit with the batch's rows (under exactly_once, in its Kafka transaction).
+Applied changes mark their programs dirty, per partition. Every
+``tally_publish_interval_s`` a timer sends a publish tick (:data:`PUBLISH_TICK`) onto each
+owned by-program partition that has dirty programs (at most one outstanding per
+partition). A batch holding a tick applies its other records as usual, then stages, for
+each dirty program of its partition and each program it changed, the tally as it is after
+the batch, but only when it differs from the program's row of ``published-tallies`` (the
+tally last published), which it rewrites in the same batch. So a changed tally is
+published once, at most once per tick per program: a batch cut short publishes nothing
+that a committed reader sees (exactly_once) and is redone whole. After every rebalance, counts are rebuilt from the restored
+memberships and every owned program is marked dirty, so nothing a crash interrupted stays
+unpublished; the comparison with ``published-tallies`` keeps what was published already
+from going out again. (Under at_least_once the engine sends a batch's records before its
+rows are written: a crash in between publishes those tallies again.)
 """
 
 from __future__ import annotations
@@ -40,10 +52,12 @@ from services.tallies.domain import (
     Login,
     Tally,
     apply_change,
+    count_delta,
     parse_account_change,
     parse_login,
 )
 from services.tallies.state import (
+    PUBLISH_TICK,
     PackedInputs,
     ProgramCounts,
     count_memberships,
@@ -60,8 +74,7 @@ from shared.engine import (
     DeadLetterRoute,
     Engine,
     InputBatch,
-    Outgoing,
-    SendFailed,
+    StagedView,
     TopicSpec,
     active_partitions,
     app_id,
@@ -116,10 +129,16 @@ class TalliesService:
 
         self.memberships_store = engine.table("memberships")
         self.logins_store = engine.table("last-logins")
+        #: Per program, the tally last staged for ``program-tallies`` (its JSON).
+        self.published_store = engine.table("published-tallies")
         self.memberships = self.memberships_store.table
         self.last_logins = self.logins_store.table
         self.counts = ProgramCounts()
-        self.dirty: set[str] = set()
+        #: Per owned by-program partition, the programs whose tally may differ from the one published.
+        self.dirty: dict[int, set[str]] = {}
+        #: Per by-program partition, when a publish tick was sent and not yet processed (monotonic seconds).
+        self.tick_sent: dict[int, float] = {}
+        #: Tallies this instance's committed batches published.
         self.published = 0
 
         # Hop 1 keeps no state of its own: its next offsets are rows of memberships, so
@@ -131,10 +150,10 @@ class TalliesService:
         )(self.route_inputs)
         engine.handler(
             self.by_program_topic_name, name="by-program", internal_partitions=partitions,
-            offsets=[self.memberships_store, self.logins_store],
+            offsets=[self.memberships_store, self.logins_store, self.published_store],
         )(self.apply_inputs)
         engine.watch_trailing_holes()
-        engine.timer(settings.tally_publish_interval_s, name="publish")(self.publish_dirty)
+        engine.timer(settings.tally_publish_interval_s, name="publish")(self.send_publish_ticks)
         engine.on_recovered(self.memberships_store, self.rebuild_counts)
 
     def topic_specs(self) -> list[TopicSpec]:
@@ -172,7 +191,11 @@ class TalliesService:
         moves: list[tuple[str, str | None, str]] = []
         programs: set[str] = set()
         applied = 0
+        tick = False
         for record in batch.records:
+            if record.value == PUBLISH_TICK:
+                tick = True
+                continue
             try:
                 packed = PackedInputs.decode(record.value)
             except (codecs.DecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
@@ -186,13 +209,29 @@ class TalliesService:
                     self.apply_login(batch, program_id, inputs.last_login, programs)
             applied += packed.records
         batch.counted = applied
+        partition = batch.partition
+        considered: set[str] = set()
+        published = 0
+        if tick:
+            self.tick_sent.pop(partition, None)
+            # The programs this batch changes go out with it, at their values after the batch,
+            # rather than wait for the next tick.
+            considered = self.dirty.get(partition, set()) | programs
+            published = self.publish_changed(batch, considered, moves)
 
         def move_counts() -> None:
             # The rows are in the local tables now; the counts follow with no await in between,
             # so a rebuild after a rebalance sees both or neither.
             for program_id, before, after in moves:
-                self.counts.move(batch.partition, program_id, before, after)
-            self.dirty.update(programs)
+                self.counts.move(partition, program_id, before, after)
+            dirty = self.dirty.setdefault(partition, set())
+            if tick:
+                dirty -= considered
+            else:
+                dirty |= programs
+            if not dirty:
+                del self.dirty[partition]
+            self.published += published
 
         batch.after_commit(move_counts)
 
@@ -218,16 +257,21 @@ class TalliesService:
         batch.write(self.logins_store, key, str(ts).encode())
         programs.add(program_id)
 
-    # -- recovery and publishing --------------------------------------------------------------
+    # -- recovery and reads -------------------------------------------------------------------
 
     async def rebuild_counts(self) -> None:
         started = time.perf_counter()
-        owned = active_partitions(self.app, self.memberships)
+        owned = self.owned_partitions()
         rows = self.counts.rebuild({p: state_items(self.memberships, p) for p in owned})
-        self.dirty.update(self.local_programs())
+        # Every owned program is compared with its published tally at the next tick: what a
+        # crash kept from being published goes out, and nothing else.
+        dirty = {p: self.dirty.get(p, set()) | self.programs_in([p]) for p in owned}
+        self.dirty = {p: programs for p, programs in dirty.items() if programs}
+        self.tick_sent = {}  # a tick sent before may have been lost with the partition
         log.info(
-            "rebuilt counts from %d memberships in %d partitions (%.2fs); %d programs to republish",
-            rows, len(owned), time.perf_counter() - started, len(self.dirty),
+            "rebuilt counts from %d memberships in %d partitions (%.2fs); %d programs to compare with their "
+            "published tallies", rows, len(owned), time.perf_counter() - started,
+            sum(len(programs) for programs in self.dirty.values()),
         )
 
     def tally(self, program_id: str) -> Tally | None:
@@ -265,10 +309,6 @@ class TalliesService:
         rows = partition_items(self.memberships, partition, from_key=prefix)
         return count_memberships(takewhile(lambda row: row[0].startswith(prefix), rows))
 
-    def local_programs(self) -> set[str]:
-        """The programs of the partitions this instance owns."""
-        return self.programs_in(self.owned_partitions())
-
     def owned_partitions(self) -> set[int]:
         return active_partitions(self.app, self.memberships)
 
@@ -286,23 +326,83 @@ class TalliesService:
     def _partition(self, program_id: str) -> int:
         return partition_for(program_id, self.partitions)
 
-    async def publish_dirty(self) -> None:
-        """Send the tallies of the programs changed since the last call, all in one go."""
-        if not self.dirty or self.app.rebalancing:
+    # -- publishing ---------------------------------------------------------------------------
+
+    async def send_publish_ticks(self) -> None:
+        """Ask the handler of every owned partition with changed programs to publish them (the
+        timer; it never raises: a tick that could not be sent is sent with the next interval)."""
+        if not ready(self.app) or not self.dirty:
             return
-        programs, self.dirty = self.dirty, set()
-        owned = active_partitions(self.app, self.memberships)
-        records: list[Outgoing] = []
-        for program_id in sorted(programs):
-            if self._partition(program_id) not in owned:
+        interval = self.settings.tally_publish_interval_s
+        now = time.monotonic()
+        for partition in sorted(self.owned_partitions()):
+            if not self.dirty.get(partition):
                 continue
-            tally = self.tally(program_id)
-            if tally is not None:
-                records.append(Outgoing(self.topics.program_tallies, program_id.encode(), codecs.dumps(tally.to_json())))
+            sent = self.tick_sent.get(partition)
+            if sent is not None and now - sent < max(10 * interval, 5.0):
+                continue  # the last tick is still queued: do not pile up more
+            await self.send_publish_tick(partition)
+
+    async def send_publish_tick(self, partition: int) -> None:
+        self.tick_sent[partition] = time.monotonic()
         try:
-            await self.engine.send_all(records)
-        except SendFailed as exc:  # published again with the next interval's changes
-            self.dirty |= programs
-            log.warning("publishing %d tallies failed (%s); retrying with the next interval", len(records), exc)
-            return
-        self.published += len(records)
+            await self.engine.send(self.by_program_topic_name, None, PUBLISH_TICK, partition=partition)
+        except Exception as exc:  # the broker away, say: the next interval sends it again
+            self.tick_sent.pop(partition, None)
+            log.warning("could not send the publish tick of by-program partition %d (sent again in %.1fs): %s: %s",
+                        partition, self.settings.tally_publish_interval_s, type(exc).__name__, exc)
+
+    def publish_changed(self, batch: InputBatch, programs: Iterable[str],
+                        moves: list[tuple[str, str | None, str]]) -> int:
+        """Stage on ``batch`` the tally of each of ``programs`` (of the batch's partition) as it is
+        after the batch, where it differs from the one last published, with its new
+        ``published-tallies`` row; returns how many."""
+        deltas: dict[str, tuple[int, int]] = {}
+        for program_id, before, after in moves:
+            d_active, d_inactive = count_delta(before, after)
+            active, inactive = deltas.get(program_id, (0, 0))
+            deltas[program_id] = (active + d_active, inactive + d_inactive)
+        staged = 0
+        for program_id in sorted(programs):
+            tally = self.tally_after(batch, program_id, deltas.get(program_id))
+            if tally is None:
+                continue
+            key = program_id.encode()
+            value = codecs.dumps(tally.to_json())
+            if batch.read(self.published_store, key) == value:
+                continue  # published already
+            batch.send(self.topics.program_tallies, key, value)
+            batch.write(self.published_store, key, value)
+            staged += 1
+        return staged
+
+    def tally_after(self, batch: InputBatch, program_id: str, delta: tuple[int, int] | None) -> Tally | None:
+        """The program's tally once ``batch`` is committed: the in-memory counts (moved only after
+        the commit) with the batch's moves (``delta``), and the last login as the batch sees it."""
+        partition = batch.partition
+        counts: tuple[int, int] | None
+        if self.counts.holds(partition):
+            counts = self.counts.get(partition, program_id)
+            if delta is not None:
+                active, inactive = counts if counts is not None else (0, 0)
+                counts = (active + delta[0], inactive + delta[1])
+        else:  # not counted in memory (yet): count the memberships as the batch sees them
+            counts = count_memberships(program_rows(batch.view(self.memberships_store), program_id))
+        raw_login = batch.read(self.logins_store, program_id.encode())
+        if counts is None and raw_login is None:
+            return None
+        active, inactive = counts if counts is not None else (0, 0)
+        return Tally(
+            program_id=program_id, numberActive=active, numberInactive=inactive,
+            lastLogin=int(raw_login) if raw_login is not None else None,
+        )
+
+
+def program_rows(view: StagedView, program_id: str) -> Iterable[tuple[bytes, bytes]]:
+    """The membership rows of ``program_id`` in ``view``, in key order."""
+    prefix = program_prefix(program_id)
+    it = view.iter()
+    it.seek(prefix)
+    while it.valid() and it.key().startswith(prefix):
+        yield it.key(), it.value()
+        it.next()

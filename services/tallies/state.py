@@ -12,6 +12,13 @@ Both tables (``memberships``: program_id NUL account_id → ``status:version``;
 input offsets, under ``shared.engine._durable.NEXT_OFFSET_PREFIX`` + topic. Program ids are
 non-empty and contain no NUL, so no tally key starts with that prefix; listings of the
 tables go through ``shared.engine._durable.state_items``, which leaves those rows out.
+
+The ``published-tallies`` table (program_id → the tally JSON last staged for
+``program-tallies``) holds them too: it is written by the same batches, so a tally is
+published when, and only when, it differs from that row.
+
+Records of the internal by-program topic are :class:`PackedInputs` (a JSON object, so
+their first byte is ``{``) or :data:`PUBLISH_TICK`, which no packed record ever equals.
 """
 
 from __future__ import annotations
@@ -31,6 +38,11 @@ from shared.accounts import AccountChange, tally_counts
 from shared.engine import partition_for
 
 SEPARATOR = b"\x00"
+
+#: The value of a by-program record that asks the handler of its partition to publish the
+#: partition's changed tallies (sent by the publish timer). :meth:`PackedInputs.encode`
+#: writes a JSON object, which starts with ``{``: it never writes this value.
+PUBLISH_TICK = b"publish-tick"
 
 
 def membership_key(program_id: str, account_id: str) -> bytes:

@@ -48,7 +48,8 @@ def test_topic_job_creates_every_topic_with_the_right_configs(render):
     assert specs["prod.program-tallies"].config["cleanup.policy"] == "compact"
     assert specs["prod.account-events"].config.get("cleanup.policy") is None
     changelogs = [n for n in specs if n.endswith("-changelog")]
-    assert changelogs == ["prod.statefleet-tallies-memberships-changelog", "prod.statefleet-tallies-last-logins-changelog"]
+    assert changelogs == ["prod.statefleet-tallies-memberships-changelog", "prod.statefleet-tallies-last-logins-changelog",
+                          "prod.statefleet-tallies-published-tallies-changelog"]
     for name in changelogs:
         assert specs[name].config["cleanup.policy"] == "compact"
 

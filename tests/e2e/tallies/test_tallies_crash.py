@@ -3,7 +3,9 @@ losing it so that it restores from the changelogs alone, the last time included)
 input on all three input topics arriving in bursts (one before each restart, so every
 restart finds a backlog while it recovers, and one more once the last restart is up), and
 check that the tallies are then exactly the ones the generated histories imply, over
-HTTP and on ``program-tallies``.
+HTTP and on ``program-tallies``. With exactly_once, ``program-tallies`` read committed must
+also hold no tally twice in a row for a program: neither the kills nor the restarts after
+them repeat one.
 
 A record the worker skipped would show as an account change that never counts (an
 undercount that never heals); a restore from a changelog behind the committed input
@@ -26,7 +28,12 @@ import orjson
 import pytest
 
 from shared import dead_letters as dl
-from tests.e2e.tallies.test_tallies_e2e import all_tallies, latest_published, wait_all_input_consumed
+from tests.e2e.tallies.test_tallies_e2e import (
+    all_tallies,
+    latest_published,
+    repeated_tallies,
+    wait_all_input_consumed,
+)
 from tests.support.accounts import generate
 from tests.support.kafka import create_topics, produce
 from tests.support.services import ServiceProcess, wait_for
@@ -53,8 +60,9 @@ def via_retry(key: str) -> bool:
     return zlib.crc32(key.encode()) % 8 == 0
 
 
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_sigkill_mid_stream_keeps_exact_tallies(
-    start_tallies: Any, tally_topics: dict[str, str], service_env: dict[str, str], prefix: str,
+    start_tallies: Any, tally_topics: dict[str, str], service_env: dict[str, str], prefix: str, guarantee: str,
 ) -> None:
     history = generate(PROGRAMS, ACCOUNTS_PER_PROGRAM, seed=17, logins_per_program=LOGINS_PER_PROGRAM)
     retry_topic = f"{prefix}retry-tallies"
@@ -85,7 +93,7 @@ def test_sigkill_mid_stream_keeps_exact_tallies(
     # once the last restart is up: input keeps coming, as it does in production.
     parts = len(KILLS) + 2
     bursts = [stream[i * len(stream) // parts:(i + 1) * len(stream) // parts] for i in range(parts)]
-    proc: ServiceProcess = start_tallies("k")
+    proc: ServiceProcess = start_tallies("k", STATEFLEET_PROCESSING_GUARANTEE=guarantee)
     send(bursts[0])
     for (progress, wipe), burst in zip(KILLS, bursts[1:-1], strict=True):
         if progress is not None:
@@ -97,7 +105,7 @@ def test_sigkill_mid_stream_keeps_exact_tallies(
         if wipe:
             shutil.rmtree(Path(service_env["STATEFLEET_DATA_DIR"]) / "tallies" / "k")
         send(burst)
-        proc = start_tallies("k")
+        proc = start_tallies("k", STATEFLEET_PROCESSING_GUARANTEE=guarantee)
     send(bursts[-1])
 
     expected = history.expected
@@ -117,6 +125,10 @@ def test_sigkill_mid_stream_keeps_exact_tallies(
                      f"{sorted(diff.items())[:3]}"
     wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,
              message="program-tallies to hold the exact tallies")
+    if guarantee == "exactly_once":
+        assert latest_published(tally_topics["tallies"], isolation_level="read_committed") == expected
+        repeats = repeated_tallies(tally_topics["tallies"])
+        assert repeats == [], f"{len(repeats)} tallies published twice in a row, e.g. {repeats[:3]}"
     deletes = sum(1 for _, v in history.events if orjson.loads(v)["type"] == "AccountDeleted")
     print(f"{len(stream)} input records ({len(history.events)} events, {deletes} deletes, "
           f"{len(history.logins)} logins), {sum(via_retry(k) for _, k, _ in stream)} via {retry_topic}")
