@@ -25,7 +25,8 @@ class _Iter(Protocol):
 
 
 class SortedDb(Protocol):
-    """What the scans need from a partition's database (a rocksdict ``Rdict`` in raw mode)."""
+    """What the scans need of a partition: ``Table.view`` or ``InputBatch.view``, which leave out
+    the engine's own rows (or any sorted store with rocksdict's raw iterator)."""
 
     def iter(self) -> _Iter: ...
 
@@ -52,7 +53,7 @@ def scan_due(db: SortedDb, now_ms: int, limit: int, start: bytes = b"") -> DueSc
     while it.valid():
         key = bytes(it.key())
         if not is_due_key(key):
-            break  # past the due keys (Faust's offset key or foreign keys sort after them)
+            break  # past the due keys (every other key sorts after them)
         examined += 1
         if due_of(key) > now_ms:
             break

@@ -4,17 +4,20 @@ The values are encoded in :mod:`services.retry_scheduler.entries`; :mod:`service
 reads the rows back in due order.
 
 Tables (one RocksDB database per partition each; the partition of a message is the one
-its ``dlq.id`` hashes to, so everything about one id lives in one place):
+its ``dlq.id`` hashes to, so everything about one id lives in one place). The engine keeps
+rows of its own in each (Faust's offset row, the inbox handler's next offsets); its reads
+and scans (``Table.items``, ``Table.view``, ``InputBatch.view``) never show them, so the
+scans here meet only the rows below.
 
 ``schedule``  due key → entry. The due key is the due time as 8 bytes big-endian
               followed by the ``dlq.id`` (UTF-8), so RocksDB's byte order is due order
               and a scan from the first key reads the earliest due first. Due times are
               below 2**56, so the first byte is always 0x00 and every due key sorts
-              before Faust's own offset key (``b"__faust\\x00offset__"``, 0x5f…).
+              before the table's other rows.
 ``index``     ``#`` + ``dlq.id`` → either the due key of its scheduled entry, or a *done
               marker*: the attempt that was redelivered, cancelled or replayed from the
               parking lot, and the key of the marker's expiry. The ``#`` keeps ids apart
-              from Faust's offset key. A dead letter that arrives again with an attempt
+              from due keys. A dead letter that arrives again with an attempt
               the index says is scheduled or done is a duplicate and is dropped; the
               marker makes this hold after the redelivery too, e.g. when a crash makes
               the scheduler read dead letters again that it had already redelivered.
@@ -34,15 +37,15 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from services.retry_scheduler.domain import MAX_DUE_MS
 from services.retry_scheduler.entries import classify
-from shared.engine import is_next_offset_key
 
-#: Faust keeps each partition's committed changelog offset under this key in the same database.
+#: Faust keeps each partition's committed changelog offset under this key in the same database
+#: (the engine's reads leave it out; no key here may equal it).
 FAUST_OFFSET_KEY = b"__faust\x00offset__"
 #: Keys of the ``index`` and ``parked`` tables start with this byte, so no id can collide
 #: with Faust's offset key.
@@ -112,9 +115,8 @@ def due_prefix(due_at: int) -> bytes:
 
 
 def is_due_key(key: bytes) -> bool:
-    """A schedule or expiry key; not Faust's offset row nor a handler's next-offset row (the
-    tables the inbox handler writes each keep a copy of its next offsets)."""
-    return len(key) > DUE_WIDTH and key[0] == 0 and key != FAUST_OFFSET_KEY and not is_next_offset_key(key)
+    """A schedule or expiry key (the engine's own rows never reach a scan: see the module docs)."""
+    return len(key) > DUE_WIDTH and key[0] == 0
 
 
 def split_due_key(key: bytes) -> tuple[int, str]:
@@ -136,13 +138,6 @@ HISTORY_PREFIX = b"%"
 
 def history_key(dlq_id: str) -> bytes:
     return HISTORY_PREFIX + dlq_id.encode()
-
-
-def iter_items(db: Any) -> Iterator[tuple[bytes, bytes]]:
-    """Every (key, value) of a partition database except Faust's offset row and next-offset rows."""
-    for key, value in db.items():
-        if key != FAUST_OFFSET_KEY and not is_next_offset_key(key):
-            yield bytes(key), bytes(value)
 
 
 # -- in-memory counts ----------------------------------------------------------------------------

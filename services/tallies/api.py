@@ -31,7 +31,7 @@ async def _program_id(program_id: ProgramId) -> str:
 
 
 #: A program id whose tally this instance answers for (the owner of its partition of memberships).
-TalliedProgram = Annotated[str, owned_key(_program_id, lambda ctx: _service(ctx).memberships)]
+TalliedProgram = Annotated[str, owned_key(_program_id, lambda ctx: _service(ctx).memberships_store)]
 
 
 @router.get(
@@ -65,8 +65,8 @@ async def list_tallies(
         return {"items": items, "next_cursor": None}
 
     if is_local_scope(request):
-        return await local_page(await local_scope_partitions(ctx, request, svc.memberships, svc.owned_partitions()))
-    pages = await gather(ctx, request, svc.memberships, local_page)
+        return await local_page(await local_scope_partitions(ctx, request, svc.memberships_store, svc.owned_partitions()))
+    pages = await gather(ctx, request, svc.memberships_store, local_page)
     items = merge_pages(pages, key="program_id", limit=limit)
     next_cursor = encode_cursor(items[-1]["program_id"], LIST_NAME) if len(items) == limit else None
     return {"items": items, "next_cursor": next_cursor}

@@ -74,14 +74,11 @@ from shared.engine import (
     DeadLetterRoute,
     Engine,
     InputBatch,
-    StagedView,
+    OrderedRows,
     TopicSpec,
-    active_partitions,
     app_id,
     partition_for,
-    partition_items,
     ready,
-    state_items,
 )
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
@@ -131,8 +128,6 @@ class TalliesService:
         self.logins_store = engine.table("last-logins")
         #: Per program, the tally last staged for ``program-tallies`` (its JSON).
         self.published_store = engine.table("published-tallies")
-        self.memberships = self.memberships_store.table
-        self.last_logins = self.logins_store.table
         self.counts = ProgramCounts()
         #: Per owned by-program partition, the programs whose tally may differ from the one published.
         self.dirty: dict[int, set[str]] = {}
@@ -262,7 +257,7 @@ class TalliesService:
     async def rebuild_counts(self) -> None:
         started = time.perf_counter()
         owned = self.owned_partitions()
-        rows = self.counts.rebuild({p: state_items(self.memberships, p) for p in owned})
+        rows = self.counts.rebuild({p: self.memberships_store.items(p) for p in owned})
         # Every owned program is compared with its published tally at the next tick: what a
         # crash kept from being published goes out, and nothing else.
         dirty = {p: self.dirty.get(p, set()) | self.programs_in([p]) for p in owned}
@@ -306,11 +301,11 @@ class TalliesService:
         # A copy this instance does not process (a standby, a partition it owned before, or one
         # it is restoring): its counts are not kept in memory, so they are counted from its memberships.
         prefix = program_prefix(program_id)
-        rows = partition_items(self.memberships, partition, from_key=prefix)
+        rows = self.memberships_store.items(partition, from_key=prefix)
         return count_memberships(takewhile(lambda row: row[0].startswith(prefix), rows))
 
     def owned_partitions(self) -> set[int]:
-        return active_partitions(self.app, self.memberships)
+        return self.memberships_store.owned_partitions()
 
     def programs_in(self, partitions: Iterable[int]) -> set[str]:
         """The programs of ``partitions``, from this instance's copy of each (owned or not)."""
@@ -319,8 +314,8 @@ class TalliesService:
             if self._counts_current(p):
                 programs.update(self.counts.programs_of(p))
             else:
-                programs.update(split_membership_key(key)[0] for key, _ in state_items(self.memberships, p))
-            programs.update(key.decode() for key, _ in state_items(self.last_logins, p))
+                programs.update(split_membership_key(key)[0] for key, _ in self.memberships_store.items(p))
+            programs.update(key.decode() for key, _ in self.logins_store.items(p))
         return programs
 
     def _partition(self, program_id: str) -> int:
@@ -398,7 +393,7 @@ class TalliesService:
         )
 
 
-def program_rows(view: StagedView, program_id: str) -> Iterable[tuple[bytes, bytes]]:
+def program_rows(view: OrderedRows, program_id: str) -> Iterable[tuple[bytes, bytes]]:
     """The membership rows of ``program_id`` in ``view``, in key order."""
     prefix = program_prefix(program_id)
     it = view.iter()

@@ -10,8 +10,8 @@ whatever memberships were restored.
 Both tables (``memberships``: program_id NUL account_id → ``status:version``;
 ``last-logins``: program_id → largest login ts) also hold the handlers' next expected
 input offsets, under ``shared.engine._durable.NEXT_OFFSET_PREFIX`` + topic. Program ids are
-non-empty and contain no NUL, so no tally key starts with that prefix; listings of the
-tables go through ``shared.engine._durable.state_items``, which leaves those rows out.
+non-empty and contain no NUL, so no tally key starts with that prefix; the engine's reads of
+a table (``Table.items``, ``Table.view``, a batch's view) leave those rows out.
 
 The ``published-tallies`` table (program_id → the tally JSON last staged for
 ``program-tallies``) holds them too: it is written by the same batches, so a tally is

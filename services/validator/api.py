@@ -88,7 +88,7 @@ async def command_status(
     any record of the command (not ``final``) before it replies.
     """
     svc = _service(ctx)
-    owner = owner_of(ctx, svc.outcomes.table, ctx.partition_for(command_id))
+    owner = owner_of(ctx, svc.outcomes.store, ctx.partition_for(command_id))
     if owner == ctx.url:
         if not ctx.ready():
             raise Unavailable("state is being restored; retry shortly")
@@ -203,7 +203,7 @@ async def _command_read(
             if status is None:
                 raise NotFound(f"no command {command_id!r}")
             return CommandRead(command_id, status)
-    await answer_here(ctx, request, _service(ctx).outcomes.table, ctx.partition_for(command_id))
+    await answer_here(ctx, request, _service(ctx).outcomes.store, ctx.partition_for(command_id))
     return CommandRead(command_id)
 
 
@@ -236,7 +236,7 @@ async def _account_id(account_id: IdPath) -> str:
 
 
 #: An account id this instance answers for (the owner of its partition of accounts).
-Account = Annotated[str, owned_key(_account_id, lambda ctx: _service(ctx).commands.table)]
+Account = Annotated[str, owned_key(_account_id, lambda ctx: _service(ctx).commands.store)]
 
 
 @router.get(
@@ -263,7 +263,7 @@ def _no_nul(program_id: str) -> None:
 
 #: A program id whose listing this instance answers for (the owner of its partition of program-accounts).
 ListedProgram = Annotated[
-    str, owned_key(_program_id, lambda ctx: _service(ctx).program_listings.table, check=_no_nul),
+    str, owned_key(_program_id, lambda ctx: _service(ctx).program_listings.store, check=_no_nul),
 ]
 
 
@@ -336,7 +336,7 @@ def batch_status_body(
 async def batch_status(ctx: ServiceContext, batch_id: str, *, start: int, limit: int) -> dict[str, Any] | None:
     """The batch's status from the instance that owns it (None: no such batch yet)."""
     svc = _service(ctx)
-    owner = owner_of(ctx, svc.command_batches.table, ctx.partition_for(batch_id))
+    owner = owner_of(ctx, svc.command_batches.store, ctx.partition_for(batch_id))
     if owner == ctx.url:
         if not ctx.ready():
             raise Unavailable("state is being restored; retry shortly")
@@ -402,7 +402,7 @@ async def _batch_id(batch_id: IdPath) -> str:
 
 
 #: A batch id this instance answers for (the owner of its partition of command batches).
-Batch = Annotated[str, owned_key(_batch_id, lambda ctx: _service(ctx).command_batches.table)]
+Batch = Annotated[str, owned_key(_batch_id, lambda ctx: _service(ctx).command_batches.store)]
 
 
 @router.get(

@@ -19,9 +19,10 @@
     first, so a backwards scan lists newest first. ``I`` + program_id + NUL + account_id
     → the 8 created_at bytes, to find an account's listing row when it changes.
 
-Each table also holds its handlers' next expected input offsets, under
-``shared.engine._durable.NEXT_OFFSET_PREFIX`` + topic. Account ids, command ids and program ids
-cannot contain NUL, so those keys collide with none of the above.
+Each table also holds the engine's own rows: its handlers' next expected input offsets, under
+``shared.engine._durable.NEXT_OFFSET_PREFIX`` + topic, and Faust's offset row. Account ids,
+command ids and program ids cannot contain NUL, so those keys collide with none of the above;
+the engine's reads (``Table.items``) leave them out, so scans here never meet them.
 """
 
 from __future__ import annotations

@@ -6,34 +6,32 @@ handler gets one input partition's records (:class:`InputBatch`) and stages what
 produce, and the engine commits it: sends acknowledged, then the changelogs, then the
 local tables with the input's next offset in one RocksDB write batch.
 
+A service and its HTTP API touch a table only through its :class:`Table` handle: its
+rows (ordered scans and views that leave out the engine's own rows), the partitions this
+instance owns, the owner of each partition (query forwarding) and this instance's copy of
+it (reads from copies); no Faust table reaches them.
+
 The rest of this surface is what services and their HTTP APIs need around that:
-topic creation, the partitioner, the owner of a partition (query forwarding), ordered
-reads of a table partition (range scans), running the worker, and hearing from a
-peer that it is restarting (the peer watch, which moves a dead peer's partitions at once).
+topic creation, the partitioner, running the worker, the fleet view (GET /instance), and
+hearing from a peer that it is restarting (the peer watch, which moves a dead peer's
+partitions at once).
 """
 
 from shared.engine._admin import TopicSpec, ensure_topics, ensure_topics_async
-from shared.engine._app import App, app_id, changelog_topic_specs, run_worker, serve_api
-from shared.engine._batch import DeadLetterRoute, InputBatch, StagedView
+from shared.engine._app import App, app_id, run_worker, serve_api
+from shared.engine._batch import DeadLetterRoute, InputBatch
 from shared.engine._clients import client_kwargs
-from shared.engine._copies import Copy, assigned_copies, local_copy
+from shared.engine._copies import Copy, assigned_copies
 from shared.engine._coverage import ready
 from shared.engine._durable import DurableTable as Table
 from shared.engine._durable import InRecord as Record
-from shared.engine._durable import is_next_offset_key, state_items
-from shared.engine._engine import Engine, Handler, SendFailed
+from shared.engine._durable import OrderedRows
+from shared.engine._engine import Engine, SendFailed
 from shared.engine._internals import (
-    FAUST_OFFSET_KEY,
-    AnyTable,
-    TopicPartition,
-    active_partitions,
-    all_owner_urls,
     assigned_partitions,
+    changelog_topics,
     input_lag,
     known_instance_urls,
-    partition_db,
-    partition_items,
-    partition_owner_url,
 )
 from shared.engine._membership import note_peer_restarting
 from shared.engine._partitioning import partition_for
@@ -43,15 +41,13 @@ from shared.engine._rocksdb import SharedMemoryOptions
 from shared.engine._warmup import rejoin_for_peer, warmup_partitions
 
 __all__ = [
-    "FAUST_OFFSET_KEY",
-    "AnyTable",
     "App",
     "Copy",
     "DeadLetterRoute",
     "Engine",
-    "Handler",
     "InputBatch",
     "KafkaTopicPartition",
+    "OrderedRows",
     "Outgoing",
     "PlainAdmin",
     "PlainConsumer",
@@ -59,33 +55,23 @@ __all__ = [
     "Record",
     "SendFailed",
     "SharedMemoryOptions",
-    "StagedView",
     "Table",
-    "TopicPartition",
     "TopicSpec",
-    "active_partitions",
-    "all_owner_urls",
     "app_id",
     "assigned_copies",
     "assigned_partitions",
-    "changelog_topic_specs",
+    "changelog_topics",
     "client_kwargs",
     "ensure_topics",
     "ensure_topics_async",
     "input_lag",
-    "is_next_offset_key",
     "known_instance_urls",
-    "local_copy",
     "note_peer_restarting",
-    "partition_db",
     "partition_for",
-    "partition_items",
-    "partition_owner_url",
     "ready",
     "refresh_metadata",
     "rejoin_for_peer",
     "run_worker",
     "serve_api",
-    "state_items",
     "warmup_partitions",
 ]

@@ -35,7 +35,6 @@ from typing import Any
 from shared.dead_letters import DeadLetter, dead_letter_for
 from shared.engine._durable import Batch, DurableTable, InRecord, OrderedInput, Rows
 from shared.engine._faults import BLOCK, CRASH
-from shared.engine._internals import partition_db
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
 
@@ -229,7 +228,8 @@ def observe(service: str, stream: str, batch: InputBatch, started: float) -> Non
 
 class StagedView:
     """A table partition with a batch's staged rows over it (``iter()`` as rocksdict's raw
-    iterator: ``seek``, ``valid``, ``key``, ``value``, ``next``)."""
+    iterator: ``seek``, ``valid``, ``key``, ``value``, ``next``), without the engine's rows, as
+    :meth:`DurableTable.view` gives them."""
 
     def __init__(self, table: DurableTable, partition: int, staged: dict[bytes, bytes | None]) -> None:
         self.table = table
@@ -239,10 +239,10 @@ class StagedView:
     def get(self, key: bytes) -> bytes | None:
         if key in self.staged:
             return self.staged[key]
-        return self.table.get(self.partition, key)
+        return self.table.view(self.partition).get(key)
 
     def iter(self) -> _MergedIterator:
-        return _MergedIterator(partition_db(self.table.table, self.partition).iter(), self.staged)
+        return _MergedIterator(self.table.view(self.partition).iter(), self.staged)
 
 
 class _MergedIterator:

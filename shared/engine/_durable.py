@@ -44,8 +44,10 @@ idempotent for those records.
 
 Tables written this way are raw-bytes tables (``key_type=bytes, value_type=bytes``)
 that the handler writes only through this module, never with ``table[key] = value``.
-Their keys must not start with :data:`NEXT_OFFSET_PREFIX`; :func:`state_items` lists a
-partition without those rows.
+Their keys must not start with :data:`NEXT_OFFSET_PREFIX`. Every read of a
+:class:`DurableTable` but :meth:`~TableOffsets.get` (:meth:`~DurableTable.items`,
+:meth:`~DurableTable.view`) leaves out the engine's own rows, the next-offset rows and
+Faust's offset row, so a service's scans never meet them.
 """
 
 from __future__ import annotations
@@ -62,7 +64,16 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from rocksdict import WriteBatch
 
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, started_when_reachable
-from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, partition_db, partition_items
+from shared.engine._copies import Copy, local_copy
+from shared.engine._internals import (
+    FAUST_OFFSET_KEY,
+    AnyTable,
+    active_partitions,
+    all_owner_urls,
+    partition_db,
+    partition_items,
+    partition_owner_url,
+)
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -86,11 +97,89 @@ def is_next_offset_key(key: bytes) -> bool:
     return key.startswith(NEXT_OFFSET_PREFIX)
 
 
-def state_items(table: AnyTable, partition: int) -> Iterator[tuple[bytes, bytes]]:
-    """A partition's rows in key order, without Faust's offset row and the next-offset rows."""
-    for key, value in partition_items(table, partition):
+def is_engine_key(key: bytes) -> bool:
+    """Whether ``key`` is a row the engine keeps in a table for itself (Faust's offset row or a
+    next-offset row), not one of the service's."""
+    return key == FAUST_OFFSET_KEY or key.startswith(NEXT_OFFSET_PREFIX)
+
+
+def state_items(
+    table: AnyTable, partition: int, from_key: bytes | None = None, backwards: bool = False,
+) -> Iterator[tuple[bytes, bytes]]:
+    """A partition's rows in key order (or reverse), from ``from_key``, without Faust's offset
+    row and the next-offset rows."""
+    for key, value in partition_items(table, partition, from_key, backwards):
         if not is_next_offset_key(key):
             yield key, value
+
+
+class StateIterator:
+    """rocksdict's raw iterator over a partition (``seek``, ``valid``, ``key``, ``value``,
+    ``next``) that steps over the engine's rows, so a scan in key order sees the service's
+    rows only, whatever their keys sort next to."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def seek(self, key: bytes) -> None:
+        self._raw.seek(key)
+        self._skip_engine_rows()
+
+    def seek_to_first(self) -> None:
+        self._raw.seek_to_first()
+        self._skip_engine_rows()
+
+    def valid(self) -> bool:
+        return bool(self._raw.valid())
+
+    def key(self) -> bytes:
+        return bytes(self._raw.key())
+
+    def value(self) -> bytes:
+        return bytes(self._raw.value())
+
+    def next(self) -> None:
+        self._raw.next()
+        self._skip_engine_rows()
+
+    def _skip_engine_rows(self) -> None:
+        while self._raw.valid() and is_engine_key(bytes(self._raw.key())):
+            self._raw.next()
+
+
+class RowIterator(Protocol):
+    """rocksdict's raw iterator, as the views below give it."""
+
+    def seek(self, key: bytes) -> None: ...
+    def valid(self) -> bool: ...
+    def key(self) -> Any: ...
+    def value(self) -> Any: ...
+    def next(self) -> None: ...
+
+
+class OrderedRows(Protocol):
+    """A table partition in key order without the engine's rows: :meth:`DurableTable.view`, or
+    a batch's view of it with the batch's staged rows over it (``InputBatch.view``)."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+    def iter(self) -> RowIterator: ...
+
+
+class SortedView:
+    """One partition of a table, read-only and in key order, without the engine's rows (see
+    :meth:`DurableTable.view`)."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def get(self, key: bytes) -> bytes | None:
+        if is_engine_key(key):
+            return None
+        raw: bytes | None = self._db.get(key)
+        return raw
+
+    def iter(self) -> StateIterator:
+        return StateIterator(self._db.iter())
 
 
 @dataclass(slots=True)
@@ -134,12 +223,57 @@ class TableOffsets:
 
 
 class DurableTable(TableOffsets):
-    """Write-through access to a raw-bytes Faust table (``key_type=bytes, value_type=bytes``)."""
+    """Write-through access to a raw-bytes Faust table (``key_type=bytes, value_type=bytes``).
+
+    It is the one table object services and ``shared.http`` hold: the reads below give them
+    what they need of the Faust table (ordered scans, ownership, copies) without it, and
+    without the engine's own rows."""
 
     def __init__(self, app: faust.App, table: Any) -> None:
         super().__init__(table)
         self.app = app
         self.changelog = table.changelog_topic.get_topic_name()
+
+    @property
+    def name(self) -> str:
+        """The table's name, as declared with ``Engine.table``."""
+        return str(self.table.name)
+
+    @property
+    def partitions(self) -> int:
+        """How many partitions the table (and its changelog) has."""
+        return int(self.table.partitions)
+
+    def items(
+        self, partition: int, from_key: bytes | None = None, backwards: bool = False,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The service's rows of ``partition`` in key order (``backwards``: in reverse), from
+        ``from_key`` on. Valid until the next rebalance, like the database it reads."""
+        return state_items(self.table, partition, from_key, backwards)
+
+    def view(self, partition: int) -> SortedView:
+        """``partition`` for ordered scans that seek (``iter()``, as rocksdict's raw iterator),
+        without the engine's rows. Valid until the next rebalance, like the database it reads."""
+        return SortedView(partition_db(self.table, partition))
+
+    def owned_partitions(self) -> set[int]:
+        """The partitions of this table this instance currently owns as active (processes the
+        input of)."""
+        return active_partitions(self.app, self.table)
+
+    def owner_url(self, partition: int) -> str | None:
+        """The URL of the instance that owns ``partition`` as active, if known (where its reads
+        and changes are forwarded)."""
+        return partition_owner_url(self.app, self.table, partition)
+
+    def owner_urls(self) -> set[str]:
+        """The URL of every instance that owns at least one partition of this table as active."""
+        return all_owner_urls(self.app, self.table)
+
+    async def copy(self, partition: int) -> Copy | None:
+        """This instance's copy of ``partition`` and how far behind its changelog it is, or
+        None when it holds none (what a read from a copy answers with)."""
+        return await local_copy(self.app, self.table, partition)
 
     def _apply(self, rows: Rows, offsets: Mapping[int, int]) -> None:
         """Rows and the changelog offset they bring a partition to, in one RocksDB write batch per

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, TextIO, cast
 
 import faust
@@ -86,10 +86,23 @@ def tps_with_unacked_messages(app: faust.App) -> set[TP]:
 # -- Fleet view (GET /instance): what this instance owns and how far behind it is -------------------
 
 
-def assigned_partitions(app: faust.App) -> tuple[set[TP], set[TP]]:
+#: A topic partition as the fleet view gives it: (topic, partition), a plain tuple.
+Partition = tuple[str, int]
+
+
+def assigned_partitions(app: faust.App) -> tuple[set[Partition], set[Partition]]:
     """(active, standby) topic partitions Faust's assignor gave this instance at the last rebalance."""
     assignor = cast(Any, app.assignor)
-    return set(assignor.assigned_actives()), set(assignor.assigned_standbys())
+    return _plain(assignor.assigned_actives()), _plain(assignor.assigned_standbys())
+
+
+def _plain(tps: Iterable[TP]) -> set[Partition]:
+    return {(tp.topic, tp.partition) for tp in tps}
+
+
+def changelog_topics(app: faust.App) -> set[str]:
+    """The changelog topic of every table of ``app``."""
+    return {table.changelog_topic.get_topic_name() for table in app.tables.values()}
 
 
 def known_instance_urls(app: faust.App) -> set[str]:
@@ -98,7 +111,7 @@ def known_instance_urls(app: faust.App) -> set[str]:
     return {str(url).rstrip("/") for url in distribution}
 
 
-def input_lag(app: faust.App, tps: set[TP]) -> dict[TP, int | None]:
+def input_lag(app: faust.App, tps: set[Partition]) -> dict[Partition, int | None]:
     """Records of each partition not yet committed: the consumer's last seen high watermark
     minus its committed offset (None until the consumer has fetched from the partition).
 
@@ -107,13 +120,14 @@ def input_lag(app: faust.App, tps: set[TP]) -> dict[TP, int | None]:
     """
     consumer = cast(Any, app.consumer)
     committed: dict[TP, int | None] = consumer._committed_offset
-    out: dict[TP, int | None] = {}
-    for tp in tps:
+    out: dict[Partition, int | None] = {}
+    for topic, partition in tps:
+        tp = TP(topic, partition)
         try:
             highwater = consumer.highwater(tp)
         except Exception:  # not started, or the partition was just revoked
             highwater = None
-        out[tp] = None if highwater is None else max(0, int(highwater) - int(committed.get(tp) or 0))
+        out[(topic, partition)] = None if highwater is None else max(0, int(highwater) - int(committed.get(tp) or 0))
     return out
 
 

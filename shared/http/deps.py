@@ -11,7 +11,7 @@ from fastapi.dependencies.utils import request_params_to_args
 from fastapi.params import Depends as Dependency
 from fastapi.routing import APIRoute
 
-from shared.engine import AnyTable
+from shared.engine import Table
 from shared.http.context import ServiceContext
 from shared.http.errors import Unauthorized
 from shared.http.forwarding import answer_here, max_lag_param
@@ -41,7 +41,7 @@ MaxLag = Annotated[int | None, Depends(max_lag_param)]
 
 #: The dependency that gives a route's key from its path (and checks it, as the route would first).
 KeyOfPath = Callable[..., Awaitable[str]]
-TableOf = Callable[[ServiceContext], AnyTable]
+TableOf = Callable[[ServiceContext], Table]
 PartitionOf = Callable[[ServiceContext, str], int]
 
 

@@ -35,7 +35,7 @@ import httpx
 from fastapi import Depends, Query, Request, Response
 
 from shared.codecs import loads
-from shared.engine import AnyTable, Copy, known_instance_urls, local_copy, partition_owner_url
+from shared.engine import Copy, Table, known_instance_urls
 from shared.http.context import ServiceContext
 from shared.http.errors import Unavailable, Unprocessable
 from shared.metrics import HTTP_FORWARDED, READ_FAILOVERS, READ_LAG, READS_SERVED
@@ -129,7 +129,7 @@ class AnsweredElsewhere(Exception):
         self.response = response
 
 
-async def answer_here(ctx: ServiceContext, request: Request, table: AnyTable, partition: int) -> None:
+async def answer_here(ctx: ServiceContext, request: Request, table: Table, partition: int) -> None:
     """Return when this instance answers ``request`` (see :func:`route`); otherwise raise
     :class:`AnsweredElsewhere` with the answer of the instance that should."""
     answer = await route(ctx, request, table, partition)
@@ -137,24 +137,24 @@ async def answer_here(ctx: ServiceContext, request: Request, table: AnyTable, pa
         raise AnsweredElsewhere(answer)
 
 
-def owner_of(ctx: ServiceContext, table: AnyTable, partition: int) -> str:
+def owner_of(ctx: ServiceContext, table: Table, partition: int) -> str:
     """The URL of the instance that owns ``partition``, or 503 when nobody is known to."""
     if ctx.app.rebalancing:
         raise Unavailable("the consumer group is rebalancing; retry shortly")
-    owner = partition_owner_url(ctx.app, table, partition)
+    owner = table.owner_url(partition)
     if owner is None:
         raise Unavailable(f"no instance owns partition {partition} yet; retry shortly")
     return owner
 
 
-async def route(ctx: ServiceContext, request: Request, table: AnyTable, partition: int) -> Response | None:
+async def route(ctx: ServiceContext, request: Request, table: Table, partition: int) -> Response | None:
     """``None`` when this instance should answer (from its own copy, for reads); otherwise the
     answer of the instance that should."""
     if request.method not in READ_METHODS:
         return await _route_change(ctx, request, table, partition)
     max_lag = requested_max_lag(request)
     if request.headers.get(READ_COPY):
-        copy = await local_copy(ctx.app, table, partition)
+        copy = await table.copy(partition)
         if copy is None:
             raise Unavailable(f"no copy of partition {partition} here", retry_after=RETRY_AFTER_S)
         return _deliver(ctx, request, copy, max_lag)
@@ -214,12 +214,12 @@ def _answer_from(ctx: ServiceContext, request: Request, read_from: ReadFrom, max
         READ_LAG.labels(ctx.service).observe(read_from.lag)
 
 
-async def _freshest_answer(ctx: ServiceContext, request: Request, table: AnyTable, partition: int) -> _Found:
+async def _freshest_answer(ctx: ServiceContext, request: Request, table: Table, partition: int) -> _Found:
     """The active owner's answer, or else the answer of the copy with the smallest lag."""
-    owner = None if ctx.app.rebalancing else partition_owner_url(ctx.app, table, partition)
+    owner = None if ctx.app.rebalancing else table.owner_url(partition)
     gone: set[str] = set()  # instances that did not answer at all: not asked again this round
     if owner == ctx.url:
-        copy = await local_copy(ctx.app, table, partition)
+        copy = await table.copy(partition)
         if copy is not None and copy.source == "active":
             return _Found(0, copy)
     elif owner is not None and not request.headers.get(FORWARDED_BY) and not ctx.suspected(owner):
@@ -237,7 +237,7 @@ async def _freshest_answer(ctx: ServiceContext, request: Request, table: AnyTabl
             READ_FAILOVERS.labels(ctx.service, "owner unavailable").inc()
     else:
         READ_FAILOVERS.labels(ctx.service, "no owner" if owner is None else "owner suspected").inc()
-    mine = await local_copy(ctx.app, table, partition)
+    mine = await table.copy(partition)
     if mine is not None and mine.lag == 0:
         return _Found(0, mine)
     peers = _peers(ctx, table) - gone - {ctx.url}
@@ -259,7 +259,7 @@ async def _freshest_answer(ctx: ServiceContext, request: Request, table: AnyTabl
     )
 
 
-async def _route_change(ctx: ServiceContext, request: Request, table: AnyTable, partition: int) -> Response | None:
+async def _route_change(ctx: ServiceContext, request: Request, table: Table, partition: int) -> Response | None:
     owner = owner_of(ctx, table, partition)
     if owner == ctx.url:
         if not ctx.ready():
@@ -286,16 +286,9 @@ def _lag_order(lag: int | None) -> float:
     return float("inf") if lag is None else float(lag)
 
 
-def _peers(ctx: ServiceContext, table: AnyTable) -> set[str]:
+def _peers(ctx: ServiceContext, table: Table) -> set[str]:
     """Every instance the last assignment named, and every owner of a partition of ``table``."""
-    return known_instance_urls(ctx.app) | set(_owner_urls(ctx, table))
-
-
-def _owner_urls(ctx: ServiceContext, table: AnyTable) -> Iterable[str]:
-    for p in range(ctx.settings.topic_partitions):
-        url = partition_owner_url(ctx.app, table, p)
-        if url is not None:
-            yield url
+    return known_instance_urls(ctx.app) | table.owner_urls()
 
 
 async def _ask_peers_for_copies(
@@ -399,7 +392,7 @@ PARTITIONS_PARAM = "partitions"
 _SOURCE_RANK = {"active": 0, "standby": 1, "restoring": 2}
 
 
-async def local_scope_partitions(ctx: ServiceContext, request: Request, table: AnyTable, owned: set[int]) -> list[int]:
+async def local_scope_partitions(ctx: ServiceContext, request: Request, table: Table, owned: set[int]) -> list[int]:
     """The partitions a ``scope=local`` request asks this instance to list: the ``partitions``
     it names, or else those it owns. A copy read (``X-Statefleet-Read-Copy``) is answered only
     when this instance holds a copy of every partition named, and says how far behind they are.
@@ -417,7 +410,7 @@ async def local_scope_partitions(ctx: ServiceContext, request: Request, table: A
     except ValueError as exc:
         raise Unprocessable(f"{PARTITIONS_PARAM} must be comma-separated partition numbers") from exc
     if request.headers.get(READ_COPY):
-        copies = [await local_copy(ctx.app, table, p) for p in partitions]
+        copies = [await table.copy(p) for p in partitions]
         if any(copy is None for copy in copies):
             raise Unavailable("no copy of some of those partitions here", retry_after=RETRY_AFTER_S)
         held = [copy for copy in copies if copy is not None]
@@ -439,7 +432,7 @@ def _worst(copies: Iterable[Copy | ReadFrom]) -> ReadFrom:
     return ReadFrom(source, None if lag == -1 else lag)
 
 
-async def gather(ctx: ServiceContext, request: Request, table: AnyTable, local: PartitionsPage) -> list[Any]:
+async def gather(ctx: ServiceContext, request: Request, table: Table, local: PartitionsPage) -> list[Any]:
     """One local page per instance that answers for some partitions of ``table``: from each
     partition's owner, or, where the owner cannot answer, from the freshest copy of it (as a
     point read does). The answer's source headers give the least fresh copy that contributed.
@@ -459,11 +452,11 @@ async def gather(ctx: ServiceContext, request: Request, table: AnyTable, local: 
 
 
 async def _gather_partitions(
-    ctx: ServiceContext, request: Request, table: AnyTable, local: PartitionsPage,
+    ctx: ServiceContext, request: Request, table: Table, local: PartitionsPage,
 ) -> tuple[list[Any], ReadFrom]:
     by_owner: dict[str | None, list[int]] = {}
-    for p in range(ctx.settings.topic_partitions):
-        owner = None if ctx.app.rebalancing else partition_owner_url(ctx.app, table, p)
+    for p in range(table.partitions):
+        owner = None if ctx.app.rebalancing else table.owner_url(p)
         by_owner.setdefault(owner, []).append(p)
     pages: list[Any] = []
     sources: list[ReadFrom] = []
@@ -506,7 +499,7 @@ async def _gather_partitions(
     peers = _peers(ctx, table) - {ctx.url}
     for p in sorted(orphans):
         candidates: list[tuple[ReadFrom, Any]] = []
-        copy = await local_copy(ctx.app, table, p)
+        copy = await table.copy(p)
         if copy is not None:
             candidates.append((ReadFrom(copy.source, copy.lag), None))
         if copy is None or copy.lag != 0:
@@ -524,7 +517,7 @@ async def _gather_partitions(
 async def gather_owners(
     ctx: ServiceContext,
     request: Request,
-    table: AnyTable,
+    table: Table,
     local: Callable[[], Awaitable[Any]],
 ) -> list[Any]:
     """The local answer of every instance that owns partitions of ``table``, for answers that
@@ -546,12 +539,12 @@ async def gather_owners(
 
 
 async def _gather_once(
-    ctx: ServiceContext, request: Request, table: AnyTable, local: Callable[[], Awaitable[Any]],
+    ctx: ServiceContext, request: Request, table: Table, local: Callable[[], Awaitable[Any]],
 ) -> list[Any]:
     if ctx.app.rebalancing:
         raise Unavailable("the consumer group is rebalancing; retry shortly")
     owners: set[str] = set()
-    for p in range(ctx.settings.topic_partitions):
+    for p in range(table.partitions):
         owners.add(owner_of(ctx, table, p))
     if ctx.url in owners and not ctx.ready():
         raise Unavailable("state is being restored; retry shortly")
@@ -580,7 +573,7 @@ async def _owner_part(ctx: ServiceContext, owner: str, call: Awaitable[httpx.Res
     return loads(resp.content)
 
 
-async def on_each_owner(ctx: ServiceContext, request: Request, table: AnyTable, local: PartitionsPage) -> list[Any]:
+async def on_each_owner(ctx: ServiceContext, request: Request, table: Table, local: PartitionsPage) -> list[Any]:
     """A change that spans every partition of ``table``: each active owner applies it to the
     partitions it owns, and answers with its part.
 
@@ -590,7 +583,7 @@ async def on_each_owner(ctx: ServiceContext, request: Request, table: AnyTable, 
     an owner is restoring, or an owner does not answer 200.
     """
     by_owner: dict[str, list[int]] = {}
-    for p in range(ctx.settings.topic_partitions):
+    for p in range(table.partitions):
         by_owner.setdefault(owner_of(ctx, table, p), []).append(p)
     if ctx.url in by_owner and not ctx.ready():
         raise Unavailable("state is being restored; retry shortly")

@@ -20,10 +20,10 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from shared.engine import TopicPartition as TP
 from shared.engine import (
     assigned_copies,
     assigned_partitions,
+    changelog_topics,
     input_lag,
     known_instance_urls,
     note_peer_restarting,
@@ -70,23 +70,23 @@ class InstanceOut(BaseModel):
     peers: list[str] = Field(description="URLs of every instance of the service the last assignment named, this one included")
 
 
-def _by_topic(tps: Iterable[TP]) -> dict[str, list[int]]:
+def _by_topic(tps: Iterable[tuple[str, int]]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = defaultdict(list)
-    for tp in tps:
-        out[tp.topic].append(tp.partition)
+    for topic, partition in tps:
+        out[topic].append(partition)
     return {topic: sorted(parts) for topic, parts in sorted(out.items())}
 
 
 @router.get("/instance", response_model=InstanceOut, summary="This instance: partitions, input lag, peers")
 async def instance(ctx: Ctx) -> Any:
     app = ctx.app
-    changelogs = {table.changelog_topic.get_topic_name() for table in app.tables.values()}
+    changelogs = changelog_topics(app)
     active, standby = assigned_partitions(app)
-    inputs = {tp for tp in active if tp.topic not in changelogs and not tp.topic.endswith(_LEADER_TOPIC_SUFFIX)}
+    inputs = {(topic, p) for topic, p in active if topic not in changelogs and not topic.endswith(_LEADER_TOPIC_SUFFIX)}
     lag: dict[str, dict[str, Any]] = {}
-    for tp, behind in sorted(input_lag(app, inputs).items()):
-        topic = lag.setdefault(tp.topic, {"total": 0, "partitions": {}})
-        topic["partitions"][str(tp.partition)] = behind
+    for (name, partition), behind in sorted(input_lag(app, inputs).items()):
+        topic = lag.setdefault(name, {"total": 0, "partitions": {}})
+        topic["partitions"][str(partition)] = behind
         topic["total"] = None if behind is None or topic["total"] is None else topic["total"] + behind
     copies = {
         topic: {str(p): {"source": copy.source, "lag": copy.lag} for p, copy in sorted(parts.items())}

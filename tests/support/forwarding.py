@@ -12,13 +12,35 @@ from shared.engine import Copy
 from shared.http import forwarding
 
 
+class StandInTable:
+    """A table as the forwarding reads it (``shared.engine.Table``): owners and copies of its
+    partitions, as :func:`stand_in_engine` sets them."""
+
+    name = "stand-in"
+    partitions = 8
+
+    def __init__(self) -> None:
+        self.owner: Callable[[int], str | None] = lambda partition: None
+        self.mine: Callable[[], Copy | None] = lambda: None
+
+    def owner_url(self, partition: int) -> str | None:
+        return self.owner(partition)
+
+    def owner_urls(self) -> set[str]:
+        return {url for url in map(self.owner, range(self.partitions)) if url is not None}
+
+    async def copy(self, partition: int) -> Copy | None:
+        return self.mine()
+
+
+#: The table the tests route reads of.
+TABLE: Any = StandInTable()
+
+
 def stand_in_engine(
     monkeypatch: pytest.MonkeyPatch, *, owner: Callable[[int], str | None], copy: Callable[[], Copy | None],
     instances: set[str],
 ) -> None:
-    async def local_copy(app: Any, table: Any, partition: int) -> Copy | None:
-        return copy()
-
-    monkeypatch.setattr(forwarding, "local_copy", local_copy)
-    monkeypatch.setattr(forwarding, "partition_owner_url", lambda app, table, p: owner(p))
+    monkeypatch.setattr(TABLE, "owner", owner)
+    monkeypatch.setattr(TABLE, "mine", copy)
     monkeypatch.setattr(forwarding, "known_instance_urls", lambda app: instances)

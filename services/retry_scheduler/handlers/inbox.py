@@ -80,7 +80,7 @@ class Inbox:
                 return
             state.finish(batch, current_key, current_entry, done=None)
         if letter.parked:
-            parked_raw = batch.read(state.parked_store, idk)
+            parked_raw = batch.read(state.parked, idk)
             if parked_raw is not None and decode_entry(parked_raw).attempt > letter.attempt:
                 DUPLICATES.labels("stale").inc()
                 return
@@ -91,8 +91,8 @@ class Inbox:
             await state.park(batch, decode_entry(stored))
             return
         key = due_key(letter.due_at, dlq_id)
-        batch.write(state.schedule_store, key, stored)
-        batch.write(state.index_store, idk, key)
+        batch.write(state.schedule, key, stored)
+        batch.write(state.index, idk, key)
         state.counts.add("scheduled", partition, letter.counted_as)
         low = state.low_water.get(partition)
         if low is not None and key < low:

@@ -74,14 +74,10 @@ class InboxState:
         self.engine = engine
         self.settings = settings
         self.topics = topics
-        self.schedule_store = engine.table("schedule")
-        self.index_store = engine.table("index")
-        self.expiry_store = engine.table("expiry")
-        self.parked_store = engine.table("parked")
-        self.schedule = self.schedule_store.table
-        self.index = self.index_store.table
-        self.expiry = self.expiry_store.table
-        self.parked = self.parked_store.table
+        self.schedule = engine.table("schedule")
+        self.index = engine.table("index")
+        self.expiry = engine.table("expiry")
+        self.parked = engine.table("parked")
         self.counts = Counts()
         self.totals = {"redelivered": 0, "parked": 0, "scheduled": 0, "cancelled": 0}
         #: Per partition, a key no live entry sorts below; absent means "scan from the first key".
@@ -96,18 +92,18 @@ class InboxState:
 
     @property
     def stores(self) -> list[Table]:
-        return [self.index_store, self.schedule_store, self.expiry_store, self.parked_store]
+        return [self.index, self.schedule, self.expiry, self.parked]
 
     def index_state(self, batch: InputBatch, idk: bytes) -> tuple[bytes, bytes, Entry] | Done | None:
         """What the index says of an id in the batch's partition: scheduled (key, stored bytes,
         entry), a done marker, or nothing."""
-        raw_index = batch.read(self.index_store, idk)
+        raw_index = batch.read(self.index, idk)
         if raw_index is None:
             return None
         state = decode_index(raw_index)
         if isinstance(state, Done):
             return state
-        raw = batch.read(self.schedule_store, state)
+        raw = batch.read(self.schedule, state)
         return (state, raw, decode_entry(raw)) if raw is not None else None
 
     @staticmethod
@@ -121,10 +117,10 @@ class InboxState:
     def carry_history(self, batch: InputBatch, dlq_id: str, stored: bytes) -> bytes:
         """``stored`` with the history its id kept while between attempts (and that row gone)."""
         hk = history_key(dlq_id)
-        raw = batch.read(self.index_store, hk)
+        raw = batch.read(self.index, hk)
         if raw is None:
             return stored
-        batch.write(self.index_store, hk, None)
+        batch.write(self.index, hk, None)
         try:
             return encode_entry(decode_entry(stored).with_history(*decode_history(raw)))
         except ValueError as exc:
@@ -134,7 +130,7 @@ class InboxState:
     def keep_history(self, batch: InputBatch, entry: Entry) -> None:
         """Keep an entry's history while it is away (redelivered): its next attempt takes it back."""
         if entry.history:
-            batch.write(self.index_store, history_key(entry.id), encode_history(entry.history))
+            batch.write(self.index, history_key(entry.id), encode_history(entry.history))
 
     def finish(self, batch: InputBatch, key: bytes, entry: Entry, done: bytes | None) -> None:
         """Remove a scheduled entry.
@@ -143,14 +139,14 @@ class InboxState:
         cancelled, so a copy of its dead letter read later is dropped; without, the
         index row goes too (the id is about to be scheduled again or parked).
         """
-        if self.delete(batch, self.schedule_store, key):
+        if self.delete(batch, self.schedule, key):
             self.counts.add("scheduled", batch.partition, entry.counted_as, -1)
         idk = id_key(entry.id)
         if done is not None:
             self.mark_done(batch, idk, entry.id, done, entry.attempt)
             self.keep_history(batch, entry)
-        elif batch.read(self.index_store, idk) == key:
-            self.delete(batch, self.index_store, idk)
+        elif batch.read(self.index, idk) == key:
+            self.delete(batch, self.index, idk)
         self.send_failures.pop(key, None)
 
     def mark_done(self, batch: InputBatch, idk: bytes, dlq_id: str, kind: bytes, attempt: int) -> None:
@@ -159,7 +155,7 @@ class InboxState:
         if expiry is None:
             expire_at = min(now_ms() + DONE_MEMORY_MS, MAX_DUE_MS)
             expiry = self._expiry_batch[batch.partition] = ExpiryBatch(due_key(expire_at, f"~{uuid.uuid4().hex[:16]}"))
-        batch.write(self.index_store, idk, encode_done(kind, attempt, expiry.key))
+        batch.write(self.index, idk, encode_done(kind, attempt, expiry.key))
         expiry.ids.append(dlq_id)
         expiry.size += len(dlq_id) + 3
         if expiry.size >= EXPIRY_BATCH_BYTES:
@@ -169,7 +165,7 @@ class InboxState:
         """One expiry row for all the markers left while handling the current record."""
         expiry = self._expiry_batch.pop(batch.partition, None)
         if expiry is not None and expiry.ids:
-            batch.write(self.expiry_store, expiry.key, orjson.dumps(expiry.ids))
+            batch.write(self.expiry, expiry.key, orjson.dumps(expiry.ids))
 
     # -- parking ----------------------------------------------------------------------------------------
 
@@ -182,10 +178,10 @@ class InboxState:
         if error is not None:  # too large for the parking lot, say: it is still kept in the parked table
             log.error("could not publish dlq.id=%s to %s: %s", entry.id, self.topics.parking_lot, error)
         idk = id_key(entry.id)
-        previous_raw = batch.read(self.parked_store, idk)
+        previous_raw = batch.read(self.parked, idk)
         if previous_raw is not None:
             self.counts.add("parked", partition, decode_entry(previous_raw).counted_as, -1)
-        batch.write(self.parked_store, idk, encode_entry(entry))
+        batch.write(self.parked, idk, encode_entry(entry))
         self.counts.add("parked", partition, entry.counted_as)
         PARKED.inc()
         self.totals["parked"] += 1
@@ -196,7 +192,7 @@ class InboxState:
     def unparked(self, batch: InputBatch, entry: Entry, action: str) -> None:
         """A parked entry was redelivered: out of the parked table, with a done marker and its history kept."""
         idk = id_key(entry.id)
-        if self.delete(batch, self.parked_store, idk):
+        if self.delete(batch, self.parked, idk):
             self.counts.add("parked", batch.partition, entry.counted_as, -1)
         self.mark_done(batch, idk, entry.id, DONE_UNPARKED, entry.attempt)
         self.keep_history(batch, entry.with_history(Replayed(now_ms(), action, entry.attempt)))

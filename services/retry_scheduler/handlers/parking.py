@@ -42,7 +42,7 @@ class Parking:
     async def unpark(self, batch: InputBatch, dlq_id: str) -> dict[str, Any]:
         """Redeliver one parked message; the answer to the HTTP request."""
         state = self.state
-        parked_raw = batch.read(state.parked_store, id_key(dlq_id))
+        parked_raw = batch.read(state.parked, id_key(dlq_id))
         if parked_raw is None:
             return {"id": dlq_id, "status": "not_found"}
         entry = decode_entry(parked_raw)
@@ -67,14 +67,14 @@ class Parking:
         flt = GroupFilter.from_json(body["filter"])
         after = body.get("after")
         found, resume = scan_parked_matching(
-            batch.view(state.parked_store), flt, after=id_key(after) if isinstance(after, str) else None,
+            batch.view(state.parked), flt, after=id_key(after) if isinstance(after, str) else None,
             limit=GROUP_CHUNK, budget=GROUP_SCAN_BUDGET,
         )
         done = failed = 0
         if action == "cancel":
             for key, raw, _ in found:
                 entry = decode_entry(raw)
-                if state.delete(batch, state.parked_store, key):
+                if state.delete(batch, state.parked, key):
                     state.counts.add("parked", batch.partition, entry.counted_as, -1)
                 state.mark_done(batch, key, entry.id, DONE_CANCELLED, entry.attempt)
                 CANCELLED.inc()

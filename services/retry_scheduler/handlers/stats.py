@@ -12,8 +12,8 @@ from services.retry_scheduler.handlers.inbox_state import InboxState
 from services.retry_scheduler.handlers.ticks import Ticks
 from services.retry_scheduler.metrics import STORED
 from services.retry_scheduler.scans import first_due_key
-from services.retry_scheduler.state import Done, decode_index, id_key, iter_items
-from shared.engine import Engine, active_partitions, partition_db
+from services.retry_scheduler.state import Done, decode_index, id_key
+from shared.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class Stats:
         self.engine = engine
         self.state = state
         self.ticks = ticks
-        engine.on_recovered(state.schedule_store, self.on_recovered)
+        engine.on_recovered(state.schedule, self.on_recovered)
 
     async def on_recovered(self) -> None:
         state = self.state
@@ -33,8 +33,8 @@ class Stats:
         state.send_failures = {}
         self.ticks.forget_partitions()
         rows = state.counts.rebuild(
-            {p: iter_items(partition_db(state.schedule, p)) for p in owned},
-            {p: iter_items(partition_db(state.parked, p)) for p in owned},
+            {p: state.schedule.items(p) for p in owned},
+            {p: state.parked.items(p) for p in owned},
         )
         self.update_gauges()
         log.info(
@@ -43,7 +43,7 @@ class Stats:
         )
 
     def owned(self) -> set[int]:
-        return active_partitions(self.engine.app, self.state.schedule)
+        return self.state.schedule.owned_partitions()
 
     def update_gauges(self) -> None:
         totals = self.state.counts.totals(self.owned())
@@ -53,27 +53,27 @@ class Stats:
     def index_entry(self, dlq_id: str) -> Entry | Done | None:
         """For HTTP reads: the scheduled entry of an id, its done marker, or nothing."""
         partition = self.state.partition_of(dlq_id)
-        raw_index = partition_db(self.state.index, partition).get(id_key(dlq_id))
+        raw_index = self.state.index.get(partition, id_key(dlq_id))
         if raw_index is None:
             return None
-        index = decode_index(bytes(raw_index))
+        index = decode_index(raw_index)
         if isinstance(index, Done):
             return index
-        raw = partition_db(self.state.schedule, partition).get(index)
-        return decode_entry(bytes(raw)) if raw is not None else None
+        raw = self.state.schedule.get(partition, index)
+        return decode_entry(raw) if raw is not None else None
 
     def scheduled_entry(self, dlq_id: str) -> Entry | None:
         found = self.index_entry(dlq_id)
         return found if isinstance(found, Entry) else None
 
     def parked_entry(self, dlq_id: str) -> Entry | None:
-        raw = partition_db(self.state.parked, self.state.partition_of(dlq_id)).get(id_key(dlq_id))
-        return decode_entry(bytes(raw)) if raw is not None else None
+        raw = self.state.parked.get(self.state.partition_of(dlq_id), id_key(dlq_id))
+        return decode_entry(raw) if raw is not None else None
 
     def oldest_due(self, partitions: set[int]) -> int | None:
         oldest: int | None = None
         for p in partitions:
-            key = first_due_key(partition_db(self.state.schedule, p), self.state.low_water.get(p, b""))
+            key = first_due_key(self.state.schedule.view(p), self.state.low_water.get(p, b""))
             if key is not None:
                 due = int.from_bytes(key[:8], "big")
                 oldest = due if oldest is None else min(oldest, due)

@@ -32,7 +32,7 @@ from services.retry_scheduler.handlers.kinds import KIND_TICK
 from services.retry_scheduler.metrics import TICK_SECONDS
 from services.retry_scheduler.scans import DueScan, scan_due
 from services.retry_scheduler.state import DONE_REDELIVERED, Done, decode_index, due_prefix, history_key, id_key
-from shared.engine import Engine, InputBatch, active_partitions, ready
+from shared.engine import Engine, InputBatch, ready
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Ticks:
             return
         interval = self.settings.retry_tick_interval_s
         now = time.monotonic()
-        for partition in sorted(active_partitions(self.engine.app, self.state.schedule)):
+        for partition in sorted(self.state.schedule.owned_partitions()):
             sent = self.tick_sent.get(partition)
             if sent is not None and now - sent < max(10 * interval, 5.0):
                 continue  # the last tick is still queued: do not pile up more
@@ -119,7 +119,7 @@ class Ticks:
         now = now_ms()
         limit = self.settings.retry_batch_limit
         start = state.low_water.get(partition, b"")
-        scan: DueScan = scan_due(batch.view(state.schedule_store), now, limit, start)
+        scan: DueScan = scan_due(batch.view(state.schedule), now, limit, start)
         scanned = time.perf_counter()
         deliveries = await state.redeliver(batch, scan.items, trigger="tick")
         failed_keys: list[bytes] = []
@@ -158,7 +158,7 @@ class Ticks:
         state = self.state
         partition = batch.partition
         start = self.expiry_low_water.get(partition, b"")
-        scan = scan_due(batch.view(state.expiry_store), now, limit, start)
+        scan = scan_due(batch.view(state.expiry), now, limit, start)
         for key, raw in scan.items:
             try:
                 ids = orjson.loads(raw)
@@ -166,11 +166,11 @@ class Ticks:
                 ids = []
             for dlq_id in ids if isinstance(ids, list) else []:
                 idk = id_key(str(dlq_id))
-                raw_index = batch.read(state.index_store, idk)
+                raw_index = batch.read(state.index, idk)
                 index = decode_index(raw_index) if raw_index is not None else None
                 if isinstance(index, Done) and index.expiry_key == key:
-                    state.delete(batch, state.index_store, idk)
-                    state.delete(batch, state.index_store, history_key(str(dlq_id)))
-            state.delete(batch, state.expiry_store, key)
+                    state.delete(batch, state.index, idk)
+                    state.delete(batch, state.index, history_key(str(dlq_id)))
+            state.delete(batch, state.expiry, key)
         self.expiry_low_water[partition] = next_low_water(start, now, scan, [])
         return scan

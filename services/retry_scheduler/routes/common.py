@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from services.retry_scheduler.app import RetrySchedulerService
 from services.retry_scheduler.models import CommandOut
+from shared.engine import Table
 from shared.http.context import ServiceContext
 from shared.http.deps import owned_key
 from shared.http.errors import NotFound, Unavailable, error_responses
@@ -52,7 +53,7 @@ def _partition_of(ctx: ServiceContext, dlq_id: str) -> int:
     return service_of(ctx).state.partition_of(dlq_id)
 
 
-def _schedule(ctx: ServiceContext) -> Any:
+def _schedule(ctx: ServiceContext) -> Table:
     return service_of(ctx).state.schedule
 
 

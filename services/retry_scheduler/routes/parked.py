@@ -38,7 +38,6 @@ from services.retry_scheduler.routes.common import (
 from services.retry_scheduler.routes.pages import cursor_after, merge_pages, parked_sort
 from services.retry_scheduler.scans import GroupFilter, ParkedGroup, scan_ids, scan_parked_groups
 from services.retry_scheduler.state import id_key, id_of
-from shared.engine import partition_db
 from shared.http.deps import Admin, Ctx
 from shared.http.errors import NotFound, Unprocessable, error_responses
 from shared.http.forwarding import (
@@ -83,7 +82,7 @@ async def list_parked(
         pages: list[dict[str, Any]] = []
         for p in partitions:
             scan = scan_ids(
-                partition_db(svc.state.parked, p), after=after, limit=limit, origin_topic=origin_topic, budget=SCAN_BUDGET,
+                svc.state.parked.view(p), after=after, limit=limit, origin_topic=origin_topic, budget=SCAN_BUDGET,
             )
             pages.append({
                 "items": [entry_json(decode_entry(raw)) for _, raw in scan.items],
@@ -145,7 +144,7 @@ async def _groups_of(svc: RetrySchedulerService, flt: GroupFilter, partitions: l
     for p in partitions:
         after: bytes | None = None
         for _ in range(GROUP_SCAN_BUDGET // GROUP_SCAN_STEP):
-            scan = scan_parked_groups(partition_db(svc.state.parked, p), flt, GROUP_SCAN_STEP, after)
+            scan = scan_parked_groups(svc.state.parked.view(p), flt, GROUP_SCAN_STEP, after)
             for g in scan.groups:
                 _add_group(groups, g)
             after = scan.resume

@@ -43,7 +43,6 @@ from services.retry_scheduler.routes.pages import (
 )
 from services.retry_scheduler.scans import PageScan, scan_page
 from services.retry_scheduler.state import Done, split_due_key
-from shared.engine import partition_db
 from shared.http.deps import Admin, Ctx
 from shared.http.errors import NotFound, error_responses
 from shared.http.forwarding import (
@@ -128,7 +127,7 @@ async def list_retries(
         pages: list[dict[str, Any]] = []
         for p in partitions:
             scan: PageScan = scan_page(
-                partition_db(svc.state.schedule, p), after=after, limit=limit, due_before=due_before,
+                svc.state.schedule.view(p), after=after, limit=limit, due_before=due_before,
                 origin_topic=origin_topic, budget=SCAN_BUDGET, start=svc.state.low_water.get(p, b""),
             )
             pages.append({

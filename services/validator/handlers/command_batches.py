@@ -36,7 +36,7 @@ from services.validator.state import (
     batch_manifest_key,
 )
 from shared import codecs, dead_letters
-from shared.engine import Engine, InputBatch, Outgoing, partition_for, partition_items
+from shared.engine import Engine, InputBatch, Outgoing, partition_for
 from shared.engine import Record as InRecord
 from shared.settings import Settings
 
@@ -86,7 +86,6 @@ class CommandBatches:
         self.topics = topics
         self.partitions = settings.topic_partitions
         self.store = engine.table("batches")
-        self.table = self.store.table
         engine.handler(topics.command_batches, name="batches", offsets=self.store,
                        dead_letters=topics.dead_letter_route())(self.split_command_batches)
         engine.handler(topics.batch_outcomes, name="batch-outcomes", offsets=self.store,
@@ -155,7 +154,7 @@ class CommandBatches:
         ids: list[str] = codecs.loads_object(manifest)["ids"]
         prefix = batch_item_prefix(batch_id)
         outcomes: dict[int, dict[str, Any]] = {}
-        for key, raw in partition_items(self.table, partition, from_key=prefix):
+        for key, raw in self.store.items(partition, from_key=prefix):
             if not key.startswith(prefix):
                 break
             outcomes[batch_item_index(key, prefix)] = codecs.loads_object(raw)

@@ -84,7 +84,6 @@ class Commands:
         self.topics = topics
         self.partitions = settings.topic_partitions
         self.store = engine.table("accounts")
-        self.table = self.store.table
         # Each input's next expected offsets live in the table its handler writes, so they
         # move with the partition and are restored with it.
         engine.handler(topics.commands, name="commands", offsets=self.store,

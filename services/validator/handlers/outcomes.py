@@ -18,7 +18,7 @@ from services.validator.handlers.topics import ValidatorTopics
 from services.validator.outcome_records import PENDING
 from services.validator.state import EXPIRY_PREFIX, expired, expiry_key, outcome_status
 from shared import codecs
-from shared.engine import Engine, InputBatch, partition_for, partition_items
+from shared.engine import Engine, InputBatch, partition_for
 from shared.metrics import REGISTRY
 from shared.settings import Settings
 
@@ -49,7 +49,6 @@ class Outcomes:
         self.topic = topics.outcomes
         self.partitions = settings.topic_partitions
         self.store = engine.table("outcomes")
-        self.table = self.store.table
         self.waiters: dict[str, list[asyncio.Future[None]]] = {}
         #: Per outcomes partition, the last expiry row deleted: later scans seek past the
         #: tombstones below it instead of stepping over them.
@@ -92,7 +91,7 @@ class Outcomes:
         bounded per batch, oldest first. Each batch expires its own partition only, so no
         two batches write one changelog partition at once."""
         start = self._expiry_from.get(partition, EXPIRY_PREFIX)
-        keys = (key for key, _ in partition_items(self.table, partition, from_key=start))
+        keys = (key for key, _ in self.store.items(partition, from_key=start))
         due = expired(keys, now, EXPIRE_PER_BATCH)
         deletes: list[bytes] = []
         for expiry_row, command_id in due:

@@ -25,7 +25,7 @@ from services.validator.state import (
 )
 from shared import codecs
 from shared.accounts import AccountChange, InvalidEvent, parse_event
-from shared.engine import Engine, InputBatch, partition_db, partition_for
+from shared.engine import Engine, InputBatch, partition_for
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ class ProgramListings:
         self.topics = topics
         self.partitions = settings.topic_partitions
         self.store = engine.table("program-accounts")
-        self.table = self.store.table
         engine.handler(topics.events, name="events", offsets=self.store,
                        dead_letters=topics.dead_letter_route())(self.route_events)
         engine.handler(topics.by_program, name="by-program", offsets=self.store,
@@ -99,11 +98,10 @@ class ProgramListings:
         """Up to ``limit`` of the program's accounts, newest first, strictly before the
         listing key ``before``; and whether more follow."""
         prefix = program_prefix(program_id)
-        db = partition_db(self.table, partition_for(program_id, self.partitions))
+        partition = partition_for(program_id, self.partitions)
         start = before if before is not None else prefix + b"\xff" * 9
         items: list[Listing] = []
-        for key, raw in db.items(from_key=start, backwards=True):
-            assert isinstance(key, bytes) and isinstance(raw, bytes)
+        for key, raw in self.store.items(partition, from_key=start, backwards=True):
             if not key.startswith(prefix):
                 break
             if before is not None and key >= before:

@@ -19,10 +19,9 @@ from shared.http.deps import Ctx, owned_key
 from shared.http.errors import ApiError
 from shared.http.forwarding import FORWARDED_BY, LAG, READ_COPY, SERVED_BY, SOURCE
 from shared.settings import Settings
-from tests.support.forwarding import stand_in_engine
+from tests.support.forwarding import TABLE, stand_in_engine
 
 ME, OWNER, PEER = "http://me:1", "http://owner:2", "http://peer:3"
-TABLE: Any = object()
 
 
 @dataclass

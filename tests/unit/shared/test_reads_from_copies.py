@@ -18,10 +18,9 @@ from shared.http.context import ServiceContext
 from shared.http.errors import Unavailable, Unprocessable
 from shared.http.forwarding import LAG, READ_COPY, SOURCE, StaleCopy, read_from_headers, route
 from shared.settings import Settings
-from tests.support.forwarding import stand_in_engine
+from tests.support.forwarding import TABLE, stand_in_engine
 
 ME, OWNER, PEER_A, PEER_B = "http://me:1", "http://owner:2", "http://peer-a:3", "http://peer-b:4"
-TABLE: Any = object()
 
 
 @dataclass

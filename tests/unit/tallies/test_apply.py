@@ -80,12 +80,12 @@ def test_counts_kept_in_memory_answer_only_once_the_recovery_is_done(monkeypatch
         (membership_key("P", "a"), encode_membership(Membership(ACTIVE, 1))),
         (membership_key("P", "b"), encode_membership(Membership(ACTIVE, 1))),  # written while it was stopped
     ])
-    monkeypatch.setattr(tallies_app, "partition_items", lambda table, p, from_key=None: iter(rows))
     recovered = [False]
     monkeypatch.setattr(tallies_app, "ready", lambda app: recovered[0])
     counts = ProgramCounts()
     counts.rebuild({2: rows[:1]})  # the counts of before the stop
-    svc: Any = SimpleNamespace(counts=counts, app=None, memberships=None)
+    memberships = SimpleNamespace(items=lambda p, from_key=None: iter(rows))
+    svc: Any = SimpleNamespace(counts=counts, app=None, memberships_store=memberships)
     svc._counts_current = lambda p: TalliesService._counts_current(svc, p)
     assert TalliesService._program_counts(svc, 2, "P") == (2, 0)
     recovered[0] = True  # the recovery's rebuild would have counted both; the counts answer from here on

@@ -12,7 +12,7 @@ import pytest
 
 from shared.engine import DeadLetterRoute, Engine, InputBatch, Table
 from shared.engine._batch import StagedView
-from shared.engine._durable import is_next_offset_key, next_offset_key
+from shared.engine._durable import SortedView, is_next_offset_key, next_offset_key
 from shared.engine._internals import FAUST_OFFSET_KEY
 from shared.engine._producer import Outgoing, Retry
 from shared.engine.testing import MemoryProducer, TopologyDriver
@@ -48,16 +48,22 @@ def put_each(topology: Topology) -> None:
             batch.write(topology.table, record.key, record.value)
 
 
-def scan(view: StagedView, start: bytes = b"") -> list[tuple[bytes, bytes]]:
+def raw_scan(view: StagedView | SortedView, start: bytes = b"") -> list[tuple[bytes, bytes]]:
+    """Every row ``view`` shows from ``start`` on, with no filter of its own."""
     it = view.iter()
     it.seek(start)
     out: list[tuple[bytes, bytes]] = []
     while it.valid():
-        key = it.key()
-        if key != FAUST_OFFSET_KEY and not is_next_offset_key(key):  # the engine's own rows
-            out.append((key, it.value()))
+        out.append((it.key(), it.value()))
         it.next()
     return out
+
+
+def scan(view: StagedView, start: bytes = b"") -> list[tuple[bytes, bytes]]:
+    return [
+        (key, value) for key, value in raw_scan(view, start)
+        if key != FAUST_OFFSET_KEY and not is_next_offset_key(key)  # the engine's own rows
+    ]
 
 
 # -- what a batch reads -------------------------------------------------------------------------
@@ -146,6 +152,33 @@ def test_a_staged_view_of_an_empty_partition_holds_the_staged_rows_only(
 
     driver.pipe(IN, b"x", b"", partition=1)
     assert scanned == [[(b"a", b"1"), (b"b", b"2")]]
+
+
+def test_the_tables_reads_and_views_leave_the_engines_own_rows_out(
+    topology: Topology, driver: TopologyDriver,
+) -> None:
+    put_each(topology)
+    for key in (b"\x00a", b"a", b"z", b"\xff"):  # on either side of the engine's rows
+        driver.send(IN, key, key.upper(), partition=0)
+    driver.process()
+    table = topology.table
+    assert table.get(0, FAUST_OFFSET_KEY) is not None and table.get(0, next_offset_key(IN)) is not None
+    rows = [(b"\x00a", b"\x00A"), (b"a", b"A"), (b"z", b"Z"), (b"\xff", b"\xff")]
+    assert list(table.items(0)) == rows
+    assert list(table.items(0, from_key=b"\x00b")) == rows[1:]
+    assert list(table.items(0, backwards=True)) == rows[::-1]
+    assert raw_scan(table.view(0)) == rows
+    assert raw_scan(table.view(0), b"\x00b") == rows[1:]
+    assert table.view(0).get(FAUST_OFFSET_KEY) is None and table.view(0).get(b"a") == b"A"
+    staged: list[list[tuple[bytes, bytes]]] = []
+
+    @topology.engine.handler("view", name="view", offsets=topology.table)
+    async def view(batch: InputBatch) -> None:
+        batch.write(topology.table, b"b", b"B")
+        staged.append(raw_scan(batch.view(topology.table)))
+
+    driver.pipe("view", b"x", b"", partition=0)
+    assert staged == [[*rows[:2], (b"b", b"B"), *rows[2:]]]
 
 
 # -- the commit's order -------------------------------------------------------------------------
