@@ -6,29 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from services.retry_scheduler.entries import classify
 from services.retry_scheduler.state import ID_PREFIX, due_of, is_due_key
+from shared.engine import OrderedRows
 
 # -- scans -----------------------------------------------------------------------------------------
-
-
-class _Iter(Protocol):
-    def seek(self, key: bytes) -> None: ...
-    def valid(self) -> bool: ...
-    def key(self) -> Any: ...
-    def value(self) -> Any: ...
-    def next(self) -> None: ...
-
-
-class SortedDb(Protocol):
-    """What the scans need of a partition: ``Table.view`` or ``InputBatch.view``, which leave out
-    the engine's own rows (or any sorted store with rocksdict's raw iterator)."""
-
-    def iter(self) -> _Iter: ...
 
 
 @dataclass
@@ -40,7 +26,7 @@ class DueScan:
     more_due: bool  # stopped at the limit with more entries already due
 
 
-def scan_due(db: SortedDb, now_ms: int, limit: int, start: bytes = b"") -> DueScan:
+def scan_due(db: OrderedRows, now_ms: int, limit: int, start: bytes = b"") -> DueScan:
     """Read up to ``limit`` entries with due time <= ``now_ms``, from ``start`` on.
 
     Seeks once and reads only due entries plus the one that ends the scan: the cost is
@@ -64,7 +50,7 @@ def scan_due(db: SortedDb, now_ms: int, limit: int, start: bytes = b"") -> DueSc
     return DueScan(items, examined, more_due=False)
 
 
-def first_due_key(db: SortedDb, start: bytes = b"") -> bytes | None:
+def first_due_key(db: OrderedRows, start: bytes = b"") -> bytes | None:
     it = db.iter()
     it.seek(start)
     if it.valid():
@@ -82,7 +68,7 @@ class PageScan:
 
 
 def _scan(
-    db: SortedDb,
+    db: OrderedRows,
     *,
     seek: bytes,
     in_range: Callable[[bytes], bool],
@@ -119,7 +105,7 @@ def _scan(
 
 
 def scan_page(
-    db: SortedDb,
+    db: OrderedRows,
     *,
     after: bytes | None,
     limit: int,
@@ -138,7 +124,7 @@ def scan_page(
 
 
 def scan_ids(
-    db: SortedDb,
+    db: OrderedRows,
     *,
     after: bytes | None,
     limit: int,
@@ -234,7 +220,7 @@ class GroupScan:
     resume: bytes | None  # where to go on when the budget ran out; None: every row was examined
 
 
-def _parked_rows(db: SortedDb, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+def _parked_rows(db: OrderedRows, after: bytes | None) -> Iterator[tuple[bytes, bytes]]:
     """The rows of an id-keyed table (``parked``) in id order, after ``after`` (exclusive)."""
     it = db.iter()
     it.seek(after if after is not None else ID_PREFIX)
@@ -247,7 +233,7 @@ def _parked_rows(db: SortedDb, after: bytes | None) -> Iterator[tuple[bytes, byt
         it.next()
 
 
-def scan_parked_groups(db: SortedDb, flt: GroupFilter, budget: int, after: bytes | None = None) -> GroupScan:
+def scan_parked_groups(db: OrderedRows, flt: GroupFilter, budget: int, after: bytes | None = None) -> GroupScan:
     """The parked rows ``flt`` covers after ``after``, grouped by (origin topic, error class),
     examining at most ``budget`` rows."""
     groups: dict[tuple[str, str], ParkedGroup] = {}
@@ -267,7 +253,7 @@ def scan_parked_groups(db: SortedDb, flt: GroupFilter, budget: int, after: bytes
 
 
 def scan_parked_matching(
-    db: SortedDb, flt: GroupFilter, *, after: bytes | None, limit: int | None, budget: int,
+    db: OrderedRows, flt: GroupFilter, *, after: bytes | None, limit: int | None, budget: int,
 ) -> tuple[list[tuple[bytes, bytes, dict[str, Any]]], bytes | None]:
     """Parked rows ``flt`` covers, in id order after ``after`` (exclusive), as (key, stored
     bytes, the stored JSON object): at most ``limit`` of them, examining at most ``budget``

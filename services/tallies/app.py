@@ -274,13 +274,7 @@ class TalliesService:
         partition = self._partition(program_id)
         counts = self._program_counts(partition, program_id)
         raw_login = self.logins_store.get(partition, program_id.encode())
-        if counts is None and raw_login is None:
-            return None
-        active, inactive = counts if counts is not None else (0, 0)
-        return Tally(
-            program_id=program_id, numberActive=active, numberInactive=inactive,
-            lastLogin=int(raw_login) if raw_login is not None else None,
-        )
+        return tally_of(program_id, counts, raw_login)
 
     def _counts_current(self, partition: int) -> bool:
         """Whether the in-memory counts answer for ``partition``.
@@ -384,13 +378,18 @@ class TalliesService:
         else:  # not counted in memory (yet): count the memberships as the batch sees them
             counts = count_memberships(program_rows(batch.view(self.memberships_store), program_id))
         raw_login = batch.read(self.logins_store, program_id.encode())
-        if counts is None and raw_login is None:
-            return None
-        active, inactive = counts if counts is not None else (0, 0)
-        return Tally(
-            program_id=program_id, numberActive=active, numberInactive=inactive,
-            lastLogin=int(raw_login) if raw_login is not None else None,
-        )
+        return tally_of(program_id, counts, raw_login)
+
+
+def tally_of(program_id: str, counts: tuple[int, int] | None, raw_login: bytes | None) -> Tally | None:
+    """A program's tally from its (active, inactive) counts and its last-logins row (None: neither)."""
+    if counts is None and raw_login is None:
+        return None
+    active, inactive = counts if counts is not None else (0, 0)
+    return Tally(
+        program_id=program_id, numberActive=active, numberInactive=inactive,
+        lastLogin=int(raw_login) if raw_login is not None else None,
+    )
 
 
 def program_rows(view: OrderedRows, program_id: str) -> Iterable[tuple[bytes, bytes]]:
