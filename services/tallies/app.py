@@ -127,7 +127,9 @@ class TalliesService:
         self.memberships_store = engine.table("memberships")
         self.logins_store = engine.table("last-logins")
         #: Per program, the tally last staged for ``program-tallies`` (its JSON).
-        self.published_store = engine.table("published-tallies")
+        # Added after deployments ran the by-program handler; a row lost with a cut-short batch
+        # only republishes that tally (see rebuild_counts).
+        self.published_store = engine.table("published-tallies", added_later=True)
         self.counts = ProgramCounts()
         #: Per owned by-program partition, the programs whose tally may differ from the one published.
         self.dirty: dict[int, set[str]] = {}

@@ -206,6 +206,12 @@ class OffsetStore(Protocol):
     def get(self, partition: int, key: bytes) -> bytes | None: ...
 
 
+def offsets_optional(store: OffsetStore) -> bool:
+    """Whether ``store`` was added to a handler that already ran (see :meth:`Engine.table`): a
+    partition where it holds no next offset yet resumes from the handler's other tables."""
+    return bool(getattr(store, "added_later", False))
+
+
 class TableOffsets:
     """Reads of a table's partitions, as an :class:`OffsetStore` (the read side of
     :class:`DurableTable`)."""
@@ -229,10 +235,12 @@ class DurableTable(TableOffsets):
     what they need of the Faust table (ordered scans, ownership, copies) without it, and
     without the engine's own rows."""
 
-    def __init__(self, app: faust.App, table: Any) -> None:
+    def __init__(self, app: faust.App, table: Any, *, added_later: bool = False) -> None:
         super().__init__(table)
         self.app = app
         self.changelog = table.changelog_topic.get_topic_name()
+        #: Added to a handler that ran before it existed: see :func:`offsets_optional`.
+        self.added_later = added_later
 
     @property
     def name(self) -> str:
@@ -416,15 +424,23 @@ class OrderedInput:
         self.empty_gaps_accepted = 0
 
     def next_offset(self, topic: str, partition: int) -> int | None:
-        """The next offset to process, or ``None`` when a table has none (start at the log start)."""
+        """The next offset to process, or ``None`` when a table has none (start at the log start).
+
+        A table added to the handler later (:func:`offsets_optional`) that has none yet does not
+        count: an instance upgraded to a version with the new table resumes where its other
+        tables are, instead of reading the whole retained input back in one batch. (Its rows of a
+        batch whose other tables' rows alone reached the changelog are then missing; a table may
+        be marked so only where the handler rebuilds such rows.)"""
         key = next_offset_key(topic)
         found: list[int] = []
         for store in self.stores:
             raw = store.get(partition, key)
             if raw is None:
+                if offsets_optional(store):
+                    continue
                 return None
             found.append(int(raw))
-        return min(found)
+        return min(found) if found else None
 
     async def batch_records(self, arrivals: Sequence[InRecord], continues_from: int | None = None) -> Batch:
         """The batch's records to process, in order per partition, with its next-offset rows.

@@ -164,12 +164,17 @@ class Engine:
 
     # -- declaring a service -------------------------------------------------------------
 
-    def table(self, name: str, partitions: int | None = None) -> DurableTable:
-        """A raw-bytes table with a compacted changelog, written only through batches."""
+    def table(self, name: str, partitions: int | None = None, *, added_later: bool = False) -> DurableTable:
+        """A raw-bytes table with a compacted changelog, written only through batches.
+
+        ``added_later``: the table joins the ``offsets`` of a handler that deployments already
+        run, and its rows of a batch can be rebuilt by the handler when lost (a cache of what
+        was last sent, say): until its first batch, a partition resumes from the handler's other
+        tables rather than from the log start (see :meth:`OrderedInput.next_offset`)."""
         table = self.app.Table(
             name, partitions=partitions or self.settings.topic_partitions, key_type=bytes, value_type=bytes,
         )
-        return DurableTable(self.app, table)
+        return DurableTable(self.app, table, added_later=added_later)
 
     def handler(
         self, *topics: str, name: str, offsets: DurableTable | Sequence[DurableTable] | None,
