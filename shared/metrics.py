@@ -94,3 +94,10 @@ READY = Gauge(
     ["service"],
     registry=REGISTRY,
 )
+UNOWNED_INPUT_TOPICS = Gauge(
+    "statefleet_unowned_input_topics",
+    "Input topics the group's last assignment gave no member (their records are not processed; "
+    "the leader refreshes their metadata and rejoins)",
+    ["service"],
+    registry=REGISTRY,
+)

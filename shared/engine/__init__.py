@@ -22,7 +22,7 @@ from shared.engine._app import App, app_id, run_worker, serve_api
 from shared.engine._batch import DeadLetterRoute, InputBatch
 from shared.engine._clients import client_kwargs
 from shared.engine._copies import Copy, assigned_copies
-from shared.engine._coverage import ready
+from shared.engine._coverage import ready, unowned_input_topics
 from shared.engine._durable import DurableTable as Table
 from shared.engine._durable import InRecord as Record
 from shared.engine._durable import OrderedRows
@@ -73,5 +73,6 @@ __all__ = [
     "rejoin_for_peer",
     "run_worker",
     "serve_api",
+    "unowned_input_topics",
     "warmup_partitions",
 ]

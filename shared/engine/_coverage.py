@@ -11,8 +11,10 @@ a rebalance: the fleet reports ready and processes nothing for minutes.
 
 So the leader, when an assignment skipped topics, chases their metadata
 (:class:`MetadataChase`: forced refreshes, backing off) and rejoins the moment one of them
-is known; and an instance is not ready (:func:`ready`) while the group's last assignment
-leaves one of its input topics without an owner.
+is known; and every instance says which of its input topics the group's last assignment
+left without an owner (:func:`unowned_input_topics`: ``GET /instance`` and a metric).
+Readiness stays what it was, state restored: an instance that made every instance unready
+over a topic nobody can see would take every answer it can give from its state with it.
 """
 
 from __future__ import annotations
@@ -54,11 +56,15 @@ def unowned_topics(app: faust.App, topics: Iterable[str]) -> set[str]:
     return set(topics) - owned_topics(app)
 
 
+def unowned_input_topics(app: faust.App) -> set[str]:
+    """The topics the app's handlers read that no member owns a partition of after the last
+    assignment: none of their records is processed until an assignment gives them out."""
+    return unowned_topics(app, getattr(app, "input_topics", ()))
+
+
 def ready(app: faust.App) -> bool:
-    """Table state restored after the last rebalance, and every input topic of the app's
-    handlers owned by some member: a group that owns none of a topic's partitions processes
-    none of its records."""
-    return recovery_done(app) and not unowned_topics(app, getattr(app, "input_topics", ()))
+    """Table state restored after the last rebalance (what ``/readyz`` reports)."""
+    return recovery_done(app)
 
 
 class MetadataChase:

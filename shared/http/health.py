@@ -9,8 +9,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
+from shared.engine import unowned_input_topics
 from shared.http.deps import Ctx
-from shared.metrics import READY, REGISTRY
+from shared.metrics import READY, REGISTRY, UNOWNED_INPUT_TOPICS
 
 router = APIRouter(tags=["health"])
 
@@ -54,4 +55,6 @@ async def readyz(ctx: Ctx) -> Response:
 )
 async def metrics(ctx: Ctx) -> Response:
     READY.labels(ctx.service).set(1 if ctx.ready() else 0)
+    if ctx.app is not None:
+        UNOWNED_INPUT_TOPICS.labels(ctx.service).set(len(unowned_input_topics(ctx.app)))
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

@@ -28,6 +28,7 @@ from shared.engine import (
     known_instance_urls,
     note_peer_restarting,
     rejoin_for_peer,
+    unowned_input_topics,
     warmup_partitions,
 )
 from shared.http.deps import Admin, Ctx
@@ -68,6 +69,11 @@ class InstanceOut(BaseModel):
         description="Changelog topic -> partition -> this instance's copy of it (active, standby or restoring) and its lag",
     )
     peers: list[str] = Field(description="URLs of every instance of the service the last assignment named, this one included")
+    unowned_inputs: list[str] = Field(
+        default_factory=list,
+        description="Input topics the group's last assignment gave no instance: none of their records is processed "
+        "until the next assignment (the group's leader asks for one as soon as their metadata is known)",
+    )
 
 
 def _by_topic(tps: Iterable[tuple[str, int]]) -> dict[str, list[int]]:
@@ -104,6 +110,7 @@ async def instance(ctx: Ctx) -> Any:
         "warmup": warmup_partitions(app),
         "lag": lag,
         "peers": sorted(known_instance_urls(app) | {ctx.url}),
+        "unowned_inputs": sorted(unowned_input_topics(app)),
     }
 
 

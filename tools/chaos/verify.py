@@ -197,7 +197,13 @@ def _check_tallies(plan: Plan, observed: Observed, report: Report) -> None:
     expected = plan.model.tallies()
     latest: dict[str, Rec] = {}
     for rec in observed.tallies:  # sorted by partition and offset: the last record of a key wins
-        latest[(rec.key or b"").decode(errors="replace")] = rec
+        program = (rec.key or b"").decode(errors="replace")
+        before = latest.get(program)
+        if before is not None and before.value == rec.value:
+            # The same tally again, with no other between: a repeat (a program's tallies change
+            # one record at a time, so a value may come back later, but never twice in a row).
+            report.duplicate(1, f"tally of {program!r} {rec.value!r}")
+        latest[program] = rec
     wrong: set[str] = set()
     for program in sorted(set(latest) - set(expected)):
         wrong.add(program)

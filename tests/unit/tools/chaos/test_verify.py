@@ -117,6 +117,20 @@ def test_under_exactly_once_any_repeat_fails_the_run_and_says_which(plan: Plan) 
     assert all(p.startswith("duplicates delivered: ") and "seen 2 times read_committed" in p for p in report.problems)
 
 
+def test_a_tally_published_twice_in_a_row_is_a_repeat_and_one_that_comes_back_later_is_not(plan: Plan) -> None:
+    obs = perfect(plan)
+    last = obs.tallies[-1]
+    obs.tallies.append(dataclasses.replace(last, offset=last.offset + 1))  # the same tally again
+    report = verify(plan, sent_headers(plan), obs, TOPICS, exactly_once=True)
+    assert report.settled and not report.ok
+    assert report.duplicates_delivered == 1 and "tally of" in report.problems[0]
+    # Stale, current, stale, current: each differs from the one before it.
+    obs = perfect(plan)
+    stale, current = obs.tallies[-2], obs.tallies[-1]
+    obs.tallies += [dataclasses.replace(stale, offset=stale.offset + 2), dataclasses.replace(current, offset=current.offset + 2)]
+    assert verify(plan, sent_headers(plan), obs, TOPICS, exactly_once=True).ok
+
+
 def _first_event_of_a_later_version(obs: Observed) -> int:
     return next(i for i, r in enumerate(obs.events) if json.loads(r.value or b"")["version"] > 1)
 
