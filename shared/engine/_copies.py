@@ -27,9 +27,13 @@ the stall, and the copies it restores or keeps would otherwise claim to be up to
 
 Under ``exactly_once`` a changelog ends with the last transaction's commit marker, an offset
 that holds no record a copy could apply: an up-to-date copy would report a lag of at least
-1. So a small lag (at most :data:`MARKERS_CHECKED`) is read back once, read_committed, and
-counted as 0 when the offsets between the copy and the end hold no committed record (the
-range is remembered, so the next read of the same copy asks nothing).
+1. Every write of the engine is transactional there (once a switch from at_least_once has
+committed its first transaction), so a lag of exactly 1 is that marker
+and counts as 0. A lag of 2 to :data:`MARKERS_CHECKED` can be markers too (two transactions
+committed together, an aborted one): a read that needs it exactly (``exact``: the copy a
+query is answered from) reads that range back once, read_committed, and remembers what it
+found, so a copy that stays where it is is not read again; the fleet view and the warm-up
+measures take the lag as counted.
 """
 
 from __future__ import annotations
@@ -89,6 +93,8 @@ class _ChangelogEnds:
         self.transactional = exactly_once(settings)
         #: Per changelog partition, the last offset range read back and found to hold no record.
         self._no_records: dict[TP, tuple[int, int]] = {}
+        #: Per changelog partition, the offset of the last committed record a read-back found.
+        self._record_at: dict[TP, int] = {}
 
     async def end(self, tp: TP, partitions: int) -> int | None:
         """The end offset of ``tp`` as last known, asked anew when older than :data:`END_MAX_AGE_S`
@@ -145,6 +151,9 @@ class _ChangelogEnds:
         known = self._no_records.get(tp)
         if known is not None and known[0] <= start and end <= known[1]:
             return True
+        record_at = self._record_at.get(tp)
+        if record_at is not None and start <= record_at < end:
+            return False
         async with self._lock:
             consumer = await self._client()
             ktp = KafkaTP(tp.topic, tp.partition)
@@ -154,7 +163,9 @@ class _ChangelogEnds:
                 while await consumer.position(ktp) < end:
                     # A range of markers only returns no record, but moves the position past it.
                     fetched = await consumer.getmany(ktp, timeout_ms=100)
-                    if any(start <= m.offset < end for m in fetched.get(ktp, [])):
+                    found = [m.offset for m in fetched.get(ktp, []) if start <= m.offset < end]
+                    if found:
+                        self._record_at[tp] = found[-1]
                         return False
             finally:
                 consumer.unsubscribe()  # or its fetcher would go on reading the partition
@@ -223,7 +234,7 @@ def _applied_next(table: AnyTable, partition: int) -> int | None:
     return int(raw) + 1 if raw is not None else None
 
 
-async def local_copy(app: faust.App, table: AnyTable, partition: int) -> Copy | None:
+async def local_copy(app: faust.App, table: AnyTable, partition: int, *, exact: bool = False) -> Copy | None:
     """This instance's copy of ``partition`` of ``table`` with its lag, or None when it has none.
 
     The copy is that of every table co-partitioned with ``table`` (see :func:`_restored_with`):
@@ -232,7 +243,7 @@ async def local_copy(app: faust.App, table: AnyTable, partition: int) -> Copy | 
     """
     copies: list[Copy] = []
     for each in _restored_with(app, table):
-        copy = await _table_copy(app, each, partition)
+        copy = await _table_copy(app, each, partition, exact=exact)
         if copy is None:
             return None
         copies.append(copy)
@@ -265,7 +276,7 @@ def _partition_count(app: faust.App, table: AnyTable) -> int:
     return int(table.partitions or app.conf.topic_partitions)
 
 
-async def _table_copy(app: faust.App, table: AnyTable, partition: int) -> Copy | None:
+async def _table_copy(app: faust.App, table: AnyTable, partition: int, *, exact: bool = False) -> Copy | None:
     """This instance's copy of ``partition`` of ``table`` alone, with its lag (None: no copy)."""
     source = copy_source(app, table, partition)
     if source is None:
@@ -288,7 +299,9 @@ async def _table_copy(app: faust.App, table: AnyTable, partition: int) -> Copy |
     if end is None:
         return Copy(source, None)
     lag = max(0, end - (applied or 0))
-    if ends is not None and ends.transactional and applied is not None and 0 < lag <= MARKERS_CHECKED:
+    if ends is not None and ends.transactional and lag == 1:
+        return Copy(source, 0)  # the last transaction's commit marker
+    if ends is not None and ends.transactional and exact and applied is not None and 0 < lag <= MARKERS_CHECKED:
         try:
             if await asyncio.wait_for(ends.holds_no_records(tp, applied, end), END_LOOKUP_TIMEOUT_S):
                 lag = 0  # what is left is the last transaction's marker (or aborted records)

@@ -281,7 +281,7 @@ class DurableTable(TableOffsets):
     async def copy(self, partition: int) -> Copy | None:
         """This instance's copy of ``partition`` and how far behind its changelog it is, or
         None when it holds none (what a read from a copy answers with)."""
-        return await local_copy(self.app, self.table, partition)
+        return await local_copy(self.app, self.table, partition, exact=True)
 
     def _apply(self, rows: Rows, offsets: Mapping[int, int]) -> None:
         """Rows and the changelog offset they bring a partition to, in one RocksDB write batch per

@@ -60,7 +60,7 @@ def test_a_copy_is_as_fresh_as_the_least_fresh_of_its_co_partitioned_tables(monk
         memberships: Copy("restoring", 0), logins: Copy("restoring", 12), elsewhere: None,
     }
 
-    async def table_copy(app: Any, table: FakeTable, partition: int) -> Copy | None:
+    async def table_copy(app: Any, table: FakeTable, partition: int, *, exact: bool = False) -> Copy | None:
         return copies[table]
 
     monkeypatch.setattr(_copies, "_table_copy", table_copy)
