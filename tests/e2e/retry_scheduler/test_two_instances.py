@@ -12,11 +12,14 @@ import httpx
 import pytest
 
 from shared import dead_letters as dl
+from shared.engine import partition_for
 from tests.integration.retry_scheduler.helpers import TOKEN, letter_headers, scheduler_env, start_scheduler
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import wait_for
 
 pytestmark = pytest.mark.e2e
+
+PARTITIONS = 8  # the default STATEFLEET_TOPIC_PARTITIONS, which the schedulers here keep
 
 
 def get(url: str, path: str, **params: Any) -> httpx.Response:
@@ -32,6 +35,25 @@ def list_all(url: str, path: str) -> list[str]:
         cursor = page["next_cursor"]
         if cursor is None:
             return ids
+
+
+def parked_ids_on_both(url: str, prefix: str) -> list[str]:
+    """Six ids of letters to park: the first any, the other five (the group the test counts and
+    cancels through either instance) on partitions of both instances, as ``url`` reports its own
+    (five random ids all land on one instance's half of the partitions one time in sixteen)."""
+    view = httpx.get(url + "/instance", timeout=10).json()
+    mine = set(view["active"][f"{prefix}statefleet-retry_scheduler-parked-changelog"])
+    ids: list[str] = [f"bad-0-{uuid.uuid4().hex[:6]}"]
+    wanted = {True: 3, False: 2}  # on this instance's partitions, on the other's
+    n = 1
+    while any(wanted.values()):
+        candidate = f"bad-{n}-{uuid.uuid4().hex[:6]}"
+        here = partition_for(candidate, PARTITIONS) in mine
+        if wanted[here]:
+            wanted[here] -= 1
+            ids.append(candidate)
+            n += 1
+    return ids
 
 
 def test_any_instance_answers_for_every_message(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -50,7 +72,7 @@ def test_any_instance_answers_for_every_message(kafka_bootstrap: str, tmp_path: 
 
         wait_for(both_ready, timeout=60, message="two instances sharing the partitions")
         scheduled = [f"two-{i}-{uuid.uuid4().hex[:6]}" for i in range(30)]
-        parked = [f"bad-{i}-{uuid.uuid4().hex[:6]}" for i in range(6)]
+        parked = parked_ids_on_both(a.url, prefix)
         for dlq_id in scheduled:
             produce(dead, [(dlq_id.encode(), b"v")], headers=letter_headers(dlq_id, retry, origin="slow"))
         for dlq_id in parked:
