@@ -13,9 +13,9 @@ from shared.engine._membership import Gone, PeerVerdicts, Probe, classify, membe
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 
 
-def verdicts(own: str = A, peers: tuple[str, ...] = (B, C)) -> PeerVerdicts:
+def verdicts(own: str = A, peers: tuple[str, ...] = (B, C), refused_gone_after_s: float | None = None) -> PeerVerdicts:
     """Verdicts of ``own`` on ``peers``, each seen up once at time 0."""
-    v = PeerVerdicts(own_url=own, gone_after_s=1.0, restart_grace_s=45.0)
+    v = PeerVerdicts(own_url=own, gone_after_s=1.0, restart_grace_s=45.0, refused_gone_after_s=refused_gone_after_s)
     v.set_peers([*peers, own])
     for url in peers:
         v.record(url, Probe.UP, 0.0)
@@ -142,10 +142,7 @@ def test_peers_no_longer_assigned_are_forgotten() -> None:
 
 
 def test_a_peer_whose_port_refuses_every_probe_is_gone_sooner() -> None:
-    v = PeerVerdicts(own_url=A, gone_after_s=1.0, restart_grace_s=45.0, refused_gone_after_s=0.5)
-    v.set_peers([B, C])
-    for url in (B, C):
-        v.record(url, Probe.UP, 0.0)
+    v = verdicts(A, (B, C), refused_gone_after_s=0.5)
     for t in (0.0, 0.25, 0.5):
         v.record(B, Probe.REFUSED, t)  # nothing listens: the process is gone
         v.record(C, Probe.REFUSED if t < 0.5 else Probe.UNREACHABLE, t)  # one timeout: the network, maybe
@@ -155,19 +152,14 @@ def test_a_peer_whose_port_refuses_every_probe_is_gone_sooner() -> None:
     fail(v, C, [0.75, 1.0])
     assert [g.url for g in v.gone(1.0)] == [B, C]
     # Two refusals are not enough, however long apart.
-    w = PeerVerdicts(own_url=A, gone_after_s=1.0, restart_grace_s=45.0, refused_gone_after_s=0.5)
-    w.set_peers([B])
-    w.record(B, Probe.UP, 0.0)
+    w = verdicts(A, (B,), refused_gone_after_s=0.5)
     w.record(B, Probe.REFUSED, 0.0)
     w.record(B, Probe.REFUSED, 5.0)
     assert w.gone(5.0) == []
 
 
 def test_a_backup_acts_a_gone_time_after_the_first_when_the_port_refuses() -> None:
-    b = PeerVerdicts(own_url=B, gone_after_s=1.0, restart_grace_s=45.0, refused_gone_after_s=0.5)
-    b.set_peers([A, C])
-    for url in (A, C):
-        b.record(url, Probe.UP, 0.0)
+    b = verdicts(B, (A, C), refused_gone_after_s=0.5)
     for t in (0.0, 0.25, 0.5):
         b.record(C, Probe.REFUSED, t)
     gone = b.gone(0.5)[0]
