@@ -34,7 +34,7 @@ from typing import Any
 
 from shared.dead_letters import DeadLetter, dead_letter_for
 from shared.engine._durable import Batch, DurableTable, InRecord, OrderedInput, Rows
-from shared.engine._faults import BLOCK, CRASH
+from shared.engine._faults import BLOCK, CRASH, STOP
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
 
@@ -148,6 +148,7 @@ async def commit(
         await member()
     await producer.send(batch.sends, what, member)
     CRASH.reached("sent")
+    STOP.reached("sent", what, bool(batch.rows))
     if order is None or ordered is None:
         if batch.rows:
             raise RuntimeError(f"{what}: a handler without an offsets table cannot write rows")
@@ -167,6 +168,10 @@ async def write_all(
     :meth:`OrderedInput.writes`). ``member``: see :func:`commit`; it awaits nothing while
     heartbeats confirm the member."""
     pending = [(table, rows) for table, rows in writes if rows]
+    if member is not None and pending:
+        # Again here: the process may have been stopped while the batch's outputs were being
+        # acknowledged, and its rows must not follow the next owner's into the changelog.
+        await member()
     last = await producer.send(changelog_records(pending), what, member)
     CRASH.reached("logged")
     if member is not None:

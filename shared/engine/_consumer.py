@@ -45,6 +45,7 @@ import asyncio
 import contextvars
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
@@ -72,6 +73,13 @@ MEMBER_CONFIRMED_WITHIN_S = 6.0
 
 #: Longest wait for the heartbeat that confirms this member before a batch.
 MEMBER_CONFIRM_TIMEOUT_S = 5.0
+
+#: A produce request of a batch's commit leaves without asking the coordinator first when it
+#: recognised this member this recently (see :meth:`BatchConsumer.may_write`). Shorter than
+#: :data:`MEMBER_CONFIRMED_WITHIN_S`: it is checked at the last moment a write can be held
+#: back, so it is what stands between a process that froze and a changelog partition that
+#: another member took over meanwhile (a removal, a rebalance and a restore take longer).
+WRITE_CONFIRMED_WITHIN_S = 1.5
 
 #: The consumer generation the batch being delivered (in this task) was fetched in.
 _BATCH_GENERATION: contextvars.ContextVar[int] = contextvars.ContextVar("batch_generation")
@@ -190,6 +198,8 @@ class BatchConsumer(aiokafka_driver.Consumer):
         self._idle.set()
         self._confirming = asyncio.Lock()
         self._dropped_generation: int | None = None  # the last generation found dropped (logged once)
+        #: Per consumer generation, the lanes delivering batches fetched in it now.
+        self._delivering: Counter[int] = Counter()
 
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -262,16 +272,42 @@ class BatchConsumer(aiokafka_driver.Consumer):
     async def _deliver_in_turn(self, batches: list[tuple[TP, Sequence[Any]]], active: set[TP] | None,
                                generation: int, epoch: int = -1) -> None:
         _BATCH_GENERATION.set(generation)
-        for tp, batch in batches:
-            if self._may_deliver(tp, active, generation) and await self._still_member(generation):
-                try:
-                    await self._deliver(tp, batch, epoch)
-                except NotAMember as exc:
-                    log.warning("%s[%d] offsets %d..%d not committed: %s", tp.topic, tp.partition,
-                                batch[0].offset, batch[-1].offset, exc)
+        self._delivering[generation] += 1
+        try:
+            for tp, batch in batches:
+                if self._may_deliver(tp, active, generation) and await self._still_member(generation):
+                    try:
+                        await self._deliver(tp, batch, epoch)
+                    except NotAMember as exc:
+                        log.warning("%s[%d] offsets %d..%d not committed: %s", tp.topic, tp.partition,
+                                    batch[0].offset, batch[-1].offset, exc)
+                        await self._seek_back(tp, batch[0].offset)
+                else:
                     await self._seek_back(tp, batch[0].offset)
-            else:
-                await self._seek_back(tp, batch[0].offset)
+        finally:
+            self._delivering[generation] -= 1
+            if not self._delivering[generation]:
+                del self._delivering[generation]
+
+    async def may_write(self) -> bool:
+        """Whether a produce request of a batch's commit (at-least-once) may leave now: the
+        coordinator still counts this consumer as the member of every generation whose batches
+        are being delivered, as a heartbeat within :data:`WRITE_CONFIRMED_WITHIN_S` showed or one
+        sent now shows.
+
+        The engine's batch producer asks this right before each request goes out (see
+        :class:`shared.engine._producer.BatchProducer`). :meth:`ensure_member` runs before a
+        commit sends anything, but records queued after it can still leave after a freeze
+        (SIGSTOP, a paused VM) during which the group removed this member and another took the
+        partition over and wrote to its changelog: rows computed from the stale copy would land
+        after the new owner's, and every later restore would take them as the latest. Only a
+        transaction fences for sure (exactly_once); this narrows the gap to the moment between
+        this answer and the request's write to the socket."""
+        generations = list(self._delivering) or [self.app.consumer_generation_id]
+        for generation in generations:
+            if not await self._still_member(generation, WRITE_CONFIRMED_WITHIN_S):
+                return False
+        return True
 
     async def ensure_member(self) -> None:
         """Raise :class:`NotAMember` unless the group still counts this consumer as the member that
@@ -282,9 +318,9 @@ class BatchConsumer(aiokafka_driver.Consumer):
         if generation is not None and not await self._still_member(generation):
             raise NotAMember(f"the group coordinator did not confirm this member of generation {generation}")
 
-    async def _still_member(self, generation: int) -> bool:
+    async def _still_member(self, generation: int, within_s: float = MEMBER_CONFIRMED_WITHIN_S) -> bool:
         """Whether the group still counts this consumer as the member of ``generation``: known
-        from a recent heartbeat, or asked now after a silence (see the module docs)."""
+        from a heartbeat within ``within_s``, or asked now after a silence (see the module docs)."""
         thread = self._member_thread
         if not thread.member_current(generation):
             if self._dropped_generation != generation:
@@ -292,10 +328,10 @@ class BatchConsumer(aiokafka_driver.Consumer):
                 log.warning("the group coordinator no longer knows this member of generation %d: fetched "
                             "batches are left for the partitions' owner after the rebalance", generation)
             return False
-        if time.monotonic() - thread.member_confirmed_at <= MEMBER_CONFIRMED_WITHIN_S:
+        if time.monotonic() - thread.member_confirmed_at <= within_s:
             return True
         async with self._confirming:  # batches of several lanes wait for one answer
-            if time.monotonic() - thread.member_confirmed_at <= MEMBER_CONFIRMED_WITHIN_S:
+            if time.monotonic() - thread.member_confirmed_at <= within_s:
                 return thread.member_current(generation)
             silent_s = time.monotonic() - thread.member_confirmed_at
             confirmed = await thread.confirm_member(generation, MEMBER_CONFIRM_TIMEOUT_S)

@@ -33,7 +33,7 @@ from shared.engine._copies import start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._gc import freeze_startup_objects
 from shared.engine._membership import PeerWatch
-from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions
+from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, WriteRefused
 from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.engine._versions import check_versions
 from shared.engine._warmup import WarmupWatch
@@ -104,6 +104,12 @@ class Engine:
         self._consumer_class = consumer_class
         self._trailing_holes: TrailingHoleWatch | None = None
         self.producer = BatchProducer(settings, client_id=f"{service}-{settings.instance_id}")
+        #: At-least-once batch commits send through their own producer, each of whose requests
+        #: leaves only while the consumer is still the member that fetched the batches.
+        self.batch_producer = BatchProducer(
+            settings, client_id=f"{service}-{settings.instance_id}-batches",
+            gate=lambda: cast(BatchConsumer, self.app.consumer).may_write(),
+        )
         self.transactions: PartitionTransactions | None = None
         if exactly_once(settings):
             self._exactly_once(consumer_class)
@@ -127,6 +133,8 @@ class Engine:
     async def _start_clients(self) -> None:
         freeze_startup_objects()
         await self.producer.start()
+        if self.transactions is None:
+            await self.batch_producer.start()
         await start_tracking(self.app)
         if any(reg.order is not None for reg in self._handlers):
             await self.backfill.start()
@@ -139,6 +147,7 @@ class Engine:
         if self.transactions is not None:
             await self.transactions.stop()
         await self.producer.stop()
+        await self.batch_producer.stop()
         await self.backfill.stop()
         await stop_tracking(self.app)
 
@@ -339,11 +348,13 @@ class Engine:
                            dead_letter_route=reg.dead_letters)
         try:
             await reg.handle(batch)
-            await commit(self.producer, reg.order, ordered, batch, reg.name,
+            await commit(self.batch_producer, reg.order, ordered, batch, reg.name,
                          self.transactions, int(fetched[-1].offset) + 1,
                          member=cast(BatchConsumer, self.app.consumer).ensure_member)
         except NotAMember:
             raise  # nothing more of the batch is written; the consumer fetches it again
+        except WriteRefused as exc:
+            raise NotAMember(str(exc)) from exc
         except Exception as exc:
             # Nothing of the batch is committed: stop the worker, so that it (or the instance
             # taking its partitions) reads the batch again, rather than go on past it.

@@ -17,6 +17,11 @@ changelog rows, are acknowledged; the transaction is neither committed nor abort
 holding the GIL as Python code does, not sleeping) for that long the n-th time a batch
 has been handled, as a batch that takes that long would.
 
+``STATEFLEET_STOP_AT=<handler>:<point>:<n>`` stops the process (SIGSTOP, as a frozen VM or a
+paused container would be) the n-th time a batch of ``<handler>`` (``<service>.<name>``) that writes table rows reaches
+``<point>``: the stall tests then remove its member and let it go on (SIGCONT), to check that
+a batch cut off this way writes nothing after its partition's next owner took over.
+
 Unset (always, outside those tests) each costs one comparison per batch.
 """
 
@@ -79,3 +84,29 @@ class BlockPoint:
 
 
 BLOCK = BlockPoint(os.environ.get("STATEFLEET_BLOCK_AT"))
+
+
+class StopPoint:
+    def __init__(self, spec: str | None) -> None:
+        self.handler: str | None = None
+        self.point: str | None = None
+        self.remaining = 0
+        if spec:
+            parts = spec.split(":")
+            handler, point, n = parts if len(parts) == 3 else ("", "", "")
+            if not handler or point not in POINTS or not n.isdigit() or int(n) < 1:
+                raise ValueError(f"STATEFLEET_STOP_AT must be '<handler>:<point>:<n>' with a point among "
+                                 f"{', '.join(POINTS)}, got {spec!r}")
+            self.handler, self.point, self.remaining = handler, point, int(n)
+
+    def reached(self, point: str, handler: str, writes_rows: bool) -> None:
+        if point != self.point or handler != self.handler or not writes_rows:
+            return
+        self.remaining -= 1
+        if self.remaining == 0:
+            log.warning("STATEFLEET_STOP_AT=%s:%s: stopping this worker (SIGSTOP) until it is sent SIGCONT",
+                        handler, point)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+STOP = StopPoint(os.environ.get("STATEFLEET_STOP_AT"))

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaTimeoutError, ProducerFenced
+from aiokafka.errors import KafkaError, KafkaTimeoutError, ProducerFenced
+from aiokafka.protocol.produce import ProduceRequest
 
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._durable import acknowledged
@@ -86,12 +87,43 @@ async def _enqueue(
     raise AssertionError("unreachable")
 
 
-class BatchProducer:
-    """One aiokafka producer (acks=all) that sends lists of records as record batches."""
+#: Awaited right before each produce request of a gated producer leaves; ``False`` refuses it.
+Gate = Callable[[], Awaitable[bool]]
 
-    def __init__(self, settings: Settings, client_id: str) -> None:
+
+class WriteRefused(KafkaError):  # type: ignore[misc]  # aiokafka's errors are untyped
+    """A produce request held back by its producer's gate: none of its records was sent."""
+
+    retriable = False  # aiokafka fails the request's batches rather than queue them again
+    invalid_metadata = False
+
+
+def gate_produce_requests(producer: AIOKafkaProducer, gate: Gate) -> None:
+    """Have ``gate`` pass each produce request of ``producer`` right before it is written to the
+    broker's connection (aiokafka writes it there with no await in between once the connection
+    is up); a refused one fails its record batches with :class:`WriteRefused`, sending nothing."""
+    client = producer.client
+    send = client.send
+
+    async def gated_send(node_id: int, request: Any, **kwargs: Any) -> Any:
+        if isinstance(request, ProduceRequest) and not await gate():
+            raise WriteRefused("the batch's consumer may no longer be a member of the group: not sent")
+        return await send(node_id, request, **kwargs)
+
+    client.send = gated_send
+
+
+class BatchProducer:
+    """One aiokafka producer (acks=all) that sends lists of records as record batches.
+
+    With a ``gate``, every produce request waits for it right before it leaves and is failed
+    (:class:`WriteRefused`) when it refuses: the engine's producer for at-least-once batch
+    commits is gated on the consumer's membership (see ``BatchConsumer.may_write``)."""
+
+    def __init__(self, settings: Settings, client_id: str, gate: Gate | None = None) -> None:
         self.settings = settings
         self.client_id = client_id
+        self.gate = gate
         self._producer: AIOKafkaProducer | None = None
         self._partitions: dict[str, int] = {}
         self._lock = asyncio.Lock()
@@ -103,6 +135,8 @@ class BatchProducer:
                     **client_kwargs(self.settings), client_id=self.client_id, acks="all",
                     max_batch_size=MAX_BATCH_BYTES, max_request_size=4 * 1024 * 1024, linger_ms=0,
                 ), f"producer {self.client_id}")
+                if self.gate is not None:
+                    gate_produce_requests(self._producer, self.gate)
 
     async def stop(self) -> None:
         producer, self._producer = self._producer, None

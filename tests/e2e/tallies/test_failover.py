@@ -20,11 +20,12 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.group import LeaveGroupRequest
 
+from services.tallies.state import SEPARATOR, decode_membership
 from shared.engine import partition_for
 from shared.engine._membership import member_url
 from tests.e2e.tallies.test_tallies_e2e import all_tallies, assert_tallies_settle, latest_published
 from tests.support.accounts import History, event, generate
-from tests.support.kafka import BOOTSTRAP, produce
+from tests.support.kafka import BOOTSTRAP, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -61,6 +62,28 @@ def remove_member(group: str, url: str) -> int:
             await admin.close()
 
     return asyncio.run(run())
+
+
+def membership_rows_gone_back(changelog: str) -> list[tuple[int, int, bytes, int, int]]:
+    """The membership rows of ``changelog`` whose version is older than that of an earlier row of
+    the same key, as (partition, offset, key, version, newest version before it)."""
+    newest: dict[tuple[int, bytes], int] = {}
+    gone_back = []
+    for record in read_all(changelog):
+        if record.key is None or record.value is None or record.key.startswith(SEPARATOR):
+            continue  # a deletion, or an engine row (next offsets)
+        version = decode_membership(record.value).version
+        before = newest.get((record.partition, record.key), -1)
+        if version < before:
+            gone_back.append((record.partition, record.offset, record.key, version, before))
+        newest[(record.partition, record.key)] = max(before, version)
+    return gone_back
+
+
+def process_state(pid: int) -> str:
+    """The process's state letter from /proc (``T``: stopped by a signal)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 def instance_view(proc: ServiceProcess) -> dict[str, Any]:
@@ -243,25 +266,32 @@ def test_a_stopped_instance_that_does_not_come_back_is_removed_after_the_restart
     assert sum(metric(p, "statefleet_peer_restarts_announced_total") for p in survivors) == 2
 
 
-@pytest.mark.parametrize("removed", [
-    False,
+@pytest.mark.parametrize("removed,mid_commit", [
+    (False, False),
     # Removed while stopped: it rejoins and restores what the others wrote meanwhile, right as
     # the reads below begin. Until its recovery is done it answers no list as the owner, its
     # in-memory counts answer nothing, and its copy is as fresh as its least restored table
     # (a tally reads memberships and last-logins); then it must be ready again.
-    True,
-], ids=["kept", "removed-while-stopped"])
+    (True, False),
+    # Stopped (by itself, STATEFLEET_STOP_AT) in the middle of a batch's commit, its outputs
+    # acknowledged and its rows not yet sent to the changelog, then removed: the next owner
+    # takes the partition over and writes the same rows and more; the stopped batch's rows,
+    # computed before, must not land after those (a restore of the changelog, here when the
+    # partition is handed back, would take them as the latest).
+    (True, True),
+], ids=["kept", "removed-while-stopped", "removed-mid-commit"])
 def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
-    start_tallies: Any, tally_topics: dict[str, str], prefix: str, removed: bool,
+    start_tallies: Any, tally_topics: dict[str, str], prefix: str, removed: bool, mid_commit: bool,
 ) -> None:
     """Stopped, the instance still accepts connections (the kernel does), so its peers do not
-    count it gone and its member stays. The other case removes the member while it is stopped,
+    count it gone and its member stays. The other cases remove the member while it is stopped,
     as a peer that judged it gone would: it comes back fenced, with batches it fetched (or was
     committing) before the stop, writes none of them (``BatchConsumer``: no batch from a member
     the group may have dropped), rejoins, restores what the others wrote meanwhile, and answers
     from up-to-date state only."""
     history = history_for_feeding()
-    fleet = start_fleet(start_tallies, tally_topics["events"])
+    stop_env = {"b": {"STATEFLEET_STOP_AT": "tallies.by-program:sent:2"}} if mid_commit else None
+    fleet = start_fleet(start_tallies, tally_topics["events"], env=stop_env)
     stalled = fleet["b"]
     assert stalled.proc is not None
     feeder = Feeder(history, tally_topics, pause_s=0.6)  # input keeps flowing through the stall (~15 s)
@@ -270,8 +300,13 @@ def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
     # is answered from a copy once the owner has not answered in time.
     prober = Prober([fleet["a"], fleet["c"]], sorted(history.expected))
     prober.start()
-    time.sleep(2.0)
-    stalled.proc.send_signal(signal.SIGSTOP)
+    if mid_commit:
+        pid = stalled.proc.pid
+        wait_for(lambda: process_state(pid) == "T", timeout=30, interval=0.05,
+                 message="the instance to stop itself in the middle of a commit")
+    else:
+        time.sleep(2.0)
+        stalled.proc.send_signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
         if removed:
@@ -292,12 +327,16 @@ def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
         assert_tallies_settle(proc, expected)
     wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,
              message="program-tallies to hold the exact tallies")
+    # A row of a batch cut off by the stop, sent after the next owner's rows, would show as a
+    # membership going back to an older version: a restore (of any instance) would take it.
+    assert not membership_rows_gone_back(f"{prefix}statefleet-tallies-memberships-changelog")
     removals = sum(p.log_path.read_text(errors="replace").count(REMOVED) for p in fleet.values())
     assert removals == 0  # a stopped process is slow, not gone: its peers never remove it
     # Reads above may be answered from copies: the stopped instance must also be back at work,
     # its recovery done and its partitions processed again.
     assert_all_ready(fleet)
-    print(f"\nstall ({'removed by the test' if removed else 'kept'}): exact after {STALL_S:.0f}s stopped")
+    print(f"\nstall ({'removed by the test' if removed else 'kept'}{', mid-commit' if mid_commit else ''}): "
+          f"exact after {STALL_S:.0f}s stopped")
 
 
 def assert_all_ready(fleet: dict[str, ServiceProcess], timeout: float = 60) -> None:

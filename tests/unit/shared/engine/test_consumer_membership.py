@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from shared.engine._consumer import _BATCH_GENERATION, MEMBER_CONFIRMED_WITHIN_S, BatchConsumer, NotAMember
+from shared.engine._consumer import (
+    _BATCH_GENERATION,
+    MEMBER_CONFIRMED_WITHIN_S,
+    WRITE_CONFIRMED_WITHIN_S,
+    BatchConsumer,
+    NotAMember,
+)
 
 
 class FakeThread:
@@ -75,3 +81,43 @@ def test_a_commit_of_a_dropped_member_raises() -> None:
 
     with pytest.raises(NotAMember):
         asyncio.run(commit_in_batch())
+
+
+def writing(thread: FakeThread, delivering: dict[int, int], generation: int = 5) -> Any:
+    fake = consumer(thread)
+    fake._delivering = delivering
+    fake.app = SimpleNamespace(consumer_generation_id=generation)
+    fake._still_member = lambda g, within_s: BatchConsumer._still_member(fake, g, within_s)
+    return fake
+
+
+def may_write(fake: Any) -> bool:
+    return asyncio.run(BatchConsumer.may_write(fake))
+
+
+def test_a_commit_writes_without_asking_right_after_a_heartbeat() -> None:
+    thread = FakeThread(confirmed_ago_s=0.2)
+    assert may_write(writing(thread, {5: 2}))
+    assert thread.asked == []
+
+
+def test_a_commit_write_after_a_freeze_asks_the_coordinator_first() -> None:
+    # Longer than a write may go unconfirmed, though short enough for a batch to be handed over.
+    thread = FakeThread(confirmed_ago_s=WRITE_CONFIRMED_WITHIN_S + 1)
+    assert WRITE_CONFIRMED_WITHIN_S + 1 < MEMBER_CONFIRMED_WITHIN_S
+    assert may_write(writing(thread, {5: 1}))
+    assert thread.asked == [5]
+    dropped = FakeThread(confirmed_ago_s=WRITE_CONFIRMED_WITHIN_S + 1, answer=False)
+    assert not may_write(writing(dropped, {5: 1}))
+
+
+def test_a_batch_of_an_older_generation_still_writing_closes_the_gate() -> None:
+    """The member rejoined (generation 5) before a batch fetched in generation 4 got to send:
+    that batch's records must not leave, even though the member is confirmed."""
+    thread = FakeThread(confirmed_ago_s=0.1)
+    assert not may_write(writing(thread, {4: 1, 5: 1}))
+
+
+def test_with_no_batch_delivering_the_current_generation_decides() -> None:
+    assert may_write(writing(FakeThread(confirmed_ago_s=0.1), {}))
+    assert not may_write(writing(FakeThread(confirmed_ago_s=0.1, current=False), {}))

@@ -382,13 +382,17 @@ def test_a_member_the_group_dropped_while_the_changelog_acknowledged_writes_noth
     """The process may be stopped between the changelog's acknowledgement and the local write;
     a member the group dropped meanwhile must not write the acknowledged (later) offset."""
     app, a, b = tables()
+    calls: list[str] = []
 
-    async def dropped() -> None:
-        raise NotAMember("dropped")
+    async def dropped_after_the_send() -> None:
+        calls.append("asked")
+        if len(calls) > 1:
+            raise NotAMember("dropped")
 
     async def scenario() -> None:
         task = asyncio.ensure_future(write_all(
-            app.producer, [(a, {(0, b"x"): b"1"}), (b, {(0, b"z"): b"3"})], "test", dropped,  # type: ignore[arg-type]
+            app.producer, [(a, {(0, b"x"): b"1"}), (b, {(0, b"z"): b"3"})], "test",  # type: ignore[arg-type]
+            dropped_after_the_send,
         ))
         for _ in range(5):
             await asyncio.sleep(0)
@@ -397,8 +401,26 @@ def test_a_member_the_group_dropped_while_the_changelog_acknowledged_writes_noth
             await task
 
     asyncio.run(scenario())
+    assert calls == ["asked", "asked"] and len(app.producer.sent) == 2
     assert a.get(0, b"x") is None and b.get(0, b"z") is None
     assert a.table.data.persisted == {} and b.table.data.persisted == {}
+
+
+def test_a_member_the_group_dropped_before_the_changelog_send_sends_no_row() -> None:
+    """Stopped while the batch's outputs were being acknowledged and dropped meanwhile, the
+    member must not append its rows after those of the partition's next owner."""
+    app, a, _ = tables()
+
+    async def dropped() -> None:
+        raise NotAMember("dropped")
+
+    async def scenario() -> None:
+        with pytest.raises(NotAMember):
+            await write_all(app.producer, [(a, {(0, b"x"): b"1"})], "test", dropped)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+    assert app.producer.sent == []
+    assert a.get(0, b"x") is None and a.table.data.persisted == {}
 
 
 class LaterStore(FakeStore):

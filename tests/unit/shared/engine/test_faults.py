@@ -1,12 +1,14 @@
-"""The stall point of the failover tests: it blocks once, at the n-th batch, and says so."""
+"""The stall points of the failover tests: the block runs once, at the n-th batch, and says so;
+the stop (SIGSTOP) happens once, at its handler's point, in a batch that writes rows."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
 
-from shared.engine._faults import BlockPoint
+from shared.engine._faults import BlockPoint, StopPoint
 
 
 def test_it_blocks_once_at_the_nth_batch() -> None:
@@ -30,3 +32,24 @@ def test_unset_it_never_blocks() -> None:
 def test_a_malformed_spec_is_refused(spec: str) -> None:
     with pytest.raises(ValueError, match="STATEFLEET_BLOCK_AT"):
         BlockPoint(spec)
+
+
+def test_a_stop_point_stops_only_at_its_handler_point_and_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    stops: list[int] = []
+    monkeypatch.setattr("shared.engine._faults.os.kill", lambda pid, sig: stops.append(sig))
+    point = StopPoint("tallies.by-program:sent:2")
+    point.reached("sent", "tallies.inputs", True)  # another handler
+    point.reached("sent", "tallies.by-program", False)  # a batch with no rows
+    point.reached("logged", "tallies.by-program", True)  # another point
+    point.reached("sent", "tallies.by-program", True)
+    assert stops == []
+    point.reached("sent", "tallies.by-program", True)
+    assert stops == [signal.SIGSTOP]
+    point.reached("sent", "tallies.by-program", True)
+    assert stops == [signal.SIGSTOP]  # once only
+
+
+@pytest.mark.parametrize("spec", ["sent:2", "tallies.by-program:nowhere:1", "tallies.by-program:sent:0", "a:sent:1:2"])
+def test_a_stop_point_refuses_a_spec_it_cannot_follow(spec: str) -> None:
+    with pytest.raises(ValueError, match="STATEFLEET_STOP_AT"):
+        StopPoint(spec)
