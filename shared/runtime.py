@@ -1,4 +1,4 @@
-"""Wire a service's Faust app to its HTTP API, and run it: the same for every service."""
+"""Wire a service's engine to its HTTP API, and run it: the same for every service."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Protocol
 
 from fastapi import APIRouter, FastAPI
 
-from shared.engine import App, TopicSpec, ensure_topics, run_worker, serve_api
+from shared.engine import Engine, TopicSpec, ensure_topics
 from shared.http.api import create_api
 from shared.http.context import ServiceContext
 from shared.settings import Settings, UnsafeSettings
@@ -16,7 +16,7 @@ from shared.topics import TopicNames
 class StreamService(Protocol):
     """What every service's app class offers."""
 
-    app: App
+    engine: Engine
     topics: TopicNames
 
     def topic_specs(self) -> list[TopicSpec]: ...
@@ -35,16 +35,16 @@ def serve_http(
     except UnsafeSettings as exc:
         raise SystemExit(f"error: {exc}") from None
     ctx = ServiceContext(
-        service=name, settings=settings, app=service.app, topics=service.topics,
+        service=name, settings=settings, instance=service.engine.instance, topics=service.topics,
         url=settings.url_for(default_port), extras={"service": service},
     )
     api = create_api(ctx, title=title, description=description)
     api.include_router(router)
-    serve_api(service.app, api, settings, default_port)
+    service.engine.serve(api)
     return api
 
 
 def run(service: StreamService, name: str, settings: Settings) -> None:
     """Create the service's topics if missing, then run its worker until SIGTERM."""
     ensure_topics(settings, service.topic_specs())
-    run_worker(service.app, name, settings)
+    service.engine.run()

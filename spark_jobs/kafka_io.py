@@ -19,7 +19,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from shared.engine import KafkaTopicPartition, PlainConsumer, TopicSpec, client_kwargs, ensure_topics, refresh_metadata
+from shared.engine.clients import KafkaTopicPartition, PlainConsumer, TopicSpec, client_kwargs, ensure_topics, refresh_metadata
 from shared.settings import Settings
 from spark_jobs.config import SparkSettings
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from shared.codecs import dumps
-from shared.engine import PlainProducer, client_kwargs
+from shared.engine.clients import PlainProducer, client_kwargs
 from shared.settings import get_settings
 from shared.topics import topic_names
 from tools.fleet import SERVICES, url

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from shared import dead_letters as dl
-from shared.engine import KafkaTopicPartition, PlainConsumer, PlainProducer, client_kwargs, refresh_metadata
+from shared.engine.clients import KafkaTopicPartition, PlainConsumer, PlainProducer, client_kwargs, refresh_metadata
 from shared.settings import get_settings
 from shared.topics import topic_names
 

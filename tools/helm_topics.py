@@ -22,7 +22,7 @@ import re
 import sys
 from typing import Any
 
-from shared.engine import TopicSpec, ensure_topics_async
+from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 
 log = logging.getLogger("statefleet.topics")

@@ -245,13 +245,13 @@ def is_ready(layout: BrokerLayout, timeout: float = 5.0) -> bool:
     if not port_open(layout.port):
         return False
     try:
-        from shared.engine import PlainAdmin  # noqa: F401
+        from shared.engine.clients import PlainAdmin  # noqa: F401
     except ImportError:
         return True
     import asyncio
 
     async def probe() -> bool:
-        from shared.engine import PlainAdmin
+        from shared.engine.clients import PlainAdmin
 
         admin = PlainAdmin(bootstrap_servers=layout.bootstrap, request_timeout_ms=int(timeout * 1000))
         try:

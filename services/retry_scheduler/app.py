@@ -39,7 +39,6 @@ class RetrySchedulerService:
         self.settings = settings
         self.topics: TopicNames = topic_names(settings)
         self.engine = engine = Engine(SERVICE, settings, DEFAULT_PORT)
-        self.app = engine.app
         self.inbox_topic_name = inbox_topic = f"{app_id(SERVICE, settings)}-inbox"
 
         self.state = state = InboxState(engine, settings, self.topics)

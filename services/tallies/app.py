@@ -78,7 +78,6 @@ from shared.engine import (
     TopicSpec,
     app_id,
     partition_for,
-    ready,
 )
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
@@ -119,7 +118,6 @@ class TalliesService:
         self.settings = settings
         self.topics = topics = topic_names(settings)
         self.engine = engine = Engine(SERVICE, settings, DEFAULT_PORT)
-        self.app = engine.app
         self.partitions = partitions = settings.topic_partitions
         self.by_program_topic_name = f"{app_id(SERVICE, settings)}-by-program"
         self.retry_topic_name = topics.service_retry(SERVICE)
@@ -289,7 +287,7 @@ class TalliesService:
         stop and restores what the others wrote meanwhile: its counts would be answered as a
         copy as fresh as the restored rows (lag 0 once they are caught up), yet be as stale
         as before the restore. Meanwhile the rows themselves answer, with the lag they have."""
-        return self.counts.holds(partition) and ready(self.app)
+        return self.counts.holds(partition) and self.engine.instance.ready()
 
     def _program_counts(self, partition: int, program_id: str) -> tuple[int, int] | None:
         if self._counts_current(partition):
@@ -322,7 +320,7 @@ class TalliesService:
     async def send_publish_ticks(self) -> None:
         """Ask the handler of every owned partition with changed programs to publish them (the
         timer; it never raises: a tick that could not be sent is sent with the next interval)."""
-        if not ready(self.app) or not self.dirty:
+        if not self.engine.instance.ready() or not self.dirty:
             return
         interval = self.settings.tally_publish_interval_s
         now = time.monotonic()

@@ -38,7 +38,6 @@ class ValidatorService:
         self.topics = topic_names(settings)
         self.own_topics = own = ValidatorTopics.of(settings)
         self.engine = engine = Engine(SERVICE, settings, DEFAULT_PORT)
-        self.app = engine.app
         self.commands = Commands(engine, settings, own)
         self.outcomes = Outcomes(engine, settings, own)
         self.program_listings = ProgramListings(engine, settings, own)

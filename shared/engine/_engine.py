@@ -21,17 +21,19 @@ from typing import Any, cast
 
 import faust
 from aiokafka.errors import KafkaError
+from fastapi import FastAPI
 from faust.exceptions import ProducerSendError
 from faust.types import TP
 
 from shared.engine._admin import TopicSpec
-from shared.engine._app import app_id, changelog_topic_specs, create_app
+from shared.engine._app import app_id, changelog_topic_specs, create_app, run_worker, serve_api
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
 from shared.engine._clients import exactly_once
 from shared.engine._consumer import BatchConsumer, NotAMember
 from shared.engine._copies import start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._gc import freeze_startup_objects
+from shared.engine._instance import Instance
 from shared.engine._membership import PeerWatch
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, WriteRefused
 from shared.engine._trailing_holes import TrailingHoleWatch
@@ -89,7 +91,10 @@ class Engine:
         check_versions()
         self.service = service
         self.settings = settings
+        self.default_port = default_port
         self.app: faust.App = create_app(service, settings, default_port, app_class=_EngineApp)
+        #: The running worker as the HTTP API sees it.
+        self.instance = Instance(self.app, settings.url_for(default_port))
         track_copies(self.app, settings)
         self.backfill = Backfill(settings)
         self._by_topic: dict[str, _Registration] = {}
@@ -170,6 +175,16 @@ class Engine:
         consumer_class.exactly_once = True
         consumer_class.on_assigned = staticmethod(assigned)  # type: ignore[assignment]
         consumer_class.on_revoked = staticmethod(revoked)  # type: ignore[assignment]
+
+    # -- running -------------------------------------------------------------------------
+
+    def serve(self, api: FastAPI) -> None:
+        """Serve ``api`` with uvicorn on the worker's event loop, once the worker runs."""
+        serve_api(self.app, api, self.settings, self.default_port)
+
+    def run(self) -> None:
+        """Run the worker in this process until SIGTERM/SIGINT."""
+        run_worker(self.app, self.service, self.settings)
 
     # -- declaring a service -------------------------------------------------------------
 

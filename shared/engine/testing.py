@@ -29,6 +29,7 @@ from typing import TypeVar
 from shared.engine._batch import Headers, InputBatch, commit
 from shared.engine._durable import Backfill, DurableTable, InRecord, next_offset_key, state_items
 from shared.engine._engine import Engine
+from shared.engine._instance import Instance
 from shared.engine._partitioning import partition_for
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, Retry, _too_large
 from shared.settings import Settings
@@ -167,6 +168,13 @@ class TableView:
         return int(raw) if raw is not None else None
 
 
+class DriverInstance(Instance):
+    """The instance a driven engine is: recovered, with no consumer group to wait for."""
+
+    def ready(self) -> bool:
+        return True
+
+
 class TopologyDriver:
     """Runs ``engine``'s handlers on records piped in; see the module docs.
 
@@ -183,6 +191,7 @@ class TopologyDriver:
         backfill = MemoryBackfill(settings, self.topics)
         engine.producer = producer
         engine.backfill = backfill
+        engine.instance = DriverInstance(engine.app, engine.instance.url)
         if engine.transactions is not None:
             engine.transactions = MemoryTransactions(settings, producer)
         for registration in engine._handlers:

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from shared.engine import App, partition_for, ready
+from shared.engine import Instance, partition_for
 from shared.settings import Settings
 from shared.topics import TopicNames
 
@@ -17,7 +17,7 @@ from shared.topics import TopicNames
 class ServiceContext:
     service: str
     settings: Settings
-    app: App
+    instance: Instance
     topics: TopicNames
     url: str
     extras: dict[str, Any] = field(default_factory=dict)
@@ -46,7 +46,7 @@ class ServiceContext:
         return True
 
     def ready(self) -> bool:
-        return ready(self.app)
+        return self.instance.ready()
 
     def partition_for(self, key: str | bytes) -> int:
         return partition_for(key, self.settings.topic_partitions)

@@ -35,7 +35,7 @@ import httpx
 from fastapi import Depends, Query, Request, Response
 
 from shared.codecs import loads
-from shared.engine import Copy, Table, known_instance_urls
+from shared.engine import Copy, Table
 from shared.http.context import ServiceContext
 from shared.http.errors import Unavailable, Unprocessable
 from shared.metrics import HTTP_FORWARDED, READ_FAILOVERS, READ_LAG, READS_SERVED
@@ -139,7 +139,7 @@ async def answer_here(ctx: ServiceContext, request: Request, table: Table, parti
 
 def owner_of(ctx: ServiceContext, table: Table, partition: int) -> str:
     """The URL of the instance that owns ``partition``, or 503 when nobody is known to."""
-    if ctx.app.rebalancing:
+    if ctx.instance.rebalancing:
         raise Unavailable("the consumer group is rebalancing; retry shortly")
     owner = table.owner_url(partition)
     if owner is None:
@@ -216,7 +216,7 @@ def _answer_from(ctx: ServiceContext, request: Request, read_from: ReadFrom, max
 
 async def _freshest_answer(ctx: ServiceContext, request: Request, table: Table, partition: int) -> _Found:
     """The active owner's answer, or else the answer of the copy with the smallest lag."""
-    owner = None if ctx.app.rebalancing else table.owner_url(partition)
+    owner = None if ctx.instance.rebalancing else table.owner_url(partition)
     gone: set[str] = set()  # instances that did not answer at all: not asked again this round
     if owner == ctx.url:
         copy = await table.copy(partition)
@@ -288,7 +288,7 @@ def _lag_order(lag: int | None) -> float:
 
 def _peers(ctx: ServiceContext, table: Table) -> set[str]:
     """Every instance the last assignment named, and every owner of a partition of ``table``."""
-    return known_instance_urls(ctx.app) | table.owner_urls()
+    return ctx.instance.peer_urls() | table.owner_urls()
 
 
 async def _ask_peers_for_copies(
@@ -417,7 +417,7 @@ async def local_scope_partitions(ctx: ServiceContext, request: Request, table: T
         request.state.read_from = _worst(held)
         return partitions
     moved = [p for p in partitions if p not in owned]
-    if moved or ctx.app.rebalancing or not ctx.ready():
+    if moved or ctx.instance.rebalancing or not ctx.ready():
         raise Unavailable(f"partitions {moved or partitions} are not active and restored here; retry shortly",
                           retry_after=RETRY_AFTER_S)
     return partitions
@@ -456,7 +456,7 @@ async def _gather_partitions(
 ) -> tuple[list[Any], ReadFrom]:
     by_owner: dict[str | None, list[int]] = {}
     for p in range(table.partitions):
-        owner = None if ctx.app.rebalancing else table.owner_url(p)
+        owner = None if ctx.instance.rebalancing else table.owner_url(p)
         by_owner.setdefault(owner, []).append(p)
     pages: list[Any] = []
     sources: list[ReadFrom] = []
@@ -480,7 +480,7 @@ async def _gather_partitions(
 
     mine = by_owner.pop(ctx.url, [])
     if mine:
-        if ctx.ready() and not ctx.app.rebalancing:
+        if ctx.ready() and not ctx.instance.rebalancing:
             pages.append(await local(mine))
             sources.append(ReadFrom("active", 0))
         else:
@@ -541,7 +541,7 @@ async def gather_owners(
 async def _gather_once(
     ctx: ServiceContext, request: Request, table: Table, local: Callable[[], Awaitable[Any]],
 ) -> list[Any]:
-    if ctx.app.rebalancing:
+    if ctx.instance.rebalancing:
         raise Unavailable("the consumer group is rebalancing; retry shortly")
     owners: set[str] = set()
     for p in range(table.partitions):
@@ -610,7 +610,7 @@ def owned_partitions_named(ctx: ServiceContext, request: Request, owned: set[int
     except ValueError as exc:
         raise Unprocessable(f"{PARTITIONS_PARAM} must be comma-separated partition numbers") from exc
     moved = [p for p in partitions if p not in owned]
-    if moved or ctx.app.rebalancing or not ctx.ready():
+    if moved or ctx.instance.rebalancing or not ctx.ready():
         raise Unavailable(f"partitions {moved or partitions} are not active here any more; retry shortly")
     return partitions
 

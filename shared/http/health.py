@@ -9,7 +9,6 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from shared.engine import unowned_input_topics
 from shared.http.deps import Ctx
 from shared.metrics import READY, REGISTRY, UNOWNED_INPUT_TOPICS
 
@@ -55,6 +54,5 @@ async def readyz(ctx: Ctx) -> Response:
 )
 async def metrics(ctx: Ctx) -> Response:
     READY.labels(ctx.service).set(1 if ctx.ready() else 0)
-    if ctx.app is not None:
-        UNOWNED_INPUT_TOPICS.labels(ctx.service).set(len(unowned_input_topics(ctx.app)))
+    UNOWNED_INPUT_TOPICS.labels(ctx.service).set(len(ctx.instance.unowned_inputs()))
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

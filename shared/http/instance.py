@@ -20,17 +20,6 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from shared.engine import (
-    assigned_copies,
-    assigned_partitions,
-    changelog_topics,
-    input_lag,
-    known_instance_urls,
-    note_peer_restarting,
-    rejoin_for_peer,
-    unowned_input_topics,
-    warmup_partitions,
-)
 from shared.http.deps import Admin, Ctx
 from shared.http.errors import error_responses
 
@@ -85,18 +74,18 @@ def _by_topic(tps: Iterable[tuple[str, int]]) -> dict[str, list[int]]:
 
 @router.get("/instance", response_model=InstanceOut, summary="This instance: partitions, input lag, peers")
 async def instance(ctx: Ctx) -> Any:
-    app = ctx.app
-    changelogs = changelog_topics(app)
-    active, standby = assigned_partitions(app)
+    instance = ctx.instance
+    changelogs = instance.changelog_topics()
+    active, standby = instance.assigned()
     inputs = {(topic, p) for topic, p in active if topic not in changelogs and not topic.endswith(_LEADER_TOPIC_SUFFIX)}
     lag: dict[str, dict[str, Any]] = {}
-    for (name, partition), behind in sorted(input_lag(app, inputs).items()):
+    for (name, partition), behind in sorted(instance.input_lag(inputs).items()):
         topic = lag.setdefault(name, {"total": 0, "partitions": {}})
         topic["partitions"][str(partition)] = behind
         topic["total"] = None if behind is None or topic["total"] is None else topic["total"] + behind
     copies = {
         topic: {str(p): {"source": copy.source, "lag": copy.lag} for p, copy in sorted(parts.items())}
-        for topic, parts in sorted((await assigned_copies(app)).items())
+        for topic, parts in sorted((await instance.copies()).items())
     }
     return {
         "copies": copies,
@@ -104,13 +93,13 @@ async def instance(ctx: Ctx) -> Any:
         "instance": ctx.settings.instance_id,
         "url": ctx.url,
         "ready": ctx.ready(),
-        "rebalancing": bool(app.rebalancing),
+        "rebalancing": instance.rebalancing,
         "active": _by_topic(active),
         "standby": _by_topic(standby),
-        "warmup": warmup_partitions(app),
+        "warmup": instance.warmups(),
         "lag": lag,
-        "peers": sorted(known_instance_urls(app) | {ctx.url}),
-        "unowned_inputs": sorted(unowned_input_topics(app)),
+        "peers": sorted(instance.peer_urls() | {ctx.url}),
+        "unowned_inputs": sorted(instance.unowned_inputs()),
     }
 
 
@@ -129,7 +118,7 @@ class RestartingOut(BaseModel):
     summary="A peer is restarting: do not remove its group member meanwhile (sent by the peers themselves)",
 )
 async def restarting(body: RestartingIn, ctx: Ctx) -> Any:
-    noted = note_peer_restarting(ctx.app, body.url)
+    noted = ctx.instance.note_peer_restarting(body.url)
     return {"url": body.url, "noted": noted, "grace_s": ctx.settings.effective_restart_grace_s}
 
 
@@ -151,4 +140,4 @@ class RebalanceOut(BaseModel):
     "is short (sent by the peers themselves)",
 )
 async def rebalance(body: RebalanceIn, ctx: Ctx) -> Any:
-    return {"url": body.url, "rejoining": rejoin_for_peer(ctx.app, body.url, ctx.url)}
+    return {"url": body.url, "rejoining": ctx.instance.rejoin_for_peer(body.url)}

@@ -1,5 +1,6 @@
 """What the forwarding reads of the engine, stood in for without a broker: the owner of each
-partition, this instance's copy of it, and the instances the last assignment named."""
+partition, this instance's copy of it, whether a rebalance is under way, and the instances the
+last assignment named."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import Any
 import pytest
 
 from shared.engine import Copy
-from shared.http import forwarding
 
 
 class StandInTable:
@@ -37,10 +37,30 @@ class StandInTable:
 TABLE: Any = StandInTable()
 
 
+class StandInInstance:
+    """The running instance as the forwarding reads it (``shared.engine.Instance``), as
+    :func:`stand_in_engine` sets it."""
+
+    def __init__(self) -> None:
+        self.rebalancing = False
+        self.peers: set[str] = set()
+
+    def ready(self) -> bool:
+        return True
+
+    def peer_urls(self) -> set[str]:
+        return set(self.peers)
+
+
+#: The instance the tests' contexts stand for.
+INSTANCE: Any = StandInInstance()
+
+
 def stand_in_engine(
     monkeypatch: pytest.MonkeyPatch, *, owner: Callable[[int], str | None], copy: Callable[[], Copy | None],
     instances: set[str],
 ) -> None:
     monkeypatch.setattr(TABLE, "owner", owner)
     monkeypatch.setattr(TABLE, "mine", copy)
-    monkeypatch.setattr(forwarding, "known_instance_urls", lambda app: instances)
+    monkeypatch.setattr(INSTANCE, "peers", instances)
+    monkeypatch.setattr(INSTANCE, "rebalancing", False)

@@ -12,7 +12,7 @@ import os
 
 from fastapi import FastAPI, Response
 
-from shared.engine import Engine, InputBatch, ready, run_worker, serve_api
+from shared.engine import Engine, InputBatch
 from shared.settings import Settings
 
 PORT = 18999
@@ -32,10 +32,10 @@ def main() -> None:
 
     @api.get("/readyz")
     async def readyz() -> Response:
-        return Response(status_code=200 if ready(engine.app) else 503)
+        return Response(status_code=200 if engine.instance.ready() else 503)
 
-    serve_api(engine.app, api, settings, PORT)
-    run_worker(engine.app, "probe", settings)
+    engine.serve(api)
+    engine.run()
 
 
 if __name__ == "__main__":

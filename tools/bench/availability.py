@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from shared.engine import TopicSpec, ensure_topics_async
+from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools.bench.common import bootstrap, machine, produce_bulk
 from tools.bench.scaleout import REPO, Instance, accounts, pct, wait_loaded

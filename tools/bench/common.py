@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from shared.engine import refresh_metadata
+from shared.engine.clients import refresh_metadata
 from tools.kafka_broker import default_layout
 
 REPO = Path(__file__).resolve().parents[2]

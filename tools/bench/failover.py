@@ -35,7 +35,8 @@ import httpx
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from shared.engine import TopicSpec, ensure_topics_async, partition_for
+from shared.engine import partition_for
+from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools.bench.common import bootstrap, machine, produce_bulk
 from tools.bench.scaleout import REPO, Instance, accounts, wait_loaded, wait_served

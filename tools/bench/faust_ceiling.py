@@ -27,8 +27,8 @@ from typing import Any
 import faust
 import orjson
 
-from shared.engine import Engine, InputBatch, TopicSpec, ensure_topics_async
-from shared.engine import run_worker as run_engine
+from shared.engine import Engine, InputBatch
+from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate
 
@@ -80,7 +80,7 @@ def run_engine_worker(topic: str, expected: int, data_dir: str) -> None:
             finish(int(state["n"]), time.perf_counter() - state["t0"])
 
     engine.handler(topic, name="count", offsets=None)(count)
-    run_engine(engine.app, "ceiling", settings)
+    engine.run()
 
 
 def free_port() -> int:

@@ -37,7 +37,8 @@ import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from shared.engine import TopicSpec, ensure_topics_async, partition_for
+from shared.engine import partition_for
+from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools.bench.common import bootstrap, machine, produce_bulk
 from tools.bench.failover import PARTITIONS, free_port, view, wait_settled

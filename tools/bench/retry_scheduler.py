@@ -49,7 +49,8 @@ from services.retry_scheduler.entries import Entry, decode_entry, encode_entry
 from services.retry_scheduler.scans import scan_due
 from services.retry_scheduler.state import DONE_REDELIVERED, due_key, due_prefix, encode_done, id_key, split_due_key
 from shared import dead_letters as dl
-from shared.engine import SharedMemoryOptions, TopicSpec, ensure_topics_async, partition_for, refresh_metadata
+from shared.engine import SharedMemoryOptions, partition_for
+from shared.engine.clients import TopicSpec, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
 from tools.bench.common import bootstrap, machine, stop_worker
 

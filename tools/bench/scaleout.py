@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from shared.engine import TopicSpec, ensure_topics_async
+from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools.bench.common import bootstrap, machine, produce_bulk, stop_worker
 

@@ -46,7 +46,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from shared.engine import client_kwargs
+from shared.engine.clients import client_kwargs
 from shared.settings import Settings
 from shared.topics import topic_names
 from spark_jobs import activation_join, backfill_tallies, cli, kafka_io

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import httpx
 import orjson
 
-from shared.engine import TopicSpec, ensure_topics_async
+from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate, service_worker
 

@@ -35,7 +35,7 @@ import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from shared.engine import TopicSpec, ensure_topics_async, refresh_metadata
+from shared.engine.clients import TopicSpec, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
 from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate, service_worker
 

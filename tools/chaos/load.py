@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 
-from shared.engine import PlainProducer, partition_for
+from shared.engine import partition_for
+from shared.engine.clients import PlainProducer
 from tools.chaos.plan import CommandStep, Plan, RecordStep, Step
 
 #: HTTP failures of one command before it goes straight onto the topic instead.

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import httpx
 
-from shared.engine import KafkaTopicPartition, PlainConsumer, refresh_metadata
+from shared.engine.clients import KafkaTopicPartition, PlainConsumer, refresh_metadata
 
 #: HTTP answers: the JSON body on 200, None on 404; anything else is an error string.
 Answer = dict[str, Any] | None | str

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from shared.engine import PlainConsumer, refresh_metadata
+from shared.engine.clients import PlainConsumer, refresh_metadata
 from tools import fleet, kafka_broker
 from tools.chaos.load import Load, Topics
 from tools.chaos.observe import Answer, Observed, ask_all, list_topics, read_topics

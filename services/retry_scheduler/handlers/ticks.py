@@ -32,7 +32,7 @@ from services.retry_scheduler.handlers.kinds import KIND_TICK
 from services.retry_scheduler.metrics import TICK_SECONDS
 from services.retry_scheduler.scans import DueScan, scan_due
 from services.retry_scheduler.state import DONE_REDELIVERED, Done, decode_index, due_prefix, history_key, id_key
-from shared.engine import Engine, InputBatch, ready
+from shared.engine import Engine, InputBatch
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class Ticks:
 
     async def send_ticks(self) -> None:
         """Ask the handler to redeliver what is due, in every partition this instance owns."""
-        if not ready(self.engine.app):
+        if not self.engine.instance.ready():
             return
         interval = self.settings.retry_tick_interval_s
         now = time.monotonic()

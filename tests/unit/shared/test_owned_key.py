@@ -5,7 +5,6 @@ and a request the route would refuse is refused where it arrived, never forwarde
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Annotated, Any
 
 import httpx
@@ -19,7 +18,7 @@ from shared.http.deps import Ctx, owned_key
 from shared.http.errors import ApiError
 from shared.http.forwarding import FORWARDED_BY, LAG, READ_COPY, SERVED_BY, SOURCE
 from shared.settings import Settings
-from tests.support.forwarding import TABLE, stand_in_engine
+from tests.support.forwarding import INSTANCE, TABLE, stand_in_engine
 
 ME, OWNER, PEER = "http://me:1", "http://owner:2", "http://peer:3"
 
@@ -68,7 +67,7 @@ ItemChange = Annotated[str, owned_key(_item_id, _table, reads=False)]
 
 def service(fleet: Fleet) -> FastAPI:
     ctx = ReadyContext(
-        service="test", settings=Settings(read_retry_s=0), app=SimpleNamespace(rebalancing=False),  # type: ignore[arg-type]
+        service="test", settings=Settings(read_retry_s=0), instance=INSTANCE,
         topics=None, url=ME,  # type: ignore[arg-type]
     )
     ctx._http = httpx.AsyncClient(transport=httpx.MockTransport(fleet.transport))

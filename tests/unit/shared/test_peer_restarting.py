@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from fastapi.testclient import TestClient
 
+from shared.engine import Instance
 from shared.engine._membership import Gone, PeerWatch, Probe
 from shared.http.api import create_api
 from shared.metrics import PEER_RESTARTS_ANNOUNCED
@@ -22,7 +23,8 @@ class FakeApp:
 
 
 def client(app: FakeApp, settings: Settings) -> TestClient:
-    ctx = SimpleNamespace(settings=settings, url="http://10.0.0.1:8002", service="tallies", app=app)
+    url = "http://10.0.0.1:8002"
+    ctx = SimpleNamespace(settings=settings, url=url, service="tallies", instance=Instance(app, url))  # type: ignore[arg-type]
     return TestClient(create_api(ctx, title="t", description="t"))  # type: ignore[arg-type]
 
 

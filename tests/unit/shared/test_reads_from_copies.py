@@ -5,7 +5,6 @@ and never a copy for a change."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -18,7 +17,7 @@ from shared.http.context import ServiceContext
 from shared.http.errors import Unavailable, Unprocessable
 from shared.http.forwarding import LAG, READ_COPY, SOURCE, StaleCopy, read_from_headers, route
 from shared.settings import Settings
-from tests.support.forwarding import TABLE, stand_in_engine
+from tests.support.forwarding import INSTANCE, TABLE, stand_in_engine
 
 ME, OWNER, PEER_A, PEER_B = "http://me:1", "http://owner:2", "http://peer-a:3", "http://peer-b:4"
 
@@ -60,9 +59,9 @@ def fleet(monkeypatch: pytest.MonkeyPatch) -> Fleet:
 
 
 def context(fleet: Fleet, **settings: Any) -> ServiceContext:
-    app: Any = SimpleNamespace(rebalancing=fleet.rebalancing)
+    INSTANCE.rebalancing = fleet.rebalancing
     ctx = ServiceContext(
-        service="tallies", settings=Settings(read_retry_s=0, **settings), app=app, topics=None,  # type: ignore[arg-type]
+        service="tallies", settings=Settings(read_retry_s=0, **settings), instance=INSTANCE, topics=None,  # type: ignore[arg-type]
         url=ME,
     )
     ctx._http = httpx.AsyncClient(transport=httpx.MockTransport(fleet.transport))

@@ -70,22 +70,20 @@ def test_logins_keep_the_largest_ts_across_the_batch_and_the_table() -> None:
     assert batch.rows[cast(Any, logins)] == {(1, b"P"): b"70"} and programs == {"P"}
 
 
-def test_counts_kept_in_memory_answer_only_once_the_recovery_is_done(monkeypatch: Any) -> None:
+def test_counts_kept_in_memory_answer_only_once_the_recovery_is_done() -> None:
     """A member removed while stopped rejoins with the counts of before the stop, while its rows
     are restored with what the others wrote meanwhile: until the recovery is done (and the
     counts rebuilt), a tally is counted from the rows, whose lag the copy reports."""
-    import services.tallies.app as tallies_app
-
     rows = sorted([
         (membership_key("P", "a"), encode_membership(Membership(ACTIVE, 1))),
         (membership_key("P", "b"), encode_membership(Membership(ACTIVE, 1))),  # written while it was stopped
     ])
     recovered = [False]
-    monkeypatch.setattr(tallies_app, "ready", lambda app: recovered[0])
+    engine = SimpleNamespace(instance=SimpleNamespace(ready=lambda: recovered[0]))
     counts = ProgramCounts()
     counts.rebuild({2: rows[:1]})  # the counts of before the stop
     memberships = SimpleNamespace(items=lambda p, from_key=None: iter(rows))
-    svc: Any = SimpleNamespace(counts=counts, app=None, memberships_store=memberships)
+    svc: Any = SimpleNamespace(counts=counts, engine=engine, memberships_store=memberships)
     svc._counts_current = lambda p: TalliesService._counts_current(svc, p)
     assert TalliesService._program_counts(svc, 2, "P") == (2, 0)
     recovered[0] = True  # the recovery's rebuild would have counted both; the counts answer from here on

@@ -63,8 +63,8 @@ def tally(program: str, active: int, inactive: int, last_login: int | None = Non
 
 @pytest.fixture(autouse=True)
 def owns_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The driver runs no consumer group: this instance owns every partition, recovered."""
-    monkeypatch.setattr(tallies_app, "ready", lambda app: True)
+    """The driver runs no consumer group: this instance owns every partition (recovered, as
+    the driver's instance always is)."""
     monkeypatch.setattr(TalliesService, "owned_partitions", lambda self: set(range(PARTITIONS)))
 
 

@@ -61,7 +61,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from shared.engine import TopicSpec, ensure_topics_async, refresh_metadata
+from shared.engine.clients import TopicSpec, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
 from tools.bench.common import REPO, bootstrap, machine, produce_bulk, stop_worker
 from tools.bench.peers.workload import Workload, build

@@ -1,0 +1,23 @@
+"""Plain Kafka clients, for the tools, benchmarks and Spark jobs around the services: an
+admin client, a consumer and a producer with the fleet's connection settings (security
+included), the topic creation the services use, and a metadata refresh.
+
+Services do not use these: they read and write through their :class:`shared.engine.Engine`.
+Like the rest of the engine, this module is where aiokafka is reached from outside.
+"""
+
+from shared.engine._admin import TopicSpec, ensure_topics, ensure_topics_async
+from shared.engine._clients import client_kwargs
+from shared.engine._plain import KafkaTopicPartition, PlainAdmin, PlainConsumer, PlainProducer, refresh_metadata
+
+__all__ = [
+    "KafkaTopicPartition",
+    "PlainAdmin",
+    "PlainConsumer",
+    "PlainProducer",
+    "TopicSpec",
+    "client_kwargs",
+    "ensure_topics",
+    "ensure_topics_async",
+    "refresh_metadata",
+]
