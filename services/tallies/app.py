@@ -131,8 +131,11 @@ class TalliesService:
         self.counts = ProgramCounts()
         #: Per owned by-program partition, the programs whose tally may differ from the one published.
         self.dirty: dict[int, set[str]] = {}
-        #: Per by-program partition, when a publish tick was sent and not yet processed (monotonic seconds).
-        self.tick_sent: dict[int, float] = {}
+        #: Publish ticks to the by-program partitions with programs to publish.
+        self.publish_ticks = engine.ticker(
+            self.by_program_topic_name, PUBLISH_TICK, interval_s=settings.tally_publish_interval_s,
+            name="publish tick of by-program",
+        )
         #: Tallies this instance's committed batches published.
         self.published = 0
 
@@ -208,7 +211,7 @@ class TalliesService:
         considered: set[str] = set()
         published = 0
         if tick:
-            self.tick_sent.pop(partition, None)
+            self.publish_ticks.taken(partition)
             # The programs this batch changes go out with it, at their values after the batch,
             # rather than wait for the next tick.
             considered = self.dirty.get(partition, set()) | programs
@@ -262,7 +265,7 @@ class TalliesService:
         # crash kept from being published goes out, and nothing else.
         dirty = {p: self.dirty.get(p, set()) | self.programs_in([p]) for p in owned}
         self.dirty = {p: programs for p, programs in dirty.items() if programs}
-        self.tick_sent = {}  # a tick sent before may have been lost with the partition
+        self.publish_ticks.forget()
         log.info(
             "rebuilt counts from %d memberships in %d partitions (%.2fs); %d programs to compare with their "
             "published tallies", rows, len(owned), time.perf_counter() - started,
@@ -322,24 +325,7 @@ class TalliesService:
         timer; it never raises: a tick that could not be sent is sent with the next interval)."""
         if not self.engine.instance.ready() or not self.dirty:
             return
-        interval = self.settings.tally_publish_interval_s
-        now = time.monotonic()
-        for partition in sorted(self.owned_partitions()):
-            if not self.dirty.get(partition):
-                continue
-            sent = self.tick_sent.get(partition)
-            if sent is not None and now - sent < max(10 * interval, 5.0):
-                continue  # the last tick is still queued: do not pile up more
-            await self.send_publish_tick(partition)
-
-    async def send_publish_tick(self, partition: int) -> None:
-        self.tick_sent[partition] = time.monotonic()
-        try:
-            await self.engine.send(self.by_program_topic_name, None, PUBLISH_TICK, partition=partition)
-        except Exception as exc:  # the broker away, say: the next interval sends it again
-            self.tick_sent.pop(partition, None)
-            log.warning("could not send the publish tick of by-program partition %d (sent again in %.1fs): %s: %s",
-                        partition, self.settings.tally_publish_interval_s, type(exc).__name__, exc)
+        await self.publish_ticks.send_to(p for p in self.owned_partitions() if self.dirty.get(p))
 
     def publish_changed(self, batch: InputBatch, programs: Iterable[str],
                         moves: list[tuple[str, str | None, str]]) -> int:

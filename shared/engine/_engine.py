@@ -36,6 +36,7 @@ from shared.engine._gc import freeze_startup_objects
 from shared.engine._instance import Instance
 from shared.engine._membership import PeerWatch
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, WriteRefused
+from shared.engine._ticks import Ticker
 from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.engine._versions import check_versions
 from shared.engine._warmup import WarmupWatch
@@ -316,6 +317,12 @@ class Engine:
             return timer(run)
 
         return register
+
+    def ticker(self, topic: str, value: bytes, *, interval_s: float, name: str) -> Ticker:
+        """Tick records of ``value`` for the handler of ``topic``, at most one in flight per
+        partition (see ``shared/engine/_ticks.py``); a timer sends them with
+        :meth:`Ticker.send_to`, the handler says :meth:`Ticker.taken` when one arrives."""
+        return Ticker(lambda: self.send, topic, value, interval_s=interval_s, name=name)
 
     def on_recovered(self, table: DurableTable, callback: Callable[[], Awaitable[None]]) -> None:
         """Call ``callback`` each time ``table``'s partitions are restored after a rebalance."""

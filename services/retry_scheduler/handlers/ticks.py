@@ -77,8 +77,8 @@ class Ticks:
         self.state = state
         self.inbox_topic = inbox_topic
         self.expiry_low_water: dict[int, bytes] = {}
-        #: Per partition, when a tick was sent and not yet processed (monotonic seconds).
-        self.tick_sent: dict[int, float] = {}
+        self.ticker = engine.ticker(inbox_topic, KIND_TICK, interval_s=settings.retry_tick_interval_s,
+                                    name="tick of inbox")
         self.last_ticks: dict[int, TickReport] = {}
         self.busy_ticks: deque[TickReport] = deque(maxlen=BUSY_TICKS)
         engine.timer(settings.retry_tick_interval_s, name="tick")(self.send_ticks)
@@ -86,35 +86,18 @@ class Ticks:
     def forget_partitions(self) -> None:
         """After a recovery: what was known of each partition may be stale."""
         self.expiry_low_water = {}
-        self.tick_sent = {}
+        self.ticker.forget()
 
     async def send_ticks(self) -> None:
         """Ask the handler to redeliver what is due, in every partition this instance owns."""
         if not self.engine.instance.ready():
             return
-        interval = self.settings.retry_tick_interval_s
-        now = time.monotonic()
-        for partition in sorted(self.state.schedule.owned_partitions()):
-            sent = self.tick_sent.get(partition)
-            if sent is not None and now - sent < max(10 * interval, 5.0):
-                continue  # the last tick is still queued: do not pile up more
-            await self.send_tick(partition)
-
-    async def send_tick(self, partition: int) -> None:
-        self.tick_sent[partition] = time.monotonic()
-        try:
-            await self.engine.send(self.inbox_topic, None, KIND_TICK, partition=partition)
-        except Exception as exc:  # the broker away, say: the next interval sends it again
-            # An exception out of a timer crashes the worker; a missed tick only delays the
-            # redeliveries by one interval.
-            self.tick_sent.pop(partition, None)
-            log.warning("could not send the tick of inbox partition %d (sent again in %.1fs): %s: %s",
-                        partition, self.settings.retry_tick_interval_s, type(exc).__name__, exc)
+        await self.ticker.send_to(self.state.schedule.owned_partitions())
 
     async def tick(self, batch: InputBatch) -> None:
         state = self.state
         partition = batch.partition
-        self.tick_sent.pop(partition, None)
+        self.ticker.taken(partition)
         started = time.perf_counter()
         now = now_ms()
         limit = self.settings.retry_batch_limit
@@ -151,7 +134,7 @@ class Ticks:
         if scan.more_due or expired.more_due:
             # A backlog: go on at once rather than a tick later (after this batch's commit).
             batch.send(self.inbox_topic, None, KIND_TICK, partition=partition)
-            self.tick_sent[partition] = time.monotonic()
+            self.ticker.staged(partition)
 
     def _expire_done_markers(self, batch: InputBatch, now: int, limit: int) -> DueScan:
         """Forget the done markers whose time has come."""

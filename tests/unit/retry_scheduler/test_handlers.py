@@ -48,7 +48,7 @@ def send_letter(service: RetrySchedulerService, driver: TopologyDriver, dlq_id: 
 
 def tick_every_partition(service: RetrySchedulerService, driver: TopologyDriver) -> None:
     for partition in range(PARTITIONS):
-        driver.run(service.ticks.send_tick(partition))
+        driver.run(service.ticks.ticker.send(partition))
     driver.process()
 
 

@@ -27,10 +27,10 @@ def test_a_tick_that_cannot_be_sent_is_logged_and_sent_again_later(
 
     service.engine.send = broker_away  # type: ignore[method-assign,assignment]
     with caplog.at_level(logging.WARNING):
-        asyncio.run(service.ticks.send_tick(3))
-    assert 3 not in service.ticks.tick_sent  # not counted as queued: the next interval sends it
+        asyncio.run(service.ticks.ticker.send(3))
+    assert 3 not in service.ticks.ticker.in_flight()  # not counted as queued: the next interval sends it
     assert "could not send the tick of inbox partition 3" in caplog.text
 
     service.engine.send = broker_back  # type: ignore[method-assign,assignment]
-    asyncio.run(service.ticks.send_tick(3))
-    assert sent == [3] and 3 in service.ticks.tick_sent
+    asyncio.run(service.ticks.ticker.send(3))
+    assert sent == [3] and 3 in service.ticks.ticker.in_flight()

@@ -85,7 +85,7 @@ def test_a_tick_publishes_changed_tallies_once_and_a_second_tick_nothing(
     assert sorted(published(service, driver)) == [
         ("P", tally("P", 1, 1, 1_700_000_000_123)), ("Q", tally("Q", 1, 0)),
     ]
-    assert service.dirty == {} and service.tick_sent == {} and service.published == 2
+    assert service.dirty == {} and service.publish_ticks.in_flight() == set() and service.published == 2
     # The table holds what went out, in the program's partition.
     table = driver.table("published-tallies")
     assert orjson.loads(table.get(b"P") or b"null") == tally("P", 1, 1, 1_700_000_000_123)
@@ -96,7 +96,7 @@ def test_a_tick_publishes_changed_tallies_once_and_a_second_tick_nothing(
     assert sum(r.value == PUBLISH_TICK for r in by_program) == len({partition_for(p, PARTITIONS) for p in "PQ"})
     # A tick with nothing dirty (sent by hand) publishes nothing either.
     for partition in range(PARTITIONS):
-        driver.run(service.send_publish_tick(partition))
+        driver.run(service.publish_ticks.send(partition))
     driver.process()
     assert len(published(service, driver)) == 2
 
@@ -170,7 +170,8 @@ def test_a_rebuild_after_a_rewind_or_a_restart_republishes_nothing_unchanged(
     assert len(published(service, driver)) == 6 and service.dirty == {}
 
     # A restart with the data dir kept: nothing in memory, the tables as committed.
-    service.counts, service.dirty, service.tick_sent = ProgramCounts(), {}, {}
+    service.counts, service.dirty = ProgramCounts(), {}
+    service.publish_ticks.forget()
     driver.run(service.rebuild_counts())
     change(service, driver, "b0", "P0", "AccountDeactivated", 2)  # one real change meanwhile
     driver.process()
@@ -221,9 +222,9 @@ def test_a_tick_is_sent_at_most_once_per_partition_until_processed(
     driver.run(service.send_publish_ticks())
     driver.run(service.send_publish_ticks())
     ticks = [r for r in driver.outputs(service.by_program_topic_name) if r.value == PUBLISH_TICK]
-    assert [r.partition for r in ticks] == [partition] and set(service.tick_sent) == {partition}
+    assert [r.partition for r in ticks] == [partition] and service.publish_ticks.in_flight() == {partition}
     driver.process()
-    assert service.tick_sent == {} and len(published(service, driver)) == 1
+    assert service.publish_ticks.in_flight() == set() and len(published(service, driver)) == 1
 
 
 def test_a_tick_that_cannot_be_sent_is_sent_with_the_next_interval(
@@ -239,6 +240,6 @@ def test_a_tick_that_cannot_be_sent_is_sent_with_the_next_interval(
     with monkeypatch.context() as m:
         m.setattr(service.engine, "send", refused)
         driver.run(service.send_publish_ticks())  # does not raise
-    assert service.tick_sent == {} and published(service, driver) == []
+    assert service.publish_ticks.in_flight() == set() and published(service, driver) == []
     tick(service, driver)
     assert published(service, driver) == [("P", tally("P", 1, 0))]
