@@ -76,7 +76,7 @@ demo: up ## Start the fleet, send sample traffic, print what the APIs answer
 .PHONY: lint
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy $(wildcard services shared spark_jobs tools)
+	$(VENV)/bin/mypy $(wildcard services shared spark_jobs tools tests)
 
 .PHONY: test-unit
 test-unit: venv ## Unit tests (no Kafka)

@@ -15,6 +15,7 @@ URL_SETTINGS = {
 
 
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    c: dict[str, Any]
     (c,) = deployment["spec"]["template"]["spec"]["containers"]
     return c
 

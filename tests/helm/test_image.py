@@ -29,6 +29,20 @@ def stages() -> dict[str, str]:
     return named
 
 
+def setting(pattern: str, text: str) -> str:
+    """The first group of ``pattern``'s first match in ``text`` (line by line); there must be one."""
+    match = re.search(pattern, text, flags=re.M)
+    assert match, f"{pattern!r} matches nothing"
+    return match.group(1)
+
+
+def pom_text(parent: ET.Element, path: str, ns: dict[str, str]) -> str | None:
+    """The text of the POM element at ``path`` under ``parent``; there must be one."""
+    element = parent.find(path, ns)
+    assert element is not None, f"the POM has no {path} under {parent.tag}"
+    return element.text
+
+
 def entrypoint() -> ModuleType:
     path = REPO / "helm" / "image" / "entrypoint.py"
     spec = importlib.util.spec_from_file_location("statefleet_image_entrypoint", path)
@@ -40,7 +54,7 @@ def entrypoint() -> ModuleType:
 
 def test_multi_stage_with_a_pinned_python_base():
     assert list(stages()) == ["jars", "build", "runtime"]
-    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)", DOCKERFILE, flags=re.M).group(1)
+    base = setting(r"^ARG PYTHON_IMAGE=(\S+)", DOCKERFILE)
     assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+", base), "the base is pinned to a patch release"
 
 
@@ -98,16 +112,16 @@ def test_entrypoint_points_spark_at_the_baked_jars(tmp_path, monkeypatch):
 
 
 def test_spark_versions_agree_between_project_image_pom_and_chart():
-    dockerfile = re.search(r"^ARG SPARK_VERSION=(\S+)", DOCKERFILE, flags=re.M).group(1)
-    token = re.search(r"^ARG SPARK_KAFKA_TOKEN_PROVIDER_VERSION=(\S+)", DOCKERFILE, flags=re.M).group(1)
+    dockerfile = setting(r"^ARG SPARK_VERSION=(\S+)", DOCKERFILE)
+    token = setting(r"^ARG SPARK_KAFKA_TOKEN_PROVIDER_VERSION=(\S+)", DOCKERFILE)
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
     pom = ET.parse(REPO / "spark_jobs" / "kafka-connector.pom.xml").getroot()
     chart = yaml.safe_load((CHART / "values.yaml").read_text())["spark"]["join"]["sparkApplication"]["sparkVersion"]
     spark_extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["spark"]
     assert f"pyspark=={dockerfile}" in spark_extra
-    assert dockerfile == pom.find("m:properties/m:spark.kafka.version", ns).text == chart
-    assert token == pom.find("m:properties/m:spark.kafka.token.version", ns).text == KAFKA_TOKEN_PROVIDER_VERSION
-    artifacts = [d.find("m:artifactId", ns).text for d in pom.findall("m:dependencies/m:dependency", ns)]
+    assert dockerfile == pom_text(pom, "m:properties/m:spark.kafka.version", ns) == chart
+    assert token == pom_text(pom, "m:properties/m:spark.kafka.token.version", ns) == KAFKA_TOKEN_PROVIDER_VERSION
+    artifacts = [pom_text(d, "m:artifactId", ns) for d in pom.findall("m:dependencies/m:dependency", ns)]
     assert artifacts == ["spark-sql-kafka-0-10_2.13", "spark-token-provider-kafka-0-10_2.13"]
     jars = stages()["jars"]
     assert "COPY spark_jobs/kafka-connector.pom.xml" in jars
@@ -132,7 +146,7 @@ def test_the_built_image_is_the_charts_default_image(render):
     from tests.image import container
     from tools import image_build
 
-    built = re.search(r"^IMAGE \?= (\S+)$", (REPO / "mk" / "image.mk").read_text(), flags=re.M).group(1)
+    built = setting(r"^IMAGE \?= (\S+)$", (REPO / "mk" / "image.mk").read_text())
     images = {c["image"] for _, pod in render().pod_specs() for c in pod.get("containers", [])}
     assert images == {built}, f"the chart deploys {images}, make image builds {built}"
     assert image_build.DEFAULT_TAG == container.IMAGE == built

@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes_validate
 import yaml
 
-from tests.helm.chart import KUBE_VERSION, NAMESPACE, RELEASE
+from tests.helm.chart import KUBE_VERSION, NAMESPACE, RELEASE, Manifest
 from tools.helm_topics import parse_specs
 
 NAME = f"{RELEASE}-statefleet"
@@ -19,7 +19,7 @@ def env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
-def topic_job(m) -> dict[str, Any]:
+def topic_job(m: Manifest) -> dict[str, Any]:
     return m.get("Job", f"{NAME}-create-topics")
 
 
@@ -64,7 +64,7 @@ def test_topic_job_can_be_turned_off(render):
     assert not render("minimal").all("Job")
 
 
-def join_deployment(m) -> dict[str, Any]:
+def join_deployment(m: Manifest) -> dict[str, Any]:
     return m.get("Deployment", f"{NAME}-activation-join")
 
 

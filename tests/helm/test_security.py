@@ -13,7 +13,8 @@ SECRETISH = re.compile(r"PASSWORD|TOKEN|SECRET|USERNAME|KEY$")
 
 
 def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    return pod.get("initContainers", []) + pod["containers"]
+    listed: list[dict[str, Any]] = pod.get("initContainers", []) + pod["containers"]
+    return listed
 
 
 def test_every_pod_runs_non_root_with_runtime_default_seccomp(render, scenario):

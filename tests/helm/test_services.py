@@ -16,7 +16,7 @@ def sts_name(service: str) -> str:
 
 
 def container(sts: dict[str, Any]) -> dict[str, Any]:
-    containers = sts["spec"]["template"]["spec"]["containers"]
+    containers: list[dict[str, Any]] = sts["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
     return containers[0]
 

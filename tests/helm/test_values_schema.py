@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -83,7 +84,7 @@ def test_every_setting_is_in_the_schema_and_documented_on_the_line_above():
     lines = text.splitlines()
     undocumented: list[str] = []
 
-    def walk(node: yaml.Node, schema_node: dict, path: str) -> None:
+    def walk(node: yaml.Node, schema_node: dict[str, Any], path: str) -> None:
         assert isinstance(node, yaml.MappingNode)
         props = schema_node.get("properties", {})
         for key_node, value_node in node.value:

@@ -27,6 +27,12 @@ class Record:
     headers: tuple[tuple[str, bytes], ...]
     timestamp: int
 
+    @property
+    def body(self) -> bytes:
+        """The value of a record that must have one: a tombstone here fails the test."""
+        assert self.value is not None, f"{self.topic}[{self.partition}]@{self.offset} has no value"
+        return self.value
+
 
 def create_topics(
     names: Iterable[str], partitions: int = 8, compacted: Iterable[str] = (), configs: dict[str, str] | None = None,

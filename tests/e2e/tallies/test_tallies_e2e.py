@@ -229,7 +229,8 @@ def test_sigkill_mid_stream_never_double_counts(start_tallies, tally_topics) -> 
 
     def some_applied() -> bool:
         body = httpx.get(proc.url + "/tallies", params={"limit": 100}, timeout=5).json()
-        return sum(t["numberActive"] + t["numberInactive"] for t in body["items"]) > 0
+        applied: int = sum(t["numberActive"] + t["numberInactive"] for t in body["items"])
+        return applied > 0
 
     wait_for(some_applied, timeout=30, message="processing to start")
     proc.kill()

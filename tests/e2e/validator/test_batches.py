@@ -93,11 +93,11 @@ def check_exact(
 
     # Exactly one event per accepted item.
     events = once_each([(e["command_id"], orjson.dumps(e)) for e in
-                        (orjson.loads(r.value) for r in read_all(prefix + "account-events")) if e["command_id"] in ids])
+                        (orjson.loads(r.body) for r in read_all(prefix + "account-events")) if e["command_id"] in ids])
     assert set(events) == {cid for cid, item in ids.items() if item["status"] == "accepted"}
     # Each rejection once per item (items that are not readable commands are dead letters instead).
-    rejections = once_each([(rej["command_id"], r.value) for r in read_all(prefix + "account-rejections")
-                            if (rej := orjson.loads(r.value))["command_id"] in ids])
+    rejections = once_each([(rej["command_id"], r.body) for r in read_all(prefix + "account-rejections")
+                            if (rej := orjson.loads(r.body))["command_id"] in ids])
     assert set(rejections) == {cid for cid, item in ids.items() if item["status"] == "rejected"} - {
         body["items"][5]["command_id"], body["items"][7]["command_id"]}
     letters = once_each([(dict(r.headers)["statefleet.batch.index"].decode(), dict(r.headers)["dlq.id"])
@@ -149,16 +149,17 @@ def test_a_record_that_is_not_a_batch_is_a_dead_letter_and_the_next_batch_is_dec
 ) -> None:
     create_topics([f"{prefix}account-command-batches"])
     run = uuid.uuid4().hex[:8]
-    good = {"batch_id": f"after-{run}",
+    good_id = f"after-{run}"
+    good = {"batch_id": good_id,
             "commands": [{"type": "CreateAccount", "account_id": f"{run}-ok", "program_id": "P"}]}
     produce(f"{prefix}account-command-batches", [
         ("junk-1", b"\xff not json"),
         ("junk-2", orjson.dumps({"batch_id": "no-commands"})),
         ("junk-3", orjson.dumps({"commands": [{"type": "CreateAccount"}]})),
-        (good["batch_id"], orjson.dumps(good)),
+        (good_id, orjson.dumps(good)),
     ])
     proc: ServiceProcess = start_validator("a")
-    body = settled(proc, good["batch_id"])
+    body = settled(proc, good_id)
     assert body["counts"]["accepted"] == 1
 
     def letters() -> list[Any] | None:

@@ -53,7 +53,7 @@ def assert_exactly_once(prefix: str, proc: ServiceProcess) -> None:
     record once, and each command's final outcome record once."""
     events, by_id = assert_each_event_once(prefix, proc, isolation_level="read_committed")
     assert len(events) == len(by_id), f"{len(events) - len(by_id)} repeated event records seen read_committed"
-    outcomes = [orjson.loads(r.value) for r in read_all(
+    outcomes = [orjson.loads(r.body) for r in read_all(
         f"{prefix}statefleet-validator-outcomes", isolation_level="read_committed",
     )]
     final = Counter(o["command_id"] for o in outcomes if o.get("status") != "pending" and not is_end_marker(o["command_id"]))

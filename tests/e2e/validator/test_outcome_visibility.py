@@ -39,9 +39,10 @@ async def _events_then_reads(proc: ServiceProcess, bootstrap: str) -> tuple[int,
             await consumer.position(tp)
         # Straight onto the topic, as any producer may write: no "pending" record is written first.
         for i in range(COMMANDS):
-            command = {"command_id": f"{run}-{i}", "type": "CreateAccount", "account_id": f"{run}-acct-{i}",
-                       "program_id": "visibility", "expected_version": None, "data": {}, "issued_at": 1}
-            await producer.send(prefix + "account-commands", orjson.dumps(command), key=command["account_id"].encode())
+            account_id = f"{run}-acct-{i}"
+            command: dict[str, object] = {"command_id": f"{run}-{i}", "type": "CreateAccount", "account_id": account_id,
+                                          "program_id": "visibility", "expected_version": None, "data": {}, "issued_at": 1}
+            await producer.send(prefix + "account-commands", orjson.dumps(command), key=account_id.encode())
         await producer.flush()
 
         # A fetch can hand over thousands of events at once, each read at once: they queue for one

@@ -20,7 +20,8 @@ def create(http: httpx.Client, url: str, n: int) -> dict[str, Any]:
     body = {"command_id": f"create-{n}", "type": "CreateAccount", "account_id": f"acct-{n}", "program_id": "p1"}
     resp = http.post(url + "/commands", params={"wait": "true"}, json=body)
     assert resp.status_code == 200 and resp.json()["status"] == "accepted", resp.text
-    return resp.json()
+    answer: dict[str, Any] = resp.json()
+    return answer
 
 
 #: The dead owner's partitions stay unassigned (no peer watch, the default 45 s session timeout),

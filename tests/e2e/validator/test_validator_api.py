@@ -79,13 +79,13 @@ def test_scripted_sequence_over_http(shared_validator: ServiceProcess) -> None:
         assert get(v, f"/commands/{command_id}").json() == answer
     assert get(v, f"/accounts/{a}").json() == {"account_id": a, "program_id": "prog-http", "status": "deleted", "version": 4}
 
-    events = [orjson.loads(r.value) for r in read_all(topic(v, "account-events")) if r.key == a.encode()]
+    events = [orjson.loads(r.body) for r in read_all(topic(v, "account-events")) if r.key == a.encode()]
     assert [(e["type"], e["version"], e["command_id"]) for e in events] == [
         ("AccountCreated", 1, f"{a}-1"), ("AccountUpdated", 2, f"{a}-2"),
         ("AccountDeactivated", 3, f"{a}-3"), ("AccountDeleted", 4, f"{a}-5"),
     ]
     assert [e["event_id"] for e in events] == [answers[f"{a}-{n}"]["event"]["event_id"] for n in (1, 2, 3, 5)]
-    rejections = [orjson.loads(r.value) for r in read_all(topic(v, "account-rejections")) if r.key == a.encode()]
+    rejections = [orjson.loads(r.body) for r in read_all(topic(v, "account-rejections")) if r.key == a.encode()]
     assert rejections == [answers[f"{a}-4"]["rejection"], answers[f"{a}-6"]["rejection"]]
 
 

@@ -161,7 +161,7 @@ def assert_each_event_once(
     expected = accounts * steps
 
     def distinct_events() -> list[dict[str, Any]] | None:
-        events = [orjson.loads(r.value) for r in read_all(events_topic, isolation_level=isolation_level)]
+        events = [orjson.loads(r.body) for r in read_all(events_topic, isolation_level=isolation_level)]
         return events if len({e["event_id"] for e in events}) >= expected else None
 
     wait_for(distinct_events, timeout=60, interval=0.5, message=f"{expected} distinct events")
@@ -169,7 +169,7 @@ def assert_each_event_once(
     markers = send_end_markers(f"{prefix}account-commands")
 
     def through_the_markers() -> list[dict[str, Any]] | None:
-        events = [orjson.loads(r.value) for r in read_all(events_topic, isolation_level=isolation_level)]
+        events = [orjson.loads(r.body) for r in read_all(events_topic, isolation_level=isolation_level)]
         return events if markers <= {e["account_id"] for e in events} else None
 
     events = wait_for(through_the_markers, timeout=60, interval=0.5, message="the end markers' events")

@@ -12,7 +12,8 @@ import time
 import orjson
 import pytest
 
-from services.tallies.domain import AccountChange, Login, fold_program, parse_account_change, parse_login
+from services.tallies.domain import Login, fold_program, parse_account_change, parse_login
+from shared.accounts import AccountChange
 from tests.support.kafka import create_topics, produce
 from tools.bench.common import REPO
 from tools.bench.peers import runner

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -64,8 +65,8 @@ def proc_scheduled(url: str) -> int:
     return int(httpx.get(url + "/retries/stats", timeout=10).json()["scheduled"])
 
 
-def list_all(url: str) -> list[dict[str, object]]:
-    items: list[dict[str, object]] = []
+def list_all(url: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
     cursor = None
     while True:
         params = {"limit": 7, **({"cursor": cursor} if cursor else {})}

@@ -21,7 +21,7 @@ def item(due: int, dlq_id: str) -> dict[str, object]:
 
 
 def test_pages_merge_in_due_order_up_to_the_limit_without_duplicates() -> None:
-    pages = [
+    pages: list[dict[str, object]] = [
         {"items": [item(5, "a"), item(9, "c")], "frontier": None},
         {"items": [item(1, "z"), item(5, "b"), item(5, "a")], "frontier": None},
     ]
@@ -31,7 +31,7 @@ def test_pages_merge_in_due_order_up_to_the_limit_without_duplicates() -> None:
 
 
 def test_a_page_that_ran_out_of_budget_holds_back_items_past_its_frontier() -> None:
-    pages = [
+    pages: list[dict[str, object]] = [
         {"items": [item(1, "a"), item(8, "late")], "frontier": None},
         {"items": [], "frontier": [5, "m"]},  # examined everything up to (5, "m"), found nothing
     ]
@@ -40,7 +40,9 @@ def test_a_page_that_ran_out_of_budget_holds_back_items_past_its_frontier() -> N
 
 
 def test_parked_pages_merge_by_id() -> None:
-    pages = [{"items": [{"id": "b"}, {"id": "d"}]}, {"items": [{"id": "a"}, {"id": "c"}], "frontier": "c"}]
+    pages: list[dict[str, object]] = [
+        {"items": [{"id": "b"}, {"id": "d"}]}, {"items": [{"id": "a"}, {"id": "c"}], "frontier": "c"},
+    ]
     items, frontier = merge_pages(pages, 10, parked_sort, str)
     assert [i["id"] for i in items] == ["a", "b", "c"] and frontier == "c"
 

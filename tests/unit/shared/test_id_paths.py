@@ -36,7 +36,10 @@ def _id_routes(router: APIRouter) -> list[tuple[APIRoute, str]]:
     """GET routes with one ``{name:id}`` parameter, and its name."""
     out = []
     for route in router.routes:
-        if isinstance(route, APIRoute) and "GET" in route.methods:
+        if not isinstance(route, APIRoute):
+            continue
+        assert route.methods is not None, "FastAPI gives every route its methods (GET when none are named)"
+        if "GET" in route.methods:
             names = re.findall(r"{(\w+):id}", route.path)
             if len(names) == 1:
                 out.append((route, names[0]))

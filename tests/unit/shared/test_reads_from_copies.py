@@ -84,7 +84,7 @@ def request(method: str = "GET", query: bytes = b"", headers: dict[str, str] | N
 async def test_the_owner_answers_when_it_can(fleet: Fleet) -> None:
     fleet.answers = {OWNER: (200, 0)}
     resp = await route(context(fleet), request(), TABLE, 3)
-    assert resp is not None and resp.status_code == 200 and resp.body.startswith(b'{"from":"http://owner:2"')
+    assert resp is not None and resp.status_code == 200 and bytes(resp.body).startswith(b'{"from":"http://owner:2"')
 
 
 async def test_the_owner_itself_answers_from_its_active_copy(fleet: Fleet) -> None:
@@ -111,7 +111,7 @@ async def test_the_freshest_peer_copy_wins_over_a_stale_local_one(fleet: Fleet) 
     fleet.mine = Copy("standby", 40)
     fleet.answers = {PEER_A: (200, 7), PEER_B: (404, 0)}  # 404: the key is not there, as of an up-to-date copy
     resp = await route(context(fleet), request(), TABLE, 3)
-    assert resp is not None and resp.status_code == 404 and resp.body.startswith(b'{"from":"http://peer-b:4"')
+    assert resp is not None and resp.status_code == 404 and bytes(resp.body).startswith(b'{"from":"http://peer-b:4"')
     copy_reads = [r for r in fleet.asked if r.headers.get(READ_COPY)]
     assert {str(r.url.host) for r in copy_reads} >= {"peer-a", "peer-b"}
 
@@ -120,7 +120,7 @@ async def test_an_owner_that_answers_503_is_asked_for_its_copy_too(fleet: Fleet)
     fleet.answers = {OWNER: (503, None), PEER_A: (200, 12)}
     ctx = context(fleet)
     resp = await route(ctx, request(), TABLE, 3)
-    assert resp is not None and resp.body.startswith(b'{"from":"http://peer-a:3"')
+    assert resp is not None and bytes(resp.body).startswith(b'{"from":"http://peer-a:3"')
     assert any(r.headers.get(READ_COPY) and r.url.host == "owner" for r in fleet.asked)
     assert not ctx.suspected(OWNER), "an owner that answered is not suspected"
 

@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.services import free_port
 from tools import fleet
+from tools.processes import process_state
 
 
 @pytest.fixture
@@ -26,17 +27,17 @@ def fleet_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_zombie_is_not_running_and_a_live_process_is() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert fleet.process_state(child.pid) == "running"
+        assert process_state(child.pid) == "running"
         os.kill(child.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while fleet.process_state(child.pid) != "zombie" and time.monotonic() < deadline:
+        while process_state(child.pid) != "zombie" and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert fleet.process_state(child.pid) == "zombie"  # not reaped yet: it still answers signal 0
+        assert process_state(child.pid) == "zombie"  # not reaped yet: it still answers signal 0
         assert not fleet._alive(child.pid)
     finally:
         child.kill()
         child.wait()
-    assert fleet.process_state(child.pid) is None
+    assert process_state(child.pid) is None
 
 
 def test_an_instance_killed_a_moment_ago_is_started_again(fleet_home: Path) -> None:
@@ -53,7 +54,7 @@ def test_an_instance_killed_a_moment_ago_is_started_again(fleet_home: Path) -> N
         assert httpx.get(fleet.url(kind, 0) + "/readyz", timeout=2).status_code == 200
     finally:
         for pid in {first, fleet._recorded_pid(kind, 0)}:
-            if pid is not None and fleet.process_state(pid) is not None:
+            if pid is not None and process_state(pid) is not None:
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -90,10 +91,10 @@ def test_an_instance_is_killed_collected_and_its_data_dir_named(fleet_home: Path
     try:
         assert fleet.kill_instance(kind, 0) == pid
         fleet.reap(pid, timeout=10)
-        assert fleet.process_state(pid) is None  # collected, not left a zombie
+        assert process_state(pid) is None  # collected, not left a zombie
         assert fleet.pid_of(kind, 0) is None
     finally:
-        if fleet.process_state(pid) is not None:
+        if process_state(pid) is not None:
             os.kill(pid, signal.SIGKILL)
     monkeypatch.setenv("STATEFLEET_DATA_DIR", str(fleet_home / "data"))
     validator = fleet.SERVICES[0]

@@ -40,7 +40,8 @@ async def committed_offset(bootstrap: str, group: str, tp: TopicPartition) -> in
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     await consumer.start()
     try:
-        return await consumer.committed(tp)
+        offset: int | None = await consumer.committed(tp)  # aiokafka's methods are not annotated
+        return offset
     finally:
         await consumer.stop()
 

@@ -437,8 +437,8 @@ def test_a_table_added_later_without_next_offsets_resumes_from_the_other_tables(
     batch = asyncio.run(reader.batch_records(events("t", 0, 500, 501)))
     assert [r.offset for r in batch.records] == [500, 501] and backfill.reads == []  # nothing read back
     # Once it has its own rows, the smallest copy wins as for any table.
-    reader = OrderedInput(app=None, stores=[old, LaterStore({(0, next_offset_key("t")): b"490"})],  # type: ignore[arg-type]
-                          backfill=backfill)
+    stores = [old, LaterStore({(0, next_offset_key("t")): b"490"})]
+    reader = OrderedInput(app=None, stores=stores, backfill=backfill)  # type: ignore[arg-type]
     assert reader.next_offset("t", 0) == 490
     # A table not marked so, without rows, still sends the input back to the log start.
     assert OrderedInput(app=None, stores=[old, FakeStore({})], backfill=backfill).next_offset("t", 0) is None  # type: ignore[arg-type]

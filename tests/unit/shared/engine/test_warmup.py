@@ -250,7 +250,12 @@ def test_a_small_changelog_is_handed_over_even_to_a_member_that_reports_no_copie
 def test_only_another_member_of_the_group_can_ask_for_a_rebalance(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[object] = []
     monkeypatch.setattr("shared.engine._warmup.member_urls", lambda app: {"http://a", "http://b"})
-    monkeypatch.setattr("shared.engine._warmup.request_rejoin", lambda app: asked.append(app) or True)
+
+    def request_rejoin(app: object) -> bool:
+        asked.append(app)
+        return True
+
+    monkeypatch.setattr("shared.engine._warmup.request_rejoin", request_rejoin)
     assert not rejoin_for_peer(object(), "http://stranger", "http://a")  # type: ignore[arg-type]
     assert not rejoin_for_peer(object(), "http://a/", "http://a")  # type: ignore[arg-type]
     assert asked == []
