@@ -112,7 +112,7 @@ class FleetMonitor:
         up = [i for i in view.instances if i.state != "down"]
         if first is None:
             view.state = "down"
-        elif len(up) == len(view.instances) and all(i.state == "ready" for i in up):
+        elif len(up) == len(view.instances) and all(i.state == "ready" for i in up) and not view.unowned_inputs:
             view.state = "up"
         else:
             view.state = "degraded"
@@ -153,6 +153,7 @@ class FleetMonitor:
             warmup=info.get("warmup", {}),
             copies=info.get("copies", {}),
             lag={topic: v.get("total") for topic, v in info.get("lag", {}).items()},
+            unowned_inputs=[str(t) for t in info.get("unowned_inputs", [])],
             rate=rate,
             processed_total=total,
             history=list(track.history),

@@ -27,6 +27,8 @@ class InstanceView:
     #: changelog topic -> standby copies warmed up to take the partition over (a subset of standby)
     warmup: dict[str, list[int]] = field(default_factory=dict)
     lag: dict[str, int | None] = field(default_factory=dict)
+    #: input topics the group's last assignment gave no instance (none of their records is processed)
+    unowned_inputs: list[str] = field(default_factory=list)
     #: changelog topic -> partition -> {"source": active|standby|restoring, "lag": records or None}
     copies: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     rate: float | None = None
@@ -49,6 +51,11 @@ class ServiceView:
     def rate(self) -> float | None:
         rates = [i.rate for i in self.instances if i.rate is not None]
         return sum(rates) if rates else None
+
+    @property
+    def unowned_inputs(self) -> list[str]:
+        """Input topics that some instance reports no member owns (the assignment skipped them)."""
+        return sorted({t for i in self.instances if i.state != "down" for t in i.unowned_inputs})
 
 
 @dataclass

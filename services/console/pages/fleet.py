@@ -54,6 +54,7 @@ async def fleet_json(request: Request) -> JSONResponse:
         "services": [
             {
                 "name": s.name, "state": s.state, "error": s.error, "rate": s.rate,
+                "unowned_inputs": s.unowned_inputs,
                 "instances": [
                     {"url": i.url, "instance": i.instance_id, "state": i.state, "error": i.error, "rate": i.rate,
                      "active": i.active, "standby": i.standby, "lag": i.lag}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from services.console.app import create_app
 from services.console.clients import Clients, ServiceClient
 from services.console.fleet import FleetMonitor, processed_total
-from services.console.models import chart, ranges, render_bytes
+from services.console.models import FleetSnapshot, InstanceView, ServiceView, chart, ranges, render_bytes
 from services.console.pages.common import TOKEN_COOKIE
 from shared.settings import Settings
 
@@ -319,3 +319,38 @@ def test_without_the_token_the_group_count_comes_from_the_listing(console: TestC
     assert "<strong>3</strong> parked messages are in this group" in dry.text
     assert 'id="confirm-group" class="primary" disabled' in dry.text
     assert not [c for c in calls if c.method == "POST"]
+
+
+def test_input_topics_no_instance_owns_make_the_service_degraded_and_say_so(console: TestClient) -> None:
+    """An assignment that skipped an input topic (its leader had no metadata for it) leaves every
+    instance ready, yet none of the topic's records is processed: the fleet page says which."""
+    monitor: FleetMonitor = cast(Any, console.app).state.monitor
+    ready = InstanceView("http://tallies:8002", "ready", instance_id="tallies-0", unowned_inputs=["t.logins"])
+    service = ServiceView("tallies", "Tallies", ["http://tallies:8002"], instances=[ready])
+    assert service.unowned_inputs == ["t.logins"]
+    monitor._snapshot = FleetSnapshot(1_700_000_000.0, [service])
+    table = console.get("/fleet/table")
+    assert table.status_code == 200
+    warning = table.text.split('data-role="unowned-inputs"')[1].split("</p>")[0]
+    assert "No instance processes <code>t.logins</code>" in warning and "gave none of its partitions out" in warning
+    assert console.get("/fleet.json").json()["services"][0]["unowned_inputs"] == ["t.logins"]
+
+
+async def test_the_fleet_poll_reads_unowned_inputs_and_calls_the_service_degraded() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        base = f"http://{request.url.host}:{request.url.port}"
+        if request.url.path == "/instance":
+            return httpx.Response(200, json={
+                "service": "tallies", "instance": "tallies-0", "url": base, "ready": True, "rebalancing": False,
+                "active": {"t.account-events": [0, 1]}, "peers": [base], "standby": {}, "lag": {},
+                "unowned_inputs": ["t.logins"],
+            })
+        return httpx.Response(200, text="", headers={"content-type": "text/plain"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        clients = Clients(*(ServiceClient(n, n, urls, http) for n, urls in
+                            (("validator", []), ("tallies", [TALLIES]), ("retry-scheduler", []))))
+        monitor = FleetMonitor(clients, interval_s=1, history_s=600, timeout_s=1)
+        [tallies] = (await monitor.poll()).services
+    assert tallies.instances[0].unowned_inputs == ["t.logins"]
+    assert tallies.state == "degraded"
