@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from faust.types import TP
+from faust.types import TP, EventT
 from rocksdict import Options, Rdict
 
 from shared.engine._app import create_app
@@ -129,9 +129,9 @@ def test_fausts_changelog_batches_put_each_row_into_its_family(tmp_path: Path) -
         Message(tp, 10, b"k", b"v"), Message(tp, 11, next_offset_key("in"), b"3"),
         Message(tp, 12, next_offset_key("gone"), b"1"), Message(tp, 13, b"old", b"x"),
     ]
-    store.apply_changelog_batch([Event(m) for m in records], lambda k: k, lambda v: v)
-    store.apply_changelog_batch([Event(Message(tp, 14, next_offset_key("gone"), None)),
-                                 Event(Message(tp, 15, b"old", None))], lambda k: k, lambda v: v)
+    later = [Message(tp, 14, next_offset_key("gone"), None), Message(tp, 15, b"old", None)]
+    for messages in (records, later):
+        store.apply_changelog_batch([cast(EventT[Any], Event(m)) for m in messages], lambda k: k, lambda v: v)
     db = store._db_for_partition(0)
     assert list(db.items()) == [(b"k", b"v")]
     assert dict(engine_family(db).items()) == {FAUST_OFFSET_KEY: b"15", next_offset_key("in"): b"3"}
