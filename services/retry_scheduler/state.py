@@ -4,10 +4,7 @@ The values are encoded in :mod:`services.retry_scheduler.entries`; :mod:`service
 reads the rows back in due order.
 
 Tables (one RocksDB database per partition each; the partition of a message is the one
-its ``dlq.id`` hashes to, so everything about one id lives in one place). The engine keeps
-rows of its own in each (Faust's offset row, the inbox handler's next offsets); its reads
-and scans (``Table.items``, ``Table.view``, ``InputBatch.view``) never show them, so the
-scans here meet only the rows below.
+its ``dlq.id`` hashes to, so everything about one id lives in one place):
 
 ``schedule``  due key → entry. The due key is the due time as 8 bytes big-endian
               followed by the ``dlq.id`` (UTF-8), so RocksDB's byte order is due order
@@ -44,11 +41,7 @@ from typing import Any
 from services.retry_scheduler.domain import MAX_DUE_MS
 from services.retry_scheduler.entries import classify
 
-#: Faust keeps each partition's committed changelog offset under this key in the same database
-#: (the engine's reads leave it out; no key here may equal it).
-FAUST_OFFSET_KEY = b"__faust\x00offset__"
-#: Keys of the ``index`` and ``parked`` tables start with this byte, so no id can collide
-#: with Faust's offset key.
+#: Keys of the ``index`` and ``parked`` tables start with this byte (never a due key's first).
 ID_PREFIX = b"#"
 DUE_WIDTH = 8
 _DUE = struct.Struct(">Q")
@@ -115,7 +108,7 @@ def due_prefix(due_at: int) -> bytes:
 
 
 def is_due_key(key: bytes) -> bool:
-    """A schedule or expiry key (the engine's own rows never reach a scan: see the module docs)."""
+    """A schedule or expiry key."""
     return len(key) > DUE_WIDTH and key[0] == 0
 
 
@@ -165,9 +158,7 @@ class Counts:
         for target, source in ((fresh_s, schedule), (fresh_p, parked)):
             for partition, items in source.items():
                 counter: Counter[tuple[str, str]] = Counter()
-                for key, raw in items:
-                    if key == FAUST_OFFSET_KEY:
-                        continue
+                for _key, raw in items:
                     try:
                         counter[classify(raw)] += 1
                     except (KeyError, TypeError, ValueError):

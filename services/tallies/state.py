@@ -7,15 +7,12 @@ in memory as memberships change. A crash between two writes therefore cannot lea
 counts and memberships disagreeing: after a restart the counts are rebuilt from
 whatever memberships were restored.
 
-Both tables (``memberships``: program_id NUL account_id → ``status:version``;
-``last-logins``: program_id → largest login ts) also hold the handlers' next expected
-input offsets, under ``shared.engine._durable.NEXT_OFFSET_PREFIX`` + topic. Program ids are
-non-empty and contain no NUL, so no tally key starts with that prefix; the engine's reads of
-a table (``Table.items``, ``Table.view``, a batch's view) leave those rows out.
+The tables: ``memberships``: program_id NUL account_id → ``status:version``;
+``last-logins``: program_id → largest login ts. Program ids are non-empty and contain no NUL.
 
 The ``published-tallies`` table (program_id → the tally JSON last staged for
-``program-tallies``) holds them too: it is written by the same batches, so a tally is
-published when, and only when, it differs from that row.
+``program-tallies``) is written by the same batches, so a tally is published when, and only
+when, it differs from that row.
 
 Records of the internal by-program topic are :class:`PackedInputs` (a JSON object, so
 their first byte is ``{``) or :data:`PUBLISH_TICK`, which no packed record ever equals.

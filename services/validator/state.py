@@ -18,11 +18,6 @@
     → listing row JSON ``{"a","s","v","c","u"}``; the keys of one program sort oldest
     first, so a backwards scan lists newest first. ``I`` + program_id + NUL + account_id
     → the 8 created_at bytes, to find an account's listing row when it changes.
-
-Each table also holds the engine's own rows: its handlers' next expected input offsets, under
-``shared.engine._durable.NEXT_OFFSET_PREFIX`` + topic, and Faust's offset row. Account ids,
-command ids and program ids cannot contain NUL, so those keys collide with none of the above;
-the engine's reads (``Table.items``) leave them out, so scans here never meet them.
 """
 
 from __future__ import annotations
@@ -34,8 +29,6 @@ from services.validator.domain import Account, AccountState, OutcomeCode
 from services.validator.listing import Listing
 from shared import codecs
 
-#: Faust keeps each partition's committed offset under this key in the same database.
-FAUST_OFFSET_KEY = b"__faust\x00offset__"
 SEPARATOR = b"\x00"
 LISTING_PREFIX = b"L"
 INDEX_PREFIX = b"I"

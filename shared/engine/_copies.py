@@ -52,7 +52,8 @@ from aiokafka import TopicPartition as KafkaTP
 from faust.types import TP
 
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, exactly_once, started_when_reachable
-from shared.engine._internals import FAUST_OFFSET_KEY, AnyTable, recovery_done
+from shared.engine._internals import AnyTable, recovery_done
+from shared.engine._rocksdb import persisted_offset
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -230,8 +231,8 @@ def copy_source(app: faust.App, table: AnyTable, partition: int) -> Source | Non
 
 def _applied_next(table: AnyTable, partition: int) -> int | None:
     """The next changelog offset the local database expects (None: it holds no changelog offset)."""
-    raw = _store(table)._db_for_partition(partition).get(FAUST_OFFSET_KEY)
-    return int(raw) + 1 if raw is not None else None
+    offset = persisted_offset(_store(table)._db_for_partition(partition))
+    return offset + 1 if offset is not None else None
 
 
 async def local_copy(app: faust.App, table: AnyTable, partition: int, *, exact: bool = False) -> Copy | None:

@@ -44,10 +44,21 @@ idempotent for those records.
 
 Tables written this way are raw-bytes tables (``key_type=bytes, value_type=bytes``)
 that the handler writes only through this module, never with ``table[key] = value``.
-Their keys must not start with :data:`NEXT_OFFSET_PREFIX`. Every read of a
-:class:`DurableTable` but :meth:`~TableOffsets.get` (:meth:`~DurableTable.items`,
-:meth:`~DurableTable.view`) leaves out the engine's own rows, the next-offset rows and
-Faust's offset row, so a service's scans never meet them.
+Their keys must not start with :data:`NEXT_OFFSET_PREFIX`.
+
+**Where the rows live.** Each partition of a table is one RocksDB database with two column
+families (:mod:`shared.engine._rocksdb`): the default family holds the service's rows and
+nothing else; the engine family (``statefleet-engine``) holds the engine's own rows, the
+next-offset rows and Faust's persisted changelog offset. In the changelog the next-offset rows
+are records of the table like the service's (under their prefixed keys), so they move with
+the state: every path that applies changelog records locally (the commit below, Faust's
+recovery and standbys, the bulk restore of :mod:`shared.engine._restore`) sends a key with
+:data:`NEXT_OFFSET_PREFIX` to the engine family, a tombstone of one deleting it there. The
+commit's steps 2 and 3 are one write batch across both families. So a service's reads
+(:meth:`~DurableTable.items`, :meth:`~DurableTable.view`, a batch's views) see its own rows
+only, with no filtering, and the next offsets are read from the engine family
+(:meth:`~TableOffsets.get` of a next-offset key). A partition database of an earlier
+version, with the engine rows in its default family, has them moved when it is opened.
 """
 
 from __future__ import annotations
@@ -61,12 +72,10 @@ from typing import Any, Protocol
 
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from rocksdict import WriteBatch
 
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, started_when_reachable
 from shared.engine._copies import Copy, local_copy
 from shared.engine._internals import (
-    FAUST_OFFSET_KEY,
     AnyTable,
     active_partitions,
     all_owner_urls,
@@ -74,6 +83,8 @@ from shared.engine._internals import (
     partition_items,
     partition_owner_url,
 )
+from shared.engine._rocksdb import NEXT_OFFSET_PREFIX as NEXT_OFFSET_PREFIX  # re-exported
+from shared.engine._rocksdb import PartitionWrite, family_for
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -84,11 +95,6 @@ Rows = Mapping[tuple[int, bytes], bytes | None]
 #: How long a wait for acknowledgements goes before it is logged (and then again as often).
 SLOW_ACK_WARNING_S = 30.0
 
-#: Prefix of the rows holding an input partition's next expected offset. A table that
-#: holds them must have no key of its own starting with NUL.
-NEXT_OFFSET_PREFIX = b"\x00next-offset\x00"
-
-
 def next_offset_key(topic: str) -> bytes:
     return NEXT_OFFSET_PREFIX + topic.encode()
 
@@ -97,54 +103,12 @@ def is_next_offset_key(key: bytes) -> bool:
     return key.startswith(NEXT_OFFSET_PREFIX)
 
 
-def is_engine_key(key: bytes) -> bool:
-    """Whether ``key`` is a row the engine keeps in a table for itself (Faust's offset row or a
-    next-offset row), not one of the service's."""
-    return key == FAUST_OFFSET_KEY or key.startswith(NEXT_OFFSET_PREFIX)
-
-
 def state_items(
     table: AnyTable, partition: int, from_key: bytes | None = None, backwards: bool = False,
 ) -> Iterator[tuple[bytes, bytes]]:
-    """A partition's rows in key order (or reverse), from ``from_key``, without Faust's offset
-    row and the next-offset rows."""
-    for key, value in partition_items(table, partition, from_key, backwards):
-        if not is_next_offset_key(key):
-            yield key, value
-
-
-class StateIterator:
-    """rocksdict's raw iterator over a partition (``seek``, ``valid``, ``key``, ``value``,
-    ``next``) that steps over the engine's rows, so a scan in key order sees the service's
-    rows only, whatever their keys sort next to."""
-
-    def __init__(self, raw: Any) -> None:
-        self._raw = raw
-
-    def seek(self, key: bytes) -> None:
-        self._raw.seek(key)
-        self._skip_engine_rows()
-
-    def seek_to_first(self) -> None:
-        self._raw.seek_to_first()
-        self._skip_engine_rows()
-
-    def valid(self) -> bool:
-        return bool(self._raw.valid())
-
-    def key(self) -> bytes:
-        return bytes(self._raw.key())
-
-    def value(self) -> bytes:
-        return bytes(self._raw.value())
-
-    def next(self) -> None:
-        self._raw.next()
-        self._skip_engine_rows()
-
-    def _skip_engine_rows(self) -> None:
-        while self._raw.valid() and is_engine_key(bytes(self._raw.key())):
-            self._raw.next()
+    """A partition's rows in key order (or reverse), from ``from_key``: its default column
+    family, which holds the service's rows only."""
+    return partition_items(table, partition, from_key, backwards)
 
 
 class RowIterator(Protocol):
@@ -173,13 +137,12 @@ class SortedView:
         self._db = db
 
     def get(self, key: bytes) -> bytes | None:
-        if is_engine_key(key):
-            return None
         raw: bytes | None = self._db.get(key)
         return raw
 
-    def iter(self) -> StateIterator:
-        return StateIterator(self._db.iter())
+    def iter(self) -> RowIterator:
+        it: RowIterator = self._db.iter()
+        return it
 
 
 @dataclass(slots=True)
@@ -220,11 +183,14 @@ class TableOffsets:
         self.table = table
 
     def get(self, partition: int, key: bytes) -> bytes | None:
-        raw: bytes | None = partition_db(self.table, partition).get(key)
+        """The row of ``key``: from the engine family for a next-offset key, else from the
+        service's rows."""
+        raw: bytes | None = family_for(partition_db(self.table, partition), key).get(key)
         return raw
 
     def db(self, partition: int) -> Any:
-        """The partition's RocksDB database (valid until the next rebalance)."""
+        """The partition's RocksDB database, its default family (the service's rows; valid until
+        the next rebalance)."""
         return partition_db(self.table, partition)
 
 
@@ -285,23 +251,23 @@ class DurableTable(TableOffsets):
 
     def _apply(self, rows: Rows, offsets: Mapping[int, int]) -> None:
         """Rows and the changelog offset they bring a partition to, in one RocksDB write batch per
-        partition: a crash leaves a partition with all of them or none."""
-        batches: dict[int, WriteBatch] = {}
+        partition (across its column families: next-offset rows and the offset into the engine
+        family, the service's rows into the default one): a crash leaves a partition with all of
+        them or none."""
+        writes: dict[int, PartitionWrite] = {}
+
+        def write_for(partition: int) -> PartitionWrite:
+            write = writes.get(partition)
+            if write is None:
+                write = writes[partition] = PartitionWrite(partition_db(self.table, partition))
+            return write
+
         for (partition, key), value in rows.items():
-            wb = batches.get(partition)
-            if wb is None:
-                wb = batches[partition] = WriteBatch(raw_mode=True)
-            if value is None:
-                wb.delete(key)
-            else:
-                wb.put(key, value)
+            write_for(partition).apply(key, value)
         for partition, offset in offsets.items():
-            wb = batches.get(partition)
-            if wb is None:
-                wb = batches[partition] = WriteBatch(raw_mode=True)
-            wb.put(FAUST_OFFSET_KEY, str(offset).encode())
-        for partition, wb in batches.items():
-            partition_db(self.table, partition).write(wb)
+            write_for(partition).set_persisted_offset(offset)
+        for write in writes.values():
+            write.write()
 
 
 async def acknowledged(aws: Sequence[Awaitable[Any]], what: str, warn_every_s: float = SLOW_ACK_WARNING_S) -> list[Any]:

@@ -24,7 +24,8 @@ AnyTable = TableT[Any, Any]
 #: A topic partition as Faust names it (topic, partition).
 TopicPartition = TP
 
-#: Faust keeps each partition's committed offset under this key in the table's own database.
+#: Faust keeps each partition's committed offset under this key (in the partition database's
+#: engine family, see :mod:`shared.engine._rocksdb`).
 FAUST_OFFSET_KEY = b"__faust\x00offset__"
 
 
@@ -41,12 +42,12 @@ def store_partition_db(store: Any, partition: int) -> Rdict:
 def partition_items(
     table: AnyTable, partition: int, from_key: bytes | None = None, backwards: bool = False,
 ) -> Iterator[tuple[bytes, bytes]]:
-    """A partition's rows in key order (or reverse), from ``from_key``, without Faust's offset row."""
+    """A partition's rows (its default column family: the service's rows) in key order (or
+    reverse), from ``from_key``."""
     db = partition_db(table, partition)
     items = db.items(from_key=from_key, backwards=backwards) if from_key is not None else db.items(backwards=backwards)
     for key, value in items:
-        if key != FAUST_OFFSET_KEY:
-            yield cast(bytes, key), cast(bytes, value)
+        yield cast(bytes, key), cast(bytes, value)
 
 
 def active_partitions(app: faust.App, table: AnyTable) -> set[int]:

@@ -13,7 +13,8 @@ service (:class:`BulkRestoringRecovery`) that, after every rebalance, first read
 assigned partition (active or standby) whose local copy lags its changelog by at least
 ``bulk_restore_min_lag`` records: from the partition's persisted offset to the
 changelog's end offset (Faust reads the highwaters it checks offsets against only
-afterwards), writing the rows (a record with no value deletes its key) and advancing
+afterwards), writing the rows (a record with no value deletes its key; next-offset rows go
+to the partition's engine column family, see :mod:`shared.engine._rocksdb`) and advancing
 the persisted offset, and Faust's own offset for the partition, after each write batch.
 Faust's reader then starts from there, reads whatever arrived since, and runs the
 tables' ``on_recover`` callbacks as before.
@@ -48,10 +49,11 @@ from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 from faust.types import TP, ConsumerT
 from mode import Service
-from rocksdict import Rdict, WriteBatch
+from rocksdict import Rdict
 
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs
 from shared.engine._internals import store_partition_db
+from shared.engine._rocksdb import PartitionWrite
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,9 @@ RECOVERY_STALL_CHECK_S = 10.0
 class PartitionTarget(Protocol):
     """Where one changelog partition is restored to."""
 
-    def db(self) -> Rdict: ...
+    def db(self) -> Rdict:
+        """The partition's database, opened with its engine family (as the engine's store opens it)."""
+        ...
 
     def persisted_offset(self) -> int | None: ...
 
@@ -257,16 +261,14 @@ async def restore_changelog(
 
 
 def write_batch(target: PartitionTarget, messages: list[Any]) -> int:
-    """Apply changelog records to a partition's RocksDB, then advance its persisted offset."""
+    """Apply changelog records to a partition's RocksDB (each row into its column family), then
+    advance its persisted offset."""
     if not messages:
         return 0
-    batch = WriteBatch(raw_mode=True)
+    write = PartitionWrite(target.db())
     for message in messages:
-        if message.value is None:
-            batch.delete(message.key)
-        else:
-            batch.put(message.key, message.value)
-    target.db().write(batch)
+        write.apply(message.key, message.value)
+    write.write()
     target.set_persisted_offset(messages[-1].offset)
     return len(messages)
 

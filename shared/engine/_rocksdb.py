@@ -12,20 +12,44 @@ RocksDB would otherwise keep outside any cache for each open file) and one
 ``WriteBufferManager`` of ``STATEFLEET_ROCKSDB_WRITE_BUFFER_MB``, which flushes the
 largest memtables when all of them together reach it. The table stores are Faust's
 own, opened with these options (``store="statefleet-rocksdb://"``).
+
+**Two column families per partition database.** The default family holds the service's rows
+only. The engine's own rows live in the family :data:`ENGINE_FAMILY`, created when a database
+is opened: Faust's persisted changelog offset (:data:`FAUST_OFFSET_KEY`, read and written by
+the store's ``persisted_offset``/``set_persisted_offset``) and the handlers' next-offset rows
+(keys starting with :data:`NEXT_OFFSET_PREFIX`). Those rows travel in the table's changelog
+like any other row; wherever changelog records are applied locally (:class:`PartitionWrite`:
+Faust's recovery and standbys through :meth:`SharedMemoryStore.apply_changelog_batch`, the
+bulk restore, the engine's commits), a key with the prefix goes to the engine family and any
+other to the default one, in one atomic write batch. A database written before the engine
+family existed (engine rows in the default family) is migrated when opened
+(:func:`migrate_engine_rows`).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust.stores
 import rocksdict
 from faust.stores.rocksdb import RocksDBOptions
 from faust.stores.rocksdb import Store as FaustRocksDBStore
+from faust.types import TP, EventT
 
+from shared.engine._internals import FAUST_OFFSET_KEY
 from shared.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: The column family of each partition database that holds the engine's own rows.
+ENGINE_FAMILY = "statefleet-engine"
+#: Prefix of the rows holding an input partition's next expected offset (in the changelog as
+#: in the engine family). A table that holds them must have no key of its own starting with it.
+NEXT_OFFSET_PREFIX = b"\x00next-offset\x00"
 
 MIB = 1024 * 1024
 #: URL scheme of :class:`SharedMemoryStore` (the ``store`` setting of the services' Faust apps).
@@ -87,14 +111,17 @@ def rocksdb_memory() -> RocksDBMemory:
 class SharedMemoryOptions(RocksDBOptions):
     """Faust's RocksDB options, with the process's shared cache and memtable budget."""
 
-    def as_options(self) -> Any:
+    def as_options(self, write_buffer_bytes: int | None = None) -> Any:
+        """The options of a database and its default family; ``write_buffer_bytes``, a smaller
+        memtable (the engine family's, which holds a few rows per partition)."""
         memory = rocksdb_memory()
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
+        options.create_missing_column_families(True)
         if self.max_open_files is not None:
             options.set_max_open_files(self.max_open_files)
         options.set_target_file_size_base(self.target_file_size_base)
-        options.set_write_buffer_size(memory.write_buffer_per_db)
+        options.set_write_buffer_size(write_buffer_bytes or memory.write_buffer_per_db)
         options.set_max_write_buffer_number(MAX_WRITE_BUFFERS_PER_DB)
         options.set_write_buffer_manager(memory.write_buffers)
         table = rocksdict.BlockBasedOptions()
@@ -110,17 +137,163 @@ class SharedMemoryOptions(RocksDBOptions):
 
     def open(self, path: Path, *, read_only: bool = False) -> Any:
         access = rocksdict.AccessType.read_write() if self.ttl is None else rocksdict.AccessType.with_ttl(self.ttl)
-        db = rocksdict.Rdict(str(path), options=self.as_options(), access_type=access)
-        db.set_read_options(rocksdict.ReadOptions())
-        return db
+        return open_partition_db(
+            path, self.as_options(), self.as_options(MIN_WRITE_BUFFER_BYTES), access_type=access,
+        )
+
+
+def open_partition_db(
+    path: Path | str, options: Any = None, engine_options: Any = None, *,
+    access_type: Any = None,
+) -> rocksdict.Rdict:
+    """Open (or create) a partition database with its engine family (created if missing), and
+    move engine rows a database of an earlier version kept in its default family there."""
+    if options is None:
+        options = rocksdict.Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+    families = {ENGINE_FAMILY: engine_options if engine_options is not None else options}
+    if Path(path).is_dir():
+        # Every existing family must be opened (with this database's options).
+        try:
+            existing = rocksdict.Rdict.list_cf(str(path), options)
+        except Exception:  # no database there yet (rocksdict raises plain Exceptions)
+            existing = []
+        for name in existing:
+            if name not in families and name != "default":
+                families[name] = options
+    db = rocksdict.Rdict(
+        str(path), options=options, column_families=families,
+        access_type=access_type if access_type is not None else rocksdict.AccessType.read_write(),
+    )
+    db.set_read_options(rocksdict.ReadOptions())
+    migrate_engine_rows(db)
+    return db
+
+
+def is_engine_key(key: bytes) -> bool:
+    """Whether a changelog record's ``key`` is one of the engine's rows (a next-offset row),
+    applied to the engine family."""
+    return key.startswith(NEXT_OFFSET_PREFIX)
+
+
+def engine_family(db: rocksdict.Rdict) -> rocksdict.Rdict:
+    """The engine family of a partition database, as a database of its own (get, put, items)."""
+    return db.get_column_family(ENGINE_FAMILY)
+
+
+def family_for(db: rocksdict.Rdict, key: bytes) -> rocksdict.Rdict:
+    """The family of ``db`` that holds ``key``: the engine's for an engine key, else the default."""
+    return engine_family(db) if is_engine_key(key) else db
+
+
+def engine_rows_in_default(db: rocksdict.Rdict) -> list[tuple[bytes, bytes]]:
+    """Engine rows in the default family (a database of an earlier version): Faust's offset row
+    and the next-offset rows."""
+    rows: list[tuple[bytes, bytes]] = []
+    for key, value in db.items(from_key=NEXT_OFFSET_PREFIX):
+        if not is_engine_key(cast(bytes, key)):
+            break
+        rows.append((cast(bytes, key), cast(bytes, value)))
+    offset = db.get(FAUST_OFFSET_KEY)
+    if offset is not None:
+        rows.append((FAUST_OFFSET_KEY, cast(bytes, offset)))
+    return rows
+
+
+def migrate_engine_rows(db: rocksdict.Rdict) -> int:
+    """Move the engine rows of ``db``'s default family to its engine family, in one write batch
+    (a crash leaves them all in one family or the other); the number moved."""
+    rows = engine_rows_in_default(db)
+    if not rows:
+        return 0
+    batch = rocksdict.WriteBatch(raw_mode=True)
+    engine = db.get_column_family_handle(ENGINE_FAMILY)
+    for key, value in rows:
+        batch.put(key, value, column_family=engine)
+        batch.delete(key)
+    db.write(batch)
+    log.info("%s: moved %d engine rows to the %r column family", db.path(), len(rows), ENGINE_FAMILY)
+    return len(rows)
+
+
+class PartitionWrite:
+    """One atomic write to a partition database: each row into its family (engine keys into the
+    engine family, every other into the default one), and the persisted changelog offset."""
+
+    def __init__(self, db: rocksdict.Rdict) -> None:
+        self.db = db
+        self.batch = rocksdict.WriteBatch(raw_mode=True)
+        self._engine = db.get_column_family_handle(ENGINE_FAMILY)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if is_engine_key(key):
+            self.batch.put(key, value, column_family=self._engine)
+        else:
+            self.batch.put(key, value)
+
+    def delete(self, key: bytes) -> None:
+        if is_engine_key(key):
+            self.batch.delete(key, column_family=self._engine)
+        else:
+            self.batch.delete(key)
+
+    def apply(self, key: bytes, value: bytes | None) -> None:
+        """A changelog record: ``value`` None is a tombstone."""
+        if value is None:
+            self.delete(key)
+        else:
+            self.put(key, value)
+
+    def set_persisted_offset(self, offset: int) -> None:
+        """Faust's persisted changelog offset (the last offset applied)."""
+        self.batch.put(FAUST_OFFSET_KEY, str(offset).encode(), column_family=self._engine)
+
+    def write(self) -> None:
+        self.db.write(self.batch)
+
+
+def persisted_offset(db: rocksdict.Rdict) -> int | None:
+    """The last changelog offset applied to a partition database (None: none yet)."""
+    raw = engine_family(db).get(FAUST_OFFSET_KEY)
+    return int(raw) if raw is not None else None
+
+
+def set_persisted_offset(db: rocksdict.Rdict, offset: int) -> None:
+    engine_family(db).put(FAUST_OFFSET_KEY, str(offset).encode())
 
 
 class SharedMemoryStore(FaustRocksDBStore):
-    """Faust's RocksDB table store (rocksdict), its databases opened with :class:`SharedMemoryOptions`."""
+    """Faust's RocksDB table store (rocksdict), its databases opened with :class:`SharedMemoryOptions`
+    and its own rows (persisted offset, next-offset rows) in their engine family."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rocksdb_options = SharedMemoryOptions(**(self.options or {}), use_rocksdict=True)
+
+    def persisted_offset(self, tp: TP) -> int | None:
+        return persisted_offset(self._db_for_partition(tp.partition))
+
+    def set_persisted_offset(self, tp: TP, offset: int) -> None:
+        set_persisted_offset(self._db_for_partition(tp.partition), offset)
+
+    def apply_changelog_batch(
+        self, batch: Iterable[EventT[Any]], to_key: Callable[[Any], Any], to_value: Callable[[Any], Any],
+    ) -> None:
+        """Faust's recovery and standbys: changelog records into each partition's families, with
+        the partition's persisted offset in the same write batch."""
+        writes: dict[int, PartitionWrite] = {}
+        offsets: dict[int, int] = {}
+        for event in batch:
+            msg = event.message
+            write = writes.get(msg.partition)
+            if write is None:
+                write = writes[msg.partition] = PartitionWrite(self._db_for_partition(msg.partition))
+            write.apply(cast(bytes, msg.key), msg.value)
+            offsets[msg.partition] = max(msg.offset, offsets.get(msg.partition, msg.offset))
+        for partition, write in writes.items():
+            write.set_persisted_offset(offsets[partition])
+            write.write()
 
 
 faust.stores.STORES.aliases[STORE_SCHEME] = f"{__name__}:SharedMemoryStore"

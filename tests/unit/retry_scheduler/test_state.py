@@ -11,7 +11,7 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rocksdict import Options, Rdict, ReadOptions
+from rocksdict import Rdict
 
 from services.retry_scheduler.domain import MAX_DUE_MS
 from services.retry_scheduler.entries import (
@@ -38,7 +38,6 @@ from services.retry_scheduler.scans import (
     scan_parked_matching,
 )
 from services.retry_scheduler.state import (
-    FAUST_OFFSET_KEY,
     ID_PREFIX,
     BadKey,
     Counts,
@@ -54,6 +53,8 @@ from services.retry_scheduler.state import (
     split_due_key,
 )
 from shared.dead_letters import parse_dead_letter
+from shared.engine._internals import FAUST_OFFSET_KEY
+from shared.engine._rocksdb import open_partition_db, set_persisted_offset
 
 dues = st.integers(min_value=0, max_value=MAX_DUE_MS)
 ids = st.text(min_size=1, max_size=30)
@@ -149,9 +150,8 @@ def test_entry_from_a_letter_without_headers_gets_the_contract_defaults() -> Non
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[Rdict]:
-    d = Rdict(str(tmp_path / "p.db"), Options(raw_mode=True))
-    d.set_read_options(ReadOptions())
-    d.put(FAUST_OFFSET_KEY, b"42")
+    d = open_partition_db(tmp_path / "p.db")  # as the engine opens a partition: with its engine rows apart
+    set_persisted_offset(d, 42)
     yield d
     d.close()
 
@@ -228,7 +228,7 @@ def test_counts_rebuild_and_follow_changes() -> None:
     a, b = entry("a"), entry("b", error_class="Timeout", origin_topic="payments")
     counts = Counts()
     rows = counts.rebuild(
-        {0: [(due_key(1, "a"), encode_entry(a)), (FAUST_OFFSET_KEY, b"1")], 1: [(due_key(1, "b"), encode_entry(b))]},
+        {0: [(due_key(1, "a"), encode_entry(a))], 1: [(due_key(1, "b"), encode_entry(b))]},
         {1: [(id_key("p"), encode_entry(a))]},
     )
     assert rows == 3

@@ -10,7 +10,6 @@ from services.validator.listing import Listing, apply_to_listing
 from services.validator.models import CommandIn, CommandType
 from services.validator.outcome_records import outcome_record, pending_record
 from services.validator.state import (
-    FAUST_OFFSET_KEY,
     decode_listing,
     decode_state,
     encode_listing,
@@ -28,6 +27,7 @@ from services.validator.state import (
 )
 from shared import codecs
 from shared.accounts import AccountChange
+from shared.engine._internals import FAUST_OFFSET_KEY
 
 
 def test_state_round_trips_with_history_order() -> None:

@@ -12,11 +12,12 @@ from typing import cast
 import pytest
 from aiokafka import TopicPartition
 from faust.types import TP
-from rocksdict import Options, Rdict
+from rocksdict import Rdict
 
 from shared.engine._internals import FAUST_OFFSET_KEY
 from shared.engine._partitioning import partition_for
 from shared.engine._restore import ChangelogReader, restore_changelog
+from shared.engine._rocksdb import engine_family, open_partition_db
 from shared.settings import Settings
 from tests.support.kafka import create_topics, produce
 
@@ -26,23 +27,24 @@ PARTITIONS = 2
 
 
 class RdictPartition:
-    """A partition's RocksDB as Faust's store keeps it: rows plus the persisted offset row."""
+    """A partition's RocksDB as the engine's store keeps it: rows in the default family, the
+    persisted offset row in the engine family."""
 
     def __init__(self, path: Path) -> None:
-        self._db = Rdict(str(path), options=Options(raw_mode=True))
+        self._db = open_partition_db(path)
 
     def db(self) -> Rdict:
         return self._db
 
     def persisted_offset(self) -> int | None:
-        raw = self._db.get(FAUST_OFFSET_KEY)
+        raw = engine_family(self._db).get(FAUST_OFFSET_KEY)
         return int(raw) if raw is not None else None
 
     def set_persisted_offset(self, offset: int) -> None:
-        self._db.put(FAUST_OFFSET_KEY, str(offset).encode())
+        engine_family(self._db).put(FAUST_OFFSET_KEY, str(offset).encode())
 
     def rows(self) -> dict[bytes, bytes]:
-        return {cast(bytes, k): cast(bytes, v) for k, v in self._db.items() if k != FAUST_OFFSET_KEY}
+        return {cast(bytes, k): cast(bytes, v) for k, v in self._db.items()}
 
 
 def history(n_keys: int, rounds: int) -> tuple[list[tuple[bytes, bytes | None]], dict[bytes, bytes]]:

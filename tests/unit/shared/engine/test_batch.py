@@ -15,6 +15,7 @@ from shared.engine._batch import StagedView
 from shared.engine._durable import SortedView, is_next_offset_key, next_offset_key
 from shared.engine._internals import FAUST_OFFSET_KEY
 from shared.engine._producer import Outgoing, Retry
+from shared.engine._rocksdb import engine_family
 from shared.engine.testing import MemoryProducer, TopologyDriver
 from shared.settings import Settings
 
@@ -162,8 +163,12 @@ def test_the_tables_reads_and_views_leave_the_engines_own_rows_out(
         driver.send(IN, key, key.upper(), partition=0)
     driver.process()
     table = topology.table
-    assert table.get(0, FAUST_OFFSET_KEY) is not None and table.get(0, next_offset_key(IN)) is not None
+    # The engine's rows are in the partition's engine family; the default family holds the service's only.
+    engine = engine_family(table.db(0))
+    assert engine.get(FAUST_OFFSET_KEY) is not None and table.get(0, next_offset_key(IN)) is not None
+    assert engine.get(next_offset_key(IN)) == table.get(0, next_offset_key(IN))
     rows = [(b"\x00a", b"\x00A"), (b"a", b"A"), (b"z", b"Z"), (b"\xff", b"\xff")]
+    assert list(table.db(0).items()) == rows
     assert list(table.items(0)) == rows
     assert list(table.items(0, from_key=b"\x00b")) == rows[1:]
     assert list(table.items(0, backwards=True)) == rows[::-1]

@@ -11,7 +11,7 @@ import tempfile
 from typing import Any
 
 import pytest
-from rocksdict import Options, Rdict
+from rocksdict import Rdict
 
 from shared.engine._batch import write_all
 from shared.engine._consumer import NotAMember
@@ -26,6 +26,7 @@ from shared.engine._durable import (
     ordered_rows,
 )
 from shared.engine._internals import FAUST_OFFSET_KEY
+from shared.engine._rocksdb import engine_family, open_partition_db
 
 
 class FakeStore:
@@ -238,7 +239,8 @@ class FakeProducer:
 
 
 class FakeData:
-    """A table's store with real RocksDB partitions (rocksdict), in a temporary directory."""
+    """A table's store with real RocksDB partitions (rocksdict, opened as the engine's store opens
+    them: with their engine family), in a temporary directory."""
 
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="durable-test-")
@@ -246,15 +248,16 @@ class FakeData:
 
     def _db_for_partition(self, partition: int) -> Rdict:
         if partition not in self.dbs:
-            self.dbs[partition] = Rdict(f"{self.dir}/{partition}.db", Options(raw_mode=True))
+            self.dbs[partition] = open_partition_db(f"{self.dir}/{partition}.db")
         return self.dbs[partition]
 
     @property
     def persisted(self) -> dict[tuple[str, int], int]:
-        """The changelog offset each partition's rows were written up to (Faust's offset row)."""
+        """The changelog offset each partition's rows were written up to (Faust's offset row, in
+        the engine family)."""
         out: dict[tuple[str, int], int] = {}
         for partition, db in self.dbs.items():
-            raw = db.get(FAUST_OFFSET_KEY)
+            raw = engine_family(db).get(FAUST_OFFSET_KEY)
             if raw is not None:
                 out[(self.topic, partition)] = int(raw)
         return out
