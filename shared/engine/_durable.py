@@ -99,10 +99,6 @@ def next_offset_key(topic: str) -> bytes:
     return NEXT_OFFSET_PREFIX + topic.encode()
 
 
-def is_next_offset_key(key: bytes) -> bool:
-    return key.startswith(NEXT_OFFSET_PREFIX)
-
-
 def state_items(
     table: AnyTable, partition: int, from_key: bytes | None = None, backwards: bool = False,
 ) -> Iterator[tuple[bytes, bytes]]:

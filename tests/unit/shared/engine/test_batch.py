@@ -12,10 +12,10 @@ import pytest
 
 from shared.engine import DeadLetterRoute, Engine, InputBatch, Table
 from shared.engine._batch import StagedView
-from shared.engine._durable import SortedView, is_next_offset_key, next_offset_key
+from shared.engine._durable import SortedView, next_offset_key
 from shared.engine._internals import FAUST_OFFSET_KEY
 from shared.engine._producer import Outgoing, Retry
-from shared.engine._rocksdb import engine_family
+from shared.engine._rocksdb import engine_family, is_engine_key
 from shared.engine.testing import MemoryProducer, TopologyDriver
 from shared.settings import Settings
 
@@ -63,7 +63,7 @@ def raw_scan(view: StagedView | SortedView, start: bytes = b"") -> list[tuple[by
 def scan(view: StagedView, start: bytes = b"") -> list[tuple[bytes, bytes]]:
     return [
         (key, value) for key, value in raw_scan(view, start)
-        if key != FAUST_OFFSET_KEY and not is_next_offset_key(key)  # the engine's own rows
+        if key != FAUST_OFFSET_KEY and not is_engine_key(key)  # the engine's own rows
     ]
 
 

@@ -21,12 +21,11 @@ from shared.engine._durable import (
     InRecord,
     OrderedInput,
     acknowledged,
-    is_next_offset_key,
     next_offset_key,
     ordered_rows,
 )
 from shared.engine._internals import FAUST_OFFSET_KEY
-from shared.engine._rocksdb import engine_family, open_partition_db
+from shared.engine._rocksdb import engine_family, is_engine_key, open_partition_db
 
 
 class FakeStore:
@@ -201,9 +200,9 @@ def test_reading_uncommitted_records_a_gap_inside_a_fetch_is_still_read_back() -
 
 
 def test_next_offset_keys_are_recognised() -> None:
-    assert is_next_offset_key(next_offset_key("account-events"))
+    assert is_engine_key(next_offset_key("account-events"))
     assert next_offset_key("x").startswith(NEXT_OFFSET_PREFIX)
-    assert not is_next_offset_key(b"program\x00account")
+    assert not is_engine_key(b"program\x00account")
 
 
 # -- DurableTable / write_all against a fake producer and fake RocksDB -------------------------
