@@ -76,6 +76,7 @@ demo: up ## Start the fleet, send sample traffic, print what the APIs answer
 .PHONY: lint
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy $(wildcard services shared spark_jobs tools tests)
 
 .PHONY: test-unit

@@ -113,10 +113,17 @@ def parse_event(obj: Mapping[str, Any], timed: bool = True) -> AccountChange:
     # The common case in one expression (a hot path: the tallies read every event here);
     # anything else is re-checked field by field for the error message.
     if (
-        type(event_type) is str and event_type in EVENT_TYPES
-        and type(version) is int and version >= 1 and type(occurred_at) is int
-        and type(account_id) is str and 0 < len(account_id) <= MAX_ID_LENGTH and "\x00" not in account_id
-        and type(program_id) is str and 0 < len(program_id) <= MAX_ID_LENGTH and "\x00" not in program_id
+        type(event_type) is str
+        and event_type in EVENT_TYPES
+        and type(version) is int
+        and version >= 1
+        and type(occurred_at) is int
+        and type(account_id) is str
+        and 0 < len(account_id) <= MAX_ID_LENGTH
+        and "\x00" not in account_id
+        and type(program_id) is str
+        and 0 < len(program_id) <= MAX_ID_LENGTH
+        and "\x00" not in program_id
     ):
         return _build(AccountChange, (account_id, program_id, event_type, version, occurred_at if timed else None))
     raise InvalidEvent(_event_problem(obj))

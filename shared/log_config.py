@@ -54,8 +54,12 @@ class _PeerProbes(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
-        return not (record.msg == 'HTTP Request: %s %s "%s %d %s"' and isinstance(args, tuple) and len(args) > 1
-                    and str(args[1]).endswith("/healthz"))
+        return not (
+            record.msg == 'HTTP Request: %s %s "%s %d %s"'
+            and isinstance(args, tuple)
+            and len(args) > 1
+            and str(args[1]).endswith("/healthz")
+        )
 
 
 def logging_config(service: str, instance: str, level: str) -> dict[str, object]:
@@ -70,9 +74,7 @@ def logging_config(service: str, instance: str, level: str) -> dict[str, object]
             "peer_probes": {"()": _PeerProbes},
         },
         "formatters": {"line": {"format": FORMAT}},
-        "handlers": {
-            "stderr": {"class": "logging.StreamHandler", "formatter": "line", "filters": ["ctx"]},
-        },
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line", "filters": ["ctx"]}},
         "root": {"level": level.upper(), "handlers": ["stderr"]},
         "loggers": {
             "aiokafka": {"level": "WARNING"},

@@ -7,10 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 MESSAGES_PROCESSED = Counter(
-    "statefleet_messages_processed_total",
-    "Messages a handler finished processing",
-    ["service", "stream"],
-    registry=REGISTRY,
+    "statefleet_messages_processed_total", "Messages a handler finished processing", ["service", "stream"], registry=REGISTRY
 )
 DEAD_LETTERS_WRITTEN = Counter(
     "statefleet_dead_letters_written_total",
@@ -32,10 +29,7 @@ TRAILING_HOLES_REREAD = Counter(
     registry=REGISTRY,
 )
 HTTP_FORWARDED = Counter(
-    "statefleet_http_forwarded_total",
-    "Queries forwarded to the instance that owns the key",
-    ["service"],
-    registry=REGISTRY,
+    "statefleet_http_forwarded_total", "Queries forwarded to the instance that owns the key", ["service"], registry=REGISTRY
 )
 READS_SERVED = Counter(
     "statefleet_reads_served_total",
@@ -82,18 +76,12 @@ TRANSACTIONS_FENCED = Counter(
 )
 TRANSACTION_COMMIT_SECONDS = Histogram(
     "statefleet_transaction_commit_seconds",
-    "From a batch's commit request to committed readers seeing its records (EndTxn acknowledged: "
-    "the markers are written)",
+    "From a batch's commit request to committed readers seeing its records (EndTxn acknowledged: the markers are written)",
     ["service"],
     registry=REGISTRY,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
-READY = Gauge(
-    "statefleet_ready",
-    "1 when state is restored and queries are answered",
-    ["service"],
-    registry=REGISTRY,
-)
+READY = Gauge("statefleet_ready", "1 when state is restored and queries are answered", ["service"], registry=REGISTRY)
 UNOWNED_INPUT_TOPICS = Gauge(
     "statefleet_unowned_input_topics",
     "Input topics the group's last assignment gave no member (their records are not processed; "

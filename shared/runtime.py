@@ -23,8 +23,7 @@ class StreamService(Protocol):
 
 
 def serve_http(
-    service: StreamService, name: str, default_port: int, settings: Settings, router: APIRouter,
-    *, title: str, description: str,
+    service: StreamService, name: str, default_port: int, settings: Settings, router: APIRouter, *, title: str, description: str
 ) -> FastAPI:
     """The service's FastAPI app (health, metrics, its router), served on the worker's loop.
 
@@ -35,8 +34,12 @@ def serve_http(
     except UnsafeSettings as exc:
         raise SystemExit(f"error: {exc}") from None
     ctx = ServiceContext(
-        service=name, settings=settings, instance=service.engine.instance, topics=service.topics,
-        url=settings.url_for(default_port), extras={"service": service},
+        service=name,
+        settings=settings,
+        instance=service.engine.instance,
+        topics=service.topics,
+        url=settings.url_for(default_port),
+        extras={"service": service},
     )
     api = create_api(ctx, title=title, description=description)
     api.include_router(router)

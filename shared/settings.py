@@ -32,7 +32,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STATEFLEET_", extra="ignore")
 
     env: str = Field(
-        LOCAL_ENV, min_length=1,
+        LOCAL_ENV,
+        min_length=1,
         description="Where this runs: local, or e.g. production (set by the Helm chart); outside local runs the "
         "services refuse development defaults such as the admin token",
     )
@@ -60,42 +61,56 @@ class Settings(BaseSettings):
     bulk_restore: bool = Field(True, description="Restore lagging table partitions with a plain consumer, not record by record")
     bulk_restore_min_lag: int = Field(10_000, ge=1, description="Smallest changelog lag restored in bulk")
     rocksdb_cache_mb: int = Field(
-        128, ge=8, description="RocksDB block cache shared by every table partition of the process (MiB); index and "
+        128,
+        ge=8,
+        description="RocksDB block cache shared by every table partition of the process (MiB); index and "
         "filter blocks count towards it",
     )
     rocksdb_write_buffer_mb: int = Field(
-        64, ge=4, description="Memtable budget shared by every table partition of the process (MiB): when all "
+        64,
+        ge=4,
+        description="Memtable budget shared by every table partition of the process (MiB): when all "
         "memtables together reach it, the largest are flushed",
     )
     session_timeout_s: float = Field(
         45.0, gt=0, description="A member silent this long leaves the group; a restart within it keeps the assignment"
     )
     restart_grace_s: float = Field(
-        20.0, ge=0, le=3600,
+        20.0,
+        ge=0,
+        le=3600,
         description="How long peers leave alone the group member of an instance that announced a restart (SIGTERM) "
         "before they remove it, unless it has rejoined meanwhile; at most the session timeout",
     )
     peer_watch: bool = Field(
-        True, description="Probe the other instances and have the group coordinator drop a dead one's member at once, "
+        True,
+        description="Probe the other instances and have the group coordinator drop a dead one's member at once, "
         "so its partitions move within seconds instead of after the session timeout",
     )
     warmups: bool = Field(
-        True, description="Hand a partition over only to an instance with a caught-up copy of its tables: a new "
+        True,
+        description="Hand a partition over only to an instance with a caught-up copy of its tables: a new "
         "instance first warms its copies up as standbys, then asks for the rebalance that moves them (KIP-441)",
     )
     warmup_max_lag: int = Field(
-        1_000, ge=0, description="Changelog records a copy may be behind and still count as caught up for a hand-over "
+        1_000,
+        ge=0,
+        description="Changelog records a copy may be behind and still count as caught up for a hand-over "
         "(the new owner replays them record by record before it processes)",
     )
     peer_probe_interval_s: float = Field(0.25, gt=0, le=10, description="How often each peer's GET /healthz is probed")
     peer_gone_after_s: float = Field(
-        1.0, ge=0.5, le=60,
+        1.0,
+        ge=0.5,
+        le=60,
         description="A peer whose port refuses or times out on every probe for this long (3 probes at least) is gone",
     )
     peer_refused_gone_after_s: float = Field(
-        0.5, ge=0.25, le=60,
+        0.5,
+        ge=0.25,
+        le=60,
         description="A peer whose port refuses every probe (nothing listens there) for this long (3 probes at least) "
-                    "is gone; at most peer_gone_after_s",
+        "is gone; at most peer_gone_after_s",
     )
 
     # HTTP
@@ -104,22 +119,24 @@ class Settings(BaseSettings):
     advertised_url: str | None = Field(None, description="URL peers use to forward queries here; default http://<host>:<port>")
     admin_token: str = Field(DEV_ADMIN_TOKEN, description="Bearer token for changing calls (retry scheduler)")
     max_body_bytes: int = Field(
-        786_432, ge=1024,
+        786_432,
+        ge=1024,
         description="Larger request bodies get 413. 768 KiB holds a batch of 1,000 commands of about 750 bytes, and a "
         "batch travels as one Kafka record, which the broker's default message.max.bytes (1 MB) must admit",
     )
     forward_timeout_s: float = 5.0
     owner_read_timeout_s: float = Field(
-        1.0, gt=0, description="Longest wait for the owner's answer to a read before it is answered from a copy",
+        1.0, gt=0, description="Longest wait for the owner's answer to a read before it is answered from a copy"
     )
     read_retry_s: float = Field(
-        3.0, ge=0, description=(
-            "Longest a read keeps looking for an instance that can answer it (the owner or a copy) before it "
-            "answers 503"
+        3.0,
+        ge=0,
+        description=(
+            "Longest a read keeps looking for an instance that can answer it (the owner or a copy) before it answers 503"
         ),
     )
     peer_suspect_s: float = Field(
-        2.0, ge=0, description="After a peer failed to answer, how long reads go straight to copies instead of to it",
+        2.0, ge=0, description="After a peer failed to answer, how long reads go straight to copies instead of to it"
     )
 
     # Processing
@@ -130,15 +147,17 @@ class Settings(BaseSettings):
     )
     log_level: str = "INFO"
     consumer_max_poll_records: int = Field(
-        10000, ge=1, description="Most records one fetch hands over to the batch handlers (all partitions together)",
+        10000, ge=1, description="Most records one fetch hands over to the batch handlers (all partitions together)"
     )
     stream_buffer_maxsize: int = Field(8192, ge=1)
     consumer_fetch_max_wait_ms: int = Field(
-        50, ge=0, le=60_000,
+        50,
+        ge=0,
+        le=60_000,
         description="Longest the broker holds a fetch that found no new records (the next fetch waits for it)",
     )
     trailing_hole_check_s: float = Field(
-        5.0, gt=0, description="How often skipped input records with nothing after them are looked for",
+        5.0, gt=0, description="How often skipped input records with nothing after them are looked for"
     )
 
     # Tallies
@@ -147,14 +166,16 @@ class Settings(BaseSettings):
     # Validator
     command_wait_timeout_s: float = Field(5.0, gt=0, description="Longest wait of POST /commands?wait=true")
     batch_max_commands: int = Field(
-        1000, ge=1, le=100_000, description="Most commands in one batch (POST /commands/batch, account-command-batches)",
+        1000, ge=1, le=100_000, description="Most commands in one batch (POST /commands/batch, account-command-batches)"
     )
     command_history_per_account: int = Field(1000, ge=1, description="Command ids remembered per account for idempotency")
     command_outcome_retention_s: float = Field(
-        7 * 24 * 3600.0, gt=0, description="How long GET /commands/{id} keeps answering for a command (then 404)",
+        7 * 24 * 3600.0, gt=0, description="How long GET /commands/{id} keeps answering for a command (then 404)"
     )
     command_outcome_catch_up_s: float = Field(
-        2.0, gt=0, le=60,
+        2.0,
+        gt=0,
+        le=60,
         description="Longest wait of GET /commands/{id} for outcomes already written to be recorded before it answers 404",
     )
 
@@ -173,9 +194,7 @@ class Settings(BaseSettings):
         description="Validator base URL(s), comma-separated; the first that answers is asked; empty: not deployed",
     )
     console_tallies_url: str = Field("http://127.0.0.1:8002", description="Tallies base URL(s), comma-separated")
-    console_retry_scheduler_url: str = Field(
-        "http://127.0.0.1:8003", description="Retry scheduler base URL(s), comma-separated",
-    )
+    console_retry_scheduler_url: str = Field("http://127.0.0.1:8003", description="Retry scheduler base URL(s), comma-separated")
     console_sample_interval_s: float = Field(2.0, gt=0, description="How often the console polls every instance")
     console_history_s: float = Field(600.0, gt=0, description="How far back the fleet page's records/s chart goes")
     console_refresh_s: float = Field(3.0, gt=0, description="How often an open fleet page refreshes itself")
@@ -218,7 +237,5 @@ def env_snapshot() -> dict[str, str]:
     """The STATEFLEET_ variables in force, for logging at start-up (secrets masked)."""
     masked = ("PASSWORD", "TOKEN")
     return {
-        k: ("***" if any(m in k for m in masked) else v)
-        for k, v in sorted(os.environ.items())
-        if k.startswith("STATEFLEET_")
+        k: ("***" if any(m in k for m in masked) else v) for k, v in sorted(os.environ.items()) if k.startswith("STATEFLEET_")
     }

@@ -77,11 +77,9 @@ DAY_MS = 86_400_000
 SKIPPED_EVENTS = "malformed_account_events"
 
 CREATED_SCHEMA = "account_id string, program_id string, created_at long, error string"
-LOGIN_SCHEMA = T.StructType([
-    T.StructField("account_id", T.StringType()),
-    T.StructField("program_id", T.StringType()),
-    T.StructField("ts", T.LongType()),
-])
+LOGIN_SCHEMA = T.StructType(
+    [T.StructField("account_id", T.StringType()), T.StructField("program_id", T.StringType()), T.StructField("ts", T.LongType())]
+)
 
 
 @dataclass(frozen=True)
@@ -114,40 +112,38 @@ def read_created(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
                 row = (change.account_id, change.program_id, change.occurred_at, None)
             for name, v in zip(cols, row, strict=True):
                 cols[name].append(v)
-        yield pd.DataFrame({
-            "account_id": pd.Series(cols["account_id"], dtype=object),
-            "program_id": pd.Series(cols["program_id"], dtype=object),
-            "created_at": pd.array(cols["created_at"], dtype="Int64"),
-            "error": pd.Series(cols["error"], dtype=object),
-        })
+        yield pd.DataFrame(
+            {
+                "account_id": pd.Series(cols["account_id"], dtype=object),
+                "program_id": pd.Series(cols["program_id"], dtype=object),
+                "created_at": pd.array(cols["created_at"], dtype="Int64"),
+                "error": pd.Series(cols["error"], dtype=object),
+            }
+        )
 
 
 def created_events(raw: DataFrame) -> DataFrame:
     """AccountCreated rows (account_id, program_id, created_at ms, created_ts) from ``account-events``
     records; the malformed ones are skipped and counted (observation :data:`SKIPPED_EVENTS`)."""
     parsed = progress.observe_skipped(
-        raw.select("value").mapInPandas(read_created, CREATED_SCHEMA), SKIPPED_EVENTS, F.col("error"),
+        raw.select("value").mapInPandas(read_created, CREATED_SCHEMA), SKIPPED_EVENTS, F.col("error")
     )
     return parsed.where(F.col("error").isNull()).select(
-        "account_id", "program_id", "created_at", F.timestamp_millis("created_at").alias("created_ts"),
+        "account_id", "program_id", "created_at", F.timestamp_millis("created_at").alias("created_ts")
     )
 
 
 def login_events(raw: DataFrame) -> DataFrame:
     """Login rows (login_account_id, login_at ms, login_ts) from ``logins`` records."""
     parsed = raw.select(F.from_json(F.col("value").cast("string"), LOGIN_SCHEMA).alias("l")).select("l.*")
-    return (
-        parsed.where(F.col("account_id").isNotNull() & F.col("ts").isNotNull())
-        .select(
-            F.col("account_id").alias("login_account_id"),
-            F.col("ts").alias("login_at"),
-            F.timestamp_millis("ts").alias("login_ts"),
-        )
+    return parsed.where(F.col("account_id").isNotNull() & F.col("ts").isNotNull()).select(
+        F.col("account_id").alias("login_account_id"), F.col("ts").alias("login_at"), F.timestamp_millis("ts").alias("login_ts")
     )
 
 
-def activations(created: DataFrame, logins: DataFrame, window_ms: int, watermark_delay_ms: int,
-                watermarks: bool = True) -> DataFrame:
+def activations(
+    created: DataFrame, logins: DataFrame, window_ms: int, watermark_delay_ms: int, watermarks: bool = True
+) -> DataFrame:
     """The join; one row per account: account_id, program_id, created_at, first_login_at, activated.
 
     ``watermarks=False`` is only for comparing state growth: without watermarks Spark
@@ -161,16 +157,20 @@ def activations(created: DataFrame, logins: DataFrame, window_ms: int, watermark
     )
     if watermarks:
         delay = f"{watermark_delay_ms} milliseconds"
-        joined = created.withWatermark("created_ts", delay).join(
-            logins.withWatermark("login_ts", delay), condition, "leftOuter"
-        ).select("account_id", "program_id", "created_at", "created_ts", "login_at")
+        joined = (
+            created.withWatermark("created_ts", delay)
+            .join(logins.withWatermark("login_ts", delay), condition, "leftOuter")
+            .select("account_id", "program_id", "created_at", "created_ts", "login_at")
+        )
         # The same schema out as in: created_ts keeps its event-time metadata, which lets the
         # dedupe drop its state by the watermark.
         joined = joined.mapInPandas(earliest_logins, joined.schema).dropDuplicates(["account_id", "created_ts"])
     else:
         joined = created.join(logins, condition, "inner")
     return joined.select(
-        "account_id", "program_id", "created_at",
+        "account_id",
+        "program_id",
+        "created_at",
         F.col("login_at").alias("first_login_at"),
         F.col("login_at").isNotNull().alias("activated"),
     )
@@ -192,8 +192,7 @@ def earliest_logins(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
 def to_records(rows: DataFrame) -> DataFrame:
     """Kafka records: key account_id, value the contract's Activation JSON (nulls written)."""
     value = F.to_json(
-        F.struct("account_id", "program_id", "created_at", "first_login_at", "activated"),
-        {"ignoreNullFields": "false"},
+        F.struct("account_id", "program_id", "created_at", "first_login_at", "activated"), {"ignoreNullFields": "false"}
     )
     return rows.select(F.col("account_id").alias("key"), value.alias("value"))
 
@@ -206,12 +205,16 @@ def start(spark: SparkSession, settings: Settings, spark_settings: SparkSettings
     """Start the streaming query; returns the StreamingQuery."""
     topics = topic_names(settings)
     kafka_io.ensure(settings, [topics.account_events, topics.logins, options.output_topic])
-    created = created_events(kafka_io.read_stream(
-        spark, settings, spark_settings, topics.account_events, max_offsets_per_trigger=options.max_offsets_per_trigger,
-    ))
-    logins = login_events(kafka_io.read_stream(
-        spark, settings, spark_settings, topics.logins, max_offsets_per_trigger=options.max_offsets_per_trigger,
-    ))
+    created = created_events(
+        kafka_io.read_stream(
+            spark, settings, spark_settings, topics.account_events, max_offsets_per_trigger=options.max_offsets_per_trigger
+        )
+    )
+    logins = login_events(
+        kafka_io.read_stream(
+            spark, settings, spark_settings, topics.logins, max_offsets_per_trigger=options.max_offsets_per_trigger
+        )
+    )
     out = to_records(activations(created, logins, options.window_ms, options.watermark_delay_ms, options.watermarks))
     sink = KafkaBatchSink(spark, settings, spark_settings, options.output_topic, options.checkpoint)
     writer = (
@@ -220,8 +223,8 @@ def start(spark: SparkSession, settings: Settings, spark_settings: SparkSettings
         .outputMode("append")
         .foreachBatch(sink)
     )
-    writer = writer.trigger(availableNow=True) if options.available_now else writer.trigger(
-        processingTime=options.trigger_interval
+    writer = (
+        writer.trigger(availableNow=True) if options.available_now else writer.trigger(processingTime=options.trigger_interval)
     )
     return writer.start()
 
@@ -258,14 +261,26 @@ def run(spark: SparkSession, settings: Settings, spark_settings: SparkSettings, 
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spark_jobs.activation_join", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--available-now", action="store_true",
-                   help="process what the topics hold now, then stop (tests, backfills)")
-    p.add_argument("--window", type=cli.duration_arg, default=3 * DAY_MS, metavar="DURATION",
-                   help="a login up to this long after creation activates the account (default 3d)")
-    p.add_argument("--watermark-delay", type=cli.duration_arg, default=3_600_000, metavar="DURATION",
-                   help="how late an event may arrive and still count (default 1h)")
+    p = argparse.ArgumentParser(
+        prog="python -m spark_jobs.activation_join",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--available-now", action="store_true", help="process what the topics hold now, then stop (tests, backfills)")
+    p.add_argument(
+        "--window",
+        type=cli.duration_arg,
+        default=3 * DAY_MS,
+        metavar="DURATION",
+        help="a login up to this long after creation activates the account (default 3d)",
+    )
+    p.add_argument(
+        "--watermark-delay",
+        type=cli.duration_arg,
+        default=3_600_000,
+        metavar="DURATION",
+        help="how late an event may arrive and still count (default 1h)",
+    )
     p.add_argument("--checkpoint", help="checkpoint location (default STATEFLEET_SPARK_CHECKPOINT_DIR/<prefix>activation-join)")
     p.add_argument("--output-topic", help="default: the prefixed 'activations' topic")
     p.add_argument("--trigger-interval", default="10 seconds", help="micro-batch interval when streaming")
@@ -291,14 +306,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         trigger_interval=args.trigger_interval,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
     )
-    log.info("joining %s with %s into %s (window %d ms, watermark delay %d ms, checkpoint %s)",
-             topics.account_events, topics.logins, options.output_topic, options.window_ms,
-             options.watermark_delay_ms, options.checkpoint)
+    log.info(
+        "joining %s with %s into %s (window %d ms, watermark delay %d ms, checkpoint %s)",
+        topics.account_events,
+        topics.logins,
+        options.output_topic,
+        options.window_ms,
+        options.watermark_delay_ms,
+        options.checkpoint,
+    )
     with job_session(JOB, spark_settings, master=args.master, conf=cli.spark_conf(args), streaming=True) as spark:
         result = run(spark, settings, spark_settings, options)
-    log.info("done: %d batches, %d input rows (%d malformed, skipped) in %.1fs; state rows now: %s",
-             len(result.batches), result.input_rows, result.skipped_records, result.seconds,
-             state_stats.describe(result.state))
+    log.info(
+        "done: %d batches, %d input rows (%d malformed, skipped) in %.1fs; state rows now: %s",
+        len(result.batches),
+        result.input_rows,
+        result.skipped_records,
+        result.seconds,
+        state_stats.describe(result.state),
+    )
 
 
 if __name__ == "__main__":

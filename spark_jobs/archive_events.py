@@ -39,14 +39,16 @@ log = logging.getLogger(__name__)
 
 JOB = "archive-events"
 
-EVENT_SCHEMA = T.StructType([
-    T.StructField("event_id", T.StringType()),
-    T.StructField("type", T.StringType()),
-    T.StructField("account_id", T.StringType()),
-    T.StructField("program_id", T.StringType()),
-    T.StructField("version", T.LongType()),
-    T.StructField("occurred_at", T.LongType()),
-])
+EVENT_SCHEMA = T.StructType(
+    [
+        T.StructField("event_id", T.StringType()),
+        T.StructField("type", T.StringType()),
+        T.StructField("account_id", T.StringType()),
+        T.StructField("program_id", T.StringType()),
+        T.StructField("version", T.LongType()),
+        T.StructField("occurred_at", T.LongType()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,19 @@ def archive_rows(raw: DataFrame) -> DataFrame:
     with_event = raw.withColumn("e", event)
     event_date = F.coalesce(F.to_date(F.timestamp_millis("e.occurred_at")), F.to_date("timestamp"))
     return with_event.select(
-        "topic", "partition", "offset",
+        "topic",
+        "partition",
+        "offset",
         F.col("timestamp").alias("kafka_timestamp"),
-        "key", "value", "headers",
-        "e.event_id", "e.type", "e.account_id", "e.program_id", "e.version", "e.occurred_at",
+        "key",
+        "value",
+        "headers",
+        "e.event_id",
+        "e.type",
+        "e.account_id",
+        "e.program_id",
+        "e.version",
+        "e.occurred_at",
         event_date.alias("event_date"),
     )
 
@@ -76,18 +87,20 @@ def archive_rows(raw: DataFrame) -> DataFrame:
 def start(spark: SparkSession, settings: Settings, spark_settings: SparkSettings, options: ArchiveOptions) -> StreamingQuery:
     topic = topic_names(settings).account_events
     kafka_io.ensure(settings, [topic])
-    raw = kafka_io.read_stream(spark, settings, spark_settings, topic,
-                               max_offsets_per_trigger=options.max_offsets_per_trigger, include_headers=True)
+    raw = kafka_io.read_stream(
+        spark, settings, spark_settings, topic, max_offsets_per_trigger=options.max_offsets_per_trigger, include_headers=True
+    )
     writer = (
-        archive_rows(raw).writeStream.queryName(options.query_name)
+        archive_rows(raw)
+        .writeStream.queryName(options.query_name)
         .format("parquet")
         .option("path", options.output)
         .option("checkpointLocation", options.checkpoint)
         .partitionBy("event_date")
         .outputMode("append")
     )
-    writer = writer.trigger(availableNow=True) if options.available_now else writer.trigger(
-        processingTime=options.trigger_interval
+    writer = (
+        writer.trigger(availableNow=True) if options.available_now else writer.trigger(processingTime=options.trigger_interval)
     )
     return writer.start()
 
@@ -106,14 +119,18 @@ def run(spark: SparkSession, settings: Settings, spark_settings: SparkSettings, 
         progress.detach(spark, listener)
     batches = progress.batches_of(query)
     rows = sum(b.input_rows for b in batches)
-    log.info("archived %d records in %d batches (%.1fs) into %s", rows, len(batches),
-             time.perf_counter() - started, options.output)
+    log.info(
+        "archived %d records in %d batches (%.1fs) into %s", rows, len(batches), time.perf_counter() - started, options.output
+    )
     return rows
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spark_jobs.archive_events", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m spark_jobs.archive_events",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--available-now", action="store_true", help="archive what the topic holds now, then stop")
     p.add_argument("--output", help="archive folder (default STATEFLEET_SPARK_ARCHIVE_DIR/<prefix>account-events)")
     p.add_argument("--checkpoint", help="checkpoint location (default STATEFLEET_SPARK_CHECKPOINT_DIR/<prefix>archive-events)")

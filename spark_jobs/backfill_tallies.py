@@ -34,12 +34,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from services.tallies.domain import (
-    InvalidInput,
-    Login,
-    Tally,
-    fold_program,
-)
+from services.tallies.domain import InvalidInput, Login, Tally, fold_program
 from shared import codecs
 from shared.accounts import AccountChange
 from shared.settings import Settings
@@ -55,9 +50,7 @@ log = logging.getLogger(__name__)
 JOB = "backfill-tallies"
 INVALID = "invalid"
 
-PARSED_SCHEMA = (
-    "kind string, program_id string, account_id string, type string, version long, ts long, error string"
-)
+PARSED_SCHEMA = "kind string, program_id string, account_id string, type string, version long, ts long, error string"
 TALLY_SCHEMA = "program_id string, numberActive long, numberInactive long, lastLogin long, value string"
 PARQUET_COLUMNS = ["program_id", "numberActive", "numberInactive", "lastLogin"]
 
@@ -67,8 +60,7 @@ def parse_records(kinds: dict[str, str]) -> Callable[[Iterator[pd.DataFrame]], I
 
     def parse(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
-            cols: dict[str, list[Any]] = {c: [] for c in ("kind", "program_id", "account_id", "type", "version",
-                                                          "ts", "error")}
+            cols: dict[str, list[Any]] = {c: [] for c in ("kind", "program_id", "account_id", "type", "version", "ts", "error")}
             for topic, value in zip(frame["topic"], frame["value"], strict=True):
                 kind = kinds[topic]
                 try:
@@ -82,15 +74,17 @@ def parse_records(kinds: dict[str, str]) -> Callable[[Iterator[pd.DataFrame]], I
                         row = (LOGIN, item.program_id, item.account_id, None, None, item.ts, None)
                 for name, v in zip(cols, row, strict=True):
                     cols[name].append(v)
-            yield pd.DataFrame({
-                "kind": pd.Series(cols["kind"], dtype=object),
-                "program_id": pd.Series(cols["program_id"], dtype=object),
-                "account_id": pd.Series(cols["account_id"], dtype=object),
-                "type": pd.Series(cols["type"], dtype=object),
-                "version": pd.array(cols["version"], dtype="Int64"),
-                "ts": pd.array(cols["ts"], dtype="Int64"),
-                "error": pd.Series(cols["error"], dtype=object),
-            })
+            yield pd.DataFrame(
+                {
+                    "kind": pd.Series(cols["kind"], dtype=object),
+                    "program_id": pd.Series(cols["program_id"], dtype=object),
+                    "account_id": pd.Series(cols["account_id"], dtype=object),
+                    "type": pd.Series(cols["type"], dtype=object),
+                    "version": pd.array(cols["version"], dtype="Int64"),
+                    "ts": pd.array(cols["ts"], dtype="Int64"),
+                    "error": pd.Series(cols["error"], dtype=object),
+                }
+            )
 
     return parse
 
@@ -104,18 +98,19 @@ def fold_group(frame: pd.DataFrame) -> pd.DataFrame:
         frame["kind"], frame["account_id"], frame["type"], frame["version"], frame["ts"], strict=True
     ):
         if kind == CHANGE:
-            changes.append(AccountChange(account_id=account_id, program_id=program_id, type=event_type,
-                                         version=int(version)))
+            changes.append(AccountChange(account_id=account_id, program_id=program_id, type=event_type, version=int(version)))
         else:
             logins.append(Login(account_id=account_id, program_id=program_id, ts=int(ts)))
     tally = fold_program(program_id, changes, logins)
-    return pd.DataFrame({
-        "program_id": [tally.program_id],
-        "numberActive": [tally.numberActive],
-        "numberInactive": [tally.numberInactive],
-        "lastLogin": pd.array([tally.lastLogin], dtype="Int64"),
-        "value": [codecs.dumps(tally.to_json()).decode()],
-    })
+    return pd.DataFrame(
+        {
+            "program_id": [tally.program_id],
+            "numberActive": [tally.numberActive],
+            "numberInactive": [tally.numberInactive],
+            "lastLogin": pd.array([tally.lastLogin], dtype="Int64"),
+            "value": [codecs.dumps(tally.to_json()).decode()],
+        }
+    )
 
 
 def parsed_inputs(records: DataFrame, kinds: dict[str, str]) -> DataFrame:
@@ -158,11 +153,7 @@ class BackfillResult:
 
 
 def run(
-    spark: SparkSession,
-    settings: Settings,
-    spark_settings: SparkSettings,
-    output: str,
-    publish_topic: str | None = None,
+    spark: SparkSession, settings: Settings, spark_settings: SparkSettings, output: str, publish_topic: str | None = None
 ) -> BackfillResult:
     topics = topic_names(settings)
     kinds = {topics.account_events: CHANGE, topics.logins: LOGIN}
@@ -194,12 +185,11 @@ def run(
         result_df.select(*PARQUET_COLUMNS).orderBy("program_id").write.mode("overwrite").parquet(output)
         if publish_topic:
             kafka_io.ensure(settings, [publish_topic])
-            kafka_io.write_batch(
-                result_df.select(F.col("program_id").alias("key"), F.col("value")), settings, publish_topic
-            )
+            kafka_io.write_batch(result_df.select(F.col("program_id").alias("key"), F.col("value")), settings, publish_topic)
         collected = {
             r["program_id"]: Tally(
-                program_id=r["program_id"], numberActive=int(r["numberActive"]),
+                program_id=r["program_id"],
+                numberActive=int(r["numberActive"]),
                 numberInactive=int(r["numberInactive"]),
                 lastLogin=int(r["lastLogin"]) if r["lastLogin"] is not None else None,
             )
@@ -210,14 +200,26 @@ def run(
         parsed.unpersist()
 
     result = BackfillResult(
-        output=output, ranges=ranges, programs=programs, input_records=input_records,
-        invalid_records=invalid_records, seconds=time.perf_counter() - started, tallies=collected,
+        output=output,
+        ranges=ranges,
+        programs=programs,
+        input_records=input_records,
+        invalid_records=invalid_records,
+        seconds=time.perf_counter() - started,
+        tallies=collected,
         published_to=publish_topic,
     )
     HadoopFs(spark, output).write_text(json.dumps(result.manifest(started_at), indent=2) + "\n", "_manifest.json")
-    log.info("backfilled %d programs from %d records (%d skipped) in %.1fs (%.0f rows/s) into %s%s",
-             programs, input_records, invalid_records, result.seconds, result.rows_per_second, output,
-             f", published to {publish_topic}" if publish_topic else "")
+    log.info(
+        "backfilled %d programs from %d records (%d skipped) in %.1fs (%.0f rows/s) into %s%s",
+        programs,
+        input_records,
+        invalid_records,
+        result.seconds,
+        result.rows_per_second,
+        output,
+        f", published to {publish_topic}" if publish_topic else "",
+    )
     return result
 
 
@@ -234,14 +236,24 @@ def verify(result: BackfillResult, url: str) -> list[tally_compare.Difference]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spark_jobs.backfill_tallies", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", help="Parquet output folder (replaced); default "
-                                    "STATEFLEET_SPARK_BACKFILL_DIR/<prefix>tallies-<UTC time>")
-    p.add_argument("--publish-topic", metavar="TOPIC",
-                   help="also write the tallies to this topic (the topic prefix is applied), e.g. program-tallies")
-    p.add_argument("--verify-against", metavar="URL",
-                   help="compare with the live tallies service at URL; exit 1 listing programs that differ")
+    p = argparse.ArgumentParser(
+        prog="python -m spark_jobs.backfill_tallies",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--output", help="Parquet output folder (replaced); default STATEFLEET_SPARK_BACKFILL_DIR/<prefix>tallies-<UTC time>"
+    )
+    p.add_argument(
+        "--publish-topic",
+        metavar="TOPIC",
+        help="also write the tallies to this topic (the topic prefix is applied), e.g. program-tallies",
+    )
+    p.add_argument(
+        "--verify-against",
+        metavar="URL",
+        help="compare with the live tallies service at URL; exit 1 listing programs that differ",
+    )
     cli.add_spark_arguments(p)
     return p
 

@@ -40,9 +40,7 @@ def read_checkpoint(spark: SparkSession, location: str) -> CheckpointState:
     if fs.exists("metadata"):
         query_id = json.loads(fs.read_text("metadata").splitlines()[0]).get("id")
     return CheckpointState(
-        query_id=query_id,
-        last_planned=_max_batch(fs.names("offsets")),
-        last_committed=_max_batch(fs.names("commits")),
+        query_id=query_id, last_planned=_max_batch(fs.names("offsets")), last_committed=_max_batch(fs.names("commits"))
     )
 
 

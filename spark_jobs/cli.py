@@ -74,8 +74,9 @@ def conf_pair(text: str) -> tuple[str, str]:
 def add_spark_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Spark (as with spark-submit)")
     group.add_argument("--master", help="Spark master URL (default STATEFLEET_SPARK_MASTER, local[2])")
-    group.add_argument("--conf", type=conf_pair, action="append", default=[], metavar="KEY=VALUE",
-                       help="any Spark setting; repeatable")
+    group.add_argument(
+        "--conf", type=conf_pair, action="append", default=[], metavar="KEY=VALUE", help="any Spark setting; repeatable"
+    )
     group.add_argument("--driver-memory", help="e.g. 2g")
     group.add_argument("--executor-memory", help="e.g. 4g")
     group.add_argument("--executor-cores", help="cores per executor")
@@ -85,16 +86,14 @@ def add_spark_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def spark_conf(args: argparse.Namespace) -> dict[str, str]:
-    conf = {setting: str(getattr(args, name)) for name, setting in SPARK_OPTIONS.items()
-            if getattr(args, name, None) is not None}
+    conf = {setting: str(getattr(args, name)) for name, setting in SPARK_OPTIONS.items() if getattr(args, name, None) is not None}
     conf.update(dict(args.conf or []))
     return conf
 
 
 def setup_logging(level: str = "INFO") -> None:
     logging.basicConfig(
-        level=level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)-7s [spark-jobs] %(name)s: %(message)s",
+        level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)-7s [spark-jobs] %(name)s: %(message)s"
     )
     for noisy in ("py4j", "aiokafka", "kafka", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -54,8 +54,7 @@ class ConnectorVersions:
 
 
 def configured_versions(settings: SparkSettings) -> ConnectorVersions:
-    return ConnectorVersions(connector=settings.kafka_connector_version,
-                             token_provider=settings.kafka_token_provider_version)
+    return ConnectorVersions(connector=settings.kafka_connector_version, token_provider=settings.kafka_token_provider_version)
 
 
 def explicit_jars(settings: SparkSettings) -> list[str]:
@@ -83,9 +82,16 @@ def _maven_copy(settings: SparkSettings, versions: ConnectorVersions, target: Pa
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     cmd = [
-        settings.maven, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-        f"-DoutputDirectory={staging.resolve()}", "-DincludeScope=runtime",
-        f"-Dspark.kafka.version={versions.connector}", f"-Dspark.kafka.token.version={versions.token_provider}",
+        settings.maven,
+        "-q",
+        "-B",
+        "-f",
+        str(POM),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={staging.resolve()}",
+        "-DincludeScope=runtime",
+        f"-Dspark.kafka.version={versions.connector}",
+        f"-Dspark.kafka.token.version={versions.token_provider}",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not _complete(staging, versions):
@@ -113,8 +119,13 @@ def resolve_connector_jars(settings: SparkSettings) -> list[str]:
     target = settings.jars_dir / versions.folder_name()
     jars = _complete(target, versions)
     if not jars:
-        log.info("resolving %s:%s (token provider %s) from Maven Central into %s",
-                 CONNECTOR_ARTIFACT, versions.connector, versions.token_provider, target)
+        log.info(
+            "resolving %s:%s (token provider %s) from Maven Central into %s",
+            CONNECTOR_ARTIFACT,
+            versions.connector,
+            versions.token_provider,
+            target,
+        )
         settings.jars_dir.mkdir(parents=True, exist_ok=True)
         _maven_copy(settings, versions, target)
         jars = _complete(target, versions)

@@ -41,10 +41,7 @@ def _jaas(settings: Settings) -> str:
 
 def client_options(settings: Settings) -> dict[str, str]:
     """Kafka client settings (without the ``kafka.`` prefix Spark's options use)."""
-    opts = {
-        "bootstrap.servers": settings.kafka_bootstrap_servers,
-        "security.protocol": settings.kafka_security_protocol,
-    }
+    opts = {"bootstrap.servers": settings.kafka_bootstrap_servers, "security.protocol": settings.kafka_security_protocol}
     if settings.kafka_security_protocol.startswith("SASL"):
         if not settings.kafka_sasl_username or not settings.kafka_sasl_password:
             raise KafkaJobError(
@@ -86,9 +83,7 @@ class TopicRange:
     def to_json(self) -> dict[str, Any]:
         return {
             "topic": self.topic,
-            "partitions": {
-                str(p): {"start": self.start[p], "end": self.end[p]} for p in sorted(self.end)
-            },
+            "partitions": {str(p): {"start": self.start[p], "end": self.end[p]} for p in sorted(self.end)},
         }
 
 
@@ -108,9 +103,7 @@ async def _ranges(settings: Settings, topics: Iterable[str], isolation_level: st
             tps = [KafkaTopicPartition(topic, p) for p in sorted(partitions)]
             starts = await consumer.beginning_offsets(tps)
             ends = await consumer.end_offsets(tps)
-            out[topic] = TopicRange(
-                topic, {tp.partition: starts[tp] for tp in tps}, {tp.partition: ends[tp] for tp in tps}
-            )
+            out[topic] = TopicRange(topic, {tp.partition: starts[tp] for tp in tps}, {tp.partition: ends[tp] for tp in tps})
         return out
     finally:
         await consumer.stop()
@@ -134,8 +127,7 @@ def ensure(settings: Settings, topics: Iterable[str]) -> None:
 # -- reading and writing -------------------------------------------------------------------------
 
 
-def read_batch(spark: SparkSession, settings: Settings, spark_settings: SparkSettings,
-               ranges: Iterable[TopicRange]) -> DataFrame:
+def read_batch(spark: SparkSession, settings: Settings, spark_settings: SparkSettings, ranges: Iterable[TopicRange]) -> DataFrame:
     """The records of ``ranges``, exactly (``assign`` with explicit start and end offsets).
 
     Columns: key, value (binary), topic, partition, offset, timestamp, timestampType, headers.
@@ -158,8 +150,15 @@ def read_batch(spark: SparkSession, settings: Settings, spark_settings: SparkSet
     )
 
 
-def read_stream(spark: SparkSession, settings: Settings, spark_settings: SparkSettings, topic: str,
-                *, max_offsets_per_trigger: int | None = None, include_headers: bool = False) -> DataFrame:
+def read_stream(
+    spark: SparkSession,
+    settings: Settings,
+    spark_settings: SparkSettings,
+    topic: str,
+    *,
+    max_offsets_per_trigger: int | None = None,
+    include_headers: bool = False,
+) -> DataFrame:
     """A streaming read of ``topic`` from its earliest offsets (a checkpoint resumes where it stopped)."""
     return (
         spark.readStream.format("kafka")

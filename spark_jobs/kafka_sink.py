@@ -57,8 +57,12 @@ class KafkaBatchSink:
         self.on_written = on_written
         self._query_id: str | None = None
         if self.pending is not None:
-            log.info("batch %d of %s was not committed: its records already in %s will not be written again",
-                     self.pending, checkpoint, topic)
+            log.info(
+                "batch %d of %s was not committed: its records already in %s will not be written again",
+                self.pending,
+                checkpoint,
+                topic,
+            )
 
     def query_id(self) -> str:
         if self._query_id is None:
@@ -83,8 +87,9 @@ class KafkaBatchSink:
             reader = reader.option("startingOffsets", "earliest")
         written = reader.load()
         return (
-            written.where((_header("headers", QUERY_HEADER) == self.query_id())
-                          & (_header("headers", BATCH_HEADER) == str(batch_id)))
+            written.where(
+                (_header("headers", QUERY_HEADER) == self.query_id()) & (_header("headers", BATCH_HEADER) == str(batch_id))
+            )
             .select(F.col("key").cast("binary").alias("key"), F.col("value").cast("binary").alias("value"))
             .distinct()
         )

@@ -47,8 +47,7 @@ class BatchProgress:
     @classmethod
     def from_json(cls, progress: dict[str, Any]) -> BatchProgress:
         operators = progress.get("stateOperators") or []
-        by_operator = {f"{i}:{op.get('operatorName', '?')}": int(op.get("numRowsTotal", 0))
-                       for i, op in enumerate(operators)}
+        by_operator = {f"{i}:{op.get('operatorName', '?')}": int(op.get("numRowsTotal", 0)) for i, op in enumerate(operators)}
         sources = {str(s.get("description", "?")): int(s.get("numInputRows", 0)) for s in progress.get("sources") or []}
         # Rows when ``progress`` is a StreamingQueryProgress (a dict), objects when it is parsed JSON.
         metrics = [m.asDict() if hasattr(m, "asDict") else m for m in (progress.get("observedMetrics") or {}).values()]
@@ -88,13 +87,23 @@ class ProgressLog(StreamingQueryListener):
         rate = batch.input_rows / (batch.duration_ms / 1000) if batch.duration_ms else 0.0
         log.info(
             "%s batch %d: %d input rows in %.1fs (%.0f rows/s), watermark %s, %d state rows%s",
-            self.name, batch.batch_id, batch.input_rows, batch.duration_ms / 1000, rate,
-            batch.watermark or "-", batch.state_rows,
+            self.name,
+            batch.batch_id,
+            batch.input_rows,
+            batch.duration_ms / 1000,
+            rate,
+            batch.watermark or "-",
+            batch.state_rows,
             f", {batch.rows_dropped_by_watermark} late rows dropped" if batch.rows_dropped_by_watermark else "",
         )
         if batch.skipped_rows:
-            log.warning("%s batch %d: %d malformed input records skipped, e.g. %s",
-                        self.name, batch.batch_id, batch.skipped_rows, batch.skipped_example)
+            log.warning(
+                "%s batch %d: %d malformed input records skipped, e.g. %s",
+                self.name,
+                batch.batch_id,
+                batch.skipped_rows,
+                batch.skipped_example,
+            )
 
     def onQueryIdle(self, event: Any) -> None:
         pass

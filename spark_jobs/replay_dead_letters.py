@@ -62,22 +62,47 @@ def select_messages(
         for frame in frames:
             rows: list[tuple[Any, ...]] = []
             for topic, partition, offset, ts, key, value, hkeys, hvalues in zip(
-                frame["topic"], frame["partition"], frame["offset"], frame["timestamp_ms"], frame["key"],
-                frame["value"], frame["header_keys"], frame["header_values"], strict=True,
+                frame["topic"],
+                frame["partition"],
+                frame["offset"],
+                frame["timestamp_ms"],
+                frame["key"],
+                frame["value"],
+                frame["header_keys"],
+                frame["header_values"],
+                strict=True,
             ):
                 headers = list(zip(list(hkeys), [bytes(v) for v in hvalues], strict=True))
                 dl = parse_dead_letter(
-                    key, value, headers, topic=topic, partition=int(partition), offset=int(offset),
-                    timestamp_ms=int(ts), default_retry_topic=default_retry_topic,
+                    key,
+                    value,
+                    headers,
+                    topic=topic,
+                    partition=int(partition),
+                    offset=int(offset),
+                    timestamp_ms=int(ts),
+                    default_retry_topic=default_retry_topic,
                 )
                 if not filters.matches(dl):
                     continue
                 replay = replay_for(dl, target, dead_letters_topic, run_id, source_of(topic, int(partition), int(offset)))
-                rows.append((
-                    replay.source, int(partition), int(offset), dl.id, dl.original_topic, dl.error_class,
-                    dl.failed_at, dl.attempt, replay.target_topic, key, value,
-                    [k for k, _ in replay.headers], [v for _, v in replay.headers],
-                ))
+                rows.append(
+                    (
+                        replay.source,
+                        int(partition),
+                        int(offset),
+                        dl.id,
+                        dl.original_topic,
+                        dl.error_class,
+                        dl.failed_at,
+                        dl.attempt,
+                        replay.target_topic,
+                        key,
+                        value,
+                        [k for k, _ in replay.headers],
+                        [v for _, v in replay.headers],
+                    )
+                )
             yield pd.DataFrame(rows, columns=SELECTED_COLUMNS)
 
     return select
@@ -98,11 +123,15 @@ class ReplayResult:
     preview: list[dict[str, Any]] = field(default_factory=list)
 
 
-def already_replayed(spark: SparkSession, settings: Settings, spark_settings: SparkSettings,
-                     topics: list[str], run_id: str) -> DataFrame:
+def already_replayed(
+    spark: SparkSession, settings: Settings, spark_settings: SparkSettings, topics: list[str], run_id: str
+) -> DataFrame:
     """dlq.id of the messages this run id has already sent to ``topics``."""
-    ranges = [r for r in kafka_io.offset_ranges(settings, topics, spark_settings.kafka_isolation_level).values()
-              if r is not None and r.records > 0]
+    ranges = [
+        r
+        for r in kafka_io.offset_ranges(settings, topics, spark_settings.kafka_isolation_level).values()
+        if r is not None and r.records > 0
+    ]
     if not ranges:
         return spark.createDataFrame([], "dlq_id string")
     sent = kafka_io.read_batch(spark, settings, spark_settings, ranges)
@@ -124,19 +153,24 @@ def run(
         topics.parking_lot
     ]
     if parked_range is None or parked_range.records == 0:
-        log.warning("%s %s: nothing to replay (check STATEFLEET_TOPIC_PREFIX if messages were parked)",
-                    topics.parking_lot, "does not exist" if parked_range is None else "is empty")
+        log.warning(
+            "%s %s: nothing to replay (check STATEFLEET_TOPIC_PREFIX if messages were parked)",
+            topics.parking_lot,
+            "does not exist" if parked_range is None else "is empty",
+        )
         return ReplayResult(run_id, dry_run, 0, 0, 0)
 
     parked = kafka_io.read_batch(spark, settings, spark_settings, [parked_range]).select(
-        "topic", "partition", "offset", F.unix_millis("timestamp").alias("timestamp_ms"),
-        "key", "value",
+        "topic",
+        "partition",
+        "offset",
+        F.unix_millis("timestamp").alias("timestamp_ms"),
+        "key",
+        "value",
         F.coalesce(F.expr("transform(headers, h -> h.key)"), F.array().cast("array<string>")).alias("header_keys"),
         F.coalesce(F.expr("transform(headers, h -> h.value)"), F.array().cast("array<binary>")).alias("header_values"),
     )
-    selected = parked.mapInPandas(
-        select_messages(filters, target, topics.dead_letters, topics.retry, run_id), SELECTED_SCHEMA
-    )
+    selected = parked.mapInPandas(select_messages(filters, target, topics.dead_letters, topics.retry, run_id), SELECTED_SCHEMA)
     # A message parked twice (same dlq.id) is replayed once: the first parked copy.
     first = Window.partitionBy("dlq_id").orderBy("parked_partition", "parked_offset")
     selected = selected.withColumn("n", F.row_number().over(first)).where("n = 1").drop("n").persist()
@@ -148,9 +182,11 @@ def run(
         todo_count = todo.count()
         by_target = {r["target_topic"]: int(r["count"]) for r in todo.groupBy("target_topic").count().collect()}
         preview = [
-            r.asDict() for r in todo.select(
-                "source", "dlq_id", "origin_topic", "error_class", "failed_at", "attempt", "target_topic"
-            ).orderBy("parked_partition", "parked_offset").limit(preview_rows).collect()
+            r.asDict()
+            for r in todo.select("source", "dlq_id", "origin_topic", "error_class", "failed_at", "attempt", "target_topic")
+            .orderBy("parked_partition", "parked_offset")
+            .limit(preview_rows)
+            .collect()
         ]
         result = ReplayResult(run_id, dry_run, selected_count, selected_count - todo_count, 0, by_target, preview)
         if not dry_run and todo_count:
@@ -165,8 +201,9 @@ def run(
                 "transform(arrays_zip(header_keys, header_values), h -> named_struct('key', h.header_keys, "
                 "'value', h.header_values))"
             )
-            kafka_io.write_batch(todo.select(F.col("target_topic").alias("topic"), "key", "value",
-                                             headers.alias("headers")), settings)
+            kafka_io.write_batch(
+                todo.select(F.col("target_topic").alias("topic"), "key", "value", headers.alias("headers")), settings
+            )
             result.sent = todo_count
         todo.unpersist()
     finally:
@@ -177,14 +214,20 @@ def run(
 def report(result: ReplayResult, filters: ReplayFilter, target: Target) -> None:
     verb = "would send" if result.dry_run else "sent"
     print(f"replay run {result.run_id}: {filters.describe()}; target {target}", flush=True)
-    print(f"  selected {result.selected}, already replayed in this run {result.already_replayed}, "
-          f"{verb} {sum(result.by_target.values()) if result.dry_run else result.sent}", flush=True)
+    print(
+        f"  selected {result.selected}, already replayed in this run {result.already_replayed}, "
+        f"{verb} {sum(result.by_target.values()) if result.dry_run else result.sent}",
+        flush=True,
+    )
     for topic, n in sorted(result.by_target.items()):
         print(f"  {verb} {n} to {topic}", flush=True)
     for row in result.preview:
         failed = datetime.fromtimestamp(row["failed_at"] / 1000, UTC).isoformat(timespec="seconds")
-        print(f"  {row['source']} dlq.id={row['dlq_id']} origin={row['origin_topic']} error={row['error_class']} "
-              f"failed_at={failed} attempt {row['attempt']}->1 -> {row['target_topic']}", flush=True)
+        print(
+            f"  {row['source']} dlq.id={row['dlq_id']} origin={row['origin_topic']} error={row['error_class']} "
+            f"failed_at={failed} attempt {row['attempt']}->1 -> {row['target_topic']}",
+            flush=True,
+        )
     shown = len(result.preview)
     remaining = sum(result.by_target.values()) - shown
     if remaining > 0:
@@ -196,17 +239,38 @@ def new_run_id() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spark_jobs.replay_dead_letters", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--origin-topic", action="append", default=[], metavar="TOPIC",
-                   help="only messages from this origin topic (dlq.original.topic; prefix optional); repeatable")
-    p.add_argument("--error-class", action="append", default=[], metavar="CLASS",
-                   help="only messages that failed with this error class (dlq.error.class); repeatable")
-    p.add_argument("--since", type=cli.time_arg, metavar="TIME",
-                   help="only messages whose last failure (dlq.failed.at) is at or after TIME (ISO-8601 or epoch ms)")
+    p = argparse.ArgumentParser(
+        prog="python -m spark_jobs.replay_dead_letters",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--origin-topic",
+        action="append",
+        default=[],
+        metavar="TOPIC",
+        help="only messages from this origin topic (dlq.original.topic; prefix optional); repeatable",
+    )
+    p.add_argument(
+        "--error-class",
+        action="append",
+        default=[],
+        metavar="CLASS",
+        help="only messages that failed with this error class (dlq.error.class); repeatable",
+    )
+    p.add_argument(
+        "--since",
+        type=cli.time_arg,
+        metavar="TIME",
+        help="only messages whose last failure (dlq.failed.at) is at or after TIME (ISO-8601 or epoch ms)",
+    )
     p.add_argument("--until", type=cli.time_arg, metavar="TIME", help="only messages that last failed before TIME")
-    p.add_argument("--to", choices=["dead-letters", "retry"], default="dead-letters",
-                   help="send to dead-letters (attempt reset; default) or straight to each message's retry topic")
+    p.add_argument(
+        "--to",
+        choices=["dead-letters", "retry"],
+        default="dead-letters",
+        help="send to dead-letters (attempt reset; default) or straight to each message's retry topic",
+    )
     p.add_argument("--run-id", help="replays of one run id happen at most once; default: a new id (printed)")
     p.add_argument("--dry-run", action="store_true", help="print what would be sent; send nothing")
     p.add_argument("--show", type=int, default=50, metavar="N", help="messages listed in the report (default 50)")

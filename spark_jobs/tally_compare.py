@@ -16,8 +16,7 @@ class LiveServiceError(RuntimeError):
     """The tallies service could not be read; the message says what to check."""
 
 
-def fetch_live_tallies(base_url: str, timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None,
-                       ) -> dict[str, Tally]:
+def fetch_live_tallies(base_url: str, timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None) -> dict[str, Tally]:
     """Every tally the service holds, following ``next_cursor`` page by page."""
     url = base_url.rstrip("/") + "/tallies"
     out: dict[str, Tally] = {}
@@ -36,7 +35,8 @@ def fetch_live_tallies(base_url: str, timeout_s: float = 30.0, transport: httpx.
             body = response.json()
             for item in body.get("items", []):
                 out[item["program_id"]] = Tally(
-                    program_id=item["program_id"], numberActive=int(item["numberActive"]),
+                    program_id=item["program_id"],
+                    numberActive=int(item["numberActive"]),
                     numberInactive=int(item["numberInactive"]),
                     lastLogin=int(item["lastLogin"]) if item.get("lastLogin") is not None else None,
                 )

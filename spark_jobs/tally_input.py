@@ -10,12 +10,7 @@ pure modules (no Faust).
 
 from __future__ import annotations
 
-from services.tallies.domain import (
-    InvalidInput,
-    Login,
-    parse_account_change,
-    parse_login,
-)
+from services.tallies.domain import InvalidInput, Login, parse_account_change, parse_login
 from shared import codecs
 from shared.accounts import AccountChange
 

@@ -64,8 +64,11 @@ def account_plan(run: str) -> tuple[list[tuple[str, str, list[str]]], dict[str, 
 
 
 EVENT_OF = {
-    "CreateAccount": "AccountCreated", "UpdateAccount": "AccountUpdated", "DeactivateAccount": "AccountDeactivated",
-    "ReactivateAccount": "AccountReactivated", "DeleteAccount": "AccountDeleted",
+    "CreateAccount": "AccountCreated",
+    "UpdateAccount": "AccountUpdated",
+    "DeactivateAccount": "AccountDeactivated",
+    "ReactivateAccount": "AccountReactivated",
+    "DeleteAccount": "AccountDeleted",
 }
 
 
@@ -81,14 +84,27 @@ async def send_traffic(plan: list[tuple[str, str, list[str]]], via_validator: bo
                 for version, step in enumerate(steps, start=1):
                     command_id = f"{account}-{version}"
                     if via_validator:
-                        body = {"command_id": command_id, "type": step, "account_id": account,
-                                "program_id": program, "expected_version": version - 1 or None,
-                                "data": {"name": account}, "issued_at": int(time.time() * 1000)}
+                        body = {
+                            "command_id": command_id,
+                            "type": step,
+                            "account_id": account,
+                            "program_id": program,
+                            "expected_version": version - 1 or None,
+                            "data": {"name": account},
+                            "issued_at": int(time.time() * 1000),
+                        }
                         (await http.post(VALIDATOR + "/commands", json=body)).raise_for_status()
                     else:
-                        event = {"event_id": command_id, "command_id": command_id, "type": EVENT_OF[step],
-                                 "account_id": account, "program_id": program, "version": version,
-                                 "occurred_at": int(time.time() * 1000), "data": {}}
+                        event = {
+                            "event_id": command_id,
+                            "command_id": command_id,
+                            "type": EVENT_OF[step],
+                            "account_id": account,
+                            "program_id": program,
+                            "version": version,
+                            "occurred_at": int(time.time() * 1000),
+                            "data": {},
+                        }
                         await producer.send(topics.account_events, dumps(event), key=account.encode())
                 last_login = int(time.time() * 1000)
                 login = {"account_id": account, "program_id": program, "ts": last_login}
@@ -106,15 +122,19 @@ def main() -> int:
     run = uuid.uuid4().hex[:6]
     plan, expected = account_plan(run)
     via_validator = reachable(VALIDATOR)
-    print(f"sending {sum(len(s) for _, _, s in plan)} account changes for {len(plan)} accounts "
-          f"({'through POST /commands' if via_validator else 'as account events'}) and {len(plan)} logins")
+    print(
+        f"sending {sum(len(s) for _, _, s in plan)} account changes for {len(plan)} accounts "
+        f"({'through POST /commands' if via_validator else 'as account events'}) and {len(plan)} logins"
+    )
     asyncio.run(send_traffic(plan, via_validator))
     deadline = time.monotonic() + 30
     tallies: dict[str, Any] = {}
     while time.monotonic() < deadline:
         tallies = {p: httpx.get(f"{TALLIES}/tallies/{p}", timeout=5).json() for p in expected}
-        if all(tallies[p].get("numberActive") == e["numberActive"] and tallies[p].get("numberInactive")
-               == e["numberInactive"] for p, e in expected.items()):
+        if all(
+            tallies[p].get("numberActive") == e["numberActive"] and tallies[p].get("numberInactive") == e["numberInactive"]
+            for p, e in expected.items()
+        ):
             break
         time.sleep(0.5)
     for program, tally in tallies.items():

@@ -63,9 +63,18 @@ async def _demo(base_url: str, admin_token: str) -> None:
 
         now = dl.now_ms()
         first = dl.DeadLetter(
-            id=dlq_id, key=key, value=value, original_topic=ORIGIN, original_partition=0, original_offset=42,
-            retry_topic=topics.retry, attempt=1, error_class="PoisonMessageError",
-            error_message="'amount' is not a number", first_failed_at=now, failed_at=now,
+            id=dlq_id,
+            key=key,
+            value=value,
+            original_topic=ORIGIN,
+            original_partition=0,
+            original_offset=42,
+            retry_topic=topics.retry,
+            attempt=1,
+            error_class="PoisonMessageError",
+            error_message="'amount' is not a number",
+            first_failed_at=now,
+            failed_at=now,
             other_headers=[("traceparent", b"00-demo-01")],
         )
         await producer.send_and_wait(topics.dead_letters, first.value, key=first.key, headers=first.headers())
@@ -81,8 +90,10 @@ async def _demo(base_url: str, admin_token: str) -> None:
                 if entry["attempt"] not in shown:
                     shown.add(entry["attempt"])
                     wait = max(0, entry["due_at"] - dl.now_ms())
-                    say(f"  GET /retries/{dlq_id}: attempt {entry['attempt']} of {entry['max_attempts']}, "
-                        f"redelivered to {entry['retry_topic']} in {wait} ms")
+                    say(
+                        f"  GET /retries/{dlq_id}: attempt {entry['attempt']} of {entry['max_attempts']}, "
+                        f"redelivered to {entry['retry_topic']} in {wait} ms"
+                    )
             batch = await consumer.getmany(timeout_ms=200)
             for records in batch.values():
                 for record in records:
@@ -92,8 +103,13 @@ async def _demo(base_url: str, admin_token: str) -> None:
                     attempt = int(headers[dl.ATTEMPT])
                     say(f"  redelivered on {record.topic} (dlq.attempt={attempt}); the consumer fails again")
                     letter = dl.dead_letter_for(
-                        record.key, record.value, record.headers, topic=record.topic, partition=record.partition,
-                        offset=record.offset, error=PoisonMessageError("'amount' is not a number"),
+                        record.key,
+                        record.value,
+                        record.headers,
+                        topic=record.topic,
+                        partition=record.partition,
+                        offset=record.offset,
+                        error=PoisonMessageError("'amount' is not a number"),
                         retry_topic=topics.retry,
                     )
                     await producer.send_and_wait(topics.dead_letters, letter.value, key=letter.key, headers=letter.headers())
@@ -106,11 +122,15 @@ async def _demo(base_url: str, admin_token: str) -> None:
             return
         say(f"parked: GET /parked/{dlq_id} -> attempt {parked['attempt']}, reason: {parked['parked_reason']}")
         listing = (await http.get("/parked", params={"limit": 1000})).json()
-        say(f"GET /parked lists {len(listing['items'])} message(s), ours among them: "
-            f"{any(i['id'] == dlq_id for i in listing['items'])}")
+        say(
+            f"GET /parked lists {len(listing['items'])} message(s), ours among them: "
+            f"{any(i['id'] == dlq_id for i in listing['items'])}"
+        )
         stats = (await http.get("/retries/stats")).json()
-        say(f"GET /retries/stats: {stats['scheduled']} scheduled, {stats['parked']} parked, "
-            f"lateness p50 {stats['lateness']['p50_ms']} ms / p99 {stats['lateness']['p99_ms']} ms")
+        say(
+            f"GET /retries/stats: {stats['scheduled']} scheduled, {stats['parked']} parked, "
+            f"lateness p50 {stats['lateness']['p50_ms']} ms / p99 {stats['lateness']['p99_ms']} ms"
+        )
 
         r = await http.post(f"/parked/{dlq_id}/replay")
         say(f"POST /parked/{dlq_id}/replay without the token -> {r.status_code} {r.json()['error']}")
@@ -120,8 +140,10 @@ async def _demo(base_url: str, admin_token: str) -> None:
             batch = await consumer.getmany(timeout_ms=500)
             done = [rec for records in batch.values() for rec in records if _headers(rec).get(dl.ID) == dlq_id]
             if done:
-                say(f"  redelivered again (dlq.attempt={_headers(done[0])[dl.ATTEMPT]}); with the bug fixed the "
-                    f"consumer processes {done[0].key.decode() if done[0].key else ''}: done")
+                say(
+                    f"  redelivered again (dlq.attempt={_headers(done[0])[dl.ATTEMPT]}); with the bug fixed the "
+                    f"consumer processes {done[0].key.decode() if done[0].key else ''}: done"
+                )
                 break
     finally:
         await consumer.stop()

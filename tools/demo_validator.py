@@ -83,14 +83,17 @@ def run(base_url: str) -> None:
 def send_batch(http: httpx.Client, batch_id: str, program: str) -> None:
     """A batch mixing good, conflicting and malformed items, sent twice: the second time decides nothing new."""
     member = f"{batch_id}-acct"
-    body = {"batch_id": batch_id, "commands": [
-        {"type": "CreateAccount", "account_id": member, "program_id": program},
-        {"type": "UpdateAccount", "account_id": member, "expected_version": 1, "data": {"plan": "gold"}},
-        {"type": "UpdateAccount", "account_id": member, "expected_version": 1, "data": {"plan": "stale"}},
-        {"type": "ReactivateAccount", "account_id": member},
-        {"type": "CreateAccount", "account_id": f"{member}-2"},
-        "not a command",
-    ]}
+    body = {
+        "batch_id": batch_id,
+        "commands": [
+            {"type": "CreateAccount", "account_id": member, "program_id": program},
+            {"type": "UpdateAccount", "account_id": member, "expected_version": 1, "data": {"plan": "gold"}},
+            {"type": "UpdateAccount", "account_id": member, "expected_version": 1, "data": {"plan": "stale"}},
+            {"type": "ReactivateAccount", "account_id": member},
+            {"type": "CreateAccount", "account_id": f"{member}-2"},
+            "not a command",
+        ],
+    }
     print(f"a batch of {len(body['commands'])} commands ({batch_id}):")
     for attempt in ("POST /commands/batch?wait=true", "the same batch again"):
         resp = http.post("/commands/batch", params={"wait": "true"}, json=body)

@@ -118,9 +118,7 @@ def service_env(kind: ServiceKind, n: int) -> dict[str, str]:
         "STATEFLEET_HTTP_PORT": str(port(kind, n)),
         "STATEFLEET_DATA_DIR": os.environ.get("STATEFLEET_DATA_DIR", str(FLEET_HOME / "data")),
         # The broker `make broker` runs (STATEFLEET_BROKER_PORT moves it), unless told otherwise.
-        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": os.environ.get(
-            "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS", default_layout().bootstrap,
-        ),
+        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": os.environ.get("STATEFLEET_KAFKA_BOOTSTRAP_SERVERS", default_layout().bootstrap),
         "PYTHONPATH": str(REPO),
     }
 
@@ -140,8 +138,13 @@ def start_instance(kind: ServiceKind, n: int, extra_env: dict[str, str] | None =
     log_path = LOG_DIR / f"{kind.name}-{n}.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", kind.module], cwd=REPO, env=env,
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            [sys.executable, "-m", kind.module],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     _pid_file(kind, n).write_text(str(proc.pid))
     print(f"  {kind.name}-{n}: started pid {proc.pid} on {url(kind, n)}; log {log_path}")
@@ -191,7 +194,8 @@ def console_env(counts: dict[str, int]) -> dict[str, str]:
     """The console's settings: every instance of each service as a base URL (the first that answers is asked)."""
     return {
         setting: ",".join(url(kind, n) for n in range(counts.get(kind.name, 1)))
-        for kind in SERVICES if (setting := CONSOLE_URL_SETTINGS.get(kind.name))
+        for kind in SERVICES
+        if (setting := CONSOLE_URL_SETTINGS.get(kind.name))
     }
 
 
@@ -263,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         up_p.add_argument(f"--{kind.name}", type=int, default=1, metavar="N", help=f"instances of {kind.name}")
     up_p.add_argument("--timeout", type=float, default=120.0)
     up_p.add_argument(
-        "--console-port", type=int, default=CONSOLE.port, metavar="PORT", help="port of the operator console (0: none)",
+        "--console-port", type=int, default=CONSOLE.port, metavar="PORT", help="port of the operator console (0: none)"
     )
     sub.add_parser("down")
     sub.add_parser("status")

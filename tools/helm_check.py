@@ -58,8 +58,9 @@ class Report:
 
 def scenarios(chart: Path) -> list[Scenario]:
     found = [Scenario("default", None)]
-    found += [Scenario(p.name.removesuffix("-values.yaml").removesuffix(".yaml"), p)
-              for p in sorted((chart / "ci").glob("*.yaml"))]
+    found += [
+        Scenario(p.name.removesuffix("-values.yaml").removesuffix(".yaml"), p) for p in sorted((chart / "ci").glob("*.yaml"))
+    ]
     return found
 
 
@@ -79,8 +80,17 @@ def run(cmd: list[str], report: Report, what: str) -> subprocess.CompletedProces
 
 def render(helm: str, kube_version: str, scenario: Scenario, chart: Path = CHART) -> str:
     """The manifests of one scenario, as helm template prints them (raises on error)."""
-    cmd = [helm, "template", RELEASE, str(chart), "--namespace", NAMESPACE,
-           "--kube-version", kube_version, *scenario.values_args()]
+    cmd = [
+        helm,
+        "template",
+        RELEASE,
+        str(chart),
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        kube_version,
+        *scenario.values_args(),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
 
@@ -99,12 +109,15 @@ def validate_objects(text: str, kube_version: str, scenario: str, report: Report
             kubernetes_validate.validate(doc, kube_version, strict=True)
             count += 1
         except kubernetes_validate.SchemaNotFoundError:
-            report.notes.append(f"{scenario}: {kind}/{name} ({doc.get('apiVersion')}) is a custom resource; "
-                                "no schema to validate it against")
+            report.notes.append(
+                f"{scenario}: {kind}/{name} ({doc.get('apiVersion')}) is a custom resource; no schema to validate it against"
+            )
         except kubernetes_validate.ValidationError as exc:
             path = "/".join(str(p) for p in exc.path)
-            report.fail(f"{scenario}: {kind}/{name} does not match the Kubernetes {kube_version} schema "
-                        f"at {path or '(top)'}: {exc.message}")
+            report.fail(
+                f"{scenario}: {kind}/{name} does not match the Kubernetes {kube_version} schema "
+                f"at {path or '(top)'}: {exc.message}"
+            )
     return count
 
 
@@ -122,15 +135,19 @@ def lint_manifests(checkov: str, rendered_dir: Path, report: Report) -> None:
     for part in results:
         summary = part.get("summary", {})
         for failed in part.get("results", {}).get("failed_checks", []):
-            report.fail(f"checkov {failed.get('check_id')} {failed.get('check_name')!r}: "
-                        f"{failed.get('resource')} in {Path(failed.get('file_path', '?')).name}")
+            report.fail(
+                f"checkov {failed.get('check_id')} {failed.get('check_name')!r}: "
+                f"{failed.get('resource')} in {Path(failed.get('file_path', '?')).name}"
+            )
         if summary.get("parsing_errors"):
             report.fail(f"checkov could not parse {summary['parsing_errors']} rendered file(s)")
         if not summary.get("resource_count"):
             report.fail("checkov found no Kubernetes objects to check")
         elif not summary.get("failed"):
-            print(f"  ok   {summary.get('resource_count')} objects: {summary.get('passed')} checks passed, "
-                  f"{summary.get('skipped')} skipped by annotation (checkov {summary.get('checkov_version')})")
+            print(
+                f"  ok   {summary.get('resource_count')} objects: {summary.get('passed')} checks passed, "
+                f"{summary.get('skipped')} skipped by annotation (checkov {summary.get('checkov_version')})"
+            )
 
 
 def step(report: Report, title: str) -> float:
@@ -158,8 +175,11 @@ def main(argv: list[str] | None = None) -> int:
 
     t = step(report, f"helm lint --strict ({len(all_scenarios)} values sets)")
     for sc in all_scenarios:
-        if run([args.helm, "lint", "--strict", str(CHART), "--kube-version", args.kube_version,
-                *sc.values_args()], report, f"helm lint [{sc.name}]"):
+        if run(
+            [args.helm, "lint", "--strict", str(CHART), "--kube-version", args.kube_version, *sc.values_args()],
+            report,
+            f"helm lint [{sc.name}]",
+        ):
             print(f"  ok   {sc.name}")
     done(report, "helm lint", t)
 
@@ -180,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     done(report, "checkov", t)
 
     t = step(report, "hadolint Dockerfile")
-    if run([args.hadolint, "--config", str(REPO / "helm" / "image" / "hadolint.yaml"), str(REPO / "Dockerfile")],
-           report, "hadolint"):
+    if run(
+        [args.hadolint, "--config", str(REPO / "helm" / "image" / "hadolint.yaml"), str(REPO / "Dockerfile")], report, "hadolint"
+    ):
         print("  ok   Dockerfile")
     done(report, "hadolint", t)
 

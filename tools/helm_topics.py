@@ -83,13 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info(
         "ensuring %d topics on %s (replication factor %d)",
-        len(specs), settings.kafka_bootstrap_servers, settings.topic_replication_factor,
+        len(specs),
+        settings.kafka_bootstrap_servers,
+        settings.topic_replication_factor,
     )
     try:
         asyncio.run(asyncio.wait_for(ensure_topics_async(settings, specs), args.timeout))
     except TimeoutError:
-        log.error("could not create the topics: no broker of %s answered within %.0fs",
-                  settings.kafka_bootstrap_servers, args.timeout)
+        log.error(
+            "could not create the topics: no broker of %s answered within %.0fs", settings.kafka_bootstrap_servers, args.timeout
+        )
         return 1
     except Exception as exc:  # the Job's log is where an operator looks: one line, then a non-zero exit
         log.error("could not create the topics: %s: %s", type(exc).__name__, exc)

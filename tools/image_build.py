@@ -72,11 +72,21 @@ class LocalBase:
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LOCAL_BASES = (
     # python:3.11-slim-bookworm: `python` on PATH, venv, CA certificates.
-    LocalBase("python", "PYTHON_IMAGE", ("python3", "python3-venv", "python-is-python3", "ca-certificates"),
-              (PATH_ENV, "LANG=C.UTF-8"), "python"),
+    LocalBase(
+        "python",
+        "PYTHON_IMAGE",
+        ("python3", "python3-venv", "python-is-python3", "ca-certificates"),
+        (PATH_ENV, "LANG=C.UTF-8"),
+        "python",
+    ),
     # maven:3.9-eclipse-temurin-17: a JDK 17 and `mvn` on PATH.
-    LocalBase("maven", "MAVEN_IMAGE", ("openjdk-17-jdk-headless", "maven", "ca-certificates", "ca-certificates-java"),
-              (PATH_ENV, "LANG=C.UTF-8", "JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64"), "mvn"),
+    LocalBase(
+        "maven",
+        "MAVEN_IMAGE",
+        ("openjdk-17-jdk-headless", "maven", "ca-certificates", "ca-certificates-java"),
+        (PATH_ENV, "LANG=C.UTF-8", "JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64"),
+        "mvn",
+    ),
 )
 
 
@@ -89,18 +99,26 @@ def storage_args() -> list[str]:
     root = os.environ.get("STATEFLEET_IMAGE_STORAGE_ROOT", DEFAULT_STORAGE_ROOT)
     # Its run-time state (locks, mounts) apart from the default store's as well.
     runroot = "/run/containers/" + (root.rstrip("/").rsplit("/", 1)[-1] or "statefleet")
-    return ["--storage-driver", os.environ.get("STATEFLEET_IMAGE_STORAGE_DRIVER", "overlay"),
-            "--root", root, "--runroot", runroot]
+    return [
+        "--storage-driver",
+        os.environ.get("STATEFLEET_IMAGE_STORAGE_DRIVER", "overlay"),
+        "--root",
+        root,
+        "--runroot",
+        runroot,
+    ]
 
 
 def buildah(*args: str, capture: bool = False, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["buildah", *storage_args(), *args], check=check, text=True,
-                          stdout=subprocess.PIPE if capture else None)
+    return subprocess.run(
+        ["buildah", *storage_args(), *args], check=check, text=True, stdout=subprocess.PIPE if capture else None
+    )
 
 
 def image_exists(ref: str) -> bool:
-    done = subprocess.run(["buildah", *storage_args(), "inspect", "--type", "image", ref],
-                          text=True, capture_output=True, check=False)
+    done = subprocess.run(
+        ["buildah", *storage_args(), "inspect", "--type", "image", ref], text=True, capture_output=True, check=False
+    )
     return done.returncode == 0
 
 
@@ -140,10 +158,10 @@ def build_local_base(base: LocalBase, cas: list[Path]) -> str:
         if cas:
             # Before any package is installed, so that ca-certificates(-java) take them in.
             ca_src = " ".join(f"'{ca}'" for ca in cas)
-            command.append('--setup-hook=mkdir -p "$1/usr/local/share/ca-certificates" && '
-                           f'cp {ca_src} "$1/usr/local/share/ca-certificates/"')
-        command += ['--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin',
-                    SUITE, str(rootfs)]
+            command.append(
+                f'--setup-hook=mkdir -p "$1/usr/local/share/ca-certificates" && cp {ca_src} "$1/usr/local/share/ca-certificates/"'
+            )
+        command += ['--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin', SUITE, str(rootfs)]
         subprocess.run(command, check=True)
         container = buildah("from", "scratch", capture=True).stdout.strip()
         try:
@@ -166,8 +184,9 @@ def public_bases_available(refs: list[str], timeout: float) -> bool:
             continue
         log(f"pulling {ref} (up to {timeout:.0f}s)")
         try:
-            done = subprocess.run(["buildah", *storage_args(), "pull", "--quiet", ref],
-                                  timeout=timeout, text=True, capture_output=True)
+            done = subprocess.run(
+                ["buildah", *storage_args(), "pull", "--quiet", ref], timeout=timeout, text=True, capture_output=True
+            )
         except subprocess.TimeoutExpired:
             log(f"{ref} could not be pulled within {timeout:.0f}s")
             return False
@@ -191,8 +210,22 @@ def choose_bases(mode: str, pull_timeout: float) -> dict[str, str]:
 
 def build_command(tag: str, build_args: dict[str, str], m2: Path | None, iidfile: Path | None = None) -> list[str]:
     # Docker's image format: OCI's has no SHELL, and the Dockerfile's RUN steps use bash with pipefail.
-    command = ["buildah", *storage_args(), "build", "--layers", "--format", "docker", "--isolation", "chroot",
-               "--network", "host", "--file", str(REPO / "Dockerfile"), "--tag", tag]
+    command = [
+        "buildah",
+        *storage_args(),
+        "build",
+        "--layers",
+        "--format",
+        "docker",
+        "--isolation",
+        "chroot",
+        "--network",
+        "host",
+        "--file",
+        str(REPO / "Dockerfile"),
+        "--tag",
+        tag,
+    ]
     if iidfile is not None:
         # The image's ID: what this clone built, even if another build retags the name meanwhile.
         command += ["--iidfile", str(iidfile)]
@@ -213,11 +246,19 @@ def image_size(ref: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tag", default=os.environ.get("STATEFLEET_IMAGE", DEFAULT_TAG), help="the image's name")
-    parser.add_argument("--bases", choices=("auto", "public", "local"), default="auto",
-                        help="public Docker Hub bases, local Debian-built bases, or public when they can be pulled")
+    parser.add_argument(
+        "--bases",
+        choices=("auto", "public", "local"),
+        default="auto",
+        help="public Docker Hub bases, local Debian-built bases, or public when they can be pulled",
+    )
     parser.add_argument("--pull-timeout", type=float, default=60.0, help="seconds to try pulling each public base")
-    parser.add_argument("--iidfile", type=Path, default=REPO / ".local" / "image-id",
-                        help="file that receives the built image's ID (make image-check runs that image)")
+    parser.add_argument(
+        "--iidfile",
+        type=Path,
+        default=REPO / ".local" / "image-id",
+        help="file that receives the built image's ID (make image-check runs that image)",
+    )
     args = parser.parse_args(argv)
     require_tools("buildah")
     started = time.monotonic()
@@ -232,8 +273,10 @@ def main(argv: list[str] | None = None) -> None:
     if done.returncode != 0:
         raise SystemExit(f"image: the build of {args.tag} failed (exit {done.returncode}); its output is above")
     size = image_size(args.tag)
-    log(f"built {args.tag} ({args.iidfile.read_text().strip()[:19]}): {size}; build {time.monotonic() - build_started:.0f}s, "
-        f"{time.monotonic() - started:.0f}s in all")
+    log(
+        f"built {args.tag} ({args.iidfile.read_text().strip()[:19]}): {size}; build {time.monotonic() - build_started:.0f}s, "
+        f"{time.monotonic() - started:.0f}s in all"
+    )
 
 
 if __name__ == "__main__":

@@ -113,8 +113,13 @@ def resolve_jars(layout: BrokerLayout) -> None:
         shutil.rmtree(layout.libs)
     layout.libs.mkdir(parents=True)
     cmd = [
-        "mvn", "-B", "-f", str(pom), "dependency:copy-dependencies",
-        f"-DoutputDirectory={layout.libs}", "-DincludeScope=runtime",
+        "mvn",
+        "-B",
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={layout.libs}",
+        "-DincludeScope=runtime",
     ]
     returncode, tail = _run_maven(cmd)
     if returncode != 0:
@@ -139,7 +144,7 @@ class MavenProgress:
         """The progress line to show after ``line``, if one is due."""
         text = line.strip()
         if text.startswith("[INFO] "):
-            text = text[len("[INFO] "):]
+            text = text[len("[INFO] ") :]
         if text.startswith("Downloaded from "):
             self.files += 1
             url = text.split(": ", 1)[-1].split(" ", 1)[0]
@@ -177,9 +182,16 @@ def _run_maven(cmd: list[str]) -> tuple[int, list[str]]:
 def _java_cmd(layout: BrokerLayout, main_class: str, *args: str) -> list[str]:
     heap = os.environ.get("STATEFLEET_BROKER_HEAP", "1g")
     return [
-        "java", f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        "java",
+        f"-Xmx{heap}",
+        f"-Xms{heap}",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={BROKER_SRC / 'log4j2.properties'}",
-        "-cp", f"{layout.libs}/*", main_class, *args,
+        "-cp",
+        f"{layout.libs}/*",
+        main_class,
+        *args,
     ]
 
 
@@ -214,7 +226,8 @@ def format_storage(layout: BrokerLayout) -> None:
     _log(f"formatting KRaft storage in {layout.data} (cluster id {cid})")
     proc = subprocess.run(
         _java_cmd(layout, "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(layout.config), "--standalone"),
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         raise BrokerError(f"formatting the broker's storage failed:\n{proc.stdout}\n{proc.stderr}")
@@ -282,7 +295,9 @@ def start(layout: BrokerLayout | None = None, wait_s: float = 90.0) -> BrokerLay
         with open(layout.log_file, "ab") as log:
             proc = subprocess.Popen(
                 _java_cmd(layout, "kafka.Kafka", str(layout.config)),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         layout.pid_file.write_text(str(proc.pid))

@@ -13,7 +13,7 @@ _PF_EXITING = 0x4
 
 
 def process_state(pid: int) -> str | None:
-    """"running"; "exiting" (being torn down after a kill: it still holds its port and
+    """ "running"; "exiting" (being torn down after a kill: it still holds its port and
     files); "zombie" (dead, only its exit status left for its parent to collect); or
     None (no such process)."""
     try:
@@ -26,7 +26,7 @@ def process_state(pid: int) -> str | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return "running"  # no procfs (macOS): signal 0 is all there is to go on
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
     state, flags = fields[0], int(fields[6])
     if state in ("Z", "X", "x"):
         return "zombie"
@@ -40,9 +40,7 @@ def _kill_pending(pid: int) -> bool:
     except OSError:
         return False
     bit = 1 << (signal.SIGKILL - 1)
-    return any(
-        int(line.split(":", 1)[1], 16) & bit for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))
-    )
+    return any(int(line.split(":", 1)[1], 16) & bit for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:")))
 
 
 def exited(pid: int) -> bool:

@@ -71,8 +71,13 @@ def driver_command(args: list[str], env: dict[str, str]) -> list[str]:
 
 def executor_command(env: dict[str, str]) -> list[str]:
     driver_url, executor_id, cores, app_id, pod_ip, memory = require(
-        env, "SPARK_DRIVER_URL", "SPARK_EXECUTOR_ID", "SPARK_EXECUTOR_CORES",
-        "SPARK_APPLICATION_ID", "SPARK_EXECUTOR_POD_IP", "SPARK_EXECUTOR_MEMORY",
+        env,
+        "SPARK_DRIVER_URL",
+        "SPARK_EXECUTOR_ID",
+        "SPARK_EXECUTOR_CORES",
+        "SPARK_APPLICATION_ID",
+        "SPARK_EXECUTOR_POD_IP",
+        "SPARK_EXECUTOR_MEMORY",
     )
     home = spark_home()
     classpath = [str(home / "conf"), str(home / "jars" / "*")]
@@ -83,9 +88,25 @@ def executor_command(env: dict[str, str]) -> list[str]:
     java_opts = [env[k] for k in sorted(env) if k.startswith("SPARK_JAVA_OPT_")]
     java = str(Path(env["JAVA_HOME"]) / "bin" / "java") if env.get("JAVA_HOME") else "java"
     command = [
-        java, *java_opts, f"-Xms{memory}", f"-Xmx{memory}", "-cp", ":".join(classpath), EXECUTOR_BACKEND,
-        "--driver-url", driver_url, "--executor-id", executor_id, "--cores", cores, "--app-id", app_id,
-        "--hostname", pod_ip, "--resourceProfileId", env.get("SPARK_RESOURCE_PROFILE_ID", "0"),
+        java,
+        *java_opts,
+        f"-Xms{memory}",
+        f"-Xmx{memory}",
+        "-cp",
+        ":".join(classpath),
+        EXECUTOR_BACKEND,
+        "--driver-url",
+        driver_url,
+        "--executor-id",
+        executor_id,
+        "--cores",
+        cores,
+        "--app-id",
+        app_id,
+        "--hostname",
+        pod_ip,
+        "--resourceProfileId",
+        env.get("SPARK_RESOURCE_PROFILE_ID", "0"),
     ]
     if env.get("SPARK_EXECUTOR_POD_NAME"):
         command += ["--podName", env["SPARK_EXECUTOR_POD_NAME"]]

@@ -27,9 +27,16 @@ def templates() -> Jinja2Templates:
     t = Jinja2Templates(directory=str(HERE / "templates"))
     env = t.env
     env.globals.update(
-        fmt_ms=models.fmt_ms, fmt_relative=models.fmt_relative, fmt_rate=models.fmt_rate, ranges=models.ranges,
-        union_partitions=models.union_partitions, chart=models.chart, render_bytes=models.render_bytes,
-        render_key=models.render_key, is_internal=models.is_internal, is_changelog=models.is_changelog,
+        fmt_ms=models.fmt_ms,
+        fmt_relative=models.fmt_relative,
+        fmt_rate=models.fmt_rate,
+        ranges=models.ranges,
+        union_partitions=models.union_partitions,
+        chart=models.chart,
+        render_bytes=models.render_bytes,
+        render_key=models.render_key,
+        is_internal=models.is_internal,
+        is_changelog=models.is_changelog,
         copies_behind=models.copies_behind,
     )
     env.trim_blocks = True
@@ -47,11 +54,13 @@ def create_app(settings: Settings, transport: httpx.AsyncBaseTransport | None = 
             validator=ServiceClient("validator", "validator", split_urls(settings.console_validator_url), http),
             tallies=ServiceClient("tallies", "tallies", split_urls(settings.console_tallies_url), http),
             retry_scheduler=ServiceClient(
-                "retry-scheduler", "retry scheduler", split_urls(settings.console_retry_scheduler_url), http,
+                "retry-scheduler", "retry scheduler", split_urls(settings.console_retry_scheduler_url), http
             ),
         )
         fleet = FleetMonitor(
-            clients, settings.console_sample_interval_s, settings.console_history_s,
+            clients,
+            settings.console_sample_interval_s,
+            settings.console_history_s,
             min(settings.console_upstream_timeout_s, max(1.0, settings.console_sample_interval_s)),
         )
         api.state.clients = clients
@@ -77,7 +86,12 @@ def main() -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s console %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
     port = settings.port_for(DEFAULT_PORT)
-    log.info("console on http://%s:%d; validator %s, tallies %s, retry scheduler %s", settings.http_host, port,
-             settings.console_validator_url, settings.console_tallies_url, settings.console_retry_scheduler_url)
-    uvicorn.run(create_app(settings), host=settings.http_host, port=port, log_level=settings.log_level.lower(),
-                access_log=False)
+    log.info(
+        "console on http://%s:%d; validator %s, tallies %s, retry scheduler %s",
+        settings.http_host,
+        port,
+        settings.console_validator_url,
+        settings.console_tallies_url,
+        settings.console_retry_scheduler_url,
+    )
+    uvicorn.run(create_app(settings), host=settings.http_host, port=port, log_level=settings.log_level.lower(), access_log=False)

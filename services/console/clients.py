@@ -71,22 +71,27 @@ class ServiceClient:
         self._preferred = 0
 
     async def call(
-        self, method: str, path: str, *, params: Mapping[str, Any] | None = None, token: str | None = None,
-        base_url: str | None = None, wait_s: float | None = None,
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        token: str | None = None,
+        base_url: str | None = None,
+        wait_s: float | None = None,
     ) -> Answer:
         """The service's answer; raises UpstreamError unless it is 2xx."""
         if not self.base_urls and not base_url:
             raise UpstreamError(self.label, None, "not deployed with this console (no base URL configured)", "")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         query = {k: v for k, v in (params or {}).items() if v is not None and v != ""}
-        bases = [base_url] if base_url else self.base_urls[self._preferred:] + self.base_urls[: self._preferred]
+        bases = [base_url] if base_url else self.base_urls[self._preferred :] + self.base_urls[: self._preferred]
         last: UpstreamError | None = None
         for base in bases:
             url = base + path
             try:
                 resp = await self.http.request(
-                    method, url, params=query, headers=headers,
-                    timeout=wait_s if wait_s is not None else httpx.USE_CLIENT_DEFAULT,
+                    method, url, params=query, headers=headers, timeout=wait_s if wait_s is not None else httpx.USE_CLIENT_DEFAULT
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 last = UpstreamError(self.label, None, str(exc) or type(exc).__name__, url)

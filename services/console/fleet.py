@@ -104,7 +104,8 @@ class FleetMonitor:
             urls.update(str(u).rstrip("/") for u in first.get("peers", []))
             urls.add(str(first["url"]).rstrip("/"))
         urls.update(
-            url for url, t in self._tracks.items()
+            url
+            for url, t in self._tracks.items()
             if t.service == client.name and t.seen_at is not None and now - t.seen_at < FORGET_AFTER_S
         )
         known = {str(first["url"]).rstrip("/"): first} if first is not None else {}
@@ -123,9 +124,7 @@ class FleetMonitor:
         view.history = list(history)
         return view
 
-    async def _poll_instance(
-        self, client: ServiceClient, url: str, info: dict[str, Any] | None, now: float,
-    ) -> InstanceView:
+    async def _poll_instance(self, client: ServiceClient, url: str, info: dict[str, Any] | None, now: float) -> InstanceView:
         track = self._tracks.setdefault(url, _Track(client.name))
         try:
             if info is None:

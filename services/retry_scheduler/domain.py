@@ -102,8 +102,10 @@ class Policy:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "max_attempts": self.max_attempts, "base_delay_ms": self.base_delay_ms,
-            "max_delay_ms": self.max_delay_ms, "jitter": self.jitter,
+            "max_attempts": self.max_attempts,
+            "base_delay_ms": self.base_delay_ms,
+            "max_delay_ms": self.max_delay_ms,
+            "jitter": self.jitter,
         }
 
 
@@ -160,7 +162,7 @@ class PolicyBook:
         policy = self.default
         topic_override = self.by_origin_topic.get(origin_topic)
         if topic_override is None and self.topic_prefix and origin_topic.startswith(self.topic_prefix):
-            topic_override = self.by_origin_topic.get(origin_topic[len(self.topic_prefix):])
+            topic_override = self.by_origin_topic.get(origin_topic[len(self.topic_prefix) :])
         if topic_override:
             policy = replace(policy, **topic_override)
         class_override = self.by_error_class.get(error_class)
@@ -199,13 +201,7 @@ def parse_overrides(text: str) -> tuple[dict[str, dict[str, Any]], dict[str, dic
 
 
 def build_policy_book(
-    *,
-    max_attempts: int,
-    base_delay_ms: int,
-    max_delay_ms: int,
-    jitter: str,
-    overrides: str,
-    topic_prefix: str = "",
+    *, max_attempts: int, base_delay_ms: int, max_delay_ms: int, jitter: str, overrides: str, topic_prefix: str = ""
 ) -> PolicyBook:
     """The policies from settings: configured error-class overrides are merged over the built-in ones."""
     if jitter not in JITTERS:
@@ -214,10 +210,7 @@ def build_policy_book(
     classes: dict[str, dict[str, Any]] = {name: dict(fields) for name, fields in NEVER_RETRIED.items()}
     for name, fields in by_class.items():
         classes[name] = {**classes.get(name, {}), **fields}
-    default = Policy(
-        max_attempts=max_attempts, base_delay_ms=base_delay_ms, max_delay_ms=max_delay_ms,
-        jitter=jitter,
-    )
+    default = Policy(max_attempts=max_attempts, base_delay_ms=base_delay_ms, max_delay_ms=max_delay_ms, jitter=jitter)
     return PolicyBook(default=default, by_origin_topic=by_topic, by_error_class=classes, topic_prefix=topic_prefix)
 
 

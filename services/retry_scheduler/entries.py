@@ -70,9 +70,25 @@ class Entry:
     def scheduled(self, due_at: int, max_attempts: int) -> Entry:
         # Spelled out rather than dataclasses.replace, which costs several times more (once per dead letter).
         return Entry(
-            self.id, self.key, self.value, self.headers, self.retry_topic, self.attempt, self.origin_topic,
-            self.origin_partition, self.origin_offset, self.error_class, self.error_message, self.first_failed_at,
-            self.failed_at, self.received_at, due_at, max_attempts, self.parked_at, self.parked_reason, self.history,
+            self.id,
+            self.key,
+            self.value,
+            self.headers,
+            self.retry_topic,
+            self.attempt,
+            self.origin_topic,
+            self.origin_partition,
+            self.origin_offset,
+            self.error_class,
+            self.error_message,
+            self.first_failed_at,
+            self.failed_at,
+            self.received_at,
+            due_at,
+            max_attempts,
+            self.parked_at,
+            self.parked_reason,
+            self.history,
         )
 
     def parked(self, at: int, reason: str, max_attempts: int) -> Entry:
@@ -89,10 +105,7 @@ class Entry:
 
     def parking_headers(self) -> list[tuple[str, bytes]]:
         """Every header it was redelivered with, plus when and why it was parked."""
-        extra = [
-            ("dlq.parked.at", str(self.parked_at or 0).encode()),
-            ("dlq.parked.reason", (self.parked_reason or "").encode()),
-        ]
+        extra = [("dlq.parked.at", str(self.parked_at or 0).encode()), ("dlq.parked.reason", (self.parked_reason or "").encode())]
         return list(self.headers) + extra
 
 
@@ -112,26 +125,43 @@ def entry_from_letter(letter: DeadLetter, raw_headers: list[tuple[str, bytes]], 
     """
     dlq_headers = [(k, v) for k, v in letter.headers() if k.startswith(DLQ_PREFIX)]
     return Entry(
-        id=letter.id, key=letter.key, value=letter.value,
+        id=letter.id,
+        key=letter.key,
+        value=letter.value,
         headers=tuple(merge_headers(raw_headers, dlq_headers)),
-        retry_topic=letter.retry_topic, attempt=_clamp(letter.attempt, 1, _MAX_ATTEMPT),
-        origin_topic=letter.original_topic, origin_partition=_clamp(letter.original_partition, *_INT64),
+        retry_topic=letter.retry_topic,
+        attempt=_clamp(letter.attempt, 1, _MAX_ATTEMPT),
+        origin_topic=letter.original_topic,
+        origin_partition=_clamp(letter.original_partition, *_INT64),
         origin_offset=_clamp(letter.original_offset, *_INT64),
-        error_class=letter.error_class, error_message=letter.error_message,
+        error_class=letter.error_class,
+        error_message=letter.error_message,
         first_failed_at=_clamp(letter.first_failed_at, 0, MAX_DUE_MS),
-        failed_at=_clamp(letter.failed_at, 0, MAX_DUE_MS), received_at=received_at,
+        failed_at=_clamp(letter.failed_at, 0, MAX_DUE_MS),
+        received_at=received_at,
     )
 
 
 def encode_entry(e: Entry) -> bytes:
     fields: dict[str, Any] = {
-        "id": e.id, "k": _b64(e.key), "v": _b64(e.value),
+        "id": e.id,
+        "k": _b64(e.key),
+        "v": _b64(e.value),
         "h": [[name, _b64(value)] for name, value in e.headers],
-        "rt": e.retry_topic, "a": e.attempt,
-        "ot": e.origin_topic, "op": e.origin_partition, "oo": e.origin_offset,
-        "ec": e.error_class, "em": e.error_message,
-        "ff": e.first_failed_at, "fa": e.failed_at, "ra": e.received_at,
-        "due": e.due_at, "ma": e.max_attempts, "pa": e.parked_at, "pr": e.parked_reason,
+        "rt": e.retry_topic,
+        "a": e.attempt,
+        "ot": e.origin_topic,
+        "op": e.origin_partition,
+        "oo": e.origin_offset,
+        "ec": e.error_class,
+        "em": e.error_message,
+        "ff": e.first_failed_at,
+        "fa": e.failed_at,
+        "ra": e.received_at,
+        "due": e.due_at,
+        "ma": e.max_attempts,
+        "pa": e.parked_at,
+        "pr": e.parked_reason,
     }
     if e.history:  # absent when empty: entries stored before history existed decode alike
         fields["hi"] = _history_json(e.history)
@@ -151,13 +181,24 @@ def decode_entry(raw: bytes) -> Entry:
     try:
         o = orjson.loads(raw)
         return Entry(
-            id=o["id"], key=_unb64(o["k"]), value=_unb64(o["v"]),
+            id=o["id"],
+            key=_unb64(o["k"]),
+            value=_unb64(o["v"]),
             headers=tuple((name, _unb64(value) or b"") for name, value in o["h"]),
-            retry_topic=o["rt"], attempt=o["a"],
-            origin_topic=o["ot"], origin_partition=o["op"], origin_offset=o["oo"],
-            error_class=o["ec"], error_message=o["em"],
-            first_failed_at=o["ff"], failed_at=o["fa"], received_at=o["ra"],
-            due_at=o["due"], max_attempts=o["ma"], parked_at=o["pa"], parked_reason=o["pr"],
+            retry_topic=o["rt"],
+            attempt=o["a"],
+            origin_topic=o["ot"],
+            origin_partition=o["op"],
+            origin_offset=o["oo"],
+            error_class=o["ec"],
+            error_message=o["em"],
+            first_failed_at=o["ff"],
+            failed_at=o["fa"],
+            received_at=o["ra"],
+            due_at=o["due"],
+            max_attempts=o["ma"],
+            parked_at=o["pa"],
+            parked_reason=o["pr"],
             history=_history_of(o["hi"]) if "hi" in o else (),
         )
     except (KeyError, TypeError, ValueError) as exc:
@@ -185,8 +226,7 @@ class Decided:
     @classmethod
     def of(cls, entry: Entry) -> Decided:
         """A scheduled or parked entry (see :meth:`Entry.scheduled`, :meth:`Entry.parked`)."""
-        return cls(entry.id, entry.parked_at is not None, entry.attempt, entry.due_at, entry.counted_as,
-                   encode_entry(entry))
+        return cls(entry.id, entry.parked_at is not None, entry.attempt, entry.due_at, entry.counted_as, encode_entry(entry))
 
 
 def encode_decided(d: Decided) -> bytes:
@@ -205,7 +245,7 @@ def decode_decided(raw: bytes) -> Decided:
     at = _DECIDED_HEAD.size
     fields = []
     for n in (id_len, topic_len, class_len):
-        fields.append(raw[at:at + n].decode())
+        fields.append(raw[at : at + n].decode())
         at += n
     if len(raw) <= at:
         raise ValueError("not a decided dead letter: truncated")

@@ -6,9 +6,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from shared.metrics import REGISTRY
 
-SCHEDULED = Counter(
-    "statefleet_retry_scheduled_total", "Dead letters scheduled for redelivery", registry=REGISTRY,
-)
+SCHEDULED = Counter("statefleet_retry_scheduled_total", "Dead letters scheduled for redelivery", registry=REGISTRY)
 DUPLICATES = Counter(
     "statefleet_retry_duplicates_total",
     "Dead letters ignored because the same dlq.id was already scheduled at that or a later attempt",
@@ -16,18 +14,15 @@ DUPLICATES = Counter(
     registry=REGISTRY,
 )
 REDELIVERED = Counter(
-    "statefleet_retry_redelivered_total", "Messages redelivered to their retry topic", ["trigger"], registry=REGISTRY,
+    "statefleet_retry_redelivered_total", "Messages redelivered to their retry topic", ["trigger"], registry=REGISTRY
 )
 REDELIVERY_FAILED = Counter(
-    "statefleet_retry_redelivery_failed_total", "Redeliveries the broker did not acknowledge (kept, tried again)",
+    "statefleet_retry_redelivery_failed_total",
+    "Redeliveries the broker did not acknowledge (kept, tried again)",
     registry=REGISTRY,
 )
-PARKED = Counter(
-    "statefleet_retry_parked_total", "Messages published to the parking lot", registry=REGISTRY,
-)
-CANCELLED = Counter(
-    "statefleet_retry_cancelled_total", "Scheduled messages cancelled over HTTP", registry=REGISTRY,
-)
+PARKED = Counter("statefleet_retry_parked_total", "Messages published to the parking lot", registry=REGISTRY)
+CANCELLED = Counter("statefleet_retry_cancelled_total", "Scheduled messages cancelled over HTTP", registry=REGISTRY)
 TICK_SECONDS = Histogram(
     "statefleet_retry_tick_seconds",
     "Time of one tick of one partition: scan, redeliver, wait for acks, delete",
@@ -40,6 +35,4 @@ LATENESS_SECONDS = Histogram(
     registry=REGISTRY,
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
-STORED = Gauge(
-    "statefleet_retry_stored", "Messages held by this instance", ["table"], registry=REGISTRY,
-)
+STORED = Gauge("statefleet_retry_stored", "Messages held by this instance", ["table"], registry=REGISTRY)

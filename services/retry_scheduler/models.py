@@ -12,8 +12,10 @@ from services.retry_scheduler.entries import Entry
 
 class HistoryOut(BaseModel):
     at: int = Field(description="When the operator's action was applied (epoch ms)")
-    action: str = Field(description="replay (a scheduled message sent at once), unpark (one parked message "
-                                    "replayed) or group replay (replayed with its group)")
+    action: str = Field(
+        description="replay (a scheduled message sent at once), unpark (one parked message "
+        "replayed) or group replay (replayed with its group)"
+    )
     attempt: int = Field(description="The dlq.attempt it was replayed with")
 
 
@@ -37,7 +39,7 @@ class RetryOut(BaseModel):
     due_at: int = Field(description="When it is redelivered (epoch ms)")
     headers: dict[str, str] = Field(description="Headers it is redelivered with (values as UTF-8 text)")
     history: list[HistoryOut] = Field(
-        default_factory=list, description="Replays so far, oldest first; kept across its later attempts",
+        default_factory=list, description="Replays so far, oldest first; kept across its later attempts"
     )
 
 
@@ -68,15 +70,30 @@ class ParkedGroupOut(BaseModel):
 class ParkedGroupsOut(BaseModel):
     groups: list[ParkedGroupOut] = Field(description="Largest first")
     total: int = Field(description="Parked messages in all the groups")
-    complete: bool = Field(description="False when some partition had more parked rows than one answer examines: "
-                                       "counts are then lower bounds")
+    complete: bool = Field(
+        description="False when some partition had more parked rows than one answer examines: counts are then lower bounds"
+    )
 
-    model_config = {"json_schema_extra": {"examples": [{
-        "groups": [{"origin_topic": "orders", "error_class": "TimeoutError", "count": 1250,
-                    "oldest_parked_at": 1764000000000, "newest_parked_at": 1764003600000,
-                    "newest_error_message": "payment-gateway did not answer within 5s"}],
-        "total": 1250, "complete": True,
-    }]}}
+    model_config = {
+        "json_schema_extra": {
+            "examples": [
+                {
+                    "groups": [
+                        {
+                            "origin_topic": "orders",
+                            "error_class": "TimeoutError",
+                            "count": 1250,
+                            "oldest_parked_at": 1764000000000,
+                            "newest_parked_at": 1764003600000,
+                            "newest_error_message": "payment-gateway did not answer within 5s",
+                        }
+                    ],
+                    "total": 1250,
+                    "complete": True,
+                }
+            ]
+        }
+    }
 
 
 class GroupActionOut(BaseModel):
@@ -86,21 +103,38 @@ class GroupActionOut(BaseModel):
     error_class: str
     parked_from: int | None
     parked_to: int | None
-    matched: int = Field(description="Dry run: parked messages the action would cover now. Otherwise: those the "
-                                     "first round of each partition covered")
+    matched: int = Field(
+        description="Dry run: parked messages the action would cover now. Otherwise: those the "
+        "first round of each partition covered"
+    )
     complete: bool = Field(True, description="Dry run: false when the count is a lower bound (see GET /parked-groups)")
     done: int = Field(0, description="Replayed (sent to their retry topic and unparked) or cancelled (dropped)")
     failed: int = Field(0, description="Redeliveries that failed: those messages stay parked")
     continuing: bool = Field(False, description="More than one round's worth: the rest follows in the background")
     accepted_partitions: list[int] = Field(
-        default_factory=list, description="Partitions whose answer did not come in time (the action is still applied)",
+        default_factory=list, description="Partitions whose answer did not come in time (the action is still applied)"
     )
 
-    model_config = {"json_schema_extra": {"examples": [{
-        "action": "replay", "dry_run": True, "origin_topic": "orders", "error_class": "TimeoutError",
-        "parked_from": None, "parked_to": None, "matched": 1250, "complete": True, "done": 0, "failed": 0,
-        "continuing": False, "accepted_partitions": [],
-    }]}}
+    model_config = {
+        "json_schema_extra": {
+            "examples": [
+                {
+                    "action": "replay",
+                    "dry_run": True,
+                    "origin_topic": "orders",
+                    "error_class": "TimeoutError",
+                    "parked_from": None,
+                    "parked_to": None,
+                    "matched": 1250,
+                    "complete": True,
+                    "done": 0,
+                    "failed": 0,
+                    "continuing": False,
+                    "accepted_partitions": [],
+                }
+            ]
+        }
+    }
 
 
 class CommandOut(BaseModel):

@@ -14,7 +14,12 @@ from shared.settings import Settings, get_settings
 def build(settings: Settings) -> tuple[RetrySchedulerService, FastAPI]:
     service = RetrySchedulerService(settings)
     api = serve_http(
-        service, SERVICE, DEFAULT_PORT, settings, router, title="statefleet retry scheduler",
+        service,
+        SERVICE,
+        DEFAULT_PORT,
+        settings,
+        router,
+        title="statefleet retry scheduler",
         description=(
             "Dead letters waiting for redelivery and messages parked after their last attempt, from any instance. "
             "Changing calls need `Authorization: Bearer <token>`."

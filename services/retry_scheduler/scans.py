@@ -123,18 +123,16 @@ def scan_page(
     return _scan(db, seek=seek, in_range=in_range, after=after, limit=limit, origin_topic=origin_topic, budget=budget)
 
 
-def scan_ids(
-    db: OrderedRows,
-    *,
-    after: bytes | None,
-    limit: int,
-    origin_topic: str | None,
-    budget: int,
-) -> PageScan:
+def scan_ids(db: OrderedRows, *, after: bytes | None, limit: int, origin_topic: str | None, budget: int) -> PageScan:
     """Rows of an id-keyed table (``parked``) in id order after ``after`` (exclusive)."""
     return _scan(
-        db, seek=after if after is not None else ID_PREFIX, in_range=lambda key: key.startswith(ID_PREFIX),
-        after=after, limit=limit, origin_topic=origin_topic, budget=budget,
+        db,
+        seek=after if after is not None else ID_PREFIX,
+        in_range=lambda key: key.startswith(ID_PREFIX),
+        after=after,
+        limit=limit,
+        origin_topic=origin_topic,
+        budget=budget,
     )
 
 
@@ -201,16 +199,23 @@ class ParkedGroup:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "origin_topic": self.origin_topic, "error_class": self.error_class, "count": self.count,
-            "oldest_parked_at": self.oldest_parked_at, "newest_parked_at": self.newest_parked_at,
+            "origin_topic": self.origin_topic,
+            "error_class": self.error_class,
+            "count": self.count,
+            "oldest_parked_at": self.oldest_parked_at,
+            "newest_parked_at": self.newest_parked_at,
             "newest_error_message": self.newest_error_message,
         }
 
     @classmethod
     def from_json(cls, o: dict[str, Any]) -> ParkedGroup:
         return cls(
-            str(o["origin_topic"]), str(o["error_class"]), int(o["count"]), o.get("oldest_parked_at"),
-            o.get("newest_parked_at"), str(o.get("newest_error_message") or ""),
+            str(o["origin_topic"]),
+            str(o["error_class"]),
+            int(o["count"]),
+            o.get("oldest_parked_at"),
+            o.get("newest_parked_at"),
+            str(o.get("newest_error_message") or ""),
         )
 
 
@@ -253,7 +258,7 @@ def scan_parked_groups(db: OrderedRows, flt: GroupFilter, budget: int, after: by
 
 
 def scan_parked_matching(
-    db: OrderedRows, flt: GroupFilter, *, after: bytes | None, limit: int | None, budget: int,
+    db: OrderedRows, flt: GroupFilter, *, after: bytes | None, limit: int | None, budget: int
 ) -> tuple[list[tuple[bytes, bytes, dict[str, Any]]], bytes | None]:
     """Parked rows ``flt`` covers, in id order after ``after`` (exclusive), as (key, stored
     bytes, the stored JSON object): at most ``limit`` of them, examining at most ``budget``

@@ -29,7 +29,6 @@ seeking past them rather than from the first key keeps a tick's cost proportiona
 what is due, not to what was deleted before.
 """
 
-
 from __future__ import annotations
 
 import struct
@@ -64,7 +63,7 @@ def id_key(dlq_id: str) -> bytes:
 
 
 def id_of(key: bytes) -> str:
-    return key[len(ID_PREFIX):].decode("utf-8", errors="replace")
+    return key[len(ID_PREFIX) :].decode("utf-8", errors="replace")
 
 
 # -- index values --------------------------------------------------------------------------------
@@ -98,7 +97,7 @@ def encode_done(kind: bytes, attempt: int, expiry_key: bytes) -> bytes:
 def decode_index(value: bytes) -> bytes | Done:
     """A due key (the id is scheduled under it) or a :class:`Done` marker."""
     if value[:1] in DONE_KINDS:
-        return Done(value[:1], _ATTEMPT.unpack_from(value, 1)[0], value[1 + _ATTEMPT.size:])
+        return Done(value[:1], _ATTEMPT.unpack_from(value, 1)[0], value[1 + _ATTEMPT.size :])
     return value
 
 
@@ -148,9 +147,7 @@ class Counts:
     parked: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)
 
     def rebuild(
-        self,
-        schedule: dict[int, Iterable[tuple[bytes, bytes]]],
-        parked: dict[int, Iterable[tuple[bytes, bytes]]],
+        self, schedule: dict[int, Iterable[tuple[bytes, bytes]]], parked: dict[int, Iterable[tuple[bytes, bytes]]]
     ) -> int:
         rows = 0
         fresh_s: dict[int, Counter[tuple[str, str]]] = {}
@@ -196,7 +193,9 @@ class Counts:
                 parked_by_topic[topic] += n
                 parked += n
         return {
-            "scheduled": scheduled, "parked": parked,
-            "by_origin_topic": dict(by_topic), "by_error_class": dict(by_class),
+            "scheduled": scheduled,
+            "parked": parked,
+            "by_origin_topic": dict(by_topic),
+            "by_error_class": dict(by_class),
             "parked_by_origin_topic": dict(parked_by_topic),
         }

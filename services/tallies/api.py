@@ -47,14 +47,14 @@ async def get_tally(program_id: TalliedProgram, ctx: Ctx) -> Any:
 
 
 @router.get(
-    "/tallies", response_model=TallyPage, summary="All tallies, ordered by program_id",
-    responses=error_responses(400, 422, 503, _400="A cursor this API did not make"), dependencies=[READS_STATE],
+    "/tallies",
+    response_model=TallyPage,
+    summary="All tallies, ordered by program_id",
+    responses=error_responses(400, 422, 503, _400="A cursor this API did not make"),
+    dependencies=[READS_STATE],
 )
 async def list_tallies(
-    request: Request,
-    ctx: Ctx,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: CursorParam = None,
+    request: Request, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 100, cursor: CursorParam = None
 ) -> Any:
     svc = _service(ctx)
     after = decode_cursor(cursor, LIST_NAME)
@@ -70,5 +70,3 @@ async def list_tallies(
     items = merge_pages(pages, key="program_id", limit=limit)
     next_cursor = encode_cursor(items[-1]["program_id"], LIST_NAME) if len(items) == limit else None
     return {"items": items, "next_cursor": next_cursor}
-
-

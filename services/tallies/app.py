@@ -47,15 +47,7 @@ from itertools import takewhile
 from typing import Any
 
 from services.tallies import DEFAULT_PORT, SERVICE
-from services.tallies.domain import (
-    InvalidInput,
-    Login,
-    Tally,
-    apply_change,
-    count_delta,
-    parse_account_change,
-    parse_login,
-)
+from services.tallies.domain import InvalidInput, Login, Tally, apply_change, count_delta, parse_account_change, parse_login
 from services.tallies.state import (
     PUBLISH_TICK,
     PackedInputs,
@@ -70,15 +62,7 @@ from services.tallies.state import (
 )
 from shared import codecs, dead_letters
 from shared.accounts import AccountChange
-from shared.engine import (
-    DeadLetterRoute,
-    Engine,
-    InputBatch,
-    OrderedRows,
-    TopicSpec,
-    app_id,
-    partition_for,
-)
+from shared.engine import DeadLetterRoute, Engine, InputBatch, OrderedRows, TopicSpec, app_id, partition_for
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
 
@@ -133,7 +117,9 @@ class TalliesService:
         self.dirty: dict[int, set[str]] = {}
         #: Publish ticks to the by-program partitions with programs to publish.
         self.publish_ticks = engine.ticker(
-            self.by_program_topic_name, PUBLISH_TICK, interval_s=settings.tally_publish_interval_s,
+            self.by_program_topic_name,
+            PUBLISH_TICK,
+            interval_s=settings.tally_publish_interval_s,
             name="publish tick of by-program",
         )
         #: Tallies this instance's committed batches published.
@@ -142,12 +128,17 @@ class TalliesService:
         # Hop 1 keeps no state of its own: its next offsets are rows of memberships, so
         # they move with the partition and are restored with it.
         engine.handler(
-            topics.account_events, topics.logins, self.retry_topic_name, name="inputs",
+            topics.account_events,
+            topics.logins,
+            self.retry_topic_name,
+            name="inputs",
             offsets=self.memberships_store,
             dead_letters=DeadLetterRoute(SERVICE, topics.dead_letters, self.retry_topic_name),
         )(self.route_inputs)
         engine.handler(
-            self.by_program_topic_name, name="by-program", internal_partitions=partitions,
+            self.by_program_topic_name,
+            name="by-program",
+            internal_partitions=partitions,
             offsets=[self.memberships_store, self.logins_store, self.published_store],
         )(self.apply_inputs)
         engine.watch_trailing_holes()
@@ -197,8 +188,12 @@ class TalliesService:
             try:
                 packed = PackedInputs.decode(record.value)
             except (codecs.DecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
-                log.warning("skipping a by-program record that is not one this service wrote at %s[%s]@%s",
-                            record.topic, record.partition, record.offset)
+                log.warning(
+                    "skipping a by-program record that is not one this service wrote at %s[%s]@%s",
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                )
                 continue
             for program_id, inputs in packed.programs.items():
                 for change in inputs.changes:
@@ -234,7 +229,7 @@ class TalliesService:
         batch.after_commit(move_counts)
 
     def apply_change(
-        self, batch: InputBatch, change: AccountChange, moves: list[tuple[str, str | None, str]], programs: set[str],
+        self, batch: InputBatch, change: AccountChange, moves: list[tuple[str, str | None, str]], programs: set[str]
     ) -> None:
         """Stage what ``change`` writes (read against this batch's earlier changes)."""
         key = membership_key(change.program_id, change.account_id)
@@ -267,8 +262,10 @@ class TalliesService:
         self.dirty = {p: programs for p, programs in dirty.items() if programs}
         self.publish_ticks.forget()
         log.info(
-            "rebuilt counts from %d memberships in %d partitions (%.2fs); %d programs to compare with their "
-            "published tallies", rows, len(owned), time.perf_counter() - started,
+            "rebuilt counts from %d memberships in %d partitions (%.2fs); %d programs to compare with their published tallies",
+            rows,
+            len(owned),
+            time.perf_counter() - started,
             sum(len(programs) for programs in self.dirty.values()),
         )
 
@@ -327,8 +324,7 @@ class TalliesService:
             return
         await self.publish_ticks.send_to(p for p in self.owned_partitions() if self.dirty.get(p))
 
-    def publish_changed(self, batch: InputBatch, programs: Iterable[str],
-                        moves: list[tuple[str, str | None, str]]) -> int:
+    def publish_changed(self, batch: InputBatch, programs: Iterable[str], moves: list[tuple[str, str | None, str]]) -> int:
         """Stage on ``batch`` the tally of each of ``programs`` (of the batch's partition) as it is
         after the batch, where it differs from the one last published, with its new
         ``published-tallies`` row; returns how many."""
@@ -373,7 +369,9 @@ def tally_of(program_id: str, counts: tuple[int, int] | None, raw_login: bytes |
         return None
     active, inactive = counts if counts is not None else (0, 0)
     return Tally(
-        program_id=program_id, numberActive=active, numberInactive=inactive,
+        program_id=program_id,
+        numberActive=active,
+        numberInactive=inactive,
         lastLogin=int(raw_login) if raw_login is not None else None,
     )
 

@@ -14,13 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from shared.accounts import (
-    AccountChange,
-    InvalidEvent,
-    parse_event,
-    status_after,
-    tally_counts,
-)
+from shared.accounts import AccountChange, InvalidEvent, parse_event, status_after, tally_counts
 
 #: Builds a NamedTuple from its fields in C, without the Python-level ``__new__`` the class
 #: generates: these records are built several times per input record.
@@ -93,14 +87,16 @@ def parse_login(obj: Mapping[str, Any]) -> Login:
     program_id = obj.get("program_id")
     ts = obj.get("ts")
     if (
-        type(ts) is int and type(account_id) is str and account_id
-        and type(program_id) is str and program_id and "\x00" not in program_id
+        type(ts) is int
+        and type(account_id) is str
+        and account_id
+        and type(program_id) is str
+        and program_id
+        and "\x00" not in program_id
     ):
         return build_record(Login, (account_id, program_id, ts))
     login = Login(
-        account_id=_require_str(obj, "account_id"),
-        program_id=_require_str(obj, "program_id"),
-        ts=_require_int(obj, "ts"),
+        account_id=_require_str(obj, "account_id"), program_id=_require_str(obj, "program_id"), ts=_require_int(obj, "ts")
     )
     if "\x00" in login.program_id:
         raise InvalidInput("'program_id' must not contain NUL")

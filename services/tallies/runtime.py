@@ -14,7 +14,12 @@ from shared.settings import Settings, get_settings
 def build(settings: Settings) -> tuple[TalliesService, FastAPI]:
     service = TalliesService(settings)
     api = serve_http(
-        service, SERVICE, DEFAULT_PORT, settings, router, title="statefleet tallies",
+        service,
+        SERVICE,
+        DEFAULT_PORT,
+        settings,
+        router,
+        title="statefleet tallies",
         description="Running tallies per program (numberActive, numberInactive, lastLogin), from any instance.",
     )
     return service, api

@@ -23,13 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from services.tallies.domain import (
-    Login,
-    Membership,
-    build_record,
-    count_delta,
-    latest_login,
-)
+from services.tallies.domain import Login, Membership, build_record, count_delta, latest_login
 from shared import codecs
 from shared.accounts import AccountChange, tally_counts
 from shared.engine import partition_for
@@ -162,11 +156,15 @@ class PackedInputs:
         self.records += 1
 
     def encode(self) -> bytes:
-        return codecs.dumps({
-            "p": [[program, [[c.account_id, c.type, c.version] for c in inputs.changes], inputs.last_login]
-                  for program, inputs in self.programs.items()],
-            "n": self.records,
-        })
+        return codecs.dumps(
+            {
+                "p": [
+                    [program, [[c.account_id, c.type, c.version] for c in inputs.changes], inputs.last_login]
+                    for program, inputs in self.programs.items()
+                ],
+                "n": self.records,
+            }
+        )
 
     @staticmethod
     def decode(raw: bytes | None) -> PackedInputs:
@@ -174,8 +172,7 @@ class PackedInputs:
         packed = PackedInputs(records=int(obj["n"]))
         for program, changes, last_login in obj["p"]:
             packed.programs[program] = ProgramInputs(
-                changes=[build_record(AccountChange, (a, program, t, v, None)) for a, t, v in changes],
-                last_login=last_login,
+                changes=[build_record(AccountChange, (a, program, t, v, None)) for a, t, v in changes], last_login=last_login
             )
             packed.changes += len(changes)
         return packed

@@ -80,7 +80,7 @@ def status_body(raw: bytes) -> dict[str, Any]:
 
 
 async def command_status(
-    ctx: ServiceContext, command_id: str, *, wait: float, final: bool, forwarded: bool,
+    ctx: ServiceContext, command_id: str, *, wait: float, final: bool, forwarded: bool
 ) -> dict[str, Any] | None:
     """The command's status body from the instance that owns its outcome (None: unknown id).
 
@@ -102,13 +102,16 @@ async def command_status(
     if forwarded:
         raise Unavailable("the command's partition moved while the request was forwarded; retry shortly")
     return await ask_owner(
-        ctx, owner, f"/commands/{quote(command_id, safe='')}",
-        {"wait": str(wait), "until": "final" if final else "known"}, within_s=wait + ctx.settings.forward_timeout_s,
+        ctx,
+        owner,
+        f"/commands/{quote(command_id, safe='')}",
+        {"wait": str(wait), "until": "final" if final else "known"},
+        within_s=wait + ctx.settings.forward_timeout_s,
     )
 
 
 async def ask_owner(
-    ctx: ServiceContext, owner: str, path: str, params: dict[str, Any], *, within_s: float,
+    ctx: ServiceContext, owner: str, path: str, params: dict[str, Any], *, within_s: float
 ) -> dict[str, Any] | None:
     """GET ``path`` from the instance that owns it: its JSON body, or None for its 404."""
     HTTP_FORWARDED.labels(ctx.service).inc()
@@ -133,7 +136,10 @@ async def ask_owner(
         200: {"model": CommandStatus, "description": "With ?wait=true: the command's outcome"},
         202: {"description": "Written to account-commands; with ?wait=true and no outcome in time, the pending status"},
         **error_responses(
-            400, 413, 422, 503,
+            400,
+            413,
+            422,
+            503,
             _422="The body is not a valid command, or holds a value no message can carry",
             _503="The command could not be written to Kafka; retry",
         ),
@@ -159,14 +165,19 @@ async def post_command(
             await command_status(ctx, command_id, wait=PENDING_VISIBLE_WAIT_S, final=False, forwarded=False)
         return JSONResponse({"command_id": command_id}, status_code=202)
     try:
-        status = await command_status(
-            ctx, command_id, wait=ctx.settings.command_wait_timeout_s, final=True, forwarded=False,
-        )
+        status = await command_status(ctx, command_id, wait=ctx.settings.command_wait_timeout_s, final=True, forwarded=False)
     except Unavailable:
         status = None  # written, but its outcome cannot be read right now: answer as pending
     if status is None or status["status"] == PENDING:
-        pending = status or {"command_id": command_id, "status": PENDING, "account_id": body.account_id,
-                             "event": None, "rejection": None, "reason": None, "detail": None}
+        pending = status or {
+            "command_id": command_id,
+            "status": PENDING,
+            "account_id": body.account_id,
+            "event": None,
+            "rejection": None,
+            "reason": None,
+            "detail": None,
+        }
         return JSONResponse(pending, status_code=202)
     return JSONResponse(status, status_code=200)
 
@@ -185,7 +196,7 @@ async def _command_read(
     ctx: Ctx,
     max_lag: MaxLag,
     wait: Annotated[
-        float, Query(ge=0, le=60, description="Seconds to wait for an answer (capped by the configured timeout)"),
+        float, Query(ge=0, le=60, description="Seconds to wait for an answer (capped by the configured timeout)")
     ] = 0.0,
     until: Annotated[Literal["final", "known"], Query(include_in_schema=False)] = "final",
 ) -> CommandRead:
@@ -195,7 +206,7 @@ async def _command_read(
     if wait > 0 and not request.headers.get(READ_COPY):
         try:
             status = await command_status(
-                ctx, command_id, wait=wait, final=until == "final", forwarded=bool(request.headers.get(FORWARDED_BY)),
+                ctx, command_id, wait=wait, final=until == "final", forwarded=bool(request.headers.get(FORWARDED_BY))
             )
         except Unavailable:
             pass  # the owner cannot wait for it: answered now, from the freshest copy, below
@@ -212,7 +223,10 @@ async def _command_read(
     response_model=CommandStatus,
     summary="A command's status: pending, accepted (with its event) or rejected (with the reason)",
     responses=error_responses(
-        404, 422, 503, _404="No command with this id was submitted or answered",
+        404,
+        422,
+        503,
+        _404="No command with this id was submitted or answered",
         _503="State is being restored, or the outcomes are still being recorded; retry",
     ),
 )
@@ -262,9 +276,7 @@ def _no_nul(program_id: str) -> None:
 
 
 #: A program id whose listing this instance answers for (the owner of its partition of program-accounts).
-ListedProgram = Annotated[
-    str, owned_key(_program_id, lambda ctx: _service(ctx).program_listings.store, check=_no_nul),
-]
+ListedProgram = Annotated[str, owned_key(_program_id, lambda ctx: _service(ctx).program_listings.store, check=_no_nul)]
 
 
 @router.get(
@@ -279,7 +291,7 @@ async def list_program_accounts(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: CursorParam = None,
     status: Annotated[
-        Literal["active", "inactive", "deleted"] | None, Query(description="Only accounts with this status"),
+        Literal["active", "inactive", "deleted"] | None, Query(description="Only accounts with this status")
     ] = None,
 ) -> Any:
     before = None
@@ -305,7 +317,7 @@ BATCH_POLL_S = 0.05
 
 
 def batch_status_body(
-    batch_id: str, ids: list[str], outcomes: dict[int, dict[str, Any]], *, start: int, limit: int,
+    batch_id: str, ids: list[str], outcomes: dict[int, dict[str, Any]], *, start: int, limit: int
 ) -> dict[str, Any]:
     """GET /batches/{batch_id}: counts over every item, and the items from ``start`` on."""
     counts = {PENDING: 0, "accepted": 0, "rejected": 0}
@@ -318,15 +330,20 @@ def batch_status_body(
         if status == "rejected" and outcome is not None:
             by_reason[outcome["reason"]] = by_reason.get(outcome["reason"], 0) + 1
         if start <= index < start + limit:
-            items.append({
-                "index": index, "command_id": command_id, "status": status,
-                "reason": outcome.get("reason") if outcome else None,
-                "detail": outcome.get("detail") if outcome else None,
-                "version": outcome.get("version") if outcome else None,
-            })
+            items.append(
+                {
+                    "index": index,
+                    "command_id": command_id,
+                    "status": status,
+                    "reason": outcome.get("reason") if outcome else None,
+                    "detail": outcome.get("detail") if outcome else None,
+                    "version": outcome.get("version") if outcome else None,
+                }
+            )
     end = start + len(items)
     return {
-        "batch_id": batch_id, "total": len(ids),
+        "batch_id": batch_id,
+        "total": len(ids),
         "counts": {**counts, "rejected_by_reason": by_reason},
         "items": items,
         "next_cursor": encode_cursor(str(end - 1), BATCH_ITEMS) if items and end < len(ids) else None,
@@ -348,9 +365,7 @@ async def batch_status(ctx: ServiceContext, batch_id: str, *, start: int, limit:
     params: dict[str, Any] = {"limit": limit}
     if start > 0:
         params["cursor"] = encode_cursor(str(start - 1), BATCH_ITEMS)
-    return await ask_owner(
-        ctx, owner, f"/batches/{quote(batch_id, safe='')}", params, within_s=ctx.settings.forward_timeout_s,
-    )
+    return await ask_owner(ctx, owner, f"/batches/{quote(batch_id, safe='')}", params, within_s=ctx.settings.forward_timeout_s)
 
 
 @router.post(
@@ -362,7 +377,10 @@ async def batch_status(ctx: ServiceContext, batch_id: str, *, start: int, limit:
         200: {"model": BatchStatus, "description": "With ?wait=true: every item's outcome"},
         202: {"description": "Written to account-command-batches; with ?wait=true and items still pending, their status"},
         **error_responses(
-            400, 413, 422, 503,
+            400,
+            413,
+            422,
+            503,
             _422="The body is not a batch (batch_id, 1 to STATEFLEET_BATCH_MAX_COMMANDS commands)",
             _503="The batch could not be written to Kafka; retry (resending decides only what was not decided)",
         ),
@@ -410,14 +428,11 @@ Batch = Annotated[str, owned_key(_batch_id, lambda ctx: _service(ctx).command_ba
     response_model=BatchStatus,
     summary="A batch's counts by outcome and its items' outcomes, in pages",
     responses=error_responses(
-        400, 404, 422, 503, _400="A cursor this API did not make", _404="No batch with this id was received",
+        400, 404, 422, 503, _400="A cursor this API did not make", _404="No batch with this id was received"
     ),
 )
 async def get_batch(
-    batch_id: Batch,
-    ctx: Ctx,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: CursorParam = None,
+    batch_id: Batch, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 100, cursor: CursorParam = None
 ) -> Any:
     start = 0
     text = decode_cursor(cursor, BATCH_ITEMS)

@@ -47,9 +47,10 @@ class ValidatorService:
     def topic_specs(self) -> list[TopicSpec]:
         n, own = self.settings.topic_partitions, self.own_topics
         return [
-            *(TopicSpec(name, n) for name in (
-                own.commands, own.events, own.rejections, own.dead_letters, own.retry, own.command_batches,
-            )),
+            *(
+                TopicSpec(name, n)
+                for name in (own.commands, own.events, own.rejections, own.dead_letters, own.retry, own.command_batches)
+            ),
             # Its internal topics and changelogs too, so they exist before the first assignment
             # (Faust would create them at start-up, racing the group's first metadata read).
             *self.engine.internal_topic_specs(),

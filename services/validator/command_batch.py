@@ -48,7 +48,7 @@ def item_command_id(batch_id: str, index: int, item: Any) -> str:
     if isinstance(own, str) and id_field_problem("command_id", own, required=True) is None:
         return own
     derived = f"{batch_id}:{index}"
-    return derived if len(derived) <= MAX_ID_LENGTH else f"{batch_id[:MAX_ID_LENGTH - 12]}:{index}"
+    return derived if len(derived) <= MAX_ID_LENGTH else f"{batch_id[: MAX_ID_LENGTH - 12]}:{index}"
 
 
 def batch_item(batch_id: str, index: int, item: dict[str, Any]) -> dict[str, Any]:

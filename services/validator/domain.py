@@ -299,8 +299,13 @@ def parse_command(obj: Mapping[str, Any], *, default_issued_at: int) -> Command:
     if command_type == CREATE_ACCOUNT and program_id is None and not problems:
         problems.append("CreateAccount requires 'program_id'")
     return Command(
-        command_id=command_id, account_id=account_id, type=command_type, program_id=program_id,
-        expected_version=expected_version, data=data, issued_at=issued_at,
+        command_id=command_id,
+        account_id=account_id,
+        type=command_type,
+        program_id=program_id,
+        expected_version=expected_version,
+        data=data,
+        issued_at=issued_at,
         invalid="; ".join(problems) or None,
     )
 
@@ -309,25 +314,37 @@ def parse_command(obj: Mapping[str, Any], *, default_issued_at: int) -> Command:
 
 
 def _reject(command: Command, reason: str, detail: str, account: Account | None) -> Rejected:
-    return Rejected(Rejection(
-        command_id=command.command_id, account_id=command.account_id, reason=reason, detail=detail,
-        current_version=account.version if account is not None else None,
-    ))
+    return Rejected(
+        Rejection(
+            command_id=command.command_id,
+            account_id=command.account_id,
+            reason=reason,
+            detail=detail,
+            current_version=account.version if account is not None else None,
+        )
+    )
 
 
-def _accept(command: Command, account: Account | None, program_id: str, data: Mapping[str, Any],
-            event_data: Mapping[str, Any]) -> Accepted:
+def _accept(
+    command: Command, account: Account | None, program_id: str, data: Mapping[str, Any], event_data: Mapping[str, Any]
+) -> Accepted:
     event_type = EVENT_FOR[command.type]
     version = account.version + 1 if account is not None else 1
     status = STATUS_AFTER.get(event_type, account.status if account is not None else ACTIVE)
     event = Event(
-        event_id=event_id_for(command.account_id, command.command_id), command_id=command.command_id,
-        type=event_type, account_id=command.account_id, program_id=program_id, version=version,
-        occurred_at=command.issued_at, data=event_data,
+        event_id=event_id_for(command.account_id, command.command_id),
+        command_id=command.command_id,
+        type=event_type,
+        account_id=command.account_id,
+        program_id=program_id,
+        version=version,
+        occurred_at=command.issued_at,
+        data=event_data,
     )
-    return Accepted(event=event, account=Account(
-        account_id=command.account_id, program_id=program_id, status=status, version=version, data=data,
-    ))
+    return Accepted(
+        event=event,
+        account=Account(account_id=command.account_id, program_id=program_id, status=status, version=version, data=data),
+    )
 
 
 def decide(account: Account | None, seen: Mapping[str, OutcomeCode], command: Command) -> Outcome:
@@ -346,13 +363,16 @@ def decide(account: Account | None, seen: Mapping[str, OutcomeCode], command: Co
         if account is not None:
             detail = (
                 f"account {command.account_id!r} was deleted; account ids are never reused"
-                if account.status == DELETED else f"account {command.account_id!r} already exists"
+                if account.status == DELETED
+                else f"account {command.account_id!r} already exists"
             )
             return _reject(command, ALREADY_EXISTS, detail, account)
         if command.expected_version not in (None, 0):
             return _reject(
-                command, VERSION_CONFLICT,
-                f"expected version {command.expected_version}, but the account does not exist yet (version 0)", account,
+                command,
+                VERSION_CONFLICT,
+                f"expected version {command.expected_version}, but the account does not exist yet (version 0)",
+                account,
             )
         assert command.program_id is not None  # parse_command marks a create without one invalid
         return _accept(command, None, command.program_id, command.data, command.data)
@@ -363,13 +383,17 @@ def decide(account: Account | None, seen: Mapping[str, OutcomeCode], command: Co
         return _reject(command, DELETED_REASON, f"account {command.account_id!r} is deleted", account)
     if command.program_id is not None and command.program_id != account.program_id:
         return _reject(
-            command, INVALID_COMMAND,
-            f"program_id {command.program_id!r} is not the account's program {account.program_id!r}", account,
+            command,
+            INVALID_COMMAND,
+            f"program_id {command.program_id!r} is not the account's program {account.program_id!r}",
+            account,
         )
     if command.expected_version is not None and command.expected_version != account.version:
         return _reject(
-            command, VERSION_CONFLICT,
-            f"expected version {command.expected_version}, current version is {account.version}", account,
+            command,
+            VERSION_CONFLICT,
+            f"expected version {command.expected_version}, current version is {account.version}",
+            account,
         )
 
     if command.type == UPDATE_ACCOUNT:
@@ -395,11 +419,7 @@ class BatchPlan:
     states: dict[str, AccountState]
 
 
-def plan_batch(
-    commands: Iterable[Command],
-    load: Callable[[str], AccountState | None],
-    history_limit: int,
-) -> BatchPlan:
+def plan_batch(commands: Iterable[Command], load: Callable[[str], AccountState | None], history_limit: int) -> BatchPlan:
     """Decide ``commands`` in order; each is decided against the state left by the ones before.
 
     ``load`` reads an account's stored state (called at most once per account). The

@@ -22,8 +22,12 @@ class Listing:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "account_id": self.account_id, "program_id": self.program_id, "status": self.status,
-            "version": self.version, "created_at": self.created_at, "updated_at": self.updated_at,
+            "account_id": self.account_id,
+            "program_id": self.program_id,
+            "status": self.status,
+            "version": self.version,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
         }
 
 
@@ -40,11 +44,18 @@ def apply_to_listing(current: Listing | None, change: AccountChange) -> Listing 
         status = status_after(change.type, None)
         at = change.occurred_at or 0
         return Listing(
-            account_id=change.account_id, program_id=change.program_id, status=status, version=change.version,
-            created_at=at, updated_at=at,
+            account_id=change.account_id,
+            program_id=change.program_id,
+            status=status,
+            version=change.version,
+            created_at=at,
+            updated_at=at,
         )
     return Listing(
-        account_id=current.account_id, program_id=current.program_id,
-        status=status_after(change.type, current.status), version=change.version,
-        created_at=current.created_at, updated_at=change.occurred_at or current.updated_at,
+        account_id=current.account_id,
+        program_id=current.program_id,
+        status=status_after(change.type, current.status),
+        version=change.version,
+        created_at=current.created_at,
+        updated_at=change.occurred_at or current.updated_at,
     )

@@ -26,16 +26,16 @@ class CommandIn(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     command_id: Text | None = Field(
-        None, min_length=1, max_length=MAX_ID_LENGTH,
+        None,
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
         description="Idempotency key; generated (UUID4) when absent. Sending the same id again yields the same outcome.",
     )
     type: CommandType
     account_id: Text = Field(min_length=1, max_length=MAX_ID_LENGTH)
-    program_id: Text | None = Field(
-        None, min_length=1, max_length=MAX_ID_LENGTH, description="Required by CreateAccount",
-    )
+    program_id: Text | None = Field(None, min_length=1, max_length=MAX_ID_LENGTH, description="Required by CreateAccount")
     expected_version: NonNegativeInt64 | None = Field(
-        None, description="When given, the command is rejected with VERSION_CONFLICT unless it equals the current version",
+        None, description="When given, the command is rejected with VERSION_CONFLICT unless it equals the current version"
     )
     data: JsonObject = Field(
         default_factory=dict,
@@ -87,7 +87,6 @@ class AccountOut(BaseModel):
     version: int
 
 
-
 class ProgramAccount(BaseModel):
     account_id: str
     program_id: str
@@ -110,7 +109,8 @@ class CommandBatchIn(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     batch_id: Text = Field(
-        min_length=1, max_length=MAX_ID_LENGTH,
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
         description="Names the batch; resending the same batch decides only the items not yet decided",
     )
     commands: list[Annotated[Any, AfterValidator(check_json)]] = Field(

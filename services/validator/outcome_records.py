@@ -17,16 +17,27 @@ def outcome_record(outcome: Accepted | Rejected, *, at: int) -> dict[str, Any]:
     """The record kept per command id for GET /commands/{command_id}."""
     if isinstance(outcome, Accepted):
         ev = outcome.event
-        return {"status": ACCEPTED, "command_id": ev.command_id, "account_id": ev.account_id,
-                "event": ev.to_json(), "rejection": None, "at": at}
+        return {
+            "status": ACCEPTED,
+            "command_id": ev.command_id,
+            "account_id": ev.account_id,
+            "event": ev.to_json(),
+            "rejection": None,
+            "at": at,
+        }
     rej = outcome.rejection
-    return {"status": REJECTED, "command_id": rej.command_id, "account_id": rej.account_id,
-            "event": None, "rejection": rej.to_json(), "at": at}
+    return {
+        "status": REJECTED,
+        "command_id": rej.command_id,
+        "account_id": rej.account_id,
+        "event": None,
+        "rejection": rej.to_json(),
+        "at": at,
+    }
 
 
 def pending_record(command_id: str, account_id: str, *, at: int) -> dict[str, Any]:
-    return {"status": PENDING, "command_id": command_id, "account_id": account_id,
-            "event": None, "rejection": None, "at": at}
+    return {"status": PENDING, "command_id": command_id, "account_id": account_id, "event": None, "rejection": None, "at": at}
 
 
 def batch_item_outcome(command_id: str, outcome: Outcome | None, error: str | None = None) -> dict[str, Any]:

@@ -14,7 +14,12 @@ from shared.settings import Settings, get_settings
 def build(settings: Settings) -> tuple[ValidatorService, FastAPI]:
     service = ValidatorService(settings)
     api = serve_http(
-        service, SERVICE, DEFAULT_PORT, settings, router, title="statefleet validator",
+        service,
+        SERVICE,
+        DEFAULT_PORT,
+        settings,
+        router,
+        title="statefleet validator",
         description=(
             "The write side of the account domain: submit commands, read their outcomes, "
             "accounts, and each program's accounts, from any instance."

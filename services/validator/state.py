@@ -77,7 +77,7 @@ def expiry_key(expires_at: int, command_id: bytes) -> bytes:
 
 def split_expiry_key(key: bytes) -> tuple[int, bytes]:
     """(expires_at, command_id) of an expiry index key."""
-    body = key[len(EXPIRY_PREFIX):]
+    body = key[len(EXPIRY_PREFIX) :]
     return unpack_ts(body[:8]), body[8:]
 
 
@@ -126,8 +126,7 @@ def encode_listing(item: Listing) -> bytes:
 def decode_listing(program_id: str, raw: bytes) -> Listing:
     obj = codecs.loads_object(raw)
     return Listing(
-        account_id=obj["a"], program_id=program_id, status=obj["s"], version=obj["v"],
-        created_at=obj["c"], updated_at=obj["u"],
+        account_id=obj["a"], program_id=program_id, status=obj["s"], version=obj["v"], created_at=obj["c"], updated_at=obj["u"]
     )
 
 
@@ -166,4 +165,4 @@ def batch_item_key(batch_id: str, index: int) -> bytes:
 
 
 def batch_item_index(key: bytes, prefix: bytes) -> int:
-    return int.from_bytes(key[len(prefix):], "big")
+    return int.from_bytes(key[len(prefix) :], "big")

@@ -58,7 +58,9 @@ async def ensure_topics_async(settings: Settings, specs: list[TopicSpec]) -> Non
                 if counts.get(spec.name, spec.partitions) != spec.partitions:
                     log.warning(
                         "topic %s has %s partitions, expected %s: keys may not be co-partitioned",
-                        spec.name, counts[spec.name], spec.partitions,
+                        spec.name,
+                        counts[spec.name],
+                        spec.partitions,
                     )
     finally:
         await admin.close()

@@ -53,14 +53,12 @@ def broker_credentials(settings: Settings) -> Any:
     if proto.startswith("SASL"):
         username, password = require_sasl_credentials(settings)
         return faust.SASLCredentials(
-            username=username, password=password, mechanism=settings.kafka_sasl_mechanism, ssl_context=context,
+            username=username, password=password, mechanism=settings.kafka_sasl_mechanism, ssl_context=context
         )
     return faust.SSLCredentials(context)
 
 
-def create_app(
-    service: str, settings: Settings, default_port: int, app_class: type[faust.App] = faust.App,
-) -> faust.App:
+def create_app(service: str, settings: Settings, default_port: int, app_class: type[faust.App] = faust.App) -> faust.App:
     track_used_topics()  # or a send can wait 20 minutes for metadata it dropped (see the module)
     port = settings.port_for(default_port)
     datadir = instance_data_dir(service, settings)
@@ -129,8 +127,13 @@ def serve_api(app: faust.App, api: FastAPI, settings: Settings, default_port: in
     """Serve ``api`` with uvicorn on the Faust worker's event loop."""
     # uvicorn answers a request line and headers over h11's 16 KiB itself, in plain text; with
     # room up to 1 MiB such a request (a huge query string) reaches the API and gets its JSON 4xx.
-    serve_asgi(app, api, host=settings.http_host, port=settings.port_for(default_port),
-               h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES)
+    serve_asgi(
+        app,
+        api,
+        host=settings.http_host,
+        port=settings.port_for(default_port),
+        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
+    )
 
 
 class _Worker(faust.Worker):

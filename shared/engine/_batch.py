@@ -70,8 +70,16 @@ class InputBatch:
     counted: int | None = None
     _dbs: dict[tuple[DurableTable, int], Any] = field(default_factory=dict)
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, *,
-             headers: Headers = None, partition: int | None = None, timestamp_ms: int | None = None) -> None:
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        headers: Headers = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> None:
         """Stage a record to send; it is acknowledged before any state of this batch is written."""
         self.sends.append(Outgoing(topic, key, value, headers, partition, timestamp_ms))
 
@@ -115,8 +123,14 @@ class InputBatch:
         if route is None:
             raise RuntimeError("this handler has no dead-letter route")
         letter = dead_letter_for(
-            record.key, record.value, record.headers, topic=record.topic, partition=record.partition,
-            offset=record.offset, error=error, retry_topic=route.retry_topic,
+            record.key,
+            record.value,
+            record.headers,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            error=error,
+            retry_topic=route.retry_topic,
         )
         self.send(route.topic, letter.key, letter.value, headers=letter.headers())
         self.dead_letters.append(letter)
@@ -124,8 +138,13 @@ class InputBatch:
 
 
 async def commit(
-    producer: BatchProducer, order: OrderedInput | None, ordered: Batch | None, batch: InputBatch, what: str,
-    transactions: PartitionTransactions | None = None, next_offset: int | None = None,
+    producer: BatchProducer,
+    order: OrderedInput | None,
+    ordered: Batch | None,
+    batch: InputBatch,
+    what: str,
+    transactions: PartitionTransactions | None = None,
+    next_offset: int | None = None,
     member: Fence | None = None,
 ) -> None:
     """Make ``batch`` durable in the order the module docs give (with ``transactions``: as one
@@ -159,7 +178,7 @@ async def commit(
 
 
 async def write_all(
-    producer: BatchProducer, writes: Iterable[tuple[DurableTable, Rows]], what: str, member: Fence | None = None,
+    producer: BatchProducer, writes: Iterable[tuple[DurableTable, Rows]], what: str, member: Fence | None = None
 ) -> None:
     """Every table's rows to its changelog, every acknowledgement awaited, and only then the rows
     (with each partition's changelog offset) into the local databases. Records of different
@@ -180,8 +199,12 @@ async def write_all(
 
 
 async def commit_transaction(
-    transactions: PartitionTransactions, order: OrderedInput | None, ordered: Batch | None, batch: InputBatch,
-    what: str, next_offset: int,
+    transactions: PartitionTransactions,
+    order: OrderedInput | None,
+    ordered: Batch | None,
+    batch: InputBatch,
+    what: str,
+    next_offset: int,
 ) -> None:
     """exactly_once: the batch's records, its changelog rows and the input's ``next_offset`` (for
     the consumer group) in one Kafka transaction of the input partition's producer; the local
@@ -214,8 +237,11 @@ async def commit_transaction(
 
 
 def changelog_records(pending: Sequence[tuple[DurableTable, Rows]]) -> list[Outgoing]:
-    return [Outgoing(table.changelog, key, value, partition=partition)
-            for table, rows in pending for (partition, key), value in rows.items()]
+    return [
+        Outgoing(table.changelog, key, value, partition=partition)
+        for table, rows in pending
+        for (partition, key), value in rows.items()
+    ]
 
 
 def apply_local(pending: Sequence[tuple[DurableTable, Rows]], last: dict[tuple[str, int], int]) -> None:

@@ -132,8 +132,11 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     def member_current(self, generation: int) -> bool:
         """Whether this consumer is, as far as it knows, still the member of ``generation``."""
         coordinator = self._ensure_consumer()._coordinator
-        return bool(coordinator is not None and coordinator.generation == generation
-                    and coordinator.member_id != JoinGroupRequest.UNKNOWN_MEMBER_ID)
+        return bool(
+            coordinator is not None
+            and coordinator.generation == generation
+            and coordinator.member_id != JoinGroupRequest.UNKNOWN_MEMBER_ID
+        )
 
     async def confirm_member(self, generation: int, timeout_s: float) -> bool:
         """Send one heartbeat now (on the consumer thread) and tell whether the coordinator still
@@ -243,9 +246,9 @@ class BatchConsumer(aiokafka_driver.Consumer):
                     # handlers writing common tables), so the others run side by side and one's
                     # wait for acknowledgements overlaps another's work; batches of one lane and
                     # partition number run in turn.
-                    await asyncio.gather(*(
-                        self._deliver_in_turn(batches, active, generation, epoch) for batches in by_lane.values()
-                    ))
+                    await asyncio.gather(
+                        *(self._deliver_in_turn(batches, active, generation, epoch) for batches in by_lane.values())
+                    )
                 if stock:
                     await self._drain_stock(stock, active, generation)
         except self.consumer_stopped_errors:
@@ -269,8 +272,9 @@ class BatchConsumer(aiokafka_driver.Consumer):
             and tp in self.assignment()
         )
 
-    async def _deliver_in_turn(self, batches: list[tuple[TP, Sequence[Any]]], active: set[TP] | None,
-                               generation: int, epoch: int = -1) -> None:
+    async def _deliver_in_turn(
+        self, batches: list[tuple[TP, Sequence[Any]]], active: set[TP] | None, generation: int, epoch: int = -1
+    ) -> None:
         _BATCH_GENERATION.set(generation)
         self._delivering[generation] += 1
         try:
@@ -279,8 +283,14 @@ class BatchConsumer(aiokafka_driver.Consumer):
                     try:
                         await self._deliver(tp, batch, epoch)
                     except NotAMember as exc:
-                        log.warning("%s[%d] offsets %d..%d not committed: %s", tp.topic, tp.partition,
-                                    batch[0].offset, batch[-1].offset, exc)
+                        log.warning(
+                            "%s[%d] offsets %d..%d not committed: %s",
+                            tp.topic,
+                            tp.partition,
+                            batch[0].offset,
+                            batch[-1].offset,
+                            exc,
+                        )
                         await self._seek_back(tp, batch[0].offset)
                 else:
                     await self._seek_back(tp, batch[0].offset)
@@ -325,8 +335,11 @@ class BatchConsumer(aiokafka_driver.Consumer):
         if not thread.member_current(generation):
             if self._dropped_generation != generation:
                 self._dropped_generation = generation
-                log.warning("the group coordinator no longer knows this member of generation %d: fetched "
-                            "batches are left for the partitions' owner after the rebalance", generation)
+                log.warning(
+                    "the group coordinator no longer knows this member of generation %d: fetched "
+                    "batches are left for the partitions' owner after the rebalance",
+                    generation,
+                )
             return False
         if time.monotonic() - thread.member_confirmed_at <= within_s:
             return True
@@ -336,9 +349,13 @@ class BatchConsumer(aiokafka_driver.Consumer):
             silent_s = time.monotonic() - thread.member_confirmed_at
             confirmed = await thread.confirm_member(generation, MEMBER_CONFIRM_TIMEOUT_S)
         if not confirmed:
-            log.warning("the group coordinator did not confirm this member of generation %d after %.1fs "
-                        "without a heartbeat: its fetched batches are left for the partitions' owner "
-                        "after the rebalance", generation, silent_s)
+            log.warning(
+                "the group coordinator did not confirm this member of generation %d after %.1fs "
+                "without a heartbeat: its fetched batches are left for the partitions' owner "
+                "after the rebalance",
+                generation,
+                silent_s,
+            )
         return confirmed
 
     def _continues_from(self, tp: TP, epoch: int) -> int | None:

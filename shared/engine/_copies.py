@@ -128,8 +128,7 @@ class _ChangelogEnds:
         if self._consumer is None:
             self._consumer = await started_when_reachable(
                 lambda: AIOKafkaConsumer(
-                    **client_kwargs(self.settings), enable_auto_commit=False,
-                    isolation_level=ISOLATION_LEVEL,
+                    **client_kwargs(self.settings), enable_auto_commit=False, isolation_level=ISOLATION_LEVEL
                 ),
                 "changelog end-offset reader",
             )

@@ -85,9 +85,11 @@ class MetadataChase:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # an assignment computed off any loop (unit tests): nothing to chase with
             return
-        log.warning("assignment skipped topics without metadata %s: none of their partitions is processed "
-                    "until the next assignment; refreshing their metadata to rejoin as soon as it is known",
-                    sorted(self.topics))
+        log.warning(
+            "assignment skipped topics without metadata %s: none of their partitions is processed "
+            "until the next assignment; refreshing their metadata to rejoin as soon as it is known",
+            sorted(self.topics),
+        )
         self._task = loop.create_task(self._run(), name="metadata-chase")
 
     async def _run(self) -> None:

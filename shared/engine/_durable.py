@@ -95,12 +95,13 @@ Rows = Mapping[tuple[int, bytes], bytes | None]
 #: How long a wait for acknowledgements goes before it is logged (and then again as often).
 SLOW_ACK_WARNING_S = 30.0
 
+
 def next_offset_key(topic: str) -> bytes:
     return NEXT_OFFSET_PREFIX + topic.encode()
 
 
 def state_items(
-    table: AnyTable, partition: int, from_key: bytes | None = None, backwards: bool = False,
+    table: AnyTable, partition: int, from_key: bytes | None = None, backwards: bool = False
 ) -> Iterator[tuple[bytes, bytes]]:
     """A partition's rows in key order (or reverse), from ``from_key``: its default column
     family, which holds the service's rows only."""
@@ -214,9 +215,7 @@ class DurableTable(TableOffsets):
         """How many partitions the table (and its changelog) has."""
         return int(self.table.partitions)
 
-    def items(
-        self, partition: int, from_key: bytes | None = None, backwards: bool = False,
-    ) -> Iterator[tuple[bytes, bytes]]:
+    def items(self, partition: int, from_key: bytes | None = None, backwards: bool = False) -> Iterator[tuple[bytes, bytes]]:
         """The service's rows of ``partition`` in key order (``backwards``: in reverse), from
         ``from_key`` on. Valid until the next rebalance, like the database it reads."""
         return state_items(self.table, partition, from_key, backwards)
@@ -300,10 +299,15 @@ class Backfill:
 
     async def _client(self) -> AIOKafkaConsumer:
         if self._consumer is None:
-            self._consumer = await started_when_reachable(lambda: AIOKafkaConsumer(
-                **client_kwargs(self.settings), enable_auto_commit=False, auto_offset_reset="earliest",
-                isolation_level=ISOLATION_LEVEL,
-            ), "read-back consumer")
+            self._consumer = await started_when_reachable(
+                lambda: AIOKafkaConsumer(
+                    **client_kwargs(self.settings),
+                    enable_auto_commit=False,
+                    auto_offset_reset="earliest",
+                    isolation_level=ISOLATION_LEVEL,
+                ),
+                "read-back consumer",
+            )
         return self._consumer
 
     async def log_start(self, topic: str, partition: int) -> int:
@@ -335,10 +339,7 @@ class Backfill:
                 batch = await consumer.getmany(tp, timeout_ms=100)
                 for m in batch.get(tp, []):
                     if start <= m.offset < end:
-                        out.append(InRecord(
-                            m.topic, m.partition, m.offset, m.key, m.value, list(m.headers),
-                            m.timestamp,
-                        ))
+                        out.append(InRecord(m.topic, m.partition, m.offset, m.key, m.value, list(m.headers), m.timestamp))
             return out
 
     async def stop(self) -> None:
@@ -367,8 +368,7 @@ class OrderedInput:
     """
 
     def __init__(
-        self, app: faust.App, stores: OffsetStore | Sequence[OffsetStore], backfill: Backfill, *,
-        read_committed: bool = False,
+        self, app: faust.App, stores: OffsetStore | Sequence[OffsetStore], backfill: Backfill, *, read_committed: bool = False
     ) -> None:
         self.app = app
         self.stores: tuple[OffsetStore, ...] = tuple(stores) if isinstance(stores, Sequence) else (stores,)
@@ -449,7 +449,11 @@ class OrderedInput:
                     else:
                         log.warning(
                             "the stream skipped %s[%d] offsets %d..%d; read back %d records from Kafka",
-                            topic, partition, expected, record.offset - 1, len(missing),
+                            topic,
+                            partition,
+                            expected,
+                            record.offset - 1,
+                            len(missing),
                         )
                         records.extend(missing)
                         self.records_backfilled += len(missing)

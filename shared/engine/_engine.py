@@ -103,7 +103,8 @@ class Engine:
         #: Topic -> partitions, for the topics handlers read as the service's own.
         self._internal_topics: dict[str, int] = {}
         consumer_class: type[BatchConsumer] = type(
-            f"{service.title()}BatchConsumer", (BatchConsumer,),
+            f"{service.title()}BatchConsumer",
+            (BatchConsumer,),
             {"deliver": staticmethod(self._deliver), "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms},
         )
         self.app.consumer_class = consumer_class  # type: ignore[attr-defined]
@@ -113,7 +114,8 @@ class Engine:
         #: At-least-once batch commits send through their own producer, each of whose requests
         #: leaves only while the consumer is still the member that fetched the batches.
         self.batch_producer = BatchProducer(
-            settings, client_id=f"{service}-{settings.instance_id}-batches",
+            settings,
+            client_id=f"{service}-{settings.instance_id}-batches",
             gate=lambda: cast(BatchConsumer, self.app.consumer).may_write(),
         )
         self.transactions: PartitionTransactions | None = None
@@ -123,9 +125,7 @@ class Engine:
         # Peers watched, and a dead one's group member removed, so its partitions move at once.
         self.peer_watch: PeerWatch | None = None
         if settings.peer_watch:
-            self.peer_watch = PeerWatch(
-                self.app, service, app_id(service, settings), settings.url_for(default_port), settings,
-            )
+            self.peer_watch = PeerWatch(self.app, service, app_id(service, settings), settings.url_for(default_port), settings)
             self.app.task(self.peer_watch.run)
         # Copies measured for the next join, and warm-ups taken over once caught up.
         self.warmup_watch: WarmupWatch | None = None
@@ -163,8 +163,11 @@ class Engine:
         tables are restored, and closed as they are revoked; the consumer reads committed
         records only and leaves the input offsets to the transactions."""
         transactions = self.transactions = PartitionTransactions(
-            self.settings, app_id(self.service, self.settings), f"{self.service}-{self.settings.instance_id}",
-            self.producer, service=self.service,
+            self.settings,
+            app_id(self.service, self.settings),
+            f"{self.service}-{self.settings.instance_id}",
+            self.producer,
+            service=self.service,
         )
 
         async def assigned(tps: set[TP]) -> None:
@@ -196,14 +199,16 @@ class Engine:
         run, and its rows of a batch can be rebuilt by the handler when lost (a cache of what
         was last sent, say): until its first batch, a partition resumes from the handler's other
         tables rather than from the log start (see :meth:`OrderedInput.next_offset`)."""
-        table = self.app.Table(
-            name, partitions=partitions or self.settings.topic_partitions, key_type=bytes, value_type=bytes,
-        )
+        table = self.app.Table(name, partitions=partitions or self.settings.topic_partitions, key_type=bytes, value_type=bytes)
         return DurableTable(self.app, table, added_later=added_later)
 
     def handler(
-        self, *topics: str, name: str, offsets: DurableTable | Sequence[DurableTable] | None,
-        dead_letters: DeadLetterRoute | None = None, internal_partitions: int | None = None,
+        self,
+        *topics: str,
+        name: str,
+        offsets: DurableTable | Sequence[DurableTable] | None,
+        dead_letters: DeadLetterRoute | None = None,
+        internal_partitions: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register a batch handler for ``topics``.
 
@@ -214,19 +219,25 @@ class Engine:
         handed over again), and it writes no rows. ``internal_partitions`` declares the
         topics as the service's own (created with that partition count).
         """
+
         def register(fn: Handler) -> Handler:
             for topic in topics:
                 if topic in self._by_topic:
                     raise ValueError(f"topic {topic!r} already has the handler {self._by_topic[topic].name!r}")
             channel = self.app.topic(
-                *topics, key_type=bytes, value_type=bytes,
-                partitions=internal_partitions, internal=internal_partitions is not None,
+                *topics,
+                key_type=bytes,
+                value_type=bytes,
+                partitions=internal_partitions,
+                internal=internal_partitions is not None,
             )
             self.app.topics.add(channel)
             reg = _Registration(
-                name=f"{self.service}.{name}", stream=name, topics=tuple(topics), handle=fn,
-                order=OrderedInput(self.app, offsets, self.backfill, read_committed=True)
-                if offsets is not None else None,
+                name=f"{self.service}.{name}",
+                stream=name,
+                topics=tuple(topics),
+                handle=fn,
+                order=OrderedInput(self.app, offsets, self.backfill, read_committed=True) if offsets is not None else None,
                 dead_letters=dead_letters,
             )
             self._handlers.append(reg)
@@ -238,6 +249,7 @@ class Engine:
             cast(_EngineApp, self.app).input_topics = frozenset(self._by_topic)
             self._consumer_class.lanes = self._lanes()
             return fn
+
         return register
 
     def internal_topic_specs(self) -> list[TopicSpec]:
@@ -291,7 +303,8 @@ class Engine:
     def watch_trailing_holes(self) -> None:
         """Look for input records skipped at a partition's end (see :mod:`shared.engine._trailing_holes`)."""
         self._trailing_holes = TrailingHoleWatch(
-            self.app, self.service,
+            self.app,
+            self.service,
             {topic: reg.order for topic, reg in self._by_topic.items() if reg.order is not None},
             self.settings.trailing_hole_check_s,
         )
@@ -310,8 +323,14 @@ class Engine:
                 try:
                     await fn()
                 except Exception as exc:
-                    log.warning("%s timer %r failed (runs again in %.1fs): %s: %s",
-                                self.service, name, interval_s, type(exc).__name__, exc)
+                    log.warning(
+                        "%s timer %r failed (runs again in %.1fs): %s: %s",
+                        self.service,
+                        name,
+                        interval_s,
+                        type(exc).__name__,
+                        exc,
+                    )
 
             run.__name__ = run.__qualname__ = f"{self.service}_{name}_timer"
             return timer(run)
@@ -330,8 +349,15 @@ class Engine:
 
     # -- sending -------------------------------------------------------------------------
 
-    async def send(self, topic: str, key: bytes | None, value: bytes | None, *,
-                   headers: Sequence[tuple[str, bytes]] | None = None, partition: int | None = None) -> None:
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+        partition: int | None = None,
+    ) -> None:
         """Send one record and wait for its acknowledgement (outside batches: timers, HTTP)."""
         await self.send_all([Outgoing(topic, key, value, headers, partition)])
 
@@ -366,13 +392,21 @@ class Engine:
         ordered = await reg.order.batch_records(records, continues_from) if reg.order is not None else None
         if ordered is not None and not ordered.records:
             return  # every record a replay
-        batch = InputBatch(tp.topic, tp.partition, ordered.records if ordered is not None else list(records),
-                           dead_letter_route=reg.dead_letters)
+        batch = InputBatch(
+            tp.topic, tp.partition, ordered.records if ordered is not None else list(records), dead_letter_route=reg.dead_letters
+        )
         try:
             await reg.handle(batch)
-            await commit(self.batch_producer, reg.order, ordered, batch, reg.name,
-                         self.transactions, int(fetched[-1].offset) + 1,
-                         member=cast(BatchConsumer, self.app.consumer).ensure_member)
+            await commit(
+                self.batch_producer,
+                reg.order,
+                ordered,
+                batch,
+                reg.name,
+                self.transactions,
+                int(fetched[-1].offset) + 1,
+                member=cast(BatchConsumer, self.app.consumer).ensure_member,
+            )
         except NotAMember:
             raise  # nothing more of the batch is written; the consumer fetches it again
         except WriteRefused as exc:
@@ -380,8 +414,14 @@ class Engine:
         except Exception as exc:
             # Nothing of the batch is committed: stop the worker, so that it (or the instance
             # taking its partitions) reads the batch again, rather than go on past it.
-            log.exception("%s failed on %s[%d] offsets %d..%d; stopping the worker",
-                          reg.name, tp.topic, tp.partition, fetched[0].offset, fetched[-1].offset)
+            log.exception(
+                "%s failed on %s[%d] offsets %d..%d; stopping the worker",
+                reg.name,
+                tp.topic,
+                tp.partition,
+                fetched[0].offset,
+                fetched[-1].offset,
+            )
             await self.app.crash(exc)
             raise
         observe(self.service, reg.stream, batch, started)

@@ -95,8 +95,9 @@ class StopPoint:
             parts = spec.split(":")
             handler, point, n = parts if len(parts) == 3 else ("", "", "")
             if not handler or point not in POINTS or not n.isdigit() or int(n) < 1:
-                raise ValueError(f"STATEFLEET_STOP_AT must be '<handler>:<point>:<n>' with a point among "
-                                 f"{', '.join(POINTS)}, got {spec!r}")
+                raise ValueError(
+                    f"STATEFLEET_STOP_AT must be '<handler>:<point>:<n>' with a point among {', '.join(POINTS)}, got {spec!r}"
+                )
             self.handler, self.point, self.remaining = handler, point, int(n)
 
     def reached(self, point: str, handler: str, writes_rows: bool) -> None:
@@ -104,8 +105,7 @@ class StopPoint:
             return
         self.remaining -= 1
         if self.remaining == 0:
-            log.warning("STATEFLEET_STOP_AT=%s:%s: stopping this worker (SIGSTOP) until it is sent SIGCONT",
-                        handler, point)
+            log.warning("STATEFLEET_STOP_AT=%s:%s: stopping this worker (SIGSTOP) until it is sent SIGCONT", handler, point)
             os.kill(os.getpid(), signal.SIGSTOP)
 
 

@@ -40,7 +40,7 @@ def store_partition_db(store: Any, partition: int) -> Rdict:
 
 
 def partition_items(
-    table: AnyTable, partition: int, from_key: bytes | None = None, backwards: bool = False,
+    table: AnyTable, partition: int, from_key: bytes | None = None, backwards: bool = False
 ) -> Iterator[tuple[bytes, bytes]]:
     """A partition's rows (its default column family: the service's rows) in key order (or
     reverse), from ``from_key``."""

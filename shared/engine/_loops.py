@@ -7,8 +7,7 @@ from collections.abc import Awaitable, Callable
 
 
 async def run_every(
-    interval_s: float, step: Callable[[], Awaitable[None]], running: Callable[[], bool],
-    failed: Callable[[Exception], None],
+    interval_s: float, step: Callable[[], Awaitable[None]], running: Callable[[], bool], failed: Callable[[Exception], None]
 ) -> None:
     """Run ``step`` every ``interval_s`` (from the start of one run to the next) while
     ``running()``; a step that raises is reported to ``failed`` and the loop goes on."""

@@ -90,11 +90,11 @@ REJOIN_EVERY_S = 5.0
 
 
 class Probe(enum.Enum):
-    UP = "up"                    # answered over HTTP, whatever the status: the process is there
-    SLOW = "slow"                # connected but no answer in time: busy or stopped, not dead
-    REFUSED = "refused"          # nothing listens on the port: the strongest evidence of death
+    UP = "up"  # answered over HTTP, whatever the status: the process is there
+    SLOW = "slow"  # connected but no answer in time: busy or stopped, not dead
+    REFUSED = "refused"  # nothing listens on the port: the strongest evidence of death
     UNREACHABLE = "unreachable"  # connect timed out, or reset: evidence of death
-    LATE = "late"                # this instance was late itself: says nothing about the peer
+    LATE = "late"  # this instance was late itself: says nothing about the peer
 
 
 def classify(error: BaseException | None, elapsed_s: float, timeout_s: float) -> Probe:
@@ -216,8 +216,13 @@ class PeerVerdicts:
         out = []
         for url, peer in sorted(self._peers.items()):
             after_s = self._gone_after(peer)
-            if (peer.seen_up and peer.first_failure is not None and peer.failures >= self.min_failures
-                    and now - peer.first_failure >= after_s and not self.restarting(url, now)):
+            if (
+                peer.seen_up
+                and peer.first_failure is not None
+                and peer.failures >= self.min_failures
+                and now - peer.first_failure >= after_s
+                and not self.restarting(url, now)
+            ):
                 out.append(Gone(url, peer.failures, peer.first_failure, after_s))
         return out
 
@@ -254,8 +259,11 @@ def note_peer_restarting(app: faust.App, url: str) -> bool:
     watch.verdicts.announce_restart(url, time.monotonic())
     watch.remember_members(url.rstrip("/"))
     PEER_RESTARTS_ANNOUNCED.labels(watch.service).inc()
-    log.info("peer %s says it is restarting: not removing it for %.0fs unless it is back",
-             url.rstrip("/"), watch.settings.effective_restart_grace_s)
+    log.info(
+        "peer %s says it is restarting: not removing it for %.0fs unless it is back",
+        url.rstrip("/"),
+        watch.settings.effective_restart_grace_s,
+    )
     return True
 
 
@@ -278,9 +286,12 @@ class PeerWatch:
         self.interval_s = settings.peer_probe_interval_s
         # Connect timeouts count as evidence, so several must fit in the time a peer needs to be gone.
         self.probe_timeout_s = min(0.5, settings.peer_gone_after_s / 2)
-        self.verdicts = PeerVerdicts(own_url.rstrip("/"), settings.peer_gone_after_s,
-                                     settings.effective_restart_grace_s,
-                                     refused_gone_after_s=settings.peer_refused_gone_after_s)
+        self.verdicts = PeerVerdicts(
+            own_url.rstrip("/"),
+            settings.peer_gone_after_s,
+            settings.effective_restart_grace_s,
+            refused_gone_after_s=settings.peer_refused_gone_after_s,
+        )
         self.stopping = False
         self._admin: _Admin | None = None
         self._http: httpx.AsyncClient | None = None
@@ -297,13 +308,12 @@ class PeerWatch:
         # No kept-alive connections: each probe connects afresh, since a refused or timed-out
         # connect is the evidence of death looked for.
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.probe_timeout_s), limits=httpx.Limits(max_keepalive_connections=0),
+            timeout=httpx.Timeout(self.probe_timeout_s), limits=httpx.Limits(max_keepalive_connections=0)
         )
         try:
             self._admin = await started_when_reachable(lambda: _Admin(**client_kwargs(self.settings)), "peer watch")
             # The broker or a peer misbehaving fails one tick; the next tries again.
-            await run_every(self.interval_s, self.tick, lambda: not self.stopping,
-                            lambda exc: log.warning("peer watch: %r", exc))
+            await run_every(self.interval_s, self.tick, lambda: not self.stopping, lambda exc: log.warning("peer watch: %r", exc))
         finally:
             await self.close()
 
@@ -355,8 +365,12 @@ class PeerWatch:
             # and recovering, its API not listening yet. Judged again once it answers.
             del self._members_at_restart[gone.url]
             self.verdicts.removed(gone.url)
-            log.info("peer %s is back in group %s after its restart (member %s): not removing it",
-                     gone.url, self.group_id, ", ".join(sorted(set(ids) - before)))
+            log.info(
+                "peer %s is back in group %s after its restart (member %s): not removing it",
+                gone.url,
+                self.group_id,
+                ", ".join(sorted(set(ids) - before)),
+            )
             return
         if ids and act:
             # A last look: a peer that answers now (restarted quickly) is not removed.
@@ -365,8 +379,14 @@ class PeerWatch:
             for member_id in ids:
                 await self.leave_group(coordinator, member_id)
                 PEER_FAILOVERS.labels(self.service).inc()
-                log.warning("peer %s gone after %d failed probes over %.1fs; removed its member %s from group %s",
-                            gone.url, gone.failures, time.monotonic() - gone.since, member_id, self.group_id)
+                log.warning(
+                    "peer %s gone after %d failed probes over %.1fs; removed its member %s from group %s",
+                    gone.url,
+                    gone.failures,
+                    time.monotonic() - gone.since,
+                    member_id,
+                    self.group_id,
+                )
             self.verdicts.removed(gone.url)
             self._members_at_restart.pop(gone.url, None)
             ids = []
@@ -386,6 +406,7 @@ class PeerWatch:
     def remember_members(self, url: str) -> None:
         """Note, in the background, the member ids ``url`` has in the group now (it announced a
         restart): a different one later is the instance back."""
+
         async def remember() -> None:
             try:
                 _, members = await self.describe_group()
@@ -406,7 +427,7 @@ class PeerWatch:
         assert admin is not None
         coordinator = await asyncio.wait_for(admin.find_coordinator(self.group_id), COORDINATOR_TIMEOUT_S)
         responses = await asyncio.wait_for(
-            admin.describe_consumer_groups([self.group_id], group_coordinator_id=coordinator), COORDINATOR_TIMEOUT_S,
+            admin.describe_consumer_groups([self.group_id], group_coordinator_id=coordinator), COORDINATOR_TIMEOUT_S
         )
         members: list[tuple[str, str | None]] = []
         for response in responses:
@@ -423,7 +444,7 @@ class PeerWatch:
         # v1 (the highest aiokafka has) carries no instance id: the broker then removes the
         # member by its id, static or not.
         response = await asyncio.wait_for(
-            admin._send_request(LeaveGroupRequest(self.group_id, member_id), coordinator), COORDINATOR_TIMEOUT_S,
+            admin._send_request(LeaveGroupRequest(self.group_id, member_id), coordinator), COORDINATOR_TIMEOUT_S
         )
         if response.error_code not in (0, UNKNOWN_MEMBER_ID):
             raise RuntimeError(f"LeaveGroup {self.group_id} {member_id}: error code {response.error_code}")
@@ -439,8 +460,7 @@ class PeerWatch:
         body = {"url": self.verdicts.own_url}
         async with httpx.AsyncClient(timeout=ANNOUNCE_TIMEOUT_S) as client:
             results = await asyncio.gather(
-                *(client.post(url + RESTARTING_PATH, json=body, headers=headers) for url in peers),
-                return_exceptions=True,
+                *(client.post(url + RESTARTING_PATH, json=body, headers=headers) for url in peers), return_exceptions=True
             )
         told = [u for u, r in zip(peers, results, strict=True) if isinstance(r, httpx.Response) and r.is_success]
         log.info("told %d of %d peers this instance is restarting (%s)", len(told), len(peers), ", ".join(told) or "none")

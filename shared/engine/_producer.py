@@ -64,9 +64,7 @@ ENQUEUE_TRIES = 3
 Retry = Callable[[], Awaitable[None]]
 
 
-async def _enqueue(
-    producer: AIOKafkaProducer, batch: Any, topic: str, partition: int, before_retry: Retry | None = None,
-) -> Any:
+async def _enqueue(producer: AIOKafkaProducer, batch: Any, topic: str, partition: int, before_retry: Retry | None = None) -> Any:
     """``producer.send_batch``, tried again when the batch could not be queued in time.
 
     aiokafka queues a record batch once the partition's previous batch has been drained,
@@ -131,10 +129,17 @@ class BatchProducer:
     async def start(self) -> None:
         async with self._lock:
             if self._producer is None:
-                self._producer = await started_when_reachable(lambda: AIOKafkaProducer(
-                    **client_kwargs(self.settings), client_id=self.client_id, acks="all",
-                    max_batch_size=MAX_BATCH_BYTES, max_request_size=4 * 1024 * 1024, linger_ms=0,
-                ), f"producer {self.client_id}")
+                self._producer = await started_when_reachable(
+                    lambda: AIOKafkaProducer(
+                        **client_kwargs(self.settings),
+                        client_id=self.client_id,
+                        acks="all",
+                        max_batch_size=MAX_BATCH_BYTES,
+                        max_request_size=4 * 1024 * 1024,
+                        linger_ms=0,
+                    ),
+                    f"producer {self.client_id}",
+                )
                 if self.gate is not None:
                     gate_produce_requests(self._producer, self.gate)
 
@@ -170,8 +175,7 @@ class BatchProducer:
                 topic_errors[topic] = f"topic {topic!r} is not available: {type(exc).__name__}: {exc}".rstrip(": ")
         return [topic_errors[record.topic] or _too_large(record) for record in records]
 
-    async def send(self, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None,
-                   ) -> dict[tuple[str, int], int]:
+    async def send(self, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None) -> dict[tuple[str, int], int]:
         """Send ``records`` (in order per partition) and wait for every acknowledgement; returns the
         offset of the last record per (topic, partition). The first failure raises.
         ``before_retry`` is awaited before a record batch is queued again (see :func:`_enqueue`)."""
@@ -183,8 +187,9 @@ class BatchProducer:
         assert producer is not None
         return await self.send_with(producer, records, what, before_retry)
 
-    async def send_with(self, producer: AIOKafkaProducer, records: Sequence[Outgoing], what: str,
-                        before_retry: Retry | None = None) -> dict[tuple[str, int], int]:
+    async def send_with(
+        self, producer: AIOKafkaProducer, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None
+    ) -> dict[tuple[str, int], int]:
         """:meth:`send` through ``producer`` (a transactional one, inside its transaction)."""
         if not records:
             return {}
@@ -240,8 +245,12 @@ class BatchProducer:
             try:
                 async with asyncio.timeout(timeout_s):  # waits only for an unknown topic's metadata
                     fut = await producer.send(
-                        record.topic, record.value, key=record.key, partition=record.partition,
-                        timestamp_ms=record.timestamp_ms, headers=list(record.headers) if record.headers else None,
+                        record.topic,
+                        record.value,
+                        key=record.key,
+                        partition=record.partition,
+                        timestamp_ms=record.timestamp_ms,
+                        headers=list(record.headers) if record.headers else None,
                     )
             except Exception as exc:  # unknown topic, too large, timeout: the record's outcome
                 errors[i] = unavailable[record.topic] = f"{type(exc).__name__}: {exc}"
@@ -290,8 +299,7 @@ class PartitionTransactions:
     restore (read_committed) sees exactly the committed transactions.
     """
 
-    def __init__(self, settings: Settings, group_id: str, client_id: str, records: BatchProducer,
-                 service: str = "") -> None:
+    def __init__(self, settings: Settings, group_id: str, client_id: str, records: BatchProducer, service: str = "") -> None:
         self.settings = settings
         self.service = service
         self.group_id = group_id
@@ -304,10 +312,15 @@ class PartitionTransactions:
 
     def _make(self, topic: str, partition: int) -> AIOKafkaProducer:
         return AIOKafkaProducer(
-            **client_kwargs(self.settings), client_id=f"{self.client_id}-{topic}-{partition}", acks="all",
-            enable_idempotence=True, transactional_id=transactional_id(self.group_id, topic, partition),
+            **client_kwargs(self.settings),
+            client_id=f"{self.client_id}-{topic}-{partition}",
+            acks="all",
+            enable_idempotence=True,
+            transactional_id=transactional_id(self.group_id, topic, partition),
             transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
-            max_batch_size=MAX_BATCH_BYTES, max_request_size=4 * 1024 * 1024, linger_ms=0,
+            max_batch_size=MAX_BATCH_BYTES,
+            max_request_size=4 * 1024 * 1024,
+            linger_ms=0,
         )
 
     async def assign(self, tps: Sequence[tuple[str, int]]) -> None:
@@ -331,8 +344,7 @@ class PartitionTransactions:
         await self.revoke(list(self._producers))
 
     async def commit(
-        self, topic: str, partition: int, records: Sequence[Outgoing], next_offset: int, what: str,
-        reached: Callable[[str], None],
+        self, topic: str, partition: int, records: Sequence[Outgoing], next_offset: int, what: str, reached: Callable[[str], None]
     ) -> dict[tuple[str, int], int]:
         """``records`` and the input's ``next_offset`` as one transaction, committed; returns the
         offset of the last record per (topic, partition). Any failure aborts the transaction (when

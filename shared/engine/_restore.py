@@ -116,10 +116,13 @@ class ChangelogReader:
     async def _client(self) -> AIOKafkaConsumer:
         if self._consumer is None:
             consumer = AIOKafkaConsumer(
-                **client_kwargs(self.settings), enable_auto_commit=False, auto_offset_reset="earliest",
+                **client_kwargs(self.settings),
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
                 # What one fetch brings is held in memory until it is written: bounded well below
                 # the RocksDB budget (STATEFLEET_ROCKSDB_*), so a restore does not set the peak.
-                max_partition_fetch_bytes=RESTORE_PARTITION_FETCH_BYTES, fetch_max_bytes=RESTORE_FETCH_BYTES,
+                max_partition_fetch_bytes=RESTORE_PARTITION_FETCH_BYTES,
+                fetch_max_bytes=RESTORE_FETCH_BYTES,
                 isolation_level=ISOLATION_LEVEL,
             )
             await consumer.start()
@@ -138,8 +141,10 @@ class ChangelogReader:
         if not tps:
             return {}
         consumer = await self._client()
-        ends = {tp: int(end) for tp, end in (await consumer.end_offsets(
-            [TopicPartition(tp.topic, tp.partition) for tp in tps])).items()}
+        ends = {
+            tp: int(end)
+            for tp, end in (await consumer.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in tps])).items()
+        }
         ends = await self._past_last_committed(consumer, ends)
         return {TP(tp.topic, tp.partition): end for tp, end in ends.items()}
 
@@ -197,7 +202,7 @@ class ChangelogReader:
         return {TP(tp.topic, tp.partition): int(start) for tp, start in starts.items()}
 
     async def restore(
-        self, targets: Mapping[TopicPartition, PartitionTarget], min_lag: int, *, budget_s: float | None = None,
+        self, targets: Mapping[TopicPartition, PartitionTarget], min_lag: int, *, budget_s: float | None = None
     ) -> RestoreResult:
         """Bring each target up to its changelog partition's current end offset, if it
         lags by ``min_lag`` or more; stop after ``budget_s``."""
@@ -209,8 +214,7 @@ class ChangelogReader:
         if not todo:
             return RestoreResult(0, time.perf_counter() - started, 0)
         total = sum(ends[tp] - starts[tp] for tp in todo)
-        log.info("bulk restore: %d partitions lag their changelogs by %d records; reading them directly",
-                 len(todo), total)
+        log.info("bulk restore: %d partitions lag their changelogs by %d records; reading them directly", len(todo), total)
         consumer.assign(list(todo))
         try:
             for tp in todo:
@@ -219,22 +223,34 @@ class ChangelogReader:
         finally:
             consumer.unsubscribe()  # no fetching in the background between restores
         result = RestoreResult(records, time.perf_counter() - started, len(todo))
-        log.info("bulk restore: %d records into %d partitions in %.1fs (%.0f records/s)",
-                 result.records, result.partitions, result.seconds, result.rate)
+        log.info(
+            "bulk restore: %d records into %d partitions in %.1fs (%.0f records/s)",
+            result.records,
+            result.partitions,
+            result.seconds,
+            result.rate,
+        )
         return result
 
     @staticmethod
     async def _read(
-        consumer: AIOKafkaConsumer, targets: Mapping[TopicPartition, PartitionTarget], ends: Mapping[TopicPartition, int],
-        total: int, started: float, budget_s: float | None,
+        consumer: AIOKafkaConsumer,
+        targets: Mapping[TopicPartition, PartitionTarget],
+        ends: Mapping[TopicPartition, int],
+        total: int,
+        started: float,
+        budget_s: float | None,
     ) -> int:
         records = 0
         last_report = time.perf_counter()
         remaining = dict(ends)
         while remaining:
             if budget_s is not None and time.perf_counter() - started > budget_s:
-                log.warning("bulk restore: stopping after %.0fs with %d partitions not caught up; "
-                            "Faust's recovery reads the rest", budget_s, len(remaining))
+                log.warning(
+                    "bulk restore: stopping after %.0fs with %d partitions not caught up; Faust's recovery reads the rest",
+                    budget_s,
+                    len(remaining),
+                )
                 break
             batches = await consumer.getmany(*remaining, timeout_ms=1000, max_records=RESTORE_BATCH_RECORDS)
             for tp, messages in batches.items():
@@ -244,14 +260,17 @@ class ChangelogReader:
                     del remaining[tp]
             if time.perf_counter() - last_report >= PROGRESS_EVERY_S:
                 last_report = time.perf_counter()
-                log.info("bulk restore: %d of about %d records (%.0f/s), %d partitions to go",
-                         records, total, records / (last_report - started), len(remaining))
+                log.info(
+                    "bulk restore: %d of about %d records (%.0f/s), %d partitions to go",
+                    records,
+                    total,
+                    records / (last_report - started),
+                    len(remaining),
+                )
         return records
 
 
-async def restore_changelog(
-    settings: Settings, targets: Mapping[TopicPartition, PartitionTarget], min_lag: int,
-) -> RestoreResult:
+async def restore_changelog(settings: Settings, targets: Mapping[TopicPartition, PartitionTarget], min_lag: int) -> RestoreResult:
     """:meth:`ChangelogReader.restore` with a reader of its own."""
     reader = ChangelogReader(settings)
     try:
@@ -309,8 +328,11 @@ class BulkRestoringRecovery(Recovery):
         if progress != self._stalled_at:
             self._stalled_at = progress
             return
-        log.warning("table recovery applied nothing in %.0fs: %s", RECOVERY_STALL_CHECK_S,
-                    "; ".join(self._changelog_state(tp) for tp in sorted(self.active_remaining())))
+        log.warning(
+            "table recovery applied nothing in %.0fs: %s",
+            RECOVERY_STALL_CHECK_S,
+            "; ".join(self._changelog_state(tp) for tp in sorted(self.active_remaining())),
+        )
 
     def _changelog_state(self, tp: TP) -> str:
         consumer = cast(Any, self.app.consumer)
@@ -323,9 +345,11 @@ class BulkRestoringRecovery(Recovery):
                 return state + ", not assigned to the consumer"
             partition = assignment.state_value(ktp)
             position = partition.position if partition.has_valid_position else None
-            return (state + f", consumer position {position}, paused {partition.paused}, "
-                    f"Faust paused {tp in consumer._paused_partitions}, read offset {consumer._read_offset.get(tp)}, "
-                    f"queued {self.tables.changelog_queue.qsize()}, flow {consumer.flow_active}")
+            return (
+                state + f", consumer position {position}, paused {partition.paused}, "
+                f"Faust paused {tp in consumer._paused_partitions}, read offset {consumer._read_offset.get(tp)}, "
+                f"queued {self.tables.changelog_queue.qsize()}, flow {consumer.flow_active}"
+            )
         except Exception as exc:  # the consumer is restarting: the state is unknown
             return state + f" ({exc!r})"
 
@@ -342,9 +366,7 @@ class BulkRestoringRecovery(Recovery):
         if not self.in_recovery and any(self.buffers.values()):
             self.flush_buffers()
 
-    async def _build_highwaters(
-        self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str,
-    ) -> None:
+    async def _build_highwaters(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
         reader = self._changelog_reader()
         if reader is None:
             await super()._build_highwaters(consumer, tps, destination, title)
@@ -416,4 +438,3 @@ class BulkRestoringTableManager(TableManager):
 def register_settings(app: faust.App, settings: Settings) -> None:
     """Give the stores of ``app`` the settings they restore with (Kafka connection, thresholds)."""
     _SETTINGS[app] = settings
-

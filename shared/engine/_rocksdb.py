@@ -93,8 +93,7 @@ def configure_rocksdb_memory(settings: Settings) -> RocksDBMemory:
     write_buffer_bytes = settings.rocksdb_write_buffer_mb * MIB
     if _memory is None:
         _memory = RocksDBMemory(
-            cache_bytes, write_buffer_bytes, rocksdict.Cache(cache_bytes),
-            rocksdict.WriteBufferManager(write_buffer_bytes, False),
+            cache_bytes, write_buffer_bytes, rocksdict.Cache(cache_bytes), rocksdict.WriteBufferManager(write_buffer_bytes, False)
         )
     elif (_memory.cache_bytes, _memory.write_buffer_bytes) != (cache_bytes, write_buffer_bytes):
         _memory.cache.set_capacity(cache_bytes)
@@ -137,14 +136,11 @@ class SharedMemoryOptions(RocksDBOptions):
 
     def open(self, path: Path, *, read_only: bool = False) -> Any:
         access = rocksdict.AccessType.read_write() if self.ttl is None else rocksdict.AccessType.with_ttl(self.ttl)
-        return open_partition_db(
-            path, self.as_options(), self.as_options(MIN_WRITE_BUFFER_BYTES), access_type=access,
-        )
+        return open_partition_db(path, self.as_options(), self.as_options(MIN_WRITE_BUFFER_BYTES), access_type=access)
 
 
 def open_partition_db(
-    path: Path | str, options: Any = None, engine_options: Any = None, *,
-    access_type: Any = None,
+    path: Path | str, options: Any = None, engine_options: Any = None, *, access_type: Any = None
 ) -> rocksdict.Rdict:
     """Open (or create) a partition database with its engine family (created if missing), and
     move engine rows a database of an earlier version kept in its default family there."""
@@ -163,7 +159,9 @@ def open_partition_db(
             if name not in families and name != "default":
                 families[name] = options
     db = rocksdict.Rdict(
-        str(path), options=options, column_families=families,
+        str(path),
+        options=options,
+        column_families=families,
         access_type=access_type if access_type is not None else rocksdict.AccessType.read_write(),
     )
     db.set_read_options(rocksdict.ReadOptions())
@@ -278,7 +276,7 @@ class SharedMemoryStore(FaustRocksDBStore):
         set_persisted_offset(self._db_for_partition(tp.partition), offset)
 
     def apply_changelog_batch(
-        self, batch: Iterable[EventT[Any]], to_key: Callable[[Any], Any], to_value: Callable[[Any], Any],
+        self, batch: Iterable[EventT[Any]], to_key: Callable[[Any], Any], to_value: Callable[[Any], Any]
     ) -> None:
         """Faust's recovery and standbys: changelog records into each partition's families, with
         the partition's persisted offset in the same write batch."""

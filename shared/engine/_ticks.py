@@ -55,8 +55,14 @@ class Ticker:
             await self._send()(self.topic, None, self.value, partition=partition)
         except Exception as exc:  # the broker away, say; an exception out of a timer stops the worker
             self._sent.pop(partition, None)
-            log.warning("could not send the %s partition %d (sent again in %.1fs): %s: %s",
-                        self.name, partition, self.interval_s, type(exc).__name__, exc)
+            log.warning(
+                "could not send the %s partition %d (sent again in %.1fs): %s: %s",
+                self.name,
+                partition,
+                self.interval_s,
+                type(exc).__name__,
+                exc,
+            )
 
     def staged(self, partition: int) -> None:
         """A handler staged a tick to ``partition`` on its batch (to go on with a backlog at once)."""
@@ -76,4 +82,3 @@ class Ticker:
 
     def __repr__(self) -> str:
         return f"Ticker({self.topic!r}, in flight: {sorted(self._sent)})"
-

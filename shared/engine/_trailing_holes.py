@@ -99,7 +99,10 @@ class TrailingHoleWatch:
                 continue
             log.warning(
                 "the stream skipped %s[%d] offsets %d..%d with nothing after them; reading them again",
-                tp.topic, tp.partition, expected, position - 1,
+                tp.topic,
+                tp.partition,
+                expected,
+                position - 1,
             )
             try:
                 await self.app.consumer.seek_wait({tp: expected})

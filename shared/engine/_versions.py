@@ -30,12 +30,14 @@ def check_versions(found: dict[str, str | None] | None = None) -> None:
     found = found if found is not None else {name: installed(name) for name in SUPPORTED}
     wrong = [
         f"{name} {found.get(name) or 'not installed'} (supported: {wanted})"
-        for name, wanted in SUPPORTED.items() if found.get(name) != wanted
+        for name, wanted in SUPPORTED.items()
+        if found.get(name) != wanted
     ]
     if wrong:
         raise UnsupportedVersion(
             "statefleet's engine relies on internals of exactly "
             + ", ".join(f"{n}=={v}" for n, v in SUPPORTED.items())
-            + "; installed: " + "; ".join(wrong)
+            + "; installed: "
+            + "; ".join(wrong)
             + ". Install the pinned versions (make venv installs them)."
         )

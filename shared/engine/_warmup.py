@@ -83,7 +83,7 @@ CaughtUp = Callable[[str, int], bool]
 
 
 def hand_over_to_caught_up(
-    assignments: Mapping[str, _Copartitioned], partitions: int, caught_up: CaughtUp,
+    assignments: Mapping[str, _Copartitioned], partitions: int, caught_up: CaughtUp
 ) -> list[tuple[int, str, str]]:
     """Move partitions to members holding fewer than their share (``partitions // members``)
     from members holding more, where the receiver has a caught-up copy; the most loaded
@@ -97,7 +97,8 @@ def hand_over_to_caught_up(
         receiver = assignments[member]
         while len(receiver.actives) < share:
             candidates = [
-                p for p, holder in owner.items()
+                p
+                for p, holder in owner.items()
                 if holder != member and len(assignments[holder].actives) > share and caught_up(member, p)
             ]
             if not candidates:
@@ -113,7 +114,7 @@ def hand_over_to_caught_up(
 
 
 def hold_until_warm(
-    assignments: Mapping[str, _Copartitioned], previous_owner: Mapping[int, str], caught_up: CaughtUp,
+    assignments: Mapping[str, _Copartitioned], previous_owner: Mapping[int, str], caught_up: CaughtUp
 ) -> dict[str, set[int]]:
     """Undo each hand-over of a partition to a member without a caught-up copy while its
     previous owner is still a member: the owner keeps it, the member gets a warm-up copy.
@@ -132,9 +133,7 @@ def hold_until_warm(
     return dict(warmups)
 
 
-class StatefleetClientMetadata(
-    ClientMetadata, serializer="json", include_metadata=False, namespace="@StatefleetClientMetadata",
-):
+class StatefleetClientMetadata(ClientMetadata, serializer="json", include_metadata=False, namespace="@StatefleetClientMetadata"):
     """Faust's member metadata with the copies a member could take over (in its join) and its
     warm-ups (in its assignment). Faust's own decoder keeps unknown fields, so members of either
     kind understand each other."""
@@ -173,9 +172,13 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
         if not self.enabled:
             return base
         return StatefleetClientMetadata(
-            assignment=base.assignment, url=base.url, changelog_distribution=base.changelog_distribution,
-            external_topic_distribution=base.external_topic_distribution, topic_groups=base.topic_groups,
-            caught_up=dict(self.caught_up or {}), warmups={},
+            assignment=base.assignment,
+            url=base.url,
+            changelog_distribution=base.changelog_distribution,
+            external_topic_distribution=base.external_topic_distribution,
+            topic_groups=base.topic_groups,
+            caught_up=dict(self.caught_up or {}),
+            warmups={},
         )
 
     def on_assignment(self, assignment: ConsumerProtocolMemberMetadata) -> None:
@@ -187,7 +190,7 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
     # -- the leader ------------------------------------------------------------------------
 
     def _perform_assignment(
-        self, cluster: ClusterMetadata, member_metadata: Mapping[str, ConsumerProtocolMemberMetadata],
+        self, cluster: ClusterMetadata, member_metadata: Mapping[str, ConsumerProtocolMemberMetadata]
     ) -> MutableMapping[str, ConsumerProtocolMemberAssignment]:
         # Faust's own _perform_assignment (faust-streaming 0.15), with the two warm-up steps
         # around its CopartitionedAssignor and the warm-ups added to each member's assignment.
@@ -222,7 +225,7 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
                         self.last_moves.extend((topic, p, donor, receiver) for topic in group_changelogs)
                 previous_owner = {p: member for member, a in sorted(previous.items()) for p in a.actives}
                 assigned = CopartitionedAssignor(
-                    topics=topics, cluster_asgn=previous, num_partitions=num_partitions, replicas=self.replicas,
+                    topics=topics, cluster_asgn=previous, num_partitions=num_partitions, replicas=self.replicas
                 ).get_assignment()
                 # A leader that has not measured the changelogs yet (it has just started, as in a
                 # fleet starting at once) cannot tell small tables from large: Faust's assignment.
@@ -236,8 +239,11 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
         self._log_assignment(clients_metadata)
         assignments = self._global_table_standby_assignments(assignments, partitions_by_topic)
         return self._with_warmups(
-            assignments, self._get_changelog_distribution(assignments),
-            self._get_external_topic_distribution(assignments), topic_to_group_id, warmups,
+            assignments,
+            self._get_changelog_distribution(assignments),
+            self._get_external_topic_distribution(assignments),
+            topic_to_group_id,
+            warmups,
         )
 
     def _caught_up(self, clients_metadata: Mapping[str, ClientMetadata], changelogs: list[str]) -> CaughtUp:
@@ -261,28 +267,46 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
     def _log_assignment(self, clients_metadata: Mapping[str, ClientMetadata]) -> None:
         url = {member: metadata.url for member, metadata in clients_metadata.items()}
         for topic, p, donor, receiver in self.last_moves:
-            log.info("assignment: %s[%d] moves from %s to %s, which holds a caught-up copy",
-                     topic, p, url.get(donor, donor), url.get(receiver, receiver))
+            log.info(
+                "assignment: %s[%d] moves from %s to %s, which holds a caught-up copy",
+                topic,
+                p,
+                url.get(donor, donor),
+                url.get(receiver, receiver),
+            )
         for member, held in sorted(self.last_holds.items()):
             for topic, parts in sorted(held.items()):
-                log.info("assignment: %s warms up %s %s before taking them over (their owners keep them meanwhile)",
-                         url.get(member, member), topic, parts)
+                log.info(
+                    "assignment: %s warms up %s %s before taking them over (their owners keep them meanwhile)",
+                    url.get(member, member),
+                    topic,
+                    parts,
+                )
 
     def _with_warmups(
-        self, assignments: Mapping[str, ClientAssignment], changelog_distribution: Any,
-        external_topic_distribution: Any, topic_groups: Mapping[str, int], warmups: Mapping[str, dict[str, list[int]]],
+        self,
+        assignments: Mapping[str, ClientAssignment],
+        changelog_distribution: Any,
+        external_topic_distribution: Any,
+        topic_groups: Mapping[str, int],
+        warmups: Mapping[str, dict[str, list[int]]],
     ) -> MutableMapping[str, ConsumerProtocolMemberAssignment]:
         # Faust's _protocol_assignments, with each member's warm-ups in its metadata.
         return {
             member: ConsumerProtocolMemberAssignment(
                 self.version,
                 sorted(assignment.kafka_protocol_assignment(self._table_manager)),
-                self._compress(StatefleetClientMetadata(
-                    assignment=assignment, url=self._member_urls[member],
-                    changelog_distribution=changelog_distribution,
-                    external_topic_distribution=external_topic_distribution,
-                    topic_groups=topic_groups, caught_up={}, warmups=dict(warmups.get(member, {})),
-                ).dumps()),
+                self._compress(
+                    StatefleetClientMetadata(
+                        assignment=assignment,
+                        url=self._member_urls[member],
+                        changelog_distribution=changelog_distribution,
+                        external_topic_distribution=external_topic_distribution,
+                        topic_groups=topic_groups,
+                        caught_up={},
+                        warmups=dict(warmups.get(member, {})),
+                    ).dumps()
+                ),
             )
             for member, assignment in assignments.items()
         }
@@ -327,8 +351,7 @@ class WarmupWatch:
 
     async def run(self) -> None:
         # A failed check is mostly a store being closed by a rebalance: measured again next time.
-        await run_every(CHECK_EVERY_S, self.tick, lambda: not self.stopping,
-                        lambda exc: log.debug("warm-up check: %r", exc))
+        await run_every(CHECK_EVERY_S, self.tick, lambda: not self.stopping, lambda exc: log.debug("warm-up check: %r", exc))
 
     async def tick(self) -> None:
         caught_up, small = await self.measure()

@@ -62,8 +62,7 @@ class MemoryTopics:
             partition = partition_for(record.key, self.partition_count(record.topic)) if record.key is not None else 0
         log = self.logs.setdefault((record.topic, partition), [])
         timestamp = record.timestamp_ms if record.timestamp_ms is not None else int(time.time() * 1000)
-        appended = InRecord(record.topic, partition, len(log), record.key, record.value,
-                            list(record.headers or ()), timestamp)
+        appended = InRecord(record.topic, partition, len(log), record.key, record.value, list(record.headers or ()), timestamp)
         log.append(appended)
         self.appended.append(appended)
         return appended
@@ -85,8 +84,7 @@ class MemoryProducer(BatchProducer):
     async def stop(self) -> None:
         pass
 
-    async def send(self, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None,
-                   ) -> dict[tuple[str, int], int]:
+    async def send(self, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None) -> dict[tuple[str, int], int]:
         last: dict[tuple[str, int], int] = {}
         for record in records:
             appended = self.topics.append(record)
@@ -114,8 +112,7 @@ class MemoryTransactions(PartitionTransactions):
         pass
 
     async def commit(
-        self, topic: str, partition: int, records: Sequence[Outgoing], next_offset: int, what: str,
-        reached: Callable[[str], None],
+        self, topic: str, partition: int, records: Sequence[Outgoing], next_offset: int, what: str, reached: Callable[[str], None]
     ) -> dict[tuple[str, int], int]:
         last = await self.records.send(records, what)
         reached("sent")
@@ -203,14 +200,30 @@ class TopologyDriver:
 
     # -- input -----------------------------------------------------------------------------------
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, *, headers: Headers = None,
-             partition: int | None = None, timestamp_ms: int | None = None) -> InRecord:
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        headers: Headers = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> InRecord:
         """Append a record to ``topic`` without handing it over yet: records sent before one
         :meth:`process` reach their handler as one batch per partition."""
         return self.topics.append(Outgoing(topic, key, value, headers, partition, timestamp_ms))
 
-    def pipe(self, topic: str, key: bytes | None, value: bytes | None, *, headers: Headers = None,
-             partition: int | None = None, timestamp_ms: int | None = None) -> InRecord:
+    def pipe(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        headers: Headers = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> InRecord:
         """:meth:`send` a record, then :meth:`process` it and all that follows from it."""
         record = self.send(topic, key, value, headers=headers, partition=partition, timestamp_ms=timestamp_ms)
         self.process()
@@ -261,11 +274,14 @@ class TopologyDriver:
         ordered = await order.batch_records(records) if order is not None else None
         if ordered is not None and not ordered.records:
             return None  # every record a replay
-        batch = InputBatch(topic, partition, ordered.records if ordered is not None else list(records),
-                           dead_letter_route=registration.dead_letters)
+        batch = InputBatch(
+            topic,
+            partition,
+            ordered.records if ordered is not None else list(records),
+            dead_letter_route=registration.dead_letters,
+        )
         await registration.handle(batch)
-        await commit(engine.producer, order, ordered, batch, registration.name, engine.transactions,
-                     records[-1].offset + 1)
+        await commit(engine.producer, order, ordered, batch, registration.name, engine.transactions, records[-1].offset + 1)
         return batch
 
     # -- output ----------------------------------------------------------------------------------

@@ -48,10 +48,19 @@ def create_api(ctx: ServiceContext, *, title: str, description: str, version: st
         # control characters or surrounding spaces is refused, as the schema says it must be.
         for name, value in request.query_params.multi_items():
             if value != value.strip() or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-                return ErrorResponse(error_body("invalid_request", [{
-                    "loc": ["query", name], "msg": "holds control characters or surrounding spaces",
-                    "type": "value_error",
-                }]), status_code=422)
+                return ErrorResponse(
+                    error_body(
+                        "invalid_request",
+                        [
+                            {
+                                "loc": ["query", name],
+                                "msg": "holds control characters or surrounding spaces",
+                                "type": "value_error",
+                            }
+                        ],
+                    ),
+                    status_code=422,
+                )
         return await call_next(request)
 
     api.include_router(health_router)
@@ -100,8 +109,7 @@ READ_FROM_STATE_HEADERS: dict[str, Any] = {
         "schema": {"type": "string", "enum": ["active", "standby", "restoring"]},
     },
     LAG: {
-        "description": "Changelog records that copy had not applied, against the partition's changelog end as "
-        "last known",
+        "description": "Changelog records that copy had not applied, against the partition's changelog end as last known",
         "schema": {"type": "integer", "minimum": 0},
     },
     SERVED_BY: {"description": "URL of the instance whose state answered", "schema": {"type": "string"}},

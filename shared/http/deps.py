@@ -50,8 +50,12 @@ def _partition_for(ctx: ServiceContext, key: str) -> int:
 
 
 def owned_key(
-    key: KeyOfPath, table: TableOf, partition: PartitionOf = _partition_for, *,
-    reads: bool = True, check: Callable[[str], None] | None = None,
+    key: KeyOfPath,
+    table: TableOf,
+    partition: PartitionOf = _partition_for,
+    *,
+    reads: bool = True,
+    check: Callable[[str], None] | None = None,
 ) -> Dependency:
     """The key of a route that reads (``reads``) or changes one key's state in ``table``,
     once this instance is the one to answer for it.

@@ -77,14 +77,17 @@ class Unavailable(ApiError):
 class ErrorOut(BaseModel):
     """The body of every 4xx and 5xx answer."""
 
-    error: str = Field(description=(
-        "What went wrong, for programs: bad_request, invalid_cursor, unauthorized, not_found, "
-        "method_not_allowed, conflict, payload_too_large, invalid_request, unavailable"
-    ))
+    error: str = Field(
+        description=(
+            "What went wrong, for programs: bad_request, invalid_cursor, unauthorized, not_found, "
+            "method_not_allowed, conflict, payload_too_large, invalid_request, unavailable"
+        )
+    )
     detail: Any = Field(description="For people: a message, or for invalid_request the list of problems found")
-    lag: int | None = Field(None, description=(
-        "With 503 for ?max_lag: changelog records the freshest copy that could answer is behind (null: not known)"
-    ))
+    lag: int | None = Field(
+        None,
+        description=("With 503 for ?max_lag: changelog records the freshest copy that could answer is behind (null: not known)"),
+    )
     max_lag: int | None = Field(None, description="With 503 for ?max_lag: the max_lag asked for")
 
 
@@ -113,9 +116,7 @@ def error_responses(*statuses: int, **descriptions: str) -> dict[int | str, dict
     """
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
-        entry: dict[str, Any] = {
-            "model": ErrorOut, "description": descriptions.get(f"_{status}", ERROR_DESCRIPTIONS[status]),
-        }
+        entry: dict[str, Any] = {"model": ErrorOut, "description": descriptions.get(f"_{status}", ERROR_DESCRIPTIONS[status])}
         if status in _ERROR_HEADERS:
             entry["headers"] = _ERROR_HEADERS[status]
         out[status] = entry
@@ -139,7 +140,8 @@ def allowed_methods(request: Request) -> list[str]:
     paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
     for param in ("[^/]+", ".+"):
         matching = [
-            (template.count("{"), operations) for template, operations in paths.items()
+            (template.count("{"), operations)
+            for template, operations in paths.items()
             if re.fullmatch(_TEMPLATE_PARAM.sub(param, re.escape(template)), path)
         ]
         if matching:
@@ -160,7 +162,7 @@ class ErrorResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=str).encode(
-            "utf-8", errors="replace",
+            "utf-8", errors="replace"
         )
 
 
@@ -171,10 +173,7 @@ def install_error_handlers(api: FastAPI) -> None:
 
     @api.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()]
         return ErrorResponse(error_body("invalid_request", errors), status_code=422)
 
     @api.exception_handler(StarletteHTTPException)

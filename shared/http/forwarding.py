@@ -67,12 +67,16 @@ RETRY_AFTER_S = 1
 
 
 def max_lag_param(
-    max_lag: Annotated[int | None, Query(
-        ge=0, description=(
-            "Refuse an answer from a copy more than this many changelog records behind "
-            "(503 with Retry-After and the lag); 0 accepts only an up-to-date copy"
+    max_lag: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            description=(
+                "Refuse an answer from a copy more than this many changelog records behind "
+                "(503 with Retry-After and the lag); 0 accepts only an up-to-date copy"
+            ),
         ),
-    )] = None,
+    ] = None,
 ) -> int | None:
     return max_lag
 
@@ -164,14 +168,16 @@ async def route(ctx: ServiceContext, request: Request, table: Table, partition: 
     # behind is given only when nothing fresher turned up by then.
     patient = not request.headers.get(FORWARDED_BY)
     found = await _until_settled(
-        ctx.settings.read_retry_s if patient else 0.0, lambda: _freshest_answer(ctx, request, table, partition),
-        settled=lambda found: found.lag == 0, retry_on=NoCopy,
+        ctx.settings.read_retry_s if patient else 0.0,
+        lambda: _freshest_answer(ctx, request, table, partition),
+        settled=lambda found: found.lag == 0,
+        retry_on=NoCopy,
     )
     return _deliver(ctx, request, found.answer, max_lag)
 
 
 async def _until_settled(
-    budget_s: float, attempt: Callable[[], Awaitable[T]], *, settled: Callable[[T], bool], retry_on: type[Exception],
+    budget_s: float, attempt: Callable[[], Awaitable[T]], *, settled: Callable[[T], bool], retry_on: type[Exception]
 ) -> T:
     """``attempt()`` again every :data:`READ_RETRY_INTERVAL_S` while it raises ``retry_on`` or its
     answer is not ``settled``, for up to ``budget_s``; then its last answer (or error) stands."""
@@ -291,9 +297,7 @@ def _peers(ctx: ServiceContext, table: Table) -> set[str]:
     return ctx.instance.peer_urls() | table.owner_urls()
 
 
-async def _ask_peers_for_copies(
-    ctx: ServiceContext, request: Request, peers: set[str],
-) -> list[tuple[int | None, Response]]:
+async def _ask_peers_for_copies(ctx: ServiceContext, request: Request, peers: set[str]) -> list[tuple[int | None, Response]]:
     """Each answering peer's answer from its own copy, with the lag it reported; as soon as one
     answers from an up-to-date copy, that answer alone.
 
@@ -309,7 +313,11 @@ async def _ask_peers_for_copies(
     async def ask(peer: str) -> tuple[int | None, Response] | None:
         try:
             resp = await ctx.http.request(
-                request.method, peer + raw_path(request), params=request.query_params, content=body, headers=headers,
+                request.method,
+                peer + raw_path(request),
+                params=request.query_params,
+                content=body,
+                headers=headers,
                 timeout=_owner_timeout(ctx),
             )
         except httpx.HTTPError as exc:
@@ -362,9 +370,7 @@ def _response_of(resp: httpx.Response, served_by: str) -> Response:
     return Response(content=resp.content, status_code=resp.status_code, headers=out_headers)
 
 
-async def forward(
-    ctx: ServiceContext, request: Request, owner: str, *, limits: httpx.Timeout | None = None,
-) -> Response:
+async def forward(ctx: ServiceContext, request: Request, owner: str, *, limits: httpx.Timeout | None = None) -> Response:
     """The owner's answer to ``request``, as it gave it (:class:`OwnerDidNotAnswer` if none came)."""
     body = await request.body()
     url = owner + raw_path(request)
@@ -372,8 +378,7 @@ async def forward(
     kwargs: dict[str, Any] = {} if limits is None else {"timeout": limits}
     try:
         resp = await ctx.http.request(
-            request.method, url, params=request.query_params, content=body, headers=_forward_headers(ctx, request),
-            **kwargs,
+            request.method, url, params=request.query_params, content=body, headers=_forward_headers(ctx, request), **kwargs
         )
     except httpx.HTTPError as exc:
         log.warning("forwarding %s %s to %s failed: %r", request.method, request.url.path, owner, exc)
@@ -418,8 +423,9 @@ async def local_scope_partitions(ctx: ServiceContext, request: Request, table: T
         return partitions
     moved = [p for p in partitions if p not in owned]
     if moved or ctx.instance.rebalancing or not ctx.ready():
-        raise Unavailable(f"partitions {moved or partitions} are not active and restored here; retry shortly",
-                          retry_after=RETRY_AFTER_S)
+        raise Unavailable(
+            f"partitions {moved or partitions} are not active and restored here; retry shortly", retry_after=RETRY_AFTER_S
+        )
     return partitions
 
 
@@ -444,15 +450,17 @@ async def gather(ctx: ServiceContext, request: Request, table: Table, local: Par
     """
     max_lag = requested_max_lag(request)
     pages, read_from = await _until_settled(
-        ctx.settings.read_retry_s, lambda: _gather_partitions(ctx, request, table, local),
-        settled=lambda gathered: gathered[1].lag == 0, retry_on=NoCopy,
+        ctx.settings.read_retry_s,
+        lambda: _gather_partitions(ctx, request, table, local),
+        settled=lambda gathered: gathered[1].lag == 0,
+        retry_on=NoCopy,
     )
     _answer_from(ctx, request, read_from, max_lag)
     return pages
 
 
 async def _gather_partitions(
-    ctx: ServiceContext, request: Request, table: Table, local: PartitionsPage,
+    ctx: ServiceContext, request: Request, table: Table, local: PartitionsPage
 ) -> tuple[list[Any], ReadFrom]:
     by_owner: dict[str | None, list[int]] = {}
     for p in range(table.partitions):
@@ -506,20 +514,14 @@ async def _gather_partitions(
             answers = await asyncio.gather(*(ask(peer, [p], copy=True) for peer in sorted(peers)))
             candidates += [(read_from, page) for page, read_from in (a for a in answers if a is not None)]
         if not candidates:
-            raise NoCopy(f"no instance that answered holds a copy of partition {p}; retry shortly",
-                         retry_after=RETRY_AFTER_S)
+            raise NoCopy(f"no instance that answered holds a copy of partition {p}; retry shortly", retry_after=RETRY_AFTER_S)
         read_from, page = min(candidates, key=lambda c: _lag_order(c[0].lag))
         pages.append(await local([p]) if page is None else page)
         sources.append(read_from)
     return pages, _worst(sources)
 
 
-async def gather_owners(
-    ctx: ServiceContext,
-    request: Request,
-    table: Table,
-    local: Callable[[], Awaitable[Any]],
-) -> list[Any]:
+async def gather_owners(ctx: ServiceContext, request: Request, table: Table, local: Callable[[], Awaitable[Any]]) -> list[Any]:
     """The local answer of every instance that owns partitions of ``table``, for answers that
     only owners can give (figures kept in memory by the owner, such as the retry scheduler's
     stats).
@@ -531,16 +533,13 @@ async def gather_owners(
     never silently missing a partition.
     """
     pages = await _until_settled(
-        ctx.settings.read_retry_s, lambda: _gather_once(ctx, request, table, local),
-        settled=lambda _: True, retry_on=Unavailable,
+        ctx.settings.read_retry_s, lambda: _gather_once(ctx, request, table, local), settled=lambda _: True, retry_on=Unavailable
     )
     _answer_from(ctx, request, ReadFrom("active", 0), None)
     return pages
 
 
-async def _gather_once(
-    ctx: ServiceContext, request: Request, table: Table, local: Callable[[], Awaitable[Any]],
-) -> list[Any]:
+async def _gather_once(ctx: ServiceContext, request: Request, table: Table, local: Callable[[], Awaitable[Any]]) -> list[Any]:
     if ctx.instance.rebalancing:
         raise Unavailable("the consumer group is rebalancing; retry shortly")
     owners: set[str] = set()
@@ -555,7 +554,7 @@ async def _gather_once(
         params = dict(request.query_params)
         params[LOCAL_SCOPE_PARAM] = "local"
         return await _owner_part(
-            ctx, owner, ctx.http.get(owner + raw_path(request), params=params, headers={FORWARDED_BY: ctx.url}),
+            ctx, owner, ctx.http.get(owner + raw_path(request), params=params, headers={FORWARDED_BY: ctx.url})
         )
 
     return list(await asyncio.gather(*(ask(o) for o in sorted(owners))))
@@ -595,9 +594,9 @@ async def on_each_owner(ctx: ServiceContext, request: Request, table: Table, loc
             return await local(partitions)
         params = {**request.query_params, LOCAL_SCOPE_PARAM: "local", PARTITIONS_PARAM: ",".join(map(str, partitions))}
         HTTP_FORWARDED.labels(ctx.service).inc()
-        return await _owner_part(ctx, owner, ctx.http.request(
-            request.method, owner + raw_path(request), params=params, content=body, headers=headers,
-        ))
+        return await _owner_part(
+            ctx, owner, ctx.http.request(request.method, owner + raw_path(request), params=params, content=body, headers=headers)
+        )
 
     return list(await asyncio.gather(*(ask(o, parts) for o, parts in sorted(by_owner.items()))))
 

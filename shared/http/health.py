@@ -33,11 +33,16 @@ async def healthz(ctx: Ctx) -> dict[str, str]:
 
 
 @router.get(
-    "/readyz", summary="200 once table state is restored, 503 before", response_model=Readiness,
-    responses={503: {
-        "model": Readiness, "description": "Restoring state",
-        "headers": {"Retry-After": {"description": "Seconds to wait before asking again", "schema": {"type": "string"}}},
-    }},
+    "/readyz",
+    summary="200 once table state is restored, 503 before",
+    response_model=Readiness,
+    responses={
+        503: {
+            "model": Readiness,
+            "description": "Restoring state",
+            "headers": {"Retry-After": {"description": "Seconds to wait before asking again", "schema": {"type": "string"}}},
+        }
+    },
 )
 async def readyz(ctx: Ctx) -> Response:
     ready = ctx.ready()
@@ -47,10 +52,12 @@ async def readyz(ctx: Ctx) -> Response:
 
 
 @router.get(
-    "/metrics", summary="Prometheus metrics", response_class=Response,
-    responses={200: {
-        "description": "Prometheus text exposition format", "content": {"text/plain": {"schema": {"type": "string"}}},
-    }},
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={
+        200: {"description": "Prometheus text exposition format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    },
 )
 async def metrics(ctx: Ctx) -> Response:
     READY.labels(ctx.service).set(1 if ctx.ready() else 0)

@@ -114,7 +114,10 @@ class RestartingOut(BaseModel):
 
 
 @router.post(
-    "/instance/restarting", response_model=RestartingOut, dependencies=[Admin], responses=error_responses(401, 422),
+    "/instance/restarting",
+    response_model=RestartingOut,
+    dependencies=[Admin],
+    responses=error_responses(401, 422),
     summary="A peer is restarting: do not remove its group member meanwhile (sent by the peers themselves)",
 )
 async def restarting(body: RestartingIn, ctx: Ctx) -> Any:
@@ -130,12 +133,15 @@ class RebalanceOut(BaseModel):
     url: str
     rejoining: bool = Field(
         description="False, and nothing done, when the URL is not another member of the group's last assignment "
-        "or this instance's consumer has not started",
+        "or this instance's consumer has not started"
     )
 
 
 @router.post(
-    "/instance/rebalance", response_model=RebalanceOut, dependencies=[Admin], responses=error_responses(401, 422),
+    "/instance/rebalance",
+    response_model=RebalanceOut,
+    dependencies=[Admin],
+    responses=error_responses(401, 422),
     summary="A peer's warm-up copies are caught up: rejoin the group now, so the rebalance that hands them over "
     "is short (sent by the peers themselves)",
 )

@@ -50,9 +50,11 @@ class BodySizeLimit:
 
     async def _reject(self, send: Send) -> None:
         body = dumps(error_body("payload_too_large", f"request body exceeds {self.max_bytes} bytes"))
-        await send({
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

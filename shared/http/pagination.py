@@ -31,7 +31,8 @@ _CHECK_BYTES = 6
 CursorParam = Annotated[
     str | None,
     Query(
-        max_length=MAX_CURSOR_LENGTH, json_schema_extra={"pattern": "^[A-Za-z0-9_-]*$"},
+        max_length=MAX_CURSOR_LENGTH,
+        json_schema_extra={"pattern": "^[A-Za-z0-9_-]*$"},
         description="next_cursor of the previous page",
     ),
 ]

@@ -61,20 +61,34 @@ def schemathesis(url: str, workdir: Path) -> subprocess.CompletedProcess[str]:
     cli = Path(sys.executable).with_name("schemathesis")
     return subprocess.run(
         [
-            str(cli), "run", f"{url}/openapi.json",
-            "--checks", "all", "--exclude-checks", "positive_data_acceptance",
-            "--max-examples", str(FUZZ_EXAMPLES), "--max-time", str(FUZZ_SECONDS),
-            "--request-timeout", "10", "--header", f"Authorization: Bearer {TOKEN}",
-            "--max-failures", "5", "--no-color",
+            str(cli),
+            "run",
+            f"{url}/openapi.json",
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+            "--max-examples",
+            str(FUZZ_EXAMPLES),
+            "--max-time",
+            str(FUZZ_SECONDS),
+            "--request-timeout",
+            "10",
+            "--header",
+            f"Authorization: Bearer {TOKEN}",
+            "--max-failures",
+            "5",
+            "--no-color",
         ],
-        cwd=workdir, capture_output=True, text=True, timeout=FUZZ_SECONDS + 90,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=FUZZ_SECONDS + 90,
     )
 
 
 @pytest.mark.parametrize("service", SERVICES)
-def test_fuzzed_requests_get_only_documented_answers(
-    fleet: dict[str, ServiceProcess], service: str, tmp_path: Path,
-) -> None:
+def test_fuzzed_requests_get_only_documented_answers(fleet: dict[str, ServiceProcess], service: str, tmp_path: Path) -> None:
     proc = fleet[service]
     run = schemathesis(proc.url, tmp_path)
     report = run.stdout[-12_000:] + run.stderr[-2_000:]
@@ -86,7 +100,9 @@ def test_fuzzed_requests_get_only_documented_answers(
     if service == "validator":  # the worker still decides commands, not just answers HTTP
         account = f"after-fuzz-{uuid.uuid4().hex[:8]}"
         r = httpx.post(
-            proc.url + "/commands", params={"wait": "true"}, timeout=20,
+            proc.url + "/commands",
+            params={"wait": "true"},
+            timeout=20,
             json={"type": "CreateAccount", "account_id": account, "program_id": "after-fuzz"},
         )
         assert r.status_code == 200 and r.json()["status"] == "accepted", (r.text, proc.log_tail())

@@ -70,9 +70,7 @@ class Manifest:
                 yield f"executor template in {name}", pod["spec"]
 
 
-def run_helm(
-    chart: Path, values: list[Path], sets: list[str], api_versions: list[str], kube_version: str = KUBE_VERSION,
-) -> str:
+def run_helm(chart: Path, values: list[Path], sets: list[str], api_versions: list[str], kube_version: str = KUBE_VERSION) -> str:
     cmd = [helm_binary(), "template", RELEASE, str(chart), "--namespace", NAMESPACE, "--kube-version", kube_version]
     for v in values:
         cmd += ["--values", str(v)]

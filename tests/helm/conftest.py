@@ -19,7 +19,9 @@ def render() -> Render:
     cache: dict[tuple[Any, ...], Manifest] = {}
 
     def _render(
-        scenario: str = "default", sets: tuple[str, ...] | list[str] = (), values: tuple[Path, ...] = (),
+        scenario: str = "default",
+        sets: tuple[str, ...] | list[str] = (),
+        values: tuple[Path, ...] = (),
         api_versions: tuple[str, ...] | list[str] = (),
     ) -> Manifest:
         key = (scenario, tuple(sets), tuple(values), tuple(api_versions))

@@ -83,13 +83,21 @@ def test_one_entrypoint_for_every_service_and_job():
 
 def test_entrypoint_spark_on_kubernetes_roles():
     ep = entrypoint()
-    driver = ep.command_for(["driver", "--properties-file", "/opt/spark/conf/spark.properties"],
-                            {"SPARK_DRIVER_BIND_ADDRESS": "10.0.0.7"})
+    driver = ep.command_for(
+        ["driver", "--properties-file", "/opt/spark/conf/spark.properties"], {"SPARK_DRIVER_BIND_ADDRESS": "10.0.0.7"}
+    )
     assert Path(driver[0]).name == "spark-submit"
     assert driver[1:5] == ["--conf", "spark.driver.bindAddress=10.0.0.7", "--deploy-mode", "client"]
-    env = {"SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@10.0.0.7:7078", "SPARK_EXECUTOR_ID": "3",
-           "SPARK_EXECUTOR_CORES": "2", "SPARK_APPLICATION_ID": "spark-1", "SPARK_EXECUTOR_POD_IP": "10.0.0.9",
-           "SPARK_EXECUTOR_MEMORY": "2g", "SPARK_EXECUTOR_POD_NAME": "join-exec-3", "SPARK_JAVA_OPT_0": "-Dx=1"}
+    env = {
+        "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@10.0.0.7:7078",
+        "SPARK_EXECUTOR_ID": "3",
+        "SPARK_EXECUTOR_CORES": "2",
+        "SPARK_APPLICATION_ID": "spark-1",
+        "SPARK_EXECUTOR_POD_IP": "10.0.0.9",
+        "SPARK_EXECUTOR_MEMORY": "2g",
+        "SPARK_EXECUTOR_POD_NAME": "join-exec-3",
+        "SPARK_JAVA_OPT_0": "-Dx=1",
+    }
     cmd = ep.command_for(["executor"], env)
     assert cmd[cmd.index("-cp") + 2] == "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend"
     assert cmd[1:4] == ["-Dx=1", "-Xms2g", "-Xmx2g"]
@@ -132,7 +140,7 @@ def test_spark_versions_agree_between_project_image_pom_and_chart():
 
 def test_build_context_lets_in_only_what_the_image_needs():
     ignore = (REPO / ".dockerignore").read_text().splitlines()
-    assert ignore[ignore.index("*") + 1:].count("!services/") == 1
+    assert ignore[ignore.index("*") + 1 :].count("!services/") == 1
     for needed in ("!pyproject.toml", "!services/", "!shared/", "!spark_jobs/", "!tools/", "!helm/image/"):
         assert needed in ignore
     for source in re.findall(r"^COPY (?!--from)(\S+(?: \S+)*) \S+$", DOCKERFILE, flags=re.M):

@@ -39,8 +39,20 @@ def test_topic_job_creates_every_topic_with_the_right_configs(render):
     job = topic_job(render("replicas"))
     text = env(job["spec"]["template"]["spec"]["containers"][0])["STATEFLEET_TOPIC_SPECS"]["value"]
     specs = {s.name: s for s in parse_specs(text)}  # the tool in the image accepts what the chart renders
-    contract = ["account-commands", "account-command-batches", "account-events", "account-rejections", "logins",
-                "program-tallies", "dead-letters", "retry", "parking-lot", "activations", "retry-tallies", "retry-validator"]
+    contract = [
+        "account-commands",
+        "account-command-batches",
+        "account-events",
+        "account-rejections",
+        "logins",
+        "program-tallies",
+        "dead-letters",
+        "retry",
+        "parking-lot",
+        "activations",
+        "retry-tallies",
+        "retry-validator",
+    ]
     for base in contract:
         assert f"prod.{base}" in specs, base
         assert specs[f"prod.{base}"].partitions == 12
@@ -48,8 +60,11 @@ def test_topic_job_creates_every_topic_with_the_right_configs(render):
     assert specs["prod.program-tallies"].config["cleanup.policy"] == "compact"
     assert specs["prod.account-events"].config.get("cleanup.policy") is None
     changelogs = [n for n in specs if n.endswith("-changelog")]
-    assert changelogs == ["prod.statefleet-tallies-memberships-changelog", "prod.statefleet-tallies-last-logins-changelog",
-                          "prod.statefleet-tallies-published-tallies-changelog"]
+    assert changelogs == [
+        "prod.statefleet-tallies-memberships-changelog",
+        "prod.statefleet-tallies-last-logins-changelog",
+        "prod.statefleet-tallies-published-tallies-changelog",
+    ]
     for name in changelogs:
         assert specs[name].config["cleanup.policy"] == "compact"
 

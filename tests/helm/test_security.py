@@ -53,8 +53,11 @@ def test_service_account_tokens_are_not_mounted(render, scenario):
     for sa in m.all("ServiceAccount"):
         assert sa["automountServiceAccountToken"] is False
     for where, pod in m.pod_specs():
-        spark_driver_on_k8s = scenario in ("spark-cluster", "spark-operator") and (
-            where.startswith("Deployment/") or where.startswith("CronJob/")) and not where.endswith("-console")
+        spark_driver_on_k8s = (
+            scenario in ("spark-cluster", "spark-operator")
+            and (where.startswith("Deployment/") or where.startswith("CronJob/"))
+            and not where.endswith("-console")
+        )
         if spark_driver_on_k8s:
             # These drivers create executor pods through the API: they, and only they, get the token.
             assert pod["automountServiceAccountToken"] is True, where
@@ -80,10 +83,11 @@ def test_sasl_and_tls_credentials_come_from_the_named_secrets(render):
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["STATEFLEET_KAFKA_SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
     assert env["STATEFLEET_KAFKA_SASL_MECHANISM"]["value"] == "SCRAM-SHA-512"
-    assert env["STATEFLEET_KAFKA_SASL_USERNAME"]["valueFrom"]["secretKeyRef"] == {
-        "name": "statefleet-kafka-scram", "key": "user"}
+    assert env["STATEFLEET_KAFKA_SASL_USERNAME"]["valueFrom"]["secretKeyRef"] == {"name": "statefleet-kafka-scram", "key": "user"}
     assert env["STATEFLEET_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
-        "name": "statefleet-kafka-scram", "key": "password"}
+        "name": "statefleet-kafka-scram",
+        "key": "password",
+    }
     tls = {v["name"]: v for v in pod["volumes"]}["kafka-tls"]
     assert tls["secret"]["secretName"] == "statefleet-kafka-tls"
     mount = {v["name"]: v for v in pod["containers"][0]["volumeMounts"]}["kafka-tls"]
@@ -94,8 +98,10 @@ def test_sasl_and_tls_credentials_come_from_the_named_secrets(render):
 
 
 def test_plaintext_has_no_credentials_at_all(render):
-    env = {e["name"] for e in render().get("StatefulSet", f"{RELEASE}-statefleet-tallies")
-           ["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]
+        for e in render().get("StatefulSet", f"{RELEASE}-statefleet-tallies")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
     assert not {n for n in env if "SASL" in n or "SSL" in n}
 
 
@@ -122,8 +128,7 @@ def test_admin_token_from_a_secret(render, service):
     assert len(secret["data"]["token"]) >= 40
     c = m.get("StatefulSet", f"{RELEASE}-statefleet-{service}")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e for e in c["env"]}
-    assert env["STATEFLEET_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-        "name": f"{RELEASE}-statefleet-admin", "key": "token"}
+    assert env["STATEFLEET_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": f"{RELEASE}-statefleet-admin", "key": "token"}
 
 
 def test_existing_admin_secret_is_used_and_none_is_created(render):
@@ -131,8 +136,7 @@ def test_existing_admin_secret_is_used_and_none_is_created(render):
     assert not m.all("Secret")
     c = m.get("StatefulSet", f"{RELEASE}-statefleet-retry-scheduler")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e for e in c["env"]}
-    assert env["STATEFLEET_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "statefleet-admin-token", "key": "bearer"}
+    assert env["STATEFLEET_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "statefleet-admin-token", "key": "bearer"}
 
 
 def test_image_by_digest_and_pull_secrets(render):
@@ -142,8 +146,10 @@ def test_image_by_digest_and_pull_secrets(render):
             continue
         assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}], where
         image = pod["containers"][0]["image"]
-        assert image == ("registry.example.com/data/statefleet@sha256:"
-                         "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"), where
-    default_image = render().get("StatefulSet", f"{RELEASE}-statefleet-tallies")[
-        "spec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == (
+            "registry.example.com/data/statefleet@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+        ), where
+    default_image = render().get("StatefulSet", f"{RELEASE}-statefleet-tallies")["spec"]["template"]["spec"]["containers"][0][
+        "image"
+    ]
     assert default_image == "statefleet:0.1.0"

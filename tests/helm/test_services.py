@@ -63,9 +63,7 @@ def test_advertised_url_is_the_pods_name_in_the_headless_service(render, service
     c = container(sts)
     env = env_of(c)
     hl = headless["metadata"]["name"]
-    assert env["STATEFLEET_ADVERTISED_URL"]["value"] == (
-        f"http://$(POD_NAME).{hl}.$(POD_NAMESPACE).svc.cluster.local:{port}"
-    )
+    assert env["STATEFLEET_ADVERTISED_URL"]["value"] == (f"http://$(POD_NAME).{hl}.$(POD_NAMESPACE).svc.cluster.local:{port}")
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     # $(VAR) expands only from variables defined earlier in the list.
@@ -142,9 +140,7 @@ def test_without_persistence_the_data_dir_is_an_empty_dir(render):
 def test_disabled_services_render_nothing(render):
     m = render("minimal")
     assert [s["metadata"]["name"] for s in m.all("StatefulSet")] == [sts_name("tallies")]
-    assert {s["metadata"]["name"] for s in m.all("Service")} == {
-        sts_name("tallies"), f"{sts_name('tallies')}-headless",
-    }
+    assert {s["metadata"]["name"] for s in m.all("Service")} == {sts_name("tallies"), f"{sts_name('tallies')}-headless"}
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -234,11 +230,11 @@ def test_service_monitor_only_when_the_prometheus_operator_is_there(render):
     assert mon["spec"]["endpoints"][0]["path"] == "/metrics"
     assert mon["spec"]["endpoints"][0]["port"] == "http"
     # It selects the headless Service only, so each pod is scraped once.
-    selected = [s for s in m.all("Service")
-                if matches(mon["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+    selected = [s for s in m.all("Service") if matches(mon["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
     assert [s["metadata"]["name"] for s in selected] == [f"{sts_name('tallies')}-headless"]
-    assert not render(sets=["serviceMonitor.enabled=false"],
-                      api_versions=["monitoring.coreos.com/v1/ServiceMonitor"]).all("ServiceMonitor")
+    assert not render(sets=["serviceMonitor.enabled=false"], api_versions=["monitoring.coreos.com/v1/ServiceMonitor"]).all(
+        "ServiceMonitor"
+    )
 
 
 def test_everything_lands_in_the_release_namespace(render, scenario):

@@ -20,60 +20,80 @@ def reject(sets: list[str]) -> str:
     return str(err.value)
 
 
-@pytest.mark.parametrize("sets,expected", [
-    (["kafka.bootstrapServers="], "at '/kafka/bootstrapServers': minLength"),
-    (["kafka.bootstrapServers=kafka"], "at '/kafka/bootstrapServers': 'kafka' does not match pattern"),
-    (["kafka.securityProtocol=SASL_SSL"], "at '/kafka/sasl/existingSecret': minLength: got 0, want 1"),
-    (["kafka.securityProtocol=TLS"], "at '/kafka/securityProtocol': value must be one of"),
-    (["kafka.sasl.existingSecret=s", "kafka.sasl.password=hunter2"],
-     "at '/kafka/sasl': additional properties 'password' not allowed"),
-    (["kafka.securityProtocol=SSL", "kafka.tls.existingSecret=t", "kafka.tls.certKey=tls.crt"],
-     "at '/kafka/tls/keyKey': minLength: got 0, want 1"),
-    (["admin.token=abc"], "at '/admin': additional properties 'token' not allowed"),
-    (["serviceDefaults.persistence.size="], "at '/serviceDefaults/persistence/size': minLength: got 0, want 1"),
-    (["services.tallies.persistence.size=lots"], "at '/services/tallies/persistence/size': 'lots' does not match"),
-    (["services.validator.replicas=-1"], "at '/services/validator/replicas': minimum: got -1, want 0"),
-    (["services.tallies.port=70000"], "at '/services/tallies/port': maximum"),
-    (["services.tallies.replcas=3"], "at '/services/tallies': additional properties 'replcas' not allowed"),
-    (["topics.partitions=0"], "at '/topics/partitions': minimum: got 0, want 1"),
-    (["topics.prefix=bad prefix"], "at '/topics/prefix'"),
-    (["serviceMonitor.enabled=maybe"], "at '/serviceMonitor/enabled': value must be one of"),
-    (["spark.mode=yarn"], "at '/spark/mode': value must be one of 'local', 'cluster'"),
-    (["spark.join.runner=operator"], "at '/spark/join/runner': value must be one of"),
-    (["spark.cluster.master=yarn"], "at '/spark/cluster/master'"),
-    (["spark.batch.jobs.backfillTallies.schedule=daily"], "at '/spark/batch/jobs/backfillTallies/schedule'"),
-    (["image.digest=latest"], "at '/image/digest': 'latest' does not match pattern"),
-    (["logLevel=LOUD"], "at '/logLevel': value must be one of"),
-])
+@pytest.mark.parametrize(
+    "sets,expected",
+    [
+        (["kafka.bootstrapServers="], "at '/kafka/bootstrapServers': minLength"),
+        (["kafka.bootstrapServers=kafka"], "at '/kafka/bootstrapServers': 'kafka' does not match pattern"),
+        (["kafka.securityProtocol=SASL_SSL"], "at '/kafka/sasl/existingSecret': minLength: got 0, want 1"),
+        (["kafka.securityProtocol=TLS"], "at '/kafka/securityProtocol': value must be one of"),
+        (
+            ["kafka.sasl.existingSecret=s", "kafka.sasl.password=hunter2"],
+            "at '/kafka/sasl': additional properties 'password' not allowed",
+        ),
+        (
+            ["kafka.securityProtocol=SSL", "kafka.tls.existingSecret=t", "kafka.tls.certKey=tls.crt"],
+            "at '/kafka/tls/keyKey': minLength: got 0, want 1",
+        ),
+        (["admin.token=abc"], "at '/admin': additional properties 'token' not allowed"),
+        (["serviceDefaults.persistence.size="], "at '/serviceDefaults/persistence/size': minLength: got 0, want 1"),
+        (["services.tallies.persistence.size=lots"], "at '/services/tallies/persistence/size': 'lots' does not match"),
+        (["services.validator.replicas=-1"], "at '/services/validator/replicas': minimum: got -1, want 0"),
+        (["services.tallies.port=70000"], "at '/services/tallies/port': maximum"),
+        (["services.tallies.replcas=3"], "at '/services/tallies': additional properties 'replcas' not allowed"),
+        (["topics.partitions=0"], "at '/topics/partitions': minimum: got 0, want 1"),
+        (["topics.prefix=bad prefix"], "at '/topics/prefix'"),
+        (["serviceMonitor.enabled=maybe"], "at '/serviceMonitor/enabled': value must be one of"),
+        (["spark.mode=yarn"], "at '/spark/mode': value must be one of 'local', 'cluster'"),
+        (["spark.join.runner=operator"], "at '/spark/join/runner': value must be one of"),
+        (["spark.cluster.master=yarn"], "at '/spark/cluster/master'"),
+        (["spark.batch.jobs.backfillTallies.schedule=daily"], "at '/spark/batch/jobs/backfillTallies/schedule'"),
+        (["image.digest=latest"], "at '/image/digest': 'latest' does not match pattern"),
+        (["logLevel=LOUD"], "at '/logLevel': value must be one of"),
+    ],
+)
 def test_schema_rejects_bad_values_with_the_path_and_reason(sets, expected):
     message = reject(sets)
     assert "values don't meet the specifications of the schema" in message
     assert expected in message, message
 
 
-@pytest.mark.parametrize("sets,expected", [
-    (["topics.replicationFactor=1"],
-     "topics.create.defaultConfigs: min.insync.replicas 2 is more than topics.replicationFactor 1"),
-    (["spark.mode=cluster"],
-     "set spark.storage.accessModes to [ReadWriteMany]"),
-    (["spark.join.runner=sparkApplication"],
-     "set spark.storage.accessModes to [ReadWriteMany]"),
-    (["spark.storage.enabled=false"],
-     "spark.storage is off, so spark.checkpointDir, spark.archiveDir and spark.backfillDir must all be set"),
-])
+@pytest.mark.parametrize(
+    "sets,expected",
+    [
+        (
+            ["topics.replicationFactor=1"],
+            "topics.create.defaultConfigs: min.insync.replicas 2 is more than topics.replicationFactor 1",
+        ),
+        (["spark.mode=cluster"], "set spark.storage.accessModes to [ReadWriteMany]"),
+        (["spark.join.runner=sparkApplication"], "set spark.storage.accessModes to [ReadWriteMany]"),
+        (
+            ["spark.storage.enabled=false"],
+            "spark.storage is off, so spark.checkpointDir, spark.archiveDir and spark.backfillDir must all be set",
+        ),
+    ],
+)
 def test_rules_across_values_fail_with_a_sentence(sets, expected):
     assert expected in reject(sets)
 
 
-@pytest.mark.parametrize("sets", [
-    ["topics.replicationFactor=1", "topics.create.defaultConfigs.min\\.insync\\.replicas=1"],
-    ["spark.mode=cluster", "spark.storage.enabled=false", "spark.checkpointDir=hdfs://nn:8020/sf/checkpoints",
-     "spark.archiveDir=hdfs://nn:8020/sf/archive", "spark.backfillDir=hdfs://nn:8020/sf/backfill"],
-    ["spark.mode=cluster", "spark.storage.accessModes={ReadWriteMany}"],
-    ["kafka.securityProtocol=SASL_PLAINTEXT", "kafka.sasl.existingSecret=kafka-user", "kafka.sasl.mechanism=PLAIN"],
-    ["serviceDefaults.persistence.enabled=false", "serviceDefaults.persistence.size="],
-    ["serviceMonitor.enabled=true"],
-])
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["topics.replicationFactor=1", "topics.create.defaultConfigs.min\\.insync\\.replicas=1"],
+        [
+            "spark.mode=cluster",
+            "spark.storage.enabled=false",
+            "spark.checkpointDir=hdfs://nn:8020/sf/checkpoints",
+            "spark.archiveDir=hdfs://nn:8020/sf/archive",
+            "spark.backfillDir=hdfs://nn:8020/sf/backfill",
+        ],
+        ["spark.mode=cluster", "spark.storage.accessModes={ReadWriteMany}"],
+        ["kafka.securityProtocol=SASL_PLAINTEXT", "kafka.sasl.existingSecret=kafka-user", "kafka.sasl.mechanism=PLAIN"],
+        ["serviceDefaults.persistence.enabled=false", "serviceDefaults.persistence.size="],
+        ["serviceMonitor.enabled=true"],
+    ],
+)
 def test_good_combinations_render(sets):
     assert "kind: StatefulSet" in run_helm(CHART, [], sets, [])
 
@@ -116,8 +136,7 @@ def test_notes_tell_the_operator_how_to_query(tmp_path: Path):
     notes = (chart / "templates" / "NOTES.txt").read_text()
     (chart / "templates" / "_notes_probe.tpl").write_text('{{- define "notes.probe" -}}' + notes + "{{- end -}}")
     (chart / "templates" / "notes-probe.yaml").write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
-        '  notes: {{ include "notes.probe" . | quote }}\n'
+        'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n  notes: {{ include "notes.probe" . | quote }}\n'
     )
     out = run_helm(chart, [], ["topics.prefix=prod."], [])
     text = next(d for d in yaml.safe_load_all(out) if d and d["metadata"]["name"] == "notes")["data"]["notes"]

@@ -31,8 +31,12 @@ def podman_base() -> list[str]:
     and cgroup manager that work without systemd: runc, as crun refuses a hybrid cgroup
     v1/v2 host (STATEFLEET_PODMAN_RUNTIME=crun elsewhere)."""
     return [
-        "podman", *image_build.storage_args(),
-        "--runtime", os.environ.get("STATEFLEET_PODMAN_RUNTIME", "runc"), "--cgroup-manager", "cgroupfs",
+        "podman",
+        *image_build.storage_args(),
+        "--runtime",
+        os.environ.get("STATEFLEET_PODMAN_RUNTIME", "runc"),
+        "--cgroup-manager",
+        "cgroupfs",
     ]
 
 
@@ -84,8 +88,16 @@ class Container:
 
     def run_args(self) -> list[str]:
         command = [
-            "--name", self.name, "--network", "host", "--read-only", "--read-only-tmpfs=false",
-            "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            "--name",
+            self.name,
+            "--network",
+            "host",
+            "--read-only",
+            "--read-only-tmpfs=false",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
         ]
         for target, source in self.mounts.items():
             command += ["--volume", f"{writable_dir(source)}:{target}:rw"]

@@ -31,9 +31,18 @@ pytestmark = pytest.mark.image
 PARTITIONS = 2
 # What the chart's topic Job creates (values.yaml topics.create), on this run's prefix.
 TOPICS = {
-    "account-commands": {}, "account-command-batches": {}, "account-events": {}, "account-rejections": {},
-    "logins": {}, "program-tallies": {"cleanup.policy": "compact"}, "dead-letters": {}, "retry": {},
-    "parking-lot": {}, "activations": {}, "retry-tallies": {}, "retry-validator": {},
+    "account-commands": {},
+    "account-command-batches": {},
+    "account-events": {},
+    "account-rejections": {},
+    "logins": {},
+    "program-tallies": {"cleanup.policy": "compact"},
+    "dead-letters": {},
+    "retry": {},
+    "parking-lot": {},
+    "activations": {},
+    "retry-tallies": {},
+    "retry-validator": {},
 }
 SERVICES = ("validator", "tallies", "retry_scheduler")
 
@@ -89,8 +98,9 @@ def test_image_runs_as_the_charts_user_with_only_what_it_runs() -> None:
     done = podman("run", "--rm", "--network", "none", "--read-only", "--entrypoint", "python", IMAGE, "-c", probe)
     inside = json.loads(done.stdout)
     # Only what it runs (requirements-image.lock): no test or lint tools.
-    assert inside["modules"] == sorted(["faust", "rocksdict", "fastapi", "pyspark", "pyarrow", "pandas", "services",
-                                        "spark_jobs"]), inside["modules"]
+    assert inside["modules"] == sorted(
+        ["faust", "rocksdict", "fastapi", "pyspark", "pyarrow", "pandas", "services", "spark_jobs"]
+    ), inside["modules"]
     jars = inside["jars"]
     assert "spark-sql-kafka-0-10_2.13-4.2.0.jar" in jars and any(j.startswith("kafka-clients-") for j in jars), jars
     tools = inside["tools"]
@@ -100,8 +110,12 @@ def test_image_runs_as_the_charts_user_with_only_what_it_runs() -> None:
 
 def test_topic_job_creates_the_topics(kafka_env: dict[str, str], run_prefix: str, workdir: Path) -> None:
     specs = [{"name": run_prefix + base, "partitions": PARTITIONS, "configs": configs} for base, configs in TOPICS.items()]
-    job = Container(name(run_prefix, "topics"), ["tools.helm_topics"],
-                    {**kafka_env, "STATEFLEET_TOPIC_SPECS": json.dumps(specs)}, mounts={"/tmp": workdir / "topics-tmp"})
+    job = Container(
+        name(run_prefix, "topics"),
+        ["tools.helm_topics"],
+        {**kafka_env, "STATEFLEET_TOPIC_SPECS": json.dumps(specs)},
+        mounts={"/tmp": workdir / "topics-tmp"},
+    )
     done = job.run_to_end(timeout=180)
     assert done.returncode == 0, f"the topic job failed:\n{done.stdout}\n{done.stderr}"
     # Every topic exists now: reading each to its end fails on a missing topic.
@@ -117,11 +131,17 @@ def fleet(kafka_env: dict[str, str], run_prefix: str, workdir: Path, containers:
     for service in SERVICES:
         port = free_port()
         env = {
-            **kafka_env, "STATEFLEET_ENV": "production", "STATEFLEET_ADMIN_TOKEN": token,
-            "STATEFLEET_INSTANCE_ID": name(run_prefix, service), "STATEFLEET_STATIC_MEMBERSHIP": "true",
-            "STATEFLEET_DATA_DIR": "/var/lib/statefleet", "STATEFLEET_HTTP_HOST": "0.0.0.0",
-            "STATEFLEET_HTTP_PORT": str(port), "STATEFLEET_ADVERTISED_URL": f"http://127.0.0.1:{port}",
-            "STATEFLEET_TALLY_PUBLISH_INTERVAL_S": "0.5", "STATEFLEET_RETRY_TICK_INTERVAL_S": "0.5",
+            **kafka_env,
+            "STATEFLEET_ENV": "production",
+            "STATEFLEET_ADMIN_TOKEN": token,
+            "STATEFLEET_INSTANCE_ID": name(run_prefix, service),
+            "STATEFLEET_STATIC_MEMBERSHIP": "true",
+            "STATEFLEET_DATA_DIR": "/var/lib/statefleet",
+            "STATEFLEET_HTTP_HOST": "0.0.0.0",
+            "STATEFLEET_HTTP_PORT": str(port),
+            "STATEFLEET_ADVERTISED_URL": f"http://127.0.0.1:{port}",
+            "STATEFLEET_TALLY_PUBLISH_INTERVAL_S": "0.5",
+            "STATEFLEET_RETRY_TICK_INTERVAL_S": "0.5",
         }
         mounts = {"/tmp": workdir / f"{service}-tmp", "/var/lib/statefleet": workdir / f"{service}-data"}
         container = Container(name(run_prefix, service), [f"services.{service}"], env, mounts, port)
@@ -129,8 +149,11 @@ def fleet(kafka_env: dict[str, str], run_prefix: str, workdir: Path, containers:
         out[service] = container
     port = free_port()
     console_env = {
-        "STATEFLEET_HTTP_HOST": "0.0.0.0", "STATEFLEET_HTTP_PORT": str(port), "STATEFLEET_LOG_LEVEL": "INFO",
-        "HOME": "/tmp", "STATEFLEET_CONSOLE_SAMPLE_INTERVAL_S": "1",
+        "STATEFLEET_HTTP_HOST": "0.0.0.0",
+        "STATEFLEET_HTTP_PORT": str(port),
+        "STATEFLEET_LOG_LEVEL": "INFO",
+        "HOME": "/tmp",
+        "STATEFLEET_CONSOLE_SAMPLE_INTERVAL_S": "1",
         **{f"STATEFLEET_CONSOLE_{s.upper()}_URL": out[s].url for s in SERVICES},
     }
     console = Container(name(run_prefix, "console"), ["services.console"], console_env, {"/tmp": workdir / "console-tmp"}, port)
@@ -173,8 +196,14 @@ def accounts_created(validator: Container, program: str, count: int) -> list[dic
     events = []
     for n in range(count):
         account = f"acct-{uuid.uuid4().hex[:8]}"
-        body = {"command_id": f"{account}-1", "type": "CreateAccount", "account_id": account, "program_id": program,
-                "issued_at": 1_704_067_200_000 + n * 60_000, "data": {"name": f"n{n}"}}
+        body = {
+            "command_id": f"{account}-1",
+            "type": "CreateAccount",
+            "account_id": account,
+            "program_id": program,
+            "issued_at": 1_704_067_200_000 + n * 60_000,
+            "data": {"name": f"n{n}"},
+        }
         response = httpx.post(validator.url + "/commands", json=body, params={"wait": "true"}, timeout=30)
         assert response.status_code == 200, response.text
         answer = response.json()
@@ -189,7 +218,7 @@ def created(fleet: dict[str, Container]) -> list[dict[str, Any]]:
 
 
 def test_validator_and_tallies_process_commands_into_a_tally(
-    fleet: dict[str, Container], created: list[dict[str, Any]], run_prefix: str,
+    fleet: dict[str, Container], created: list[dict[str, Any]], run_prefix: str
 ) -> None:
     events = [json.loads(r.value or b"{}") for r in read_all(run_prefix + "account-events")]
     assert {e["account_id"] for e in events} == {e["account_id"] for e in created}
@@ -230,27 +259,42 @@ def test_console_shows_every_service_up(fleet: dict[str, Container]) -> None:
 
 
 def test_spark_join_runs_available_now_with_the_baked_jars(
-    kafka_env: dict[str, str], created: list[dict[str, Any]], run_prefix: str, workdir: Path,
+    kafka_env: dict[str, str], created: list[dict[str, Any]], run_prefix: str, workdir: Path
 ) -> None:
-    logins = [(e["account_id"], json.dumps({"account_id": e["account_id"], "program_id": e["program_id"],
-                                            "ts": e["occurred_at"] + 3_600_000}).encode()) for e in created]
+    logins = [
+        (
+            e["account_id"],
+            json.dumps(
+                {"account_id": e["account_id"], "program_id": e["program_id"], "ts": e["occurred_at"] + 3_600_000}
+            ).encode(),
+        )
+        for e in created
+    ]
     produce(run_prefix + "logins", logins)
     env = {
-        **kafka_env, "STATEFLEET_SPARK_MASTER": "local[2]", "STATEFLEET_SPARK_SHUFFLE_PARTITIONS": "2",
+        **kafka_env,
+        "STATEFLEET_SPARK_MASTER": "local[2]",
+        "STATEFLEET_SPARK_SHUFFLE_PARTITIONS": "2",
         "STATEFLEET_SPARK_CHECKPOINT_DIR": "/var/lib/statefleet-spark/checkpoints",
         "STATEFLEET_SPARK_ARCHIVE_DIR": "/var/lib/statefleet-spark/archive",
         "STATEFLEET_SPARK_BACKFILL_DIR": "/var/lib/statefleet-spark/backfill",
-        "STATEFLEET_SPARK_LOCAL_DIR": "/tmp/spark-local", "STATEFLEET_SPARK_WAREHOUSE_DIR": "/tmp/spark-warehouse",
+        "STATEFLEET_SPARK_LOCAL_DIR": "/tmp/spark-local",
+        "STATEFLEET_SPARK_WAREHOUSE_DIR": "/tmp/spark-warehouse",
     }
     tmp = workdir / "spark-tmp"
-    job = Container(name(run_prefix, "spark-join"), ["spark_jobs.activation_join", "--available-now"], env,
-                    {"/tmp": tmp, "/var/lib/statefleet-spark": workdir / "spark-storage"})
+    job = Container(
+        name(run_prefix, "spark-join"),
+        ["spark_jobs.activation_join", "--available-now"],
+        env,
+        {"/tmp": tmp, "/var/lib/statefleet-spark": workdir / "spark-storage"},
+    )
     started = time.monotonic()
     done = job.run_to_end(timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"the activation join failed in the image:\n{output[-8000:]}"
-    activations = {json.loads(r.value or b"{}")["account_id"]: json.loads(r.value or b"{}")
-                   for r in read_all(run_prefix + "activations")}
+    activations = {
+        json.loads(r.value or b"{}")["account_id"]: json.loads(r.value or b"{}") for r in read_all(run_prefix + "activations")
+    }
     assert set(activations) == {e["account_id"] for e in created}, f"{activations}\n{output[-4000:]}"
     assert all(a["activated"] for a in activations.values())
     # The connector came from /opt/statefleet/jars: nothing was resolved or downloaded.

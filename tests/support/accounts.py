@@ -50,9 +50,7 @@ def generate(programs: int, accounts_per_program: int, seed: int = 1, logins_per
             types, final = LIFECYCLES[kind]
             active += final == "active"
             inactive += final == "inactive"
-            per_account.append(
-                [(account, orjson.dumps(event(account, program, t, v))) for v, t in enumerate(types, start=1)]
-            )
+            per_account.append([(account, orjson.dumps(event(account, program, t, v))) for v, t in enumerate(types, start=1)])
         last_login = None
         for _ in range(logins_per_program):
             ts = rng.randrange(1_700_000_000_000, 1_800_000_000_000)
@@ -60,7 +58,10 @@ def generate(programs: int, accounts_per_program: int, seed: int = 1, logins_per
             account = f"{program}-acct-{rng.randrange(accounts_per_program)}"
             history.logins.append((account, orjson.dumps({"account_id": account, "program_id": program, "ts": ts})))
         history.expected[program] = {
-            "program_id": program, "numberActive": active, "numberInactive": inactive, "lastLogin": last_login,
+            "program_id": program,
+            "numberActive": active,
+            "numberInactive": inactive,
+            "lastLogin": last_login,
         }
     # Interleave accounts while keeping each account's events in order, as a real topic does.
     cursors = [0] * len(per_account)

@@ -57,8 +57,7 @@ INSTANCE: Any = StandInInstance()
 
 
 def stand_in_engine(
-    monkeypatch: pytest.MonkeyPatch, *, owner: Callable[[int], str | None], copy: Callable[[], Copy | None],
-    instances: set[str],
+    monkeypatch: pytest.MonkeyPatch, *, owner: Callable[[int], str | None], copy: Callable[[], Copy | None], instances: set[str]
 ) -> None:
     monkeypatch.setattr(TABLE, "owner", owner)
     monkeypatch.setattr(TABLE, "mine", copy)

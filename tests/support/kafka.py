@@ -35,7 +35,7 @@ class Record:
 
 
 def create_topics(
-    names: Iterable[str], partitions: int = 8, compacted: Iterable[str] = (), configs: dict[str, str] | None = None,
+    names: Iterable[str], partitions: int = 8, compacted: Iterable[str] = (), configs: dict[str, str] | None = None
 ) -> None:
     """Create the topics that do not exist yet; ``configs`` apply to each of them."""
     compact = set(compacted)
@@ -46,10 +46,11 @@ def create_topics(
         try:
             existing = set(await admin.list_topics())
             new = [
-                NewTopic(n, partitions, 1, topic_configs={
-                    **(configs or {}), **({"cleanup.policy": "compact"} if n in compact else {}),
-                })
-                for n in names if n not in existing
+                NewTopic(
+                    n, partitions, 1, topic_configs={**(configs or {}), **({"cleanup.policy": "compact"} if n in compact else {})}
+                )
+                for n in names
+                if n not in existing
             ]
             if new:
                 with contextlib.suppress(TopicAlreadyExistsError):
@@ -61,9 +62,7 @@ def create_topics(
 
 
 def produce(
-    topic: str,
-    records: Iterable[tuple[bytes | str | None, bytes | None]],
-    headers: list[tuple[str, bytes]] | None = None,
+    topic: str, records: Iterable[tuple[bytes | str | None, bytes | None]], headers: list[tuple[str, bytes]] | None = None
 ) -> None:
     async def run() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, linger_ms=5)
@@ -98,8 +97,9 @@ def unconsumed(group: str, topics: Iterable[str], timeout: float = 10.0) -> int:
     so that transaction markers (which hold no record, yet take an offset) do not count."""
 
     async def run() -> int:
-        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, group_id=group, enable_auto_commit=False,
-                                    isolation_level="read_committed")
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=BOOTSTRAP, group_id=group, enable_auto_commit=False, isolation_level="read_committed"
+        )
         await consumer.start()
         try:
             await consumer._client.force_metadata_update()
@@ -121,7 +121,7 @@ def unconsumed(group: str, topics: Iterable[str], timeout: float = 10.0) -> int:
 
 
 async def _read_until(
-    consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int], remaining: set[TopicPartition], read_for_s: float,
+    consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int], remaining: set[TopicPartition], read_for_s: float
 ) -> list[Any]:
     """The records of the assigned partitions in ``remaining`` from their positions up to ``ends``,
     read for at most ``read_for_s`` seconds; ``remaining`` keeps the partitions not read to their end."""
@@ -145,8 +145,9 @@ def read_all(topic: str, timeout: float = 10.0, isolation_level: str = "read_unc
     ``read_committed``: the committed records up to the last stable offsets)."""
 
     async def run() -> list[Record]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, enable_auto_commit=False, auto_offset_reset="earliest",
-                                    isolation_level=isolation_level)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=BOOTSTRAP, enable_auto_commit=False, auto_offset_reset="earliest", isolation_level=isolation_level
+        )
         await consumer.start()
         try:
             partitions = consumer.partitions_for_topic(topic)

@@ -45,8 +45,12 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module if "." in self.module else f"services.{self.module}"], cwd=REPO, env=env,
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [sys.executable, "-m", self.module if "." in self.module else f"services.{self.module}"],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
             )
         return self
 

@@ -10,8 +10,16 @@ import importlib
 import sys
 
 AREAS = (
-    "faust_ceiling", "tallies", "scaleout", "availability", "failover", "rebalance_pause", "validator",
-    "retry_scheduler", "spark", "peers",
+    "faust_ceiling",
+    "tallies",
+    "scaleout",
+    "availability",
+    "failover",
+    "rebalance_pause",
+    "validator",
+    "retry_scheduler",
+    "spark",
+    "peers",
 )
 
 

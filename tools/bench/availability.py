@@ -52,8 +52,11 @@ class Phase:
 
     def line(self) -> str:
         reads = len(self.latencies_ms) + len(self.failed)
-        lat = (f"p50 {pct(self.latencies_ms, 50):.1f} ms, p99 {pct(self.latencies_ms, 99):.1f} ms"
-               if self.latencies_ms else "no answers")
+        lat = (
+            f"p50 {pct(self.latencies_ms, 50):.1f} ms, p99 {pct(self.latencies_ms, 99):.1f} ms"
+            if self.latencies_ms
+            else "no answers"
+        )
         sources = ", ".join(f"{k} {v:,}" for k, v in sorted(self.sources.items()))
         cut = f" ({self.cut_off} in flight to the stopped instance cut off)" if self.cut_off else ""
         return f"{self.name}: {reads:,} reads, {len(self.failed):,} failed{cut}; {lat}; sources: {sources}"
@@ -110,15 +113,23 @@ class Readers:
 
 async def run(args: argparse.Namespace) -> list[Phase]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
-    print(f"[bench] machine: {machine()}; prefix {prefix}; {args.accounts:,} accounts, {args.programs:,} programs, "
-          f"{args.clients} clients", flush=True)
+    print(
+        f"[bench] machine: {machine()}; prefix {prefix}; {args.accounts:,} accounts, {args.programs:,} programs, "
+        f"{args.clients} clients",
+        flush=True,
+    )
     settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
     topic = f"{prefix}account-events"
     await ensure_topics_async(settings, [TopicSpec(topic, 8), TopicSpec(f"{prefix}logins", 8)])
     await produce_bulk(topic, accounts(args.accounts, args.programs))
     expected = {f"program-{i}": len(range(i, args.accounts, args.programs)) for i in range(args.programs)}
-    env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
-           "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_LOG_LEVEL": "INFO"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "STATEFLEET_TOPIC_PREFIX": prefix,
+        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(),
+        "STATEFLEET_LOG_LEVEL": "INFO",
+    }
     phases: list[Phase] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

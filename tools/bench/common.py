@@ -33,9 +33,7 @@ def machine() -> str:
 
 
 async def produce_bulk(topic: str, records: Iterable[tuple[bytes, bytes]], progress_every: int = 200_000) -> int:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap(), linger_ms=20, max_batch_size=512 * 1024, acks=1,
-    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(), linger_ms=20, max_batch_size=512 * 1024, acks=1)
     await producer.start()
     n = 0
     try:
@@ -60,8 +58,11 @@ async def produce_bulk(topic: str, records: Iterable[tuple[bytes, bytes]], progr
 async def raw_consume_rate(topics: Sequence[str], expected: int) -> tuple[int, float]:
     """Read ``topics`` from the beginning with a bare aiokafka consumer: (records, seconds)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap(), enable_auto_commit=False, auto_offset_reset="earliest",
-        max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=32 * 1024 * 1024,
+        bootstrap_servers=bootstrap(),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+        fetch_max_bytes=32 * 1024 * 1024,
     )
     await consumer.start()
     try:
@@ -111,14 +112,22 @@ def stop_worker(proc: subprocess.Popen[bytes], timeout_s: float = 60.0, name: st
 def service_worker(module: str, prefix: str, port: int, extra_env: dict[str, str] | None = None) -> Iterator[str]:
     """One ``services.<module>`` instance on an empty data dir; yields its URL once ready, stops it after."""
     with tempfile.TemporaryDirectory() as data_dir:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
-               "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": data_dir,
-               "STATEFLEET_HTTP_PORT": str(port), "STATEFLEET_INSTANCE_ID": "bench", "STATEFLEET_LOG_LEVEL": "WARNING",
-               **(extra_env or {})}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "STATEFLEET_TOPIC_PREFIX": prefix,
+            "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(),
+            "STATEFLEET_DATA_DIR": data_dir,
+            "STATEFLEET_HTTP_PORT": str(port),
+            "STATEFLEET_INSTANCE_ID": "bench",
+            "STATEFLEET_LOG_LEVEL": "WARNING",
+            **(extra_env or {}),
+        }
         log_path = Path(data_dir) / "worker.log"
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", f"services.{module}"], env=env, cwd=REPO,
-                                    stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", f"services.{module}"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+            )
         url = f"http://127.0.0.1:{port}"
         try:
             while True:

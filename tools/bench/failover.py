@@ -67,15 +67,20 @@ def wait_settled(instances: list[Instance], topic: str, timeout_s: float = 180) 
         except httpx.HTTPError:
             views = []
         owned = [set(v["active"].get(topic, [])) for v in views]
-        if (views and all(v["peers"] == urls and v["ready"] and not v["rebalancing"] for v in views)
-                and all(owned) and set().union(*owned) == set(range(PARTITIONS))):
+        if (
+            views
+            and all(v["peers"] == urls and v["ready"] and not v["rebalancing"] for v in views)
+            and all(owned)
+            and set().union(*owned) == set(range(PARTITIONS))
+        ):
             return
         time.sleep(0.5)
     raise TimeoutError("the three instances did not settle")
 
 
-async def first_processed(producer: AIOKafkaProducer, topic: str, survivor: str, program: str, partitions: set[int],
-                          round_no: int, killed_at: float) -> float:
+async def first_processed(
+    producer: AIOKafkaProducer, topic: str, survivor: str, program: str, partitions: set[int], round_no: int, killed_at: float
+) -> float:
     """Seconds from ``killed_at`` until ``survivor`` answers ``program``'s tally with a count, while a
     marker event for it goes to the victim's partitions every :data:`MARKER_EVERY_S`."""
     candidates = (a for n in range(1_000_000) if partition_for(a := f"marker-{round_no}-{n}", PARTITIONS) in partitions)
@@ -85,8 +90,16 @@ async def first_processed(producer: AIOKafkaProducer, topic: str, survivor: str,
             now = time.perf_counter()
             if now >= next_marker:
                 account = next(candidates)
-                event = {"event_id": account, "command_id": account, "type": "AccountCreated", "account_id": account,
-                         "program_id": program, "version": 1, "occurred_at": 1, "data": {}}
+                event = {
+                    "event_id": account,
+                    "command_id": account,
+                    "type": "AccountCreated",
+                    "account_id": account,
+                    "program_id": program,
+                    "version": 1,
+                    "occurred_at": 1,
+                    "data": {},
+                }
                 await producer.send_and_wait(topic, orjson.dumps(event), key=account.encode())
                 next_marker = now + MARKER_EVERY_S
             try:
@@ -99,8 +112,9 @@ async def first_processed(producer: AIOKafkaProducer, topic: str, survivor: str,
     raise TimeoutError(f"the victim's partitions were not processed again within {GIVE_UP_S:.0f}s")
 
 
-async def run_round(instances: list[Instance], victim: Instance, topic: str, programs: list[str],
-                    round_no: int) -> tuple[float, float]:
+async def run_round(
+    instances: list[Instance], victim: Instance, topic: str, programs: list[str], round_no: int
+) -> tuple[float, float]:
     survivor = next(i for i in instances if i is not victim)
     mine = set(view(victim.url)["active"][topic])
     program = next(p for n in range(100_000) if partition_for(p := f"marker-program-{round_no}-{n}", PARTITIONS) in mine)
@@ -125,24 +139,33 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--no-watch", action="store_true", help="STATEFLEET_PEER_WATCH=false (the session timeout decides)")
     parser.add_argument("--keep", type=Path, default=None, help="run in this dir and keep the instances' logs and data")
     parser.add_argument("--gone-after", type=float, default=None, help="STATEFLEET_PEER_GONE_AFTER_S (default: the setting's)")
-    parser.add_argument("--refused-gone-after", type=float, default=None,
-                        help="STATEFLEET_PEER_REFUSED_GONE_AFTER_S (default: the setting's)")
+    parser.add_argument(
+        "--refused-gone-after", type=float, default=None, help="STATEFLEET_PEER_REFUSED_GONE_AFTER_S (default: the setting's)"
+    )
     args, _ = parser.parse_known_args(argv)
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     watch = "false" if args.no_watch else "true"
-    print(f"[bench] machine: {machine()}; prefix {prefix}; {args.accounts:,} accounts, 3 instances, "
-          f"peer watch {watch}"
-          f"{'' if args.no_watch else f' (gone after {args.gone_after or Settings().peer_gone_after_s:g}s, '}"
-          f"{'' if args.no_watch else f'refused {args.refused_gone_after or Settings().peer_refused_gone_after_s:g}s)'}, "
-          "default session timeout", flush=True)
+    print(
+        f"[bench] machine: {machine()}; prefix {prefix}; {args.accounts:,} accounts, 3 instances, "
+        f"peer watch {watch}"
+        f"{'' if args.no_watch else f' (gone after {args.gone_after or Settings().peer_gone_after_s:g}s, '}"
+        f"{'' if args.no_watch else f'refused {args.refused_gone_after or Settings().peer_refused_gone_after_s:g}s)'}, "
+        "default session timeout",
+        flush=True,
+    )
     settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
     topic = f"{prefix}account-events"
     asyncio.run(ensure_topics_async(settings, [TopicSpec(topic, PARTITIONS), TopicSpec(f"{prefix}logins", PARTITIONS)]))
     asyncio.run(produce_bulk(topic, accounts(args.accounts, args.programs)))
     programs = [f"program-{i}" for i in range(args.programs)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
-           "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_LOG_LEVEL": "INFO",
-           "STATEFLEET_PEER_WATCH": watch}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "STATEFLEET_TOPIC_PREFIX": prefix,
+        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(),
+        "STATEFLEET_LOG_LEVEL": "INFO",
+        "STATEFLEET_PEER_WATCH": watch,
+    }
     if args.gone_after is not None:
         env["STATEFLEET_PEER_GONE_AFTER_S"] = str(args.gone_after)
     if args.refused_gone_after is not None:
@@ -167,17 +190,23 @@ def main(argv: list[str]) -> None:
                 first, every = asyncio.run(run_round(instances, victim, topic, programs, round_no))
                 processed.append(first)
                 served.append(every)
-                print(f"[bench] round {round_no + 1}: killed {victim.name}; its partitions processed again "
-                      f"{first:.2f}s after SIGKILL; each of its programs answered {every:.2f}s after", flush=True)
+                print(
+                    f"[bench] round {round_no + 1}: killed {victim.name}; its partitions processed again "
+                    f"{first:.2f}s after SIGKILL; each of its programs answered {every:.2f}s after",
+                    flush=True,
+                )
                 for other in instances:
                     if other is not victim and (line := last_removal(root / f"{other.name}.log", log_sizes[other.name])):
                         print(f"[bench]   {other.name}: {line}", flush=True)
                 victim.start()
                 victim.wait_ready()
                 wait_settled(instances, topic)
-            print(f"[bench] failover over {args.rounds} rounds: first record on the victim's partitions "
-                  f"median {statistics.median(processed):.2f}s (min {min(processed):.2f}, max {max(processed):.2f}); "
-                  f"each of the victim's programs answered median {statistics.median(served):.2f}s", flush=True)
+            print(
+                f"[bench] failover over {args.rounds} rounds: first record on the victim's partitions "
+                f"median {statistics.median(processed):.2f}s (min {min(processed):.2f}, max {max(processed):.2f}); "
+                f"each of the victim's programs answered median {statistics.median(served):.2f}s",
+                flush=True,
+            )
         finally:
             for instance in instances:
                 if instance.proc is not None and instance.proc.poll() is None:

@@ -45,9 +45,17 @@ def finish(count: int, secs: float) -> None:
 def run_worker(topic: str, expected: int, data_dir: str) -> None:
     """A Faust worker with one counting agent; prints its rate and exits at ``expected``."""
     app = faust.App(
-        f"ceiling-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap()}", store="memory://", web_enabled=False,
-        key_serializer="raw", value_serializer="raw", consumer_auto_offset_reset="earliest", autodiscover=False,
-        datadir=data_dir, broker_max_poll_records=2000, stream_buffer_maxsize=8192,
+        f"ceiling-{uuid.uuid4().hex[:8]}",
+        broker=f"kafka://{bootstrap()}",
+        store="memory://",
+        web_enabled=False,
+        key_serializer="raw",
+        value_serializer="raw",
+        consumer_auto_offset_reset="earliest",
+        autodiscover=False,
+        datadir=data_dir,
+        broker_max_poll_records=2000,
+        stream_buffer_maxsize=8192,
     )
     state: dict[str, float] = {"n": 0, "t0": 0.0}
 
@@ -66,8 +74,12 @@ def run_worker(topic: str, expected: int, data_dir: str) -> None:
 def run_engine_worker(topic: str, expected: int, data_dir: str) -> None:
     """An engine worker with one batch handler that counts; prints its rate and exits at ``expected``."""
     settings = Settings(
-        kafka_bootstrap_servers=bootstrap(), data_dir=Path(data_dir), http_port=free_port(),
-        instance_id="ceiling", static_membership=False, standby_replicas=0,
+        kafka_bootstrap_servers=bootstrap(),
+        data_dir=Path(data_dir),
+        http_port=free_port(),
+        instance_id="ceiling",
+        static_membership=False,
+        standby_replicas=0,
     )
     engine = Engine(f"ceiling-{uuid.uuid4().hex[:8]}", settings, 0)
     state: dict[str, float] = {"n": 0, "t0": 0.0}
@@ -93,7 +105,11 @@ def timed_worker(mode: str, topic: str, events: int) -> tuple[int, float, int] |
     """Run the counting worker of ``mode`` in a process of its own: (count, seconds, peak RSS in KiB)."""
     out = subprocess.run(
         [sys.executable, "-m", "tools.bench", "faust_ceiling", "--worker", mode, topic, str(events), f"/tmp/{topic}-{mode}"],
-        cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     # The worker's stdout goes through Faust's logging, so the line may be on either stream.
     found = re.search(r"RESULT (\d+) ([\d.]+)", out.stdout + out.stderr)
@@ -128,5 +144,8 @@ def main(argv: list[str]) -> None:
             continue
         count, took, rss_kib = result
         rate = count / took
-        print(f"[bench] {what}: {count:,} in {took:.2f}s = {rate:,.0f} events/s "
-              f"({rate / raw:.1%} of the bare consumer); peak RSS {rss_kib / 1024:.0f} MiB", flush=True)
+        print(
+            f"[bench] {what}: {count:,} in {took:.2f}s = {rate:,.0f} events/s "
+            f"({rate / raw:.1%} of the bare consumer); peak RSS {rss_kib / 1024:.0f} MiB",
+            flush=True,
+        )

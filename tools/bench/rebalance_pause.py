@@ -55,9 +55,10 @@ class Markers:
         self.prefix = prefix
         self.events_topic = f"{prefix}account-events"
         self.changelog = f"{prefix}statefleet-tallies-memberships-changelog"
-        self.programs = {p: next(name for n in range(100_000)
-                                 if partition_for(name := f"pause-program-{p}-{n}", PARTITIONS) == p)
-                         for p in range(PARTITIONS)}
+        self.programs = {
+            p: next(name for n in range(100_000) if partition_for(name := f"pause-program-{p}-{n}", PARTITIONS) == p)
+            for p in range(PARTITIONS)
+        }
         self.sent: dict[bytes, tuple[int, float]] = {}
         self.seen: dict[bytes, float] = {}
         self.sending = True
@@ -78,8 +79,16 @@ class Markers:
                 started = time.perf_counter()
                 for p, program in self.programs.items():
                     account = self._account(p)
-                    event = {"event_id": account, "command_id": account, "type": "AccountCreated",
-                             "account_id": account, "program_id": program, "version": 1, "occurred_at": 1, "data": {}}
+                    event = {
+                        "event_id": account,
+                        "command_id": account,
+                        "type": "AccountCreated",
+                        "account_id": account,
+                        "program_id": program,
+                        "version": 1,
+                        "occurred_at": 1,
+                        "data": {},
+                    }
                     await producer.send(self.events_topic, orjson.dumps(event), key=account.encode())
                     self.sent[program.encode() + SEP + account.encode()] = (p, time.perf_counter())
                 await asyncio.sleep(max(0.0, started + MARKER_EVERY_S - time.perf_counter()))
@@ -88,8 +97,13 @@ class Markers:
             await producer.stop()
 
     async def read(self, until: asyncio.Event) -> None:
-        consumer = AIOKafkaConsumer(self.changelog, bootstrap_servers=bootstrap(), auto_offset_reset="latest",
-                                    isolation_level="read_committed", enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            self.changelog,
+            bootstrap_servers=bootstrap(),
+            auto_offset_reset="latest",
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+        )
         await consumer.start()
         try:
             await consumer.seek_to_end()
@@ -124,8 +138,11 @@ def settled_with_warmups_done(instances: list[Instance], topic: str) -> bool:
     except httpx.HTTPError:
         return False
     owned = [set(v["active"].get(topic, [])) for v in views]
-    return (all(v["ready"] and not v["rebalancing"] and not v.get("warmup") for v in views)
-            and all(owned) and set().union(*owned) == set(range(PARTITIONS)))
+    return (
+        all(v["ready"] and not v["rebalancing"] and not v.get("warmup") for v in views)
+        and all(owned)
+        and set().union(*owned) == set(range(PARTITIONS))
+    )
 
 
 GENERATION = re.compile(rb"generation id (\d+)")
@@ -147,9 +164,14 @@ async def run_join(root: Path, warmups: bool, args: argparse.Namespace) -> dict[
     settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
     await ensure_topics_async(settings, [TopicSpec(topic, PARTITIONS), TopicSpec(f"{prefix}logins", PARTITIONS)])
     await produce_bulk(topic, accounts(args.accounts, args.programs))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
-           "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_LOG_LEVEL": "INFO",
-           "STATEFLEET_WARMUPS": "true" if warmups else "false"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "STATEFLEET_TOPIC_PREFIX": prefix,
+        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(),
+        "STATEFLEET_LOG_LEVEL": "INFO",
+        "STATEFLEET_WARMUPS": "true" if warmups else "false",
+    }
     env.pop("STATEFLEET_SESSION_TIMEOUT_S", None)
     folder = root / ("warmups-on" if warmups else "warmups-off")
     folder.mkdir(parents=True, exist_ok=True)
@@ -188,10 +210,16 @@ async def run_join(root: Path, warmups: bool, args: argparse.Namespace) -> dict[
         steady_worst, _, steady_missing = markers.worst(steady_from, join_from)
         join_worst, per_partition, join_missing = markers.worst(join_from, join_until)
         rebalances = generations([*logs, folder / "d.log"], offsets)
-        return {"warmups": warmups, "steady_worst_s": steady_worst, "join_worst_s": join_worst,
-                "per_partition": per_partition, "missing": steady_missing + join_missing,
-                "settled_s": settled_at - join_from, "rebalances": rebalances,
-                "markers": len(markers.sent)}
+        return {
+            "warmups": warmups,
+            "steady_worst_s": steady_worst,
+            "join_worst_s": join_worst,
+            "per_partition": per_partition,
+            "missing": steady_missing + join_missing,
+            "settled_s": settled_at - join_from,
+            "rebalances": rebalances,
+            "markers": len(markers.sent),
+        }
     finally:
         markers.sending = False
         stop_reading.set()
@@ -218,22 +246,30 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--only", choices=("on", "off"), default=None, help="run one setting of STATEFLEET_WARMUPS")
     parser.add_argument("--keep", type=Path, default=None, help="run in this dir and keep the instances' logs and data")
     args, _ = parser.parse_known_args(argv)
-    print(f"[bench] machine: {machine()}; {args.accounts:,} accounts, scale-out 3 -> 4, markers every "
-          f"{MARKER_EVERY_S * 1000:.0f} ms on each of {PARTITIONS} partitions; load {_load()}", flush=True)
+    print(
+        f"[bench] machine: {machine()}; {args.accounts:,} accounts, scale-out 3 -> 4, markers every "
+        f"{MARKER_EVERY_S * 1000:.0f} ms on each of {PARTITIONS} partitions; load {_load()}",
+        flush=True,
+    )
     settings = [True, False] if args.only is None else [args.only == "on"]
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
         for warmups in settings:
             result = asyncio.run(run_join(root, warmups, args))
             per = ", ".join(f"{p}: {s:.2f}" for p, s in sorted(result["per_partition"].items()))
-            print(f"[bench] warm-ups {'on ' if warmups else 'off'}: longest processing pause during the join "
-                  f"{result['join_worst_s']:.2f}s (steady before it: {result['steady_worst_s']:.2f}s); "
-                  f"group settled {result['settled_s']:.1f}s after d started; rebalances seen {result['rebalances']}; "
-                  f"markers {result['markers']:,}, not seen {result['missing']}; load {_load()}", flush=True)
+            print(
+                f"[bench] warm-ups {'on ' if warmups else 'off'}: longest processing pause during the join "
+                f"{result['join_worst_s']:.2f}s (steady before it: {result['steady_worst_s']:.2f}s); "
+                f"group settled {result['settled_s']:.1f}s after d started; rebalances seen {result['rebalances']}; "
+                f"markers {result['markers']:,}, not seen {result['missing']}; load {_load()}",
+                flush=True,
+            )
             print(f"[bench]   worst per partition (s): {per}", flush=True)
             if result["per_partition"]:
-                print(f"[bench]   median of the per-partition worst: "
-                      f"{statistics.median(result['per_partition'].values()):.2f}s", flush=True)
+                print(
+                    f"[bench]   median of the per-partition worst: {statistics.median(result['per_partition'].values()):.2f}s",
+                    flush=True,
+                )
 
 
 def _load() -> str:

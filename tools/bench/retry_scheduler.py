@@ -73,16 +73,37 @@ def sample_entry(dlq_id: str, due_at: int, retry_topic: str = "retry") -> Entry:
     """A typical stored entry: a small JSON value, every dlq.* header, one header of its own."""
     now = int(time.time() * 1000)
     letter = dl.DeadLetter(
-        id=dlq_id, key=f"account-{dlq_id[-6:]}".encode(), value=b'{"account_id":"a-1","amount":120,"note":"x"}',
-        original_topic="account-commands", original_partition=3, original_offset=123456, retry_topic=retry_topic,
-        attempt=1, error_class="TimeoutError", error_message="downstream did not answer within 5s",
-        first_failed_at=now, failed_at=now, other_headers=[("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-01")],
+        id=dlq_id,
+        key=f"account-{dlq_id[-6:]}".encode(),
+        value=b'{"account_id":"a-1","amount":120,"note":"x"}',
+        original_topic="account-commands",
+        original_partition=3,
+        original_offset=123456,
+        retry_topic=retry_topic,
+        attempt=1,
+        error_class="TimeoutError",
+        error_message="downstream did not answer within 5s",
+        first_failed_at=now,
+        failed_at=now,
+        other_headers=[("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-01")],
     )
     return Entry(
-        id=dlq_id, key=letter.key, value=letter.value, headers=tuple(letter.headers()), retry_topic=retry_topic,
-        attempt=1, origin_topic=letter.original_topic, origin_partition=3, origin_offset=123456,
-        error_class=letter.error_class, error_message=letter.error_message, first_failed_at=now, failed_at=now,
-        received_at=now, due_at=due_at, max_attempts=5,
+        id=dlq_id,
+        key=letter.key,
+        value=letter.value,
+        headers=tuple(letter.headers()),
+        retry_topic=retry_topic,
+        attempt=1,
+        origin_topic=letter.original_topic,
+        origin_partition=3,
+        origin_offset=123456,
+        error_class=letter.error_class,
+        error_message=letter.error_message,
+        first_failed_at=now,
+        failed_at=now,
+        received_at=now,
+        due_at=due_at,
+        max_attempts=5,
     )
 
 
@@ -177,9 +198,9 @@ async def prefill_changelogs(prefix: str, n: int) -> None:
     if n <= 0:
         return
     settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
-    await ensure_topics_async(settings, [
-        TopicSpec(changelog(prefix, t), PARTITIONS, compacted=True) for t in ("schedule", "index", "expiry", "parked")
-    ])
+    await ensure_topics_async(
+        settings, [TopicSpec(changelog(prefix, t), PARTITIONS, compacted=True) for t in ("schedule", "index", "expiry", "parked")]
+    )
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap(), linger_ms=20, max_batch_size=512 * 1024, acks=1)
     await producer.start()
     try:
@@ -206,7 +227,7 @@ async def prefill_changelogs(prefix: str, n: int) -> None:
 
 
 def letters(
-    prefix: str, label: str, n: int, failed_at: int, origin: str = "account-commands",
+    prefix: str, label: str, n: int, failed_at: int, origin: str = "account-commands"
 ) -> Iterator[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
     replaced = {dl.FAILED_AT: str(failed_at), dl.FIRST_FAILED_AT: str(failed_at), dl.ORIGINAL_TOPIC: origin}
     for i in range(n):
@@ -325,33 +346,43 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
     asyncio.run(ensure_topics_async(settings, [TopicSpec(t, PARTITIONS) for t in (dead, retry, f"{prefix}parking-lot")]))
     t0 = time.perf_counter()
     asyncio.run(prefill_changelogs(prefix, stored - due))
-    log(f"service, {stored:,} stored: pre-loaded {stored - due:,} entries into the changelogs in "
-        f"{time.perf_counter() - t0:.1f}s")
+    log(f"service, {stored:,} stored: pre-loaded {stored - due:,} entries into the changelogs in {time.perf_counter() - t0:.1f}s")
     with tempfile.TemporaryDirectory() as data_dir:
         env = {
             # The caller's PYTHONPATH after the repository's (e.g. a profiling hook).
-            **os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             "STATEFLEET_TOPIC_PREFIX": prefix,
-            "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": data_dir,
-            "STATEFLEET_HTTP_PORT": str(port), "STATEFLEET_INSTANCE_ID": "bench", "STATEFLEET_LOG_LEVEL": "WARNING",
-            "STATEFLEET_RETRY_BASE_DELAY_MS": str(BASE_DELAY_MS), "STATEFLEET_RETRY_JITTER": "none",
-            "STATEFLEET_STANDBY_REPLICAS": "0", "STATEFLEET_BULK_RESTORE": "true",
+            "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(),
+            "STATEFLEET_DATA_DIR": data_dir,
+            "STATEFLEET_HTTP_PORT": str(port),
+            "STATEFLEET_INSTANCE_ID": "bench",
+            "STATEFLEET_LOG_LEVEL": "WARNING",
+            "STATEFLEET_RETRY_BASE_DELAY_MS": str(BASE_DELAY_MS),
+            "STATEFLEET_RETRY_JITTER": "none",
+            "STATEFLEET_STANDBY_REPLICAS": "0",
+            "STATEFLEET_BULK_RESTORE": "true",
             "STATEFLEET_RETRY_POLICY_OVERRIDES": orjson.dumps(
-                {"origin_topic": {BURST_ORIGIN: {"base_delay_ms": BURST_DELAY_MS, "max_delay_ms": BURST_DELAY_MS}}},
+                {"origin_topic": {BURST_ORIGIN: {"base_delay_ms": BURST_DELAY_MS, "max_delay_ms": BURST_DELAY_MS}}}
             ).decode(),
         }
         log_path = Path(data_dir) / "worker.log"
         with open(log_path, "wb") as worker_log:
+
             def start_worker() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(
-                    [sys.executable, "-m", "services.retry_scheduler"], env=env, cwd=REPO,
-                    stdout=worker_log, stderr=subprocess.STDOUT,
+                    [sys.executable, "-m", "services.retry_scheduler"],
+                    env=env,
+                    cwd=REPO,
+                    stdout=worker_log,
+                    stderr=subprocess.STDOUT,
                 )
 
             started = time.perf_counter()
             workers = [start_worker()]  # the last one is running
             url = f"http://127.0.0.1:{port}"
             try:
+
                 def ready() -> bool:
                     if workers[-1].poll() is not None:
                         raise RuntimeError(f"worker exited: {log_path.read_text()[-3000:]}")
@@ -377,8 +408,10 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
                 tick_ms = sum(t["ms"] for t in busy)
                 scan_ms = sum(t["scan_ms"] for t in busy)
                 redelivered = sum(t["redelivered"] for t in busy)
-                log(f"service, {stored:,} stored, {due:,} due: {len(busy)} partition ticks redelivered {redelivered:,} "
-                    f"in {tick_ms:.1f} ms of handler time (scan {scan_ms:.2f} ms)")
+                log(
+                    f"service, {stored:,} stored, {due:,} due: {len(busy)} partition ticks redelivered {redelivered:,} "
+                    f"in {tick_ms:.1f} ms of handler time (scan {scan_ms:.2f} ms)"
+                )
 
                 # -- a burst: redelivery rate and lateness ---------------------------------------
                 records = list(letters(prefix, "burst", burst, 0))
@@ -399,19 +432,27 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
                 span_s = max((stamps[-1] - stamps[0]) / 1000, 0.001)
                 late = sorted(ts - burst_due for ts in stamps)
                 run = ServiceRun(
-                    stored=stored, ready_s=ready_s, tick_ms=tick_ms, scan_ms=scan_ms, ticks=len(busy),
-                    redelivered=redelivered, burst=burst, ingest_rate=burst / ingest_s,
+                    stored=stored,
+                    ready_s=ready_s,
+                    tick_ms=tick_ms,
+                    scan_ms=scan_ms,
+                    ticks=len(busy),
+                    redelivered=redelivered,
+                    burst=burst,
+                    ingest_rate=burst / ingest_s,
                     redelivery_rate=burst / span_s,
                     lateness=(percentile(late, 50), percentile(late, 99), late[-1] if late else None),
                     raw_produce_rate=burst / raw_s,
                 )
-                log(f"service, {stored:,} stored, burst of {burst:,}: read and scheduled at {run.ingest_rate:,.0f}/s; "
+                log(
+                    f"service, {stored:,} stored, burst of {burst:,}: read and scheduled at {run.ingest_rate:,.0f}/s; "
                     f"redelivered at {run.redelivery_rate:,.0f}/s ({span_s:.2f}s first to last); lateness p50 "
                     f"{run.lateness[0]} ms, p99 {run.lateness[1]} ms, max {run.lateness[2]} ms; bare aiokafka "
-                    f"producer, same records, acks=all: {run.raw_produce_rate:,.0f}/s")
+                    f"producer, same records, acks=all: {run.raw_produce_rate:,.0f}/s"
+                )
                 if backlog:
                     run.backlog_rate = backlog_bench(
-                        prefix, backlog, url, workers, start_worker, ready, name=f"{stored:,} stored",
+                        prefix, backlog, url, workers, start_worker, ready, name=f"{stored:,} stored"
                     )
                 return run
             finally:
@@ -421,8 +462,7 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
 
 
 def backlog_bench(
-    prefix: str, backlog: int, url: str, workers: list[subprocess.Popen[bytes]], start_worker: Any, ready: Any,
-    name: str,
+    prefix: str, backlog: int, url: str, workers: list[subprocess.Popen[bytes]], start_worker: Any, ready: Any, name: str
 ) -> float | None:
     """Dead letters waiting in the topic before the worker starts: stop the worker, produce
     ``backlog`` (due in BURST_DELAY_MS, so none is redelivered meanwhile), start it again on
@@ -439,9 +479,11 @@ def backlog_bench(
     wait_until(lambda: scheduled_total(url) >= backlog, 900, "the backlog to be scheduled")
     done_at = time.perf_counter()
     rate = (backlog - before) / (done_at - ready_at) if backlog > before else None
-    log(f"service, {name}, backlog of {backlog:,}: restarted and ready in {ready_at - started:.1f}s, "
+    log(
+        f"service, {name}, backlog of {backlog:,}: restarted and ready in {ready_at - started:.1f}s, "
         f"{before:,} scheduled by then; the rest read and scheduled at "
-        f"{'n/a' if rate is None else f'{rate:,.0f}/s'} ({backlog / (done_at - started):,.0f}/s from the restart)")
+        f"{'n/a' if rate is None else f'{rate:,.0f}/s'} ({backlog / (done_at - started):,.0f}/s from the restart)"
+    )
     return rate
 
 
@@ -450,8 +492,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--stored", type=int, default=1_000_000, help="Entries stored in the large case")
     parser.add_argument("--due", type=int, default=1000, help="Entries due in one tick")
     parser.add_argument("--burst", type=int, default=20_000, help="Dead letters due at one instant (rate, lateness)")
-    parser.add_argument("--backlog", type=int, default=20_000,
-                        help="Dead letters waiting before a restart of the worker (0: not measured)")
+    parser.add_argument(
+        "--backlog", type=int, default=20_000, help="Dead letters waiting before a restart of the worker (0: not measured)"
+    )
     parser.add_argument("--port", type=int, default=18003)
     parser.add_argument("--skip-storage", action="store_true")
     parser.add_argument("--skip-service", action="store_true")
@@ -462,12 +505,16 @@ def main(argv: list[str]) -> None:
         results = storage_bench(sizes, args.due)
         small = statistics.median(results[(args.due, "low-water")])
         large = statistics.median(results[(args.stored, "low-water")])
-        log(f"storage: tick with {args.stored:,} stored / with {args.due:,} stored = {large / small:.2f} "
-            f"(median of {ROUNDS} ticks, seeking from the low-water key)")
+        log(
+            f"storage: tick with {args.stored:,} stored / with {args.due:,} stored = {large / small:.2f} "
+            f"(median of {ROUNDS} ticks, seeking from the low-water key)"
+        )
     if not args.skip_service:
         runs = [service_bench(n, args.due, args.burst, args.port, args.backlog) for n in sizes]
-        log(f"service: tick handler time with {args.stored:,} stored / with {args.due:,} stored = "
-            f"{runs[1].tick_ms / max(runs[0].tick_ms, 0.001):.2f}")
+        log(
+            f"service: tick handler time with {args.stored:,} stored / with {args.due:,} stored = "
+            f"{runs[1].tick_ms / max(runs[0].tick_ms, 0.001):.2f}"
+        )
 
 
 if __name__ == "__main__":

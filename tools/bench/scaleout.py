@@ -63,11 +63,17 @@ class Instance:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, **extra_env: str) -> Instance:
-        env = {**self.env, "STATEFLEET_INSTANCE_ID": self.name, "STATEFLEET_HTTP_PORT": str(self.port),
-               "STATEFLEET_DATA_DIR": str(self.data_dir), **extra_env}
+        env = {
+            **self.env,
+            "STATEFLEET_INSTANCE_ID": self.name,
+            "STATEFLEET_HTTP_PORT": str(self.port),
+            "STATEFLEET_DATA_DIR": str(self.data_dir),
+            **extra_env,
+        }
         with open(self.data_dir.parent / f"{self.name}.log", "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "services.tallies"], env=env, cwd=REPO,
-                                         stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services.tallies"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+            )
         return self
 
     def wait_ready(self, timeout: float = 600) -> float:
@@ -94,9 +100,21 @@ class Instance:
 def accounts(n: int, programs: int) -> Iterator[tuple[bytes, bytes]]:
     for i in range(n):
         acct = f"acct-{i}"
-        yield acct.encode(), orjson.dumps({"event_id": acct, "command_id": acct, "type": "AccountCreated",
-                                           "account_id": acct, "program_id": f"program-{i % programs}",
-                                           "version": 1, "occurred_at": 1, "data": {}})
+        yield (
+            acct.encode(),
+            orjson.dumps(
+                {
+                    "event_id": acct,
+                    "command_id": acct,
+                    "type": "AccountCreated",
+                    "account_id": acct,
+                    "program_id": f"program-{i % programs}",
+                    "version": 1,
+                    "occurred_at": 1,
+                    "data": {},
+                }
+            ),
+        )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -203,9 +221,15 @@ def main(argv: list[str]) -> None:
     asyncio.run(ensure_topics_async(settings, [TopicSpec(topic, 8), TopicSpec(f"{prefix}logins", 8)]))
     asyncio.run(produce_bulk(topic, accounts(args.accounts, args.programs)))
     programs = [f"program-{i}" for i in range(args.programs)]
-    base_env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
-                "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_LOG_LEVEL": "INFO",
-                "STATEFLEET_SESSION_TIMEOUT_S": str(SESSION_TIMEOUT_S), "STATEFLEET_BULK_RESTORE": "true"}
+    base_env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "STATEFLEET_TOPIC_PREFIX": prefix,
+        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(),
+        "STATEFLEET_LOG_LEVEL": "INFO",
+        "STATEFLEET_SESSION_TIMEOUT_S": str(SESSION_TIMEOUT_S),
+        "STATEFLEET_BULK_RESTORE": "true",
+    }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         load_started = time.perf_counter()
@@ -229,10 +253,16 @@ def main(argv: list[str]) -> None:
                 (local if resp.headers[SERVED_BY] == a.url else forwarded).append(dt)
         with httpx.Client(timeout=5) as http:
             local_programs = [p for p in programs if http.get(f"{a.url}/tallies/{p}").headers[SERVED_BY] == a.url]
-        print(f"[bench] point query latency, local: p50 {pct(local, 50):.2f} ms, p99 {pct(local, 99):.2f} ms "
-              f"({len(local)} queries)", flush=True)
-        print(f"[bench] point query latency, forwarded: p50 {pct(forwarded, 50):.2f} ms, p99 {pct(forwarded, 99):.2f} ms "
-              f"({len(forwarded)} queries)", flush=True)
+        print(
+            f"[bench] point query latency, local: p50 {pct(local, 50):.2f} ms, p99 {pct(local, 99):.2f} ms "
+            f"({len(local)} queries)",
+            flush=True,
+        )
+        print(
+            f"[bench] point query latency, forwarded: p50 {pct(forwarded, 50):.2f} ms, p99 {pct(forwarded, 99):.2f} ms "
+            f"({len(forwarded)} queries)",
+            flush=True,
+        )
         rate = asyncio.run(request_rate(a.url, local_programs, 10))
         print(f"[bench] one instance, local keys, 32 concurrent clients: {rate:,.0f} requests/s", flush=True)
         b.stop()
@@ -245,8 +275,11 @@ def main(argv: list[str]) -> None:
             shutil.rmtree(root / "a")
             cold = a.start(STATEFLEET_BULK_RESTORE=bulk).wait_ready()
             a.stop()
-            print(f"[bench] restart with data dir deleted (cold), {label}: ready in {cold:.1f}s "
-                  f"= {args.accounts / cold:,.0f} accounts/s end to end", flush=True)
+            print(
+                f"[bench] restart with data dir deleted (cold), {label}: ready in {cold:.1f}s "
+                f"= {args.accounts / cold:,.0f} accounts/s end to end",
+                flush=True,
+            )
         restored = last_bulk_restore(root / "a.log")
         if restored:
             print(f"[bench] the bulk restore itself: {restored}", flush=True)
@@ -254,9 +287,12 @@ def main(argv: list[str]) -> None:
         for standby, bulk in ((1, "true"), (0, "true"), (0, "false")):
             secs = failover({**base_env, "STATEFLEET_BULK_RESTORE": bulk}, root, programs, args.accounts, standby)
             how = "bulk restore" if bulk == "true" else "Faust's recovery alone"
-            print(f"[bench] failover with {standby} standby, {how}: every program served again {secs:.1f}s after "
-                  f"SIGKILL (includes the {SESSION_TIMEOUT_S:g} s session timeout), all {args.accounts:,} accounts "
-                  "counted", flush=True)
+            print(
+                f"[bench] failover with {standby} standby, {how}: every program served again {secs:.1f}s after "
+                f"SIGKILL (includes the {SESSION_TIMEOUT_S:g} s session timeout), all {args.accounts:,} accounts "
+                "counted",
+                flush=True,
+            )
 
 
 def last_bulk_restore(log: Path) -> str | None:

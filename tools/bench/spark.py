@@ -70,8 +70,16 @@ def synthetic_activity(days: int, accounts_per_day: int, seed: int = 1) -> tuple
         for i in range(accounts_per_day):
             account, program = f"acct-{day}-{i}", f"prog-{i % 50}"
             at = T0 + day * DAY + rng.randrange(DAY)
-            event = {"event_id": f"e-{account}", "command_id": f"c-{account}", "type": "AccountCreated",
-                     "account_id": account, "program_id": program, "version": 1, "occurred_at": at, "data": {}}
+            event = {
+                "event_id": f"e-{account}",
+                "command_id": f"c-{account}",
+                "type": "AccountCreated",
+                "account_id": account,
+                "program_id": program,
+                "version": 1,
+                "occurred_at": at,
+                "data": {},
+            }
             created.append((at, account, json.dumps(event).encode()))
             roll = rng.random()
             times = []
@@ -82,8 +90,7 @@ def synthetic_activity(days: int, accounts_per_day: int, seed: int = 1) -> tuple
             if rng.random() < 0.2:
                 times.append(at + rng.randrange(3 * DAY))
             for ts in times:
-                logins.append((ts, account, json.dumps({"account_id": account, "program_id": program,
-                                                        "ts": ts}).encode()))
+                logins.append((ts, account, json.dumps({"account_id": account, "program_id": program, "ts": ts}).encode()))
     created.sort()
     logins.sort()
     return created, logins
@@ -133,14 +140,13 @@ class StatePoint:
         return sum(self.rows.values())
 
 
-def state_curve(spark: Any, checkpoint: str, batches: list[Any], total_rows: int, days: int,
-                samples: int) -> list[StatePoint]:
+def state_curve(spark: Any, checkpoint: str, batches: list[Any], total_rows: int, days: int, samples: int) -> list[StatePoint]:
     """State rows (state data source reader) at about ``samples`` batches spread over the run."""
     data_batches = [b for b in batches if b.input_rows > 0]
     if not data_batches:
         return []
     step = max(1, len(data_batches) // samples)
-    chosen = data_batches[step - 1::step]
+    chosen = data_batches[step - 1 :: step]
     if data_batches[-1] not in chosen:
         chosen.append(data_batches[-1])
     seen = 0
@@ -158,11 +164,16 @@ def state_curve(spark: Any, checkpoint: str, batches: list[Any], total_rows: int
     return points
 
 
-def run_join(spark: Any, settings: Settings, spark_settings: SparkSettings, checkpoint: Path, output: str,
-             per_batch: int, watermarks: bool) -> activation_join.RunResult:
+def run_join(
+    spark: Any, settings: Settings, spark_settings: SparkSettings, checkpoint: Path, output: str, per_batch: int, watermarks: bool
+) -> activation_join.RunResult:
     options = activation_join.JoinOptions(
-        checkpoint=str(checkpoint), output_topic=output, available_now=True, max_offsets_per_trigger=per_batch,
-        watermarks=watermarks, query_name=f"bench_join_{'wm' if watermarks else 'nowm'}_{checkpoint.name}",
+        checkpoint=str(checkpoint),
+        output_topic=output,
+        available_now=True,
+        max_offsets_per_trigger=per_batch,
+        watermarks=watermarks,
+        query_name=f"bench_join_{'wm' if watermarks else 'nowm'}_{checkpoint.name}",
     )
     return activation_join.run(spark, settings, spark_settings, options)
 
@@ -175,12 +186,16 @@ def print_curve(title: str, points: list[StatePoint]) -> None:
     keys = sorted({k for p in points for k in p.rows})
     print("  batch  sim.day  " + "  ".join(f"{k:>24}" for k in keys) + "       total")
     for p in points:
-        print(f"  {p.batch_id:5d}  {p.simulated_day:7.1f}  " + "  ".join(f"{p.rows.get(k, 0):24d}" for k in keys)
-              + f"  {p.total:10d}")
+        print(
+            f"  {p.batch_id:5d}  {p.simulated_day:7.1f}  "
+            + "  ".join(f"{p.rows.get(k, 0):24d}" for k in keys)
+            + f"  {p.total:10d}"
+        )
 
 
-def bench_join(spark: Any, settings: Settings, spark_settings: SparkSettings, root: Path,
-               args: argparse.Namespace) -> dict[str, Any]:
+def bench_join(
+    spark: Any, settings: Settings, spark_settings: SparkSettings, root: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     topics = topic_names(settings)
     created, logins = synthetic_activity(args.days, args.accounts_per_day, args.seed)
     kafka_io.ensure(settings, [topics.account_events, topics.logins, topics.activations])
@@ -188,11 +203,19 @@ def bench_join(spark: Any, settings: Settings, spark_settings: SparkSettings, ro
     produce(settings, topics.account_events, [(k, v) for _, k, v in created])
     produce(settings, topics.logins, [(k, v) for _, k, v in logins])
     total = len(created) + len(logins)
-    print(f"produced {len(created)} AccountCreated and {len(logins)} logins over {args.days} simulated days "
-          f"in {time.perf_counter() - started:.1f}s", flush=True)
+    print(
+        f"produced {len(created)} AccountCreated and {len(logins)} logins over {args.days} simulated days "
+        f"in {time.perf_counter() - started:.1f}s",
+        flush=True,
+    )
     per_batch = max(1, args.accounts_per_day // args.batches_per_day)
-    result: dict[str, Any] = {"events": total, "created": len(created), "logins": len(logins),
-                              "days": args.days, "records_per_topic_per_batch": per_batch}
+    result: dict[str, Any] = {
+        "events": total,
+        "created": len(created),
+        "logins": len(logins),
+        "days": args.days,
+        "records_per_topic_per_batch": per_batch,
+    }
 
     with_wm = run_join(spark, settings, spark_settings, root / "ck-watermarks", topics.activations, per_batch, True)
     curve = state_curve(spark, str(root / "ck-watermarks"), with_wm.batches, total, args.days, args.samples)
@@ -202,20 +225,25 @@ def bench_join(spark: Any, settings: Settings, spark_settings: SparkSettings, ro
     result["small_batches_batches"] = len(with_wm.batches)
 
     if not args.skip_no_watermark:
-        no_wm = run_join(spark, settings, spark_settings, root / "ck-no-watermarks", topics.name("activations-nowm"),
-                         per_batch, False)
+        no_wm = run_join(
+            spark, settings, spark_settings, root / "ck-no-watermarks", topics.name("activations-nowm"), per_batch, False
+        )
         curve = state_curve(spark, str(root / "ck-no-watermarks"), no_wm.batches, total, args.days, args.samples)
         print_curve("state rows without watermarks (inner join; state never dropped)", curve)
         result["state_without_watermarks"] = [p.__dict__ for p in curve]
 
     if args.throughput_batch:
-        fast = run_join(spark, settings, spark_settings, root / "ck-throughput", topics.name("activations-tp"),
-                        args.throughput_batch, True)
+        fast = run_join(
+            spark, settings, spark_settings, root / "ck-throughput", topics.name("activations-tp"), args.throughput_batch, True
+        )
         rate = fast.input_rows / fast.seconds
         busy = sum(b.duration_ms for b in fast.batches) / 1000
-        print(f"\njoin throughput: {fast.input_rows} events in {fast.seconds:.1f}s = {rate:,.0f} events/s "
-              f"({len(fast.batches)} batches of up to {args.throughput_batch} records per topic; "
-              f"{fast.input_rows / busy:,.0f} events/s of batch time)", flush=True)
+        print(
+            f"\njoin throughput: {fast.input_rows} events in {fast.seconds:.1f}s = {rate:,.0f} events/s "
+            f"({len(fast.batches)} batches of up to {args.throughput_batch} records per topic; "
+            f"{fast.input_rows / busy:,.0f} events/s of batch time)",
+            flush=True,
+        )
         result["throughput_events_per_s"] = round(rate, 1)
         result["throughput_seconds"] = round(fast.seconds, 2)
         result["throughput_batches"] = len(fast.batches)
@@ -229,39 +257,69 @@ def backfill_history(accounts: int, programs: int, seed: int) -> tuple[list[tupl
     logins: list[tuple[str, bytes]] = []
     for i in range(accounts):
         account, program = f"acct-{i}", f"prog-{i % programs}"
-        history = [(account, json.dumps({"event_id": f"{account}:{v}", "command_id": f"c-{account}-{v}", "type": t,
-                                         "account_id": account, "program_id": program, "version": v,
-                                         "occurred_at": T0 + v, "data": {}}).encode())
-                   for v, t in enumerate(flow[: rng.randint(1, 5)], start=1)]
+        history = [
+            (
+                account,
+                json.dumps(
+                    {
+                        "event_id": f"{account}:{v}",
+                        "command_id": f"c-{account}-{v}",
+                        "type": t,
+                        "account_id": account,
+                        "program_id": program,
+                        "version": v,
+                        "occurred_at": T0 + v,
+                        "data": {},
+                    }
+                ).encode(),
+            )
+            for v, t in enumerate(flow[: rng.randint(1, 5)], start=1)
+        ]
         events += history + (history if rng.random() < 0.2 else [])
-        logins.append((account, json.dumps({"account_id": account, "program_id": program,
-                                            "ts": T0 + rng.randrange(30 * DAY)}).encode()))
+        logins.append(
+            (account, json.dumps({"account_id": account, "program_id": program, "ts": T0 + rng.randrange(30 * DAY)}).encode())
+        )
     return events, logins
 
 
-def bench_backfill(spark: Any, settings: Settings, spark_settings: SparkSettings, root: Path,
-                   args: argparse.Namespace) -> dict[str, Any]:
+def bench_backfill(
+    spark: Any, settings: Settings, spark_settings: SparkSettings, root: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     topics = topic_names(settings)
     events, logins = backfill_history(args.backfill_accounts, args.backfill_programs, args.seed)
     kafka_io.ensure(settings, [topics.account_events, topics.logins])
     produce(settings, topics.account_events, events)
     produce(settings, topics.logins, logins)
     result = backfill_tallies.run(spark, settings, spark_settings, str(root / "backfill"))
-    print(f"\nbackfill: {result.input_records} records, {result.programs} programs in {result.seconds:.1f}s "
-          f"= {result.rows_per_second:,.0f} rows/s", flush=True)
-    return {"records": result.input_records, "programs": result.programs, "seconds": round(result.seconds, 2),
-            "rows_per_s": round(result.rows_per_second, 1)}
+    print(
+        f"\nbackfill: {result.input_records} records, {result.programs} programs in {result.seconds:.1f}s "
+        f"= {result.rows_per_second:,.0f} rows/s",
+        flush=True,
+    )
+    return {
+        "records": result.input_records,
+        "programs": result.programs,
+        "seconds": round(result.seconds, 2),
+        "rows_per_s": round(result.rows_per_second, 1),
+    }
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tools.bench spark", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tools.bench spark",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--days", type=int, default=30, help="simulated days of activity (default 30)")
     p.add_argument("--accounts-per-day", type=int, default=2000, help="AccountCreated events per day (default 2000)")
     p.add_argument("--batches-per-day", type=int, default=2, help="micro-batches per simulated day (default 2)")
     p.add_argument("--samples", type=int, default=15, help="batches at which state is read (default 15)")
-    p.add_argument("--throughput-batch", type=int, default=50_000,
-                   help="records per topic per micro-batch in the throughput run; 0 to skip (default 50000)")
+    p.add_argument(
+        "--throughput-batch",
+        type=int,
+        default=50_000,
+        help="records per topic per micro-batch in the throughput run; 0 to skip (default 50000)",
+    )
     p.add_argument("--skip-no-watermark", action="store_true", help="skip the run without watermarks")
     p.add_argument("--backfill-accounts", type=int, default=50_000, help="accounts in the backfill run; 0 to skip")
     p.add_argument("--backfill-programs", type=int, default=500)
@@ -288,10 +346,14 @@ def main(argv: list[str]) -> None:
         "spark.sql.streaming.minBatchesToRetain": "100000",
     }
     spark = build_session("bench", spark_settings, master=args.master, conf=conf, streaming=True)
-    figures: dict[str, Any] = {"machine": machine(), "load_average_at_start": os.getloadavg(),
-                               "spark": spark.version, "master": spark.sparkContext.master,
-                               "shuffle_partitions": spark_settings.shuffle_partitions,
-                               "topic_partitions": args.partitions}
+    figures: dict[str, Any] = {
+        "machine": machine(),
+        "load_average_at_start": os.getloadavg(),
+        "spark": spark.version,
+        "master": spark.sparkContext.master,
+        "shuffle_partitions": spark_settings.shuffle_partitions,
+        "topic_partitions": args.partitions,
+    }
     try:
         figures["join"] = bench_join(spark, settings, spark_settings, root, args)
         if args.backfill_accounts:

@@ -38,8 +38,9 @@ LIFECYCLES = (
 )
 
 
-def generate(n_events: int, programs: int, seed: int = 42) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]],
-                                                                      dict[str, list[int]]]:
+def generate(
+    n_events: int, programs: int, seed: int = 42
+) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]], dict[str, list[int]]]:
     rng = random.Random(seed)
     n_logins = n_events // 4
     events: list[tuple[bytes, bytes]] = []
@@ -49,14 +50,36 @@ def generate(n_events: int, programs: int, seed: int = 42) -> tuple[list[tuple[b
         program = f"program-{account % programs}"
         types, final = LIFECYCLES[rng.randrange(len(LIFECYCLES))]
         types = types[: n_events - n_logins - len(events)]
-        final = {"AccountCreated": "active", "AccountUpdated": "active", "AccountDeactivated": "inactive",
-                 "AccountReactivated": "active", "AccountDeleted": "deleted"}[types[-1]] if types else final
+        final = (
+            {
+                "AccountCreated": "active",
+                "AccountUpdated": "active",
+                "AccountDeactivated": "inactive",
+                "AccountReactivated": "active",
+                "AccountDeleted": "deleted",
+            }[types[-1]]
+            if types
+            else final
+        )
         acct = f"acct-{account}"
         for version, type_ in enumerate(types, start=1):
-            events.append((acct.encode(), orjson.dumps({
-                "event_id": f"{acct}:{version}", "command_id": f"c-{acct}-{version}", "type": type_,
-                "account_id": acct, "program_id": program, "version": version, "occurred_at": version, "data": {},
-            })))
+            events.append(
+                (
+                    acct.encode(),
+                    orjson.dumps(
+                        {
+                            "event_id": f"{acct}:{version}",
+                            "command_id": f"c-{acct}-{version}",
+                            "type": type_,
+                            "account_id": acct,
+                            "program_id": program,
+                            "version": version,
+                            "occurred_at": version,
+                            "data": {},
+                        }
+                    ),
+                )
+            )
         counts = expected.setdefault(program, [0, 0, -1])
         counts[0] += final == "active"
         counts[1] += final == "inactive"
@@ -123,8 +146,10 @@ def main(argv: list[str]) -> None:
             a, i, last = expected[program]
             if (got["numberActive"], got["numberInactive"], got["lastLogin"] or -1) != (a, i, last):
                 wrong.append((program, got, expected[program]))
-        print(f"[bench] tallies worker: {total:,} events in {secs:.2f}s = {rate:,.0f} events/s "
-              f"({rate / raw_rate:.1%} of the bare consumer); {len(sample) - len(wrong)}/{len(sample)} sampled tallies exact",
-              flush=True)
+        print(
+            f"[bench] tallies worker: {total:,} events in {secs:.2f}s = {rate:,.0f} events/s "
+            f"({rate / raw_rate:.1%} of the bare consumer); {len(sample) - len(wrong)}/{len(sample)} sampled tallies exact",
+            flush=True,
+        )
         if wrong:
             print(f"[bench] MISMATCH: {wrong[:3]}", flush=True)

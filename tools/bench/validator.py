@@ -81,7 +81,7 @@ async def tail_consumer(topic: str) -> AIOKafkaConsumer:
 
 
 async def paced_round_trip(
-    produce_topic: str, consume_topic: str, rate: int, seconds: float, make: Any, id_of: Any,
+    produce_topic: str, consume_topic: str, rate: int, seconds: float, make: Any, id_of: Any
 ) -> tuple[list[float], float]:
     """Produce ``rate``/s for ``seconds`` to one topic and time each record's echo on another.
 
@@ -140,17 +140,26 @@ async def paced_round_trip(
 def latency_commands(run: str) -> Any:
     def make(i: int) -> tuple[str, bytes, bytes]:
         account, command_id = f"{run}-{i}", f"{run}-{i}-c"
-        body = {"command_id": command_id, "type": "CreateAccount", "account_id": account, "program_id": "lat",
-                "issued_at": int(time.time() * 1000), "data": {}}
+        body = {
+            "command_id": command_id,
+            "type": "CreateAccount",
+            "account_id": account,
+            "program_id": "lat",
+            "issued_at": int(time.time() * 1000),
+            "data": {},
+        }
         return command_id, account.encode(), orjson.dumps(body)
+
     return make
 
 
 def summary(name: str, lat: list[float], expected: int, achieved: float) -> str:
     if not lat:
         return f"{name}: no records came back"
-    return (f"{name}: sent {achieved:,.0f}/s, {len(lat):,}/{expected:,} back; latency p50 {statistics.median(lat):.1f} ms, "
-            f"p99 {percentile(lat, 0.99):.1f} ms, max {max(lat):.1f} ms")
+    return (
+        f"{name}: sent {achieved:,.0f}/s, {len(lat):,}/{expected:,} back; latency p50 {statistics.median(lat):.1f} ms, "
+        f"p99 {percentile(lat, 0.99):.1f} ms, max {max(lat):.1f} ms"
+    )
 
 
 def metric_totals(url: str) -> dict[str, int]:
@@ -159,7 +168,7 @@ def metric_totals(url: str) -> dict[str, int]:
     head = 'statefleet_messages_processed_total{service="validator",stream="'
     for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
         if line.startswith(head):
-            stream = line[len(head):].split('"', 1)[0]
+            stream = line[len(head) :].split('"', 1)[0]
             totals[stream] = totals.get(stream, 0) + int(float(line.rsplit(" ", 1)[1]))
     return totals
 
@@ -218,8 +227,12 @@ def wait_idle(url: str, n: int) -> float:
 
 
 async def read_events(topic: str, expected: int) -> list[tuple[int, bytes]]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(), enable_auto_commit=False, auto_offset_reset="earliest",
-                                max_partition_fetch_bytes=4 * 1024 * 1024)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap(),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+    )
     await consumer.start()
     try:
         await refresh_metadata(consumer)
@@ -242,8 +255,10 @@ async def _batch_round(http: aiohttp.ClientSession, url: str, size: int, run: st
     """One batch of ``size`` creates: POST /commands/batch, then GET /batches/{id} every 10 ms.
     Returns the seconds until every outcome was readable, and each item's (ms)."""
     batch_id = f"{run}-batch"
-    body = {"batch_id": batch_id, "commands": [
-        {"type": "CreateAccount", "account_id": f"{run}-b{i}", "program_id": "bench"} for i in range(size)]}
+    body = {
+        "batch_id": batch_id,
+        "commands": [{"type": "CreateAccount", "account_id": f"{run}-b{i}", "program_id": "bench"} for i in range(size)],
+    }
     started = time.perf_counter()
     async with http.post(f"{url}/commands/batch", json=body) as resp:
         if resp.status != 202:
@@ -296,9 +311,12 @@ async def batch_against_singles(url: str, size: int, rounds: int) -> None:
                 results[kind][1].extend(items)
         for kind, (totals, items) in results.items():
             label = f"one batch of {size:,}" if kind == "batch" else f"{size:,} single commands at once"
-            print(f"[bench] {label}: every outcome readable after {statistics.median(totals):.2f}s (median of "
-                  f"{rounds}; {min(totals):.2f}-{max(totals):.2f}s); per item p50 {percentile(items, 0.5):.0f} ms, "
-                  f"p99 {percentile(items, 0.99):.0f} ms", flush=True)
+            print(
+                f"[bench] {label}: every outcome readable after {statistics.median(totals):.2f}s (median of "
+                f"{rounds}; {min(totals):.2f}-{max(totals):.2f}s); per item p50 {percentile(items, 0.5):.0f} ms, "
+                f"p99 {percentile(items, 0.99):.0f} ms",
+                flush=True,
+            )
         ratio = statistics.median(results["singles"][0]) / statistics.median(results["batch"][0])
         print(f"[bench] batch / singles: every outcome readable {ratio:.2f}x sooner with the batch", flush=True)
 
@@ -308,11 +326,17 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--commands", type=int, default=100_000)
     parser.add_argument("--rates", default="500,2000,10000", help="comma-separated commands/s for the latency runs")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each latency run")
-    parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="a setting for the worker, e.g. STATEFLEET_CONSUMER_FETCH_MAX_WAIT_MS=10 (repeatable)")
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the worker, e.g. STATEFLEET_CONSUMER_FETCH_MAX_WAIT_MS=10 (repeatable)",
+    )
     parser.add_argument("--port", type=int, default=18001)
-    parser.add_argument("--batch-rounds", type=int, default=5,
-                        help="rounds of one 1,000-command batch against 1,000 single commands (0: none)")
+    parser.add_argument(
+        "--batch-rounds", type=int, default=5, help="rounds of one 1,000-command batch against 1,000 single commands (0: none)"
+    )
     parser.add_argument("--batch-size", type=int, default=1000)
     args, _ = parser.parse_known_args(argv)
     rates = [int(r) for r in args.rates.split(",") if r.strip()]
@@ -322,9 +346,11 @@ def main(argv: list[str]) -> None:
     commands_topic, events_topic = f"{prefix}account-commands", f"{prefix}account-events"
     raw_topic, raw_echo = f"{prefix}raw-baseline", f"{prefix}raw-echo"
     print(f"[bench] machine: {machine()}; prefix {prefix}", flush=True)
-    asyncio.run(ensure_topics_async(settings, [
-        TopicSpec(commands_topic, 8), TopicSpec(events_topic, 8), TopicSpec(raw_topic, 8), TopicSpec(raw_echo, 8),
-    ]))
+    asyncio.run(
+        ensure_topics_async(
+            settings, [TopicSpec(commands_topic, 8), TopicSpec(events_topic, 8), TopicSpec(raw_topic, 8), TopicSpec(raw_echo, 8)]
+        )
+    )
 
     # -- baseline: bare aiokafka produce + consume of the same volume -------------------------------
     n = args.commands
@@ -332,8 +358,11 @@ def main(argv: list[str]) -> None:
     asyncio.run(produce_bulk(raw_topic, backlog(n)))
     produce_secs = time.perf_counter() - t0
     got, consume_secs = asyncio.run(raw_consume_rate([raw_topic], n))
-    print(f"[bench] baseline: bare aiokafka produced {n:,} in {produce_secs:.2f}s ({n / produce_secs:,.0f}/s) "
-          f"and consumed {got:,} in {consume_secs:.2f}s ({got / consume_secs:,.0f}/s)", flush=True)
+    print(
+        f"[bench] baseline: bare aiokafka produced {n:,} in {produce_secs:.2f}s ({n / produce_secs:,.0f}/s) "
+        f"and consumed {got:,} in {consume_secs:.2f}s ({got / consume_secs:,.0f}/s)",
+        flush=True,
+    )
 
     asyncio.run(produce_bulk(commands_topic, backlog(n)))
     print(f"[bench] pre-loaded {n:,} commands", flush=True)
@@ -352,32 +381,38 @@ def main(argv: list[str]) -> None:
             e = orjson.loads(value)
             versions.setdefault(e["account_id"], []).append(e["version"])
         exact = all(v == list(range(1, len(v) + 1)) for v in versions.values()) and len(events) == n
-        print(f"[bench] validator worker: {len(events):,} events in {span:.2f}s = {rate:,.0f} commands/s "
-              f"({rate / (got / consume_secs):.1%} of the bare consumer's rate); "
-              f"events exact (versions 1..k per account, none missing): {exact}", flush=True)
+        print(
+            f"[bench] validator worker: {len(events):,} events in {span:.2f}s = {rate:,.0f} commands/s "
+            f"({rate / (got / consume_secs):.1%} of the bare consumer's rate); "
+            f"events exact (versions 1..k per account, none missing): {exact}",
+            flush=True,
+        )
 
         last_decision = max(stamps) / 1000
         reached = caught_up.wait()
-        print("[bench] outcome and projection handlers caught up "
-              f"{max(reached.values()) - last_decision:.2f}s after the last decision (the last event's broker "
-              "timestamp; counters polled every 100 ms): "
-              + ", ".join(f"{stream} {at - last_decision:+.2f}s" for stream, at in reached.items()), flush=True)
+        print(
+            "[bench] outcome and projection handlers caught up "
+            f"{max(reached.values()) - last_decision:.2f}s after the last decision (the last event's broker "
+            "timestamp; counters polled every 100 ms): "
+            + ", ".join(f"{stream} {at - last_decision:+.2f}s" for stream, at in reached.items()),
+            flush=True,
+        )
         decided = n
         for r in sorted(rates):
             make = latency_commands(f"lat{r}")
-            lat, achieved = asyncio.run(paced_round_trip(
-                commands_topic, events_topic, r, args.seconds, make,
-                lambda value: orjson.loads(value)["command_id"],
-            ))
+            lat, achieved = asyncio.run(
+                paced_round_trip(
+                    commands_topic, events_topic, r, args.seconds, make, lambda value: orjson.loads(value)["command_id"]
+                )
+            )
             print(f"[bench] {summary(f'validator @ {r:,}/s', lat, int(r * args.seconds), achieved)}", flush=True)
             decided += int(r * args.seconds)
             wait_decided(url, decided)  # let a backlog left by an overload drain first
             wait_idle(url, decided)
             raw_make = lambda i, r=r: (f"raw{r}-{i}", f"k{i}".encode(), f"raw{r}-{i}".encode())  # noqa: E731
-            raw_lat, raw_achieved = asyncio.run(paced_round_trip(
-                raw_echo, raw_echo, r, args.seconds, raw_make, lambda value: value.decode(),
-            ))
-            print(f"[bench] {summary(f'bare aiokafka @ {r:,}/s', raw_lat, int(r * args.seconds), raw_achieved)}",
-                  flush=True)
+            raw_lat, raw_achieved = asyncio.run(
+                paced_round_trip(raw_echo, raw_echo, r, args.seconds, raw_make, lambda value: value.decode())
+            )
+            print(f"[bench] {summary(f'bare aiokafka @ {r:,}/s', raw_lat, int(r * args.seconds), raw_achieved)}", flush=True)
         if args.batch_rounds:
             asyncio.run(batch_against_singles(url, args.batch_size, args.batch_rounds))

@@ -61,20 +61,34 @@ def _first_free(base: int, ports: Callable[[int], tuple[int, ...]], step: int = 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=float(_env_default("STATEFLEET_CHAOS_SECONDS", "120")),
-                        help="how long the load and the faults last (default 120)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=float(_env_default("STATEFLEET_CHAOS_SECONDS", "120")),
+        help="how long the load and the faults last (default 120)",
+    )
     parser.add_argument("--seed", type=int, default=int(_env_default("STATEFLEET_CHAOS_SEED", "1")))
-    parser.add_argument("--home", type=Path, default=Path(_env_default("STATEFLEET_CHAOS_HOME",
-                                                                       str(REPO / ".local" / "chaos"))))
-    parser.add_argument("--broker-port", type=int, default=_env_int("STATEFLEET_CHAOS_BROKER_PORT"),
-                        help="default: 29092, or the next free one of 29192, 29292, ...")
-    parser.add_argument("--port-offset", type=int, default=_env_int("STATEFLEET_CHAOS_PORT_OFFSET"),
-                        help="added to the services' ports; default: 20000, or the next free one of 20100, 20200, ...")
+    parser.add_argument("--home", type=Path, default=Path(_env_default("STATEFLEET_CHAOS_HOME", str(REPO / ".local" / "chaos"))))
+    parser.add_argument(
+        "--broker-port",
+        type=int,
+        default=_env_int("STATEFLEET_CHAOS_BROKER_PORT"),
+        help="default: 29092, or the next free one of 29192, 29292, ...",
+    )
+    parser.add_argument(
+        "--port-offset",
+        type=int,
+        default=_env_int("STATEFLEET_CHAOS_PORT_OFFSET"),
+        help="added to the services' ports; default: 20000, or the next free one of 20100, 20200, ...",
+    )
     parser.add_argument("--settle", type=float, default=240.0, help="longest wait for the fleet to catch up (s)")
-    parser.add_argument("--guarantee", choices=("at_least_once", "exactly_once"),
-                        default=_env_default("STATEFLEET_CHAOS_GUARANTEE", "at_least_once"),
-                        help="the fleet's STATEFLEET_PROCESSING_GUARANTEE (default at_least_once); with exactly_once "
-                             "a duplicate delivered fails the run")
+    parser.add_argument(
+        "--guarantee",
+        choices=("at_least_once", "exactly_once"),
+        default=_env_default("STATEFLEET_CHAOS_GUARANTEE", "at_least_once"),
+        help="the fleet's STATEFLEET_PROCESSING_GUARANTEE (default at_least_once); with exactly_once "
+        "a duplicate delivered fails the run",
+    )
     parser.add_argument("--max-attempts", type=int, default=4, help="the retry scheduler's STATEFLEET_RETRY_MAX_ATTEMPTS")
     args = parser.parse_args(argv)
     # Two runs at once (two worktrees' make test) each find ports of their own.
@@ -86,31 +100,39 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the chaos run kills its broker: give it a port of its own, not the shared 9092")
     home = args.home.resolve()
     # Set before tools.fleet is imported (it reads them then); the services inherit them.
-    os.environ.update({
-        "STATEFLEET_FLEET_HOME": str(home / "fleet"),
-        "STATEFLEET_PORT_OFFSET": str(args.port_offset),
-        "STATEFLEET_BROKER_PORT": str(args.broker_port),
-        "STATEFLEET_BROKER_CONTROLLER_PORT": str(args.broker_port + 1),
-        "STATEFLEET_BROKER_HOME": str(home / "broker"),
-        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{args.broker_port}",
-        "STATEFLEET_DATA_DIR": str(home / "fleet" / "data"),
-        "STATEFLEET_TOPIC_PREFIX": "",
-        "STATEFLEET_TOPIC_PARTITIONS": "4",
-        "STATEFLEET_RETRY_MAX_ATTEMPTS": str(args.max_attempts),
-        "STATEFLEET_PROCESSING_GUARANTEE": args.guarantee,
-        "STATEFLEET_RETRY_BASE_DELAY_MS": "500",
-        "STATEFLEET_RETRY_MAX_DELAY_MS": "4000",
-        "STATEFLEET_RETRY_POLICY_OVERRIDES": "",
-        "STATEFLEET_BROKER_HEAP": _env_default("STATEFLEET_CHAOS_BROKER_HEAP", "512m"),
-    })
+    os.environ.update(
+        {
+            "STATEFLEET_FLEET_HOME": str(home / "fleet"),
+            "STATEFLEET_PORT_OFFSET": str(args.port_offset),
+            "STATEFLEET_BROKER_PORT": str(args.broker_port),
+            "STATEFLEET_BROKER_CONTROLLER_PORT": str(args.broker_port + 1),
+            "STATEFLEET_BROKER_HOME": str(home / "broker"),
+            "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{args.broker_port}",
+            "STATEFLEET_DATA_DIR": str(home / "fleet" / "data"),
+            "STATEFLEET_TOPIC_PREFIX": "",
+            "STATEFLEET_TOPIC_PARTITIONS": "4",
+            "STATEFLEET_RETRY_MAX_ATTEMPTS": str(args.max_attempts),
+            "STATEFLEET_PROCESSING_GUARANTEE": args.guarantee,
+            "STATEFLEET_RETRY_BASE_DELAY_MS": "500",
+            "STATEFLEET_RETRY_MAX_DELAY_MS": "4000",
+            "STATEFLEET_RETRY_POLICY_OVERRIDES": "",
+            "STATEFLEET_BROKER_HEAP": _env_default("STATEFLEET_CHAOS_BROKER_HEAP", "512m"),
+        }
+    )
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt  # runs the clean-up on the way out
 
     signal.signal(signal.SIGTERM, stop)
     run = importlib.import_module("tools.chaos.run")
-    cfg = run.Config(seed=args.seed, seconds=args.seconds, home=home, max_attempts=args.max_attempts,
-                     settle_s=args.settle, guarantee=args.guarantee)
+    cfg = run.Config(
+        seed=args.seed,
+        seconds=args.seconds,
+        home=home,
+        max_attempts=args.max_attempts,
+        settle_s=args.settle,
+        guarantee=args.guarantee,
+    )
     try:
         code: int = run.run(cfg)
     except KeyboardInterrupt:

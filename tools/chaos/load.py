@@ -39,8 +39,15 @@ class LoadStats:
 
 class Load:
     def __init__(
-        self, plan: Plan, *, bootstrap: str, validator_urls: list[str], partitions: int,
-        topics: Topics, duration_s: float, deadline_s: float,
+        self,
+        plan: Plan,
+        *,
+        bootstrap: str,
+        validator_urls: list[str],
+        partitions: int,
+        topics: Topics,
+        duration_s: float,
+        deadline_s: float,
     ) -> None:
         self.plan = plan
         self.bootstrap = bootstrap
@@ -57,12 +64,10 @@ class Load:
 
     async def run(self) -> LoadStats:
         self._producer = PlainProducer(
-            bootstrap_servers=self.bootstrap, acks="all", linger_ms=5, request_timeout_ms=15_000,
-            retry_backoff_ms=250,
+            bootstrap_servers=self.bootstrap, acks="all", linger_ms=5, request_timeout_ms=15_000, retry_backoff_ms=250
         )
         await self._start_producer()
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0),
-                                       limits=httpx.Limits(max_connections=32))
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0), limits=httpx.Limits(max_connections=32))
         try:
             await asyncio.gather(*(self._chain(i, chain) for i, chain in enumerate(self.plan.chains)))
         finally:
@@ -112,8 +117,9 @@ class Load:
                     self.stats.sent[f"{kind}commands over HTTP"] += 1
                     return
                 if response is not None and response.status_code in (400, 413, 422):  # the plan's fault, not the fleet's
-                    raise RuntimeError(f"POST /commands refused a command of the plan: {response.status_code} "
-                                       f"{response.text[:300]} for {body}")
+                    raise RuntimeError(
+                        f"POST /commands refused a command of the plan: {response.status_code} {response.text[:300]} for {body}"
+                    )
                 self.stats.sent["HTTP attempts failed"] += 1
                 await asyncio.sleep(0.3 * (attempt + 1))
             self.stats.sent["commands sent to Kafka after HTTP failed"] += 1
@@ -129,21 +135,19 @@ class Load:
                 if step.failed_now:
                     headers = (*headers, ("dlq.failed.at", str(int(time.time() * 1000)).encode()))
                 self.stats.dead_letter_headers[step.value] = headers
-        topic = {"poison": self.topics.account_commands, "login": self.topics.logins,
-                 "dead_letter": self.topics.dead_letters}[step.kind]
+        topic = {"poison": self.topics.account_commands, "login": self.topics.logins, "dead_letter": self.topics.dead_letters}[
+            step.kind
+        ]
         await self._produce(topic, step.key, step.value, headers)
         self.stats.sent[f"{'duplicate ' if step.duplicate else ''}{step.kind.replace('_', ' ')}s"] += 1
 
-    async def _produce(
-        self, topic: str, key: bytes | None, value: bytes, headers: tuple[tuple[str, bytes], ...],
-    ) -> None:
+    async def _produce(self, topic: str, key: bytes | None, value: bytes, headers: tuple[tuple[str, bytes], ...]) -> None:
         assert self._producer is not None
         partition = partition_for(key, self.partitions) if key is not None else self.rng.randrange(self.partitions)
         while True:
             try:
                 await asyncio.wait_for(
-                    self._producer.send_and_wait(topic, value, key=key, partition=partition, headers=list(headers)),
-                    30,
+                    self._producer.send_and_wait(topic, value, key=key, partition=partition, headers=list(headers)), 30
                 )
                 return
             except Exception:  # the broker is down or moving: send it again (a duplicate at worst)

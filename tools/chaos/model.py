@@ -14,12 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CREATE, UPDATE, DEACTIVATE, REACTIVATE, DELETE = (
-    "CreateAccount", "UpdateAccount", "DeactivateAccount", "ReactivateAccount", "DeleteAccount",
+    "CreateAccount",
+    "UpdateAccount",
+    "DeactivateAccount",
+    "ReactivateAccount",
+    "DeleteAccount",
 )
 COMMAND_TYPES = (CREATE, UPDATE, DEACTIVATE, REACTIVATE, DELETE)
 EVENT_TYPES = {
-    CREATE: "AccountCreated", UPDATE: "AccountUpdated", DEACTIVATE: "AccountDeactivated",
-    REACTIVATE: "AccountReactivated", DELETE: "AccountDeleted",
+    CREATE: "AccountCreated",
+    UPDATE: "AccountUpdated",
+    DEACTIVATE: "AccountDeactivated",
+    REACTIVATE: "AccountReactivated",
+    DELETE: "AccountDeleted",
 }
 ACTIVE, INACTIVE, DELETED = "active", "inactive", "deleted"
 #: The error classes the project's docs give ``max_attempts: 1`` (parked at once).
@@ -135,8 +142,12 @@ class Model:
             elif account.status == INACTIVE:
                 inactive[account.program_id] = inactive.get(account.program_id, 0) + 1
         return {
-            p: {"program_id": p, "numberActive": active.get(p, 0), "numberInactive": inactive.get(p, 0),
-                "lastLogin": self.last_login.get(p)}
+            p: {
+                "program_id": p,
+                "numberActive": active.get(p, 0),
+                "numberInactive": inactive.get(p, 0),
+                "lastLogin": self.last_login.get(p),
+            }
             for p in self.programs
         }
 
@@ -154,9 +165,7 @@ class DeadLetterFate:
     attempt: int
 
 
-def dead_letter_fate(
-    headers: dict[str, str], *, max_attempts: int, default_retry_topic: str, parking_lot: str,
-) -> DeadLetterFate:
+def dead_letter_fate(headers: dict[str, str], *, max_attempts: int, default_retry_topic: str, parking_lot: str) -> DeadLetterFate:
     """The contract: missing headers mean attempt 1 and the default retry topic; past the
     maximum attempts (the project's docs: the policy's, 1 for the classes that cannot get
     better) a dead letter is parked, otherwise redelivered to its retry topic."""

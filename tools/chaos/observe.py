@@ -43,13 +43,15 @@ class Observed:
     parked_http: dict[str, Answer] = field(default_factory=dict)
 
 
-async def read_topics(bootstrap: str, topics: Iterable[str], timeout_s: float = 60.0,
-                      isolation_level: str = "read_uncommitted") -> dict[str, list[Rec]]:
+async def read_topics(
+    bootstrap: str, topics: Iterable[str], timeout_s: float = 60.0, isolation_level: str = "read_uncommitted"
+) -> dict[str, list[Rec]]:
     """Every record of each topic, from the beginning to the end offsets at the start of the read
     (with ``read_committed``: the committed records up to the last stable offsets)."""
     names = list(topics)
-    consumer = PlainConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
-                             isolation_level=isolation_level)
+    consumer = PlainConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", isolation_level=isolation_level
+    )
     await consumer.start()
     try:
         await refresh_metadata(consumer)
@@ -70,9 +72,7 @@ async def read_topics(bootstrap: str, topics: Iterable[str], timeout_s: float = 
             for tp, msgs in batch.items():
                 for m in msgs:
                     if m.offset < ends[tp]:
-                        out[tp.topic].append(
-                            Rec(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers)),
-                        )
+                        out[tp.topic].append(Rec(m.topic, m.partition, m.offset, m.key, m.value, tuple(m.headers)))
             for tp in list(remaining):
                 if await consumer.position(tp) >= ends[tp]:
                     remaining.discard(tp)
@@ -93,7 +93,7 @@ async def list_topics(bootstrap: str) -> set[str]:
 
 
 async def ask_all(
-    client: httpx.AsyncClient, urls: list[str], path: str, ids: Iterable[str], concurrency: int = 12,
+    client: httpx.AsyncClient, urls: list[str], path: str, ids: Iterable[str], concurrency: int = 12
 ) -> dict[str, Answer]:
     """GET ``<url><path>/<id>`` for every id (any instance; another one if it fails)."""
     out: dict[str, Answer] = {}

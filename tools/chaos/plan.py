@@ -15,18 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tools.chaos.model import (
-    ACTIVE,
-    COMMAND_TYPES,
-    CREATE,
-    DEACTIVATE,
-    DELETE,
-    DELETED,
-    INACTIVE,
-    REACTIVATE,
-    UPDATE,
-    Model,
-)
+from tools.chaos.model import ACTIVE, COMMAND_TYPES, CREATE, DEACTIVATE, DELETE, DELETED, INACTIVE, REACTIVATE, UPDATE, Model
 
 Channel = Literal["http", "kafka"]
 BASE_MS = 1_700_000_000_000
@@ -99,9 +88,7 @@ def _invalid_types(status: str | None) -> list[str]:
     return [t for t in COMMAND_TYPES if t not in _valid_types(status)]
 
 
-def _account_chain(
-    rng: random.Random, model: Model, seed: int, program: str, account: str, tag: str,
-) -> list[Step]:
+def _account_chain(rng: random.Random, model: Model, seed: int, program: str, account: str, tag: str) -> list[Step]:
     commands: list[CommandStep] = []
     length = rng.randint(3, 9)
     never_created = rng.random() < 0.1
@@ -164,9 +151,7 @@ def _poison(rng: random.Random, seed: int, i: int) -> bytes:
     return f"{tag} \x00\x01 plain text".encode()
 
 
-def _dead_letter(
-    rng: random.Random, seed: int, i: int, *, max_attempts: int, retry_topic: str,
-) -> DeadLetterSpec:
+def _dead_letter(rng: random.Random, seed: int, i: int, *, max_attempts: int, retry_topic: str) -> DeadLetterSpec:
     key = None if rng.random() < 0.1 else f"dl-key-{i}".encode()
     value = f"chaos-{seed}-dead-letter-{i}:".encode() + bytes(rng.randrange(256) for _ in range(12))
     headers: list[tuple[str, bytes]] = [("trace-id", f"trace-{seed}-{i}".encode())]
@@ -199,9 +184,7 @@ def _dead_letter(
     return DeadLetterSpec(key, value, tuple(headers))
 
 
-def build(
-    seed: int, *, duration_s: float, max_attempts: int, retry_topic: str = "retry", programs: int = 4,
-) -> Plan:
+def build(seed: int, *, duration_s: float, max_attempts: int, retry_topic: str = "retry", programs: int = 4) -> Plan:
     """The whole load for a run of ``duration_s`` seconds (about 1.2 accounts per second)."""
     rng = random.Random(seed)
     model = Model()
@@ -236,6 +219,6 @@ def build(
         plan.chains.append([RecordStep("dead_letter", spec.key, spec.value, spec.headers, failed_now=failed_now)])
         if rng.random() < 0.1:
             plan.chains.append(
-                [RecordStep("dead_letter", spec.key, spec.value, spec.headers, failed_now=failed_now, duplicate=True)],
+                [RecordStep("dead_letter", spec.key, spec.value, spec.headers, failed_now=failed_now, duplicate=True)]
             )
     return plan

@@ -120,8 +120,9 @@ async def read_partition_counts(bootstrap: str, topics: list[str]) -> dict[str, 
         await consumer.stop()
 
 
-async def run_faults(cfg: Config, layout: kafka_broker.BrokerLayout, stop_at: float, faults: Faults,
-                     now: Callable[[], str]) -> None:
+async def run_faults(
+    cfg: Config, layout: kafka_broker.BrokerLayout, stop_at: float, faults: Faults, now: Callable[[], str]
+) -> None:
     rng = random.Random(cfg.seed * 31 + 7)
     start = time.monotonic()
     broker_at = start + (stop_at - start) * rng.uniform(0.3, 0.6)
@@ -181,17 +182,18 @@ def _kill_broker(layout: kafka_broker.BrokerLayout, faults: Faults, now: Callabl
     say(f"{now()} the broker is back")
 
 
-async def observe(plan: Plan, bootstrap: str, topics: TopicConfig, cache: dict[str, Answer],
-                  isolation_level: str) -> Observed:
+async def observe(plan: Plan, bootstrap: str, topics: TopicConfig, cache: dict[str, Answer], isolation_level: str) -> Observed:
     names = await list_topics(bootstrap)
     retry_topics = sorted(t for t in names if t == topics.retry or t.startswith(topics.retry + "-"))
-    wanted = ["account-events", "account-rejections", "program-tallies", "dead-letters", topics.parking_lot,
-              *retry_topics]
+    wanted = ["account-events", "account-rejections", "program-tallies", "dead-letters", topics.parking_lot, *retry_topics]
     read = await read_topics(bootstrap, [t for t in wanted if t in names], isolation_level=isolation_level)
     observed = Observed(
-        events=read.get("account-events", []), rejections=read.get("account-rejections", []),
-        tallies=read.get("program-tallies", []), dead_letters=read.get("dead-letters", []),
-        retries={t: read.get(t, []) for t in retry_topics}, parking_lot=read.get(topics.parking_lot, []),
+        events=read.get("account-events", []),
+        rejections=read.get("account-rejections", []),
+        tallies=read.get("program-tallies", []),
+        dead_letters=read.get("dead-letters", []),
+        retries={t: read.get(t, []) for t in retry_topics},
+        parking_lot=read.get(topics.parking_lot, []),
     )
     model = plan.model
     async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0)) as client:
@@ -226,13 +228,22 @@ async def chaos(cfg: Config, layout: kafka_broker.BrokerLayout) -> int:
     await asyncio.to_thread(wait_fleet_ready, cfg.ready_timeout_s, now)
     partitions = await partitions_of(bootstrap, ["account-commands", "logins", "dead-letters"])
     plan = build(cfg.seed, duration_s=cfg.seconds, max_attempts=cfg.max_attempts, retry_topic=topics.retry)
-    say(f"{now()} fleet ready ({partitions} partitions per topic); seed {cfg.seed}: {plan.commands} commands, "
+    say(
+        f"{now()} fleet ready ({partitions} partitions per topic); seed {cfg.seed}: {plan.commands} commands, "
         f"{len(plan.model.named_accounts)} accounts, {len(plan.poison)} poison records, "
-        f"{len(plan.dead_letters)} dead letters, {plan.steps()} steps over {cfg.seconds:.0f}s")
+        f"{len(plan.dead_letters)} dead letters, {plan.steps()} steps over {cfg.seconds:.0f}s"
+    )
 
     faults = Faults()
-    load = Load(plan, bootstrap=bootstrap, validator_urls=urls("validator"), partitions=partitions,
-                topics=Topics(), duration_s=cfg.seconds, deadline_s=cfg.seconds + 600)
+    load = Load(
+        plan,
+        bootstrap=bootstrap,
+        validator_urls=urls("validator"),
+        partitions=partitions,
+        topics=Topics(),
+        duration_s=cfg.seconds,
+        deadline_s=cfg.seconds + 600,
+    )
     stop_at = time.monotonic() + cfg.seconds
     load_task = asyncio.create_task(load.run())
     fault_task = asyncio.create_task(run_faults(cfg, layout, stop_at, faults, now))
@@ -244,8 +255,10 @@ async def chaos(cfg: Config, layout: kafka_broker.BrokerLayout) -> int:
                 load_task.cancel()
                 fault_task.cancel()
                 raise task.exception()  # type: ignore[misc]
-        say(f"{now()} load: {load.done_steps}/{total} steps sent; {faults.kills} instances killed "
-            f"({faults.wipes} wiped), broker killed {faults.broker_kills}x")
+        say(
+            f"{now()} load: {load.done_steps}/{total} steps sent; {faults.kills} instances killed "
+            f"({faults.wipes} wiped), broker killed {faults.broker_kills}x"
+        )
     stats = load_task.result()
     say(f"{now()} load done: " + ", ".join(f"{k} {v}" for k, v in sorted(stats.sent.items())))
 
@@ -265,16 +278,20 @@ async def chaos(cfg: Config, layout: kafka_broker.BrokerLayout) -> int:
         report = verify(plan, stats.dead_letter_headers, observed, topics, exactly_once=exactly_once)
         if report.ok or report.settled or time.monotonic() > deadline:
             break  # settled: nothing missing any more, so waiting cannot undo what is wrong
-        say(f"{now()} settling: lost {report.lost}, wrong {report.wrong}, wrong tallies {report.wrong_tallies}, "
-            f"dead letters lost {report.dead_letters_lost}")
+        say(
+            f"{now()} settling: lost {report.lost}, wrong {report.wrong}, wrong tallies {report.wrong_tallies}, "
+            f"dead letters lost {report.dead_letters_lost}"
+        )
         await asyncio.sleep(5)
     print_summary(cfg, plan, faults, report, now)
     return 0 if report.ok else 1
 
 
 def print_summary(cfg: Config, plan: Plan, faults: Faults, report: Report, now: Callable[[], str]) -> None:
-    say(f"{now()} faults: {faults.kills} instances SIGKILLed ({faults.wipes} with their data dir deleted), "
-        f"the broker SIGKILLed {faults.broker_kills}x; {len(faults.exited)} exited on their own and were started again")
+    say(
+        f"{now()} faults: {faults.kills} instances SIGKILLed ({faults.wipes} with their data dir deleted), "
+        f"the broker SIGKILLed {faults.broker_kills}x; {len(faults.exited)} exited on their own and were started again"
+    )
     if report.problems:
         say(f"problems ({len(report.problems)}; the first 40):")
         for problem in report.problems[:40]:

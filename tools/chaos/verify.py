@@ -65,9 +65,13 @@ class Report:
 
     def table(self) -> str:
         columns = [
-            ("commands", self.commands), ("events", f"{self.events_seen}/{self.events_expected}"),
-            ("duplicates delivered", self.duplicates_delivered), ("lost", self.lost), ("wrong", self.wrong),
-            ("wrong tallies", self.wrong_tallies), ("dead letters", self.dead_letters),
+            ("commands", self.commands),
+            ("events", f"{self.events_seen}/{self.events_expected}"),
+            ("duplicates delivered", self.duplicates_delivered),
+            ("lost", self.lost),
+            ("wrong", self.wrong),
+            ("wrong tallies", self.wrong_tallies),
+            ("dead letters", self.dead_letters),
             ("dead letters lost", self.dead_letters_lost),
         ]
         widths = [max(len(name), len(str(value))) for name, value in columns]
@@ -95,8 +99,14 @@ def _headers_kept(sent: Sequence[tuple[str, bytes]], got: Sequence[tuple[str, by
     return all(any(h == g for g in it) for h in sent)
 
 
-def verify(plan: Plan, dead_letter_headers: dict[bytes, tuple[tuple[str, bytes], ...]],
-           observed: Observed, topics: TopicConfig, *, exactly_once: bool = False) -> Report:
+def verify(
+    plan: Plan,
+    dead_letter_headers: dict[bytes, tuple[tuple[str, bytes], ...]],
+    observed: Observed,
+    topics: TopicConfig,
+    *,
+    exactly_once: bool = False,
+) -> Report:
     report = Report(commands=plan.commands, exactly_once=exactly_once)
     _check_events(plan, observed, report)
     _check_outcomes(plan, observed, report)
@@ -132,8 +142,11 @@ def _check_events(plan: Plan, observed: Observed, report: Report) -> None:
         for got in copies:  # a repeat too must be the same event
             got_fields = (got.get("type"), got.get("command_id"), got.get("program_id"))
             if got_fields != (want.type, want.command_id, want.program_id):
-                report.add("wrong", f"event ({account!r}, v{version}) is {got_fields}, the model says "
-                                    f"{(want.type, want.command_id, want.program_id)}")
+                report.add(
+                    "wrong",
+                    f"event ({account!r}, v{version}) is {got_fields}, the model says "
+                    f"{(want.type, want.command_id, want.program_id)}",
+                )
                 break
     for key, want in sorted(expected.items()):
         if key not in seen:
@@ -160,8 +173,9 @@ def _check_outcomes(plan: Plan, observed: Observed, report: Report) -> None:
                 report.add("lost", f"no rejection of {command_id!r} on account-rejections ({sorted(outcome.reasons)})")
             for r in written:
                 if r.get("reason") not in outcome.reasons:
-                    report.add("wrong", f"{command_id!r} rejected {r.get('reason')!r}, the model allows "
-                                        f"{sorted(outcome.reasons)}")
+                    report.add(
+                        "wrong", f"{command_id!r} rejected {r.get('reason')!r}, the model allows {sorted(outcome.reasons)}"
+                    )
                     break
         answer = observed.commands_http.get(command_id, "not asked")
         if not isinstance(answer, dict) or answer.get("status") not in ("accepted", "rejected"):
@@ -171,11 +185,17 @@ def _check_outcomes(plan: Plan, observed: Observed, report: Report) -> None:
         if outcome.event is not None:
             event = answer.get("event") or {}
             if answer["status"] != "accepted" or event.get("version") != outcome.event.version:
-                report.add("wrong", f"GET /commands/{command_id}: {answer['status']} {answer.get('reason')} "
-                                    f"v{event.get('version')}, the model says accepted v{outcome.event.version}")
+                report.add(
+                    "wrong",
+                    f"GET /commands/{command_id}: {answer['status']} {answer.get('reason')} "
+                    f"v{event.get('version')}, the model says accepted v{outcome.event.version}",
+                )
         elif answer["status"] != "rejected" or answer.get("reason") not in outcome.reasons:
-            report.add("wrong", f"GET /commands/{command_id}: {answer['status']} {answer.get('reason')}, "
-                                f"the model says rejected {sorted(outcome.reasons)}")
+            report.add(
+                "wrong",
+                f"GET /commands/{command_id}: {answer['status']} {answer.get('reason')}, "
+                f"the model says rejected {sorted(outcome.reasons)}",
+            )
     for account_id in sorted(model.named_accounts):
         want = model.accounts.get(account_id)
         answer = observed.accounts_http.get(account_id, "not asked")
@@ -183,8 +203,7 @@ def _check_outcomes(plan: Plan, observed: Observed, report: Report) -> None:
             if answer is not None:
                 report.add("wrong", f"GET /accounts/{account_id}: {answer}, the model says 404")
             continue
-        expected = {"account_id": account_id, "program_id": want.program_id, "status": want.status,
-                    "version": want.version}
+        expected = {"account_id": account_id, "program_id": want.program_id, "status": want.status, "version": want.version}
         got = {k: answer.get(k) for k in expected} if isinstance(answer, dict) else answer
         if got != expected:
             report.add("wrong", f"GET /accounts/{account_id}: {got}, the model says {expected}")
@@ -224,8 +243,7 @@ def _check_tallies(plan: Plan, observed: Observed, report: Report) -> None:
 
 
 def _check_dead_letters(
-    plan: Plan, sent_headers: dict[bytes, tuple[tuple[str, bytes], ...]], observed: Observed,
-    topics: TopicConfig, report: Report,
+    plan: Plan, sent_headers: dict[bytes, tuple[tuple[str, bytes], ...]], observed: Observed, topics: TopicConfig, report: Report
 ) -> None:
     by_value: dict[str, dict[bytes, list[Rec]]] = defaultdict(lambda: defaultdict(list))
     for topic, records in [*observed.retries.items(), (topics.parking_lot, observed.parking_lot)]:
@@ -239,8 +257,10 @@ def _check_dead_letters(
             report.add("dead_letters_lost", f"{name}: the load never sent it")
             continue
         fate: DeadLetterFate = dead_letter_fate(
-            {k: v.decode() for k, v in headers}, max_attempts=topics.max_attempts,
-            default_retry_topic=topics.retry, parking_lot=topics.parking_lot,
+            {k: v.decode() for k, v in headers},
+            max_attempts=topics.max_attempts,
+            default_retry_topic=topics.retry,
+            parking_lot=topics.parking_lot,
         )
         copies = by_value[fate.topic].get(spec.value, [])
         elsewhere = [t for t in by_value if t != fate.topic and spec.value in by_value[t]]
@@ -254,11 +274,17 @@ def _check_dead_letters(
         report.duplicate(len(copies) - 1, f"{name} on {fate.topic}")
         first = copies[0]
         if first.key != spec.key or not _headers_kept(headers, first.headers):
-            report.add("wrong", f"{name} on {fate.topic} lost its key or headers: key {first.key!r}, "
-                                f"headers {first.headers}, sent {spec.key!r}, {headers}")
+            report.add(
+                "wrong",
+                f"{name} on {fate.topic} lost its key or headers: key {first.key!r}, "
+                f"headers {first.headers}, sent {spec.key!r}, {headers}",
+            )
         if attempts != {str(fate.attempt)} or None in ids or (spec.dlq_id is not None and ids != {spec.dlq_id}):
-            report.add("wrong", f"{name} on {fate.topic} carries dlq.id {ids} and dlq.attempt {attempts}, "
-                                f"expected {spec.dlq_id or 'a derived id'} and {fate.attempt}")
+            report.add(
+                "wrong",
+                f"{name} on {fate.topic} carries dlq.id {ids} and dlq.attempt {attempts}, "
+                f"expected {spec.dlq_id or 'a derived id'} and {fate.attempt}",
+            )
         if fate.parked and spec.dlq_id is not None:
             answer = observed.parked_http.get(spec.dlq_id, "not asked")
             value_ok = isinstance(answer, dict) and answer.get("value_base64") == base64.b64encode(spec.value).decode()
@@ -267,8 +293,7 @@ def _check_dead_letters(
 
 
 def _check_poison(plan: Plan, observed: Observed, topics: TopicConfig, report: Report) -> None:
-    dead = {rec.value for rec in observed.dead_letters
-            if _header(rec.headers, "dlq.original.topic") == topics.account_commands}
+    dead = {rec.value for rec in observed.dead_letters if _header(rec.headers, "dlq.original.topic") == topics.account_commands}
     fated = {rec.value for records in observed.retries.values() for rec in records}
     fated |= {rec.value for rec in observed.parking_lot}
     report.dead_letters += len(plan.poison)
@@ -276,5 +301,4 @@ def _check_poison(plan: Plan, observed: Observed, topics: TopicConfig, report: R
         if value not in dead:
             report.add("lost", f"poison command {value!r:.60} is not on dead-letters")
         elif value not in fated:
-            report.add("dead_letters_lost", f"the dead letter of poison command {value!r:.60} was neither "
-                                            "redelivered nor parked")
+            report.add("dead_letters_lost", f"the dead letter of poison command {value!r:.60} was neither redelivered nor parked")

@@ -31,8 +31,17 @@ async def tallies(
     page_no: Annotated[int, Query(alias="page", ge=1)] = 1,
 ) -> HTMLResponse:
     client = clients_of(request).tallies
-    context: dict[str, Any] = {"nav": "tallies", "q": q or "", "sort": sort, "order": order, "rows": [], "total": 0,
-                               "truncated": False, "page_no": page_no, "pages": 1}
+    context: dict[str, Any] = {
+        "nav": "tallies",
+        "q": q or "",
+        "sort": sort,
+        "order": order,
+        "rows": [],
+        "total": 0,
+        "truncated": False,
+        "page_no": page_no,
+        "pages": 1,
+    }
     rows: list[dict[str, Any]] = []
     cursor: str | None = None
     try:
@@ -47,32 +56,42 @@ async def tallies(
     needle = (q or "").strip().lower()
     if needle:
         rows = [r for r in rows if needle in str(r["program_id"]).lower()]
-    rows.sort(key=lambda r: (r[sort] is None, r[sort] if r[sort] is not None else 0, r["program_id"]),
-              reverse=order == "desc")
+    rows.sort(key=lambda r: (r[sort] is None, r[sort] if r[sort] is not None else 0, r["program_id"]), reverse=order == "desc")
     pages = max(1, -(-len(rows) // TALLIES_PAGE))
     start = (min(page_no, pages) - 1) * TALLIES_PAGE
-    context.update(rows=rows[start : start + TALLIES_PAGE], total=len(rows), truncated=cursor is not None,
-                   pages=pages, page_no=min(page_no, pages))
+    context.update(
+        rows=rows[start : start + TALLIES_PAGE],
+        total=len(rows),
+        truncated=cursor is not None,
+        pages=pages,
+        page_no=min(page_no, pages),
+    )
     return page(request, "tallies.html", **context)
 
 
 @router.get("/programs/{program_id:path}", response_class=HTMLResponse)
 async def program(
-    request: Request,
-    program_id: str,
-    status: Literal["active", "inactive", "deleted", ""] = "",
-    cursor: str | None = None,
+    request: Request, program_id: str, status: Literal["active", "inactive", "deleted", ""] = "", cursor: str | None = None
 ) -> HTMLResponse:
     clients = clients_of(request)
-    context: dict[str, Any] = {"nav": "tallies", "program_id": program_id, "status": status, "tally": None,
-                               "accounts": [], "next_query": None, "tally_error": None}
+    context: dict[str, Any] = {
+        "nav": "tallies",
+        "program_id": program_id,
+        "status": status,
+        "tally": None,
+        "accounts": [],
+        "next_query": None,
+        "tally_error": None,
+    }
     try:
         context["tally"] = await clients.tallies.get_or_none(f"/tallies/{path_id(program_id)}")
     except UpstreamError as exc:
         context["tally_error"] = str(exc)
     try:
-        body = await clients.validator.get(f"/programs/{path_id(program_id)}/accounts",
-                                           params={"limit": PAGE_LIMIT, "cursor": clean(cursor), "status": status or None})
+        body = await clients.validator.get(
+            f"/programs/{path_id(program_id)}/accounts",
+            params={"limit": PAGE_LIMIT, "cursor": clean(cursor), "status": status or None},
+        )
     except UpstreamError as exc:
         return page(request, "program.html", error=str(exc), **context)
     context["accounts"] = body["items"]
@@ -96,8 +115,14 @@ async def commands(request: Request, command_id: str | None = None) -> HTMLRespo
 
 async def _lookup(request: Request, *, account_id: str | None, command_id: str | None) -> HTMLResponse:
     client = clients_of(request).validator
-    context: dict[str, Any] = {"nav": "lookup", "account_id": account_id or "", "command_id": command_id or "",
-                               "account": None, "command": None, "not_found": None}
+    context: dict[str, Any] = {
+        "nav": "lookup",
+        "account_id": account_id or "",
+        "command_id": command_id or "",
+        "account": None,
+        "command": None,
+        "not_found": None,
+    }
     try:
         if account_id:
             context["account"] = await client.get_or_none(f"/accounts/{path_id(account_id)}")

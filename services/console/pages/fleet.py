@@ -36,8 +36,14 @@ async def home() -> RedirectResponse:
 async def fleet(request: Request) -> HTMLResponse:
     monitor = monitor_of(request)
     snapshot = monitor.snapshot if monitor.snapshot.taken_at is not None else await monitor.poll()
-    return page(request, "fleet.html", nav="fleet", snapshot=snapshot, history_s=monitor.history_s,
-                refresh_ms=int(request.app.state.settings.console_refresh_s * 1000))
+    return page(
+        request,
+        "fleet.html",
+        nav="fleet",
+        snapshot=snapshot,
+        history_s=monitor.history_s,
+        refresh_ms=int(request.app.state.settings.console_refresh_s * 1000),
+    )
 
 
 @router.get("/fleet/table", response_class=HTMLResponse)
@@ -49,18 +55,31 @@ async def fleet_table(request: Request) -> HTMLResponse:
 @router.get("/fleet.json")
 async def fleet_json(request: Request) -> JSONResponse:
     snap = monitor_of(request).snapshot
-    return JSONResponse({
-        "taken_at": snap.taken_at,
-        "services": [
-            {
-                "name": s.name, "state": s.state, "error": s.error, "rate": s.rate,
-                "unowned_inputs": s.unowned_inputs,
-                "instances": [
-                    {"url": i.url, "instance": i.instance_id, "state": i.state, "error": i.error, "rate": i.rate,
-                     "active": i.active, "standby": i.standby, "lag": i.lag}
-                    for i in s.instances
-                ],
-            }
-            for s in snap.services
-        ],
-    })
+    return JSONResponse(
+        {
+            "taken_at": snap.taken_at,
+            "services": [
+                {
+                    "name": s.name,
+                    "state": s.state,
+                    "error": s.error,
+                    "rate": s.rate,
+                    "unowned_inputs": s.unowned_inputs,
+                    "instances": [
+                        {
+                            "url": i.url,
+                            "instance": i.instance_id,
+                            "state": i.state,
+                            "error": i.error,
+                            "rate": i.rate,
+                            "active": i.active,
+                            "standby": i.standby,
+                            "lag": i.lag,
+                        }
+                        for i in s.instances
+                    ],
+                }
+                for s in snap.services
+            ],
+        }
+    )

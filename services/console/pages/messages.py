@@ -41,8 +41,15 @@ def matches_filter(item: dict[str, Any], error_class: str | None, attempt: int |
 
 
 async def filtered_page(
-    client: ServiceClient, path: str, params: dict[str, Any], *, cursor: str | None, limit: int,
-    error_class: str | None, attempt: int | None, max_pages: int = FILTER_SCAN_PAGES,
+    client: ServiceClient,
+    path: str,
+    params: dict[str, Any],
+    *,
+    cursor: str | None,
+    limit: int,
+    error_class: str | None,
+    attempt: int | None,
+    max_pages: int = FILTER_SCAN_PAGES,
 ) -> tuple[list[dict[str, Any]], str | None, int]:
     """Items of the API's list that pass the console's own filters (error class, attempt).
 
@@ -74,8 +81,12 @@ async def retries(
 ) -> HTMLResponse:
     client = clients_of(request).retry_scheduler
     origin_topic, error_class = clean(origin_topic), clean(error_class)
-    filters = {"origin_topic": origin_topic, "error_class": error_class, "attempt": clean(attempt),
-               "due_within_min": clean(due_within_min)}
+    filters = {
+        "origin_topic": origin_topic,
+        "error_class": error_class,
+        "attempt": clean(attempt),
+        "due_within_min": clean(due_within_min),
+    }
     context: dict[str, Any] = {"nav": "retries", "filters": filters, "items": [], "next_cursor": None, "stats": None}
     try:
         attempt_n = int(filters["attempt"]) if filters["attempt"] else None
@@ -86,14 +97,27 @@ async def retries(
     try:
         stats, (items, next_cursor, examined) = await asyncio.gather(
             client.get("/retries/stats"),
-            filtered_page(client, "/retries", {"origin_topic": origin_topic, "due_before": due_before},
-                          cursor=clean(cursor), limit=PAGE_LIMIT, error_class=error_class, attempt=attempt_n),
+            filtered_page(
+                client,
+                "/retries",
+                {"origin_topic": origin_topic, "due_before": due_before},
+                cursor=clean(cursor),
+                limit=PAGE_LIMIT,
+                error_class=error_class,
+                attempt=attempt_n,
+            ),
         )
     except UpstreamError as exc:
         return page(request, "retries.html", status_code=200, error=str(exc), **context)
-    context.update(stats=stats, items=items, examined=examined, next_cursor=next_cursor,
-                   next_query=query_string(**filters, cursor=next_cursor) if next_cursor else None,
-                   first_query=query_string(**filters), paged=bool(clean(cursor)))
+    context.update(
+        stats=stats,
+        items=items,
+        examined=examined,
+        next_cursor=next_cursor,
+        next_query=query_string(**filters, cursor=next_cursor) if next_cursor else None,
+        first_query=query_string(**filters),
+        paged=bool(clean(cursor)),
+    )
     return page(request, "retries.html", **context)
 
 
@@ -127,27 +151,54 @@ async def parked(
     client = clients_of(request).retry_scheduler
     origin_topic, error_class = clean(origin_topic), clean(error_class)
     filters = {"origin_topic": origin_topic, "error_class": error_class, "attempt": clean(attempt)}
-    context: dict[str, Any] = {"nav": "parked", "filters": filters, "items": [], "next_cursor": None, "stats": None,
-                               "groups": None, "span": {}}
+    context: dict[str, Any] = {
+        "nav": "parked",
+        "filters": filters,
+        "items": [],
+        "next_cursor": None,
+        "stats": None,
+        "groups": None,
+        "span": {},
+    }
     try:
         attempt_n = int(filters["attempt"]) if filters["attempt"] else None
         span, parked_from, parked_to = parked_range(dict(request.query_params))
     except ValueError:
-        return page(request, "parked.html", status_code=400,
-                    error="Attempt must be a number, and times look like 2026-01-31T14:05 (UTC).", **context)
+        return page(
+            request,
+            "parked.html",
+            status_code=400,
+            error="Attempt must be a number, and times look like 2026-01-31T14:05 (UTC).",
+            **context,
+        )
     context["span"] = span
     try:
         stats, groups, (items, next_cursor, examined) = await asyncio.gather(
             client.get("/retries/stats"),
             client.get("/parked-groups", params={"parked_from": parked_from, "parked_to": parked_to}),
-            filtered_page(client, "/parked", {"origin_topic": origin_topic}, cursor=clean(cursor), limit=PAGE_LIMIT,
-                          error_class=error_class, attempt=attempt_n),
+            filtered_page(
+                client,
+                "/parked",
+                {"origin_topic": origin_topic},
+                cursor=clean(cursor),
+                limit=PAGE_LIMIT,
+                error_class=error_class,
+                attempt=attempt_n,
+            ),
         )
     except UpstreamError as exc:
         return page(request, "parked.html", error=str(exc), **context)
-    context.update(stats=stats, groups=groups, items=items, examined=examined, next_cursor=next_cursor,
-                   next_query=query_string(**filters, cursor=next_cursor) if next_cursor else None,
-                   first_query=query_string(**filters), filter_query=query_string(**filters), paged=bool(clean(cursor)))
+    context.update(
+        stats=stats,
+        groups=groups,
+        items=items,
+        examined=examined,
+        next_cursor=next_cursor,
+        next_query=query_string(**filters, cursor=next_cursor) if next_cursor else None,
+        first_query=query_string(**filters),
+        filter_query=query_string(**filters),
+        paged=bool(clean(cursor)),
+    )
     return page(request, "parked.html", **context)
 
 
@@ -166,8 +217,9 @@ async def retry_message(request: Request, id: Annotated[str, Query(min_length=1,
                     return RedirectResponse(f"/parked/message?{query_string(id=id)}", status_code=303)
             except UpstreamError:
                 pass
-        return page(request, "message.html", status_code=refused(exc), nav="retries", kind="retry", item=None,
-                    dlq_id=id, error=str(exc))
+        return page(
+            request, "message.html", status_code=refused(exc), nav="retries", kind="retry", item=None, dlq_id=id, error=str(exc)
+        )
     return page(request, "message.html", nav="retries", kind="retry", item=item, dlq_id=id)
 
 
@@ -177,8 +229,9 @@ async def parked_message(request: Request, id: Annotated[str, Query(min_length=1
     try:
         item = await client.get(f"/parked/{path_id(id)}")
     except UpstreamError as exc:
-        return page(request, "message.html", status_code=refused(exc), nav="parked", kind="parked", item=None,
-                    dlq_id=id, error=str(exc))
+        return page(
+            request, "message.html", status_code=refused(exc), nav="parked", kind="parked", item=None, dlq_id=id, error=str(exc)
+        )
     return page(request, "message.html", nav="parked", kind="parked", item=item, dlq_id=id)
 
 
@@ -186,24 +239,28 @@ _ACTIONS: dict[tuple[str, str], tuple[str, str, str]] = {
     # (kind, action) -> (method, API path template, what it does)
     ("retry", "replay"): ("POST", "/retries/{id}/replay", "Redeliver the scheduled message {id} to its retry topic now."),
     ("retry", "cancel"): ("DELETE", "/retries/{id}", "Cancel the scheduled message {id}: it will not be redelivered."),
-    ("parked", "replay"): ("POST", "/parked/{id}/replay",
-                           "Redeliver the parked message {id} to its retry topic and unpark it."),
+    ("parked", "replay"): ("POST", "/parked/{id}/replay", "Redeliver the parked message {id} to its retry topic and unpark it."),
 }
 
 
 @router.get("/confirm", response_class=HTMLResponse)
 async def confirm(
-    request: Request,
-    kind: Literal["retry", "parked"],
-    action: Action,
-    id: Annotated[str, Query(min_length=1, max_length=1024)],
+    request: Request, kind: Literal["retry", "parked"], action: Action, id: Annotated[str, Query(min_length=1, max_length=1024)]
 ) -> HTMLResponse:
     if (kind, action) not in _ACTIONS:
-        return page(request, "result.html", status_code=400, title="Unknown action", ok=False,
-                    text=f"{action} is not an action on a {kind} message", back="/retries")
+        return page(
+            request,
+            "result.html",
+            status_code=400,
+            title="Unknown action",
+            ok=False,
+            text=f"{action} is not an action on a {kind} message",
+            back="/retries",
+        )
     what = _ACTIONS[(kind, action)][2].format(id=id)
-    return page(request, "confirm.html", nav="parked" if kind == "parked" else "retries", kind=kind, action=action,
-                dlq_id=id, what=what)
+    return page(
+        request, "confirm.html", nav="parked" if kind == "parked" else "retries", kind=kind, action=action, dlq_id=id, what=what
+    )
 
 
 @router.post("/act", response_class=HTMLResponse)
@@ -212,15 +269,27 @@ async def act(request: Request) -> HTMLResponse:
     kind, action, dlq_id = form.get("kind", ""), form.get("action", ""), form.get("id", "")
     back = f"/{'parked' if kind == 'parked' else 'retries'}/message?{query_string(id=dlq_id)}"
     if (kind, action) not in _ACTIONS or not dlq_id:
-        return result(request, title="Unknown action", ok=False, text="the form did not name a known action", back="/retries",
-                      status_code=400)
+        return result(
+            request,
+            title="Unknown action",
+            ok=False,
+            text="the form did not name a known action",
+            back="/retries",
+            status_code=400,
+        )
     method, template, _ = _ACTIONS[(kind, action)]
     client = clients_of(request).retry_scheduler
     try:
         answer = await client.call(method, template.format(id=path_id(dlq_id)), token=token_of(request))
     except UpstreamError as exc:
-        return result(request, title=f"{action.capitalize()} refused", ok=False, text=explain_refusal(exc), back=back,
-                      status_code=refused(exc))
+        return result(
+            request,
+            title=f"{action.capitalize()} refused",
+            ok=False,
+            text=explain_refusal(exc),
+            back=back,
+            status_code=refused(exc),
+        )
     body = answer.body if isinstance(answer.body, dict) else {}
     status = body.get("status", "done")
     text = f"Message {dlq_id}: {status}"
@@ -230,8 +299,9 @@ async def act(request: Request) -> HTMLResponse:
         text += f" (attempt {body['attempt']})"
     if answer.status == 202:
         text += " — accepted; the scheduler applies it shortly."
-    return result(request, title=f"{action.capitalize()} done", ok=True, text=text,
-                  back="/parked" if kind == "parked" else "/retries")
+    return result(
+        request, title=f"{action.capitalize()} done", ok=True, text=text, back="/parked" if kind == "parked" else "/retries"
+    )
 
 
 def explain_refusal(exc: UpstreamError) -> str:

@@ -24,8 +24,9 @@ REPLAY_ALL_CONCURRENCY = 8
 # -- replay all that a filter selects ----------------------------------------------------------------
 
 
-async def _select_parked(client: ServiceClient, origin_topic: str | None, error_class: str | None, attempt: int | None,
-                         ) -> tuple[list[str], bool]:
+async def _select_parked(
+    client: ServiceClient, origin_topic: str | None, error_class: str | None, attempt: int | None
+) -> tuple[list[str], bool]:
     """Ids of every parked message the filters select (at most REPLAY_ALL_MAX), and whether more were left out."""
     ids: list[str] = []
     cursor: str | None = None
@@ -52,10 +53,19 @@ async def replay_all_dry_run(request: Request) -> HTMLResponse:
     try:
         ids, more = await _select_parked(client, filters["origin_topic"], filters["error_class"], attempt)
     except UpstreamError as exc:
-        return page(request, "replay_all.html", nav="parked", filters=filters, ids=None, more=False, error=str(exc),
-                    back=f"/parked?{query_string(**filters)}")
-    return page(request, "replay_all.html", nav="parked", filters=filters, ids=ids, more=more,
-                back=f"/parked?{query_string(**filters)}")
+        return page(
+            request,
+            "replay_all.html",
+            nav="parked",
+            filters=filters,
+            ids=None,
+            more=False,
+            error=str(exc),
+            back=f"/parked?{query_string(**filters)}",
+        )
+    return page(
+        request, "replay_all.html", nav="parked", filters=filters, ids=ids, more=more, back=f"/parked?{query_string(**filters)}"
+    )
 
 
 @router.post("/parked/replay-all", response_class=HTMLResponse)
@@ -68,8 +78,9 @@ async def replay_all(request: Request) -> HTMLResponse:
     try:
         ids, _ = await _select_parked(client, filters["origin_topic"], filters["error_class"], attempt)
     except UpstreamError as exc:
-        return result(request, title="Replay all refused", ok=False, text=explain_refusal(exc), back=back,
-                      status_code=refused(exc))
+        return result(
+            request, title="Replay all refused", ok=False, text=explain_refusal(exc), back=back, status_code=refused(exc)
+        )
     gate = asyncio.Semaphore(REPLAY_ALL_CONCURRENCY)
     outcomes: list[tuple[str, UpstreamError | None]] = []
 
@@ -90,9 +101,17 @@ async def replay_all(request: Request) -> HTMLResponse:
     done = len(outcomes) - len(failed)
     counted = form.get("counted")
     return page(
-        request, "replay_all_result.html", status_code=refused(failed[0][1]) if failed and not done else 200,
-        nav="parked", filters=filters, selected=len(ids), counted=counted, replayed=done,
-        failed=[(i, explain_refusal(e)) for i, e in failed[:20]], failed_count=len(failed), back=back,
+        request,
+        "replay_all_result.html",
+        status_code=refused(failed[0][1]) if failed and not done else 200,
+        nav="parked",
+        filters=filters,
+        selected=len(ids),
+        counted=counted,
+        replayed=done,
+        failed=[(i, explain_refusal(e)) for i, e in failed[:20]],
+        failed_count=len(failed),
+        back=back,
     )
 
 
@@ -103,15 +122,23 @@ def _group_form(source: dict[str, str]) -> tuple[dict[str, Any], int | None, int
     """The group a form names, its time range as typed, and the range in epoch ms."""
     span, start, end = parked_range(source)
     action = source.get("action", "")
-    group = {"action": action if action in ("replay", "cancel") else None,
-             "origin_topic": clean(source.get("origin_topic")), "error_class": clean(source.get("error_class")),
-             **span}
+    group = {
+        "action": action if action in ("replay", "cancel") else None,
+        "origin_topic": clean(source.get("origin_topic")),
+        "error_class": clean(source.get("error_class")),
+        **span,
+    }
     return group, start, end
 
 
 def _group_params(group: dict[str, Any], start: int | None, end: int | None, **more: Any) -> dict[str, Any]:
-    return {"origin_topic": group["origin_topic"], "error_class": group["error_class"],
-            "parked_from": start, "parked_to": end, **more}
+    return {
+        "origin_topic": group["origin_topic"],
+        "error_class": group["error_class"],
+        "parked_from": start,
+        "parked_to": end,
+        **more,
+    }
 
 
 @router.get("/parked/group", response_class=HTMLResponse)
@@ -121,12 +148,16 @@ async def group_dry_run(request: Request) -> HTMLResponse:
     try:
         group, start, end = _group_form(dict(request.query_params))
     except ValueError:
-        return page(request, "group_action.html", status_code=400,
-                    error="Times look like 2026-01-31T14:05 (UTC).", **context)
+        return page(request, "group_action.html", status_code=400, error="Times look like 2026-01-31T14:05 (UTC).", **context)
     context["group"] = group
     if group["action"] is None or not group["origin_topic"] or not group["error_class"]:
-        return page(request, "group_action.html", status_code=400,
-                    error="Name the action (replay or cancel), the origin topic and the error class.", **context)
+        return page(
+            request,
+            "group_action.html",
+            status_code=400,
+            error="Name the action (replay or cancel), the origin topic and the error class.",
+            **context,
+        )
     client = clients_of(request).retry_scheduler
     token = token_of(request)
     try:
@@ -134,8 +165,9 @@ async def group_dry_run(request: Request) -> HTMLResponse:
             body = await client.get("/parked-groups", params=_group_params(group, start, end))
             dry: dict[str, Any] = {"matched": body["total"], "complete": body["complete"]}
         else:
-            answer = await client.call("POST", f"/parked-groups/{group['action']}", token=token,
-                                       params=_group_params(group, start, end, dry_run="true"))
+            answer = await client.call(
+                "POST", f"/parked-groups/{group['action']}", token=token, params=_group_params(group, start, end, dry_run="true")
+            )
             dry = answer.body
     except UpstreamError as exc:
         return page(request, "group_action.html", status_code=refused(exc), error=explain_refusal(exc), **context)
@@ -159,23 +191,41 @@ async def group_act(request: Request) -> HTMLResponse:
     try:
         group, start, end = _group_form(form)
     except ValueError:
-        return result(request, title="Group action refused", ok=False, text="the times in the form are not valid",
-                      back="/parked", status_code=400)
+        return result(
+            request,
+            title="Group action refused",
+            ok=False,
+            text="the times in the form are not valid",
+            back="/parked",
+            status_code=400,
+        )
     if group["action"] is None or not group["origin_topic"] or not group["error_class"]:
-        return result(request, title="Unknown action", ok=False, text="the form did not name a group and an action",
-                      back="/parked", status_code=400)
+        return result(
+            request,
+            title="Unknown action",
+            ok=False,
+            text="the form did not name a group and an action",
+            back="/parked",
+            status_code=400,
+        )
     action = group["action"]
     client = clients_of(request).retry_scheduler
     try:
-        answer = await client.call("POST", f"/parked-groups/{action}", token=token_of(request),
-                                   params=_group_params(group, start, end))
+        answer = await client.call(
+            "POST", f"/parked-groups/{action}", token=token_of(request), params=_group_params(group, start, end)
+        )
     except UpstreamError as exc:
-        return result(request, title=f"Group {action} refused", ok=False, text=explain_refusal(exc), back="/parked",
-                      status_code=refused(exc))
+        return result(
+            request,
+            title=f"Group {action} refused",
+            ok=False,
+            text=explain_refusal(exc),
+            back="/parked",
+            status_code=refused(exc),
+        )
     body = answer.body if isinstance(answer.body, dict) else {}
     did = "replayed" if action == "replay" else "cancelled"
-    text = (f"{group['origin_topic']} / {group['error_class']} ({_range_text(start, end)}): "
-            f"{body.get('done', 0)} {did}")
+    text = f"{group['origin_topic']} / {group['error_class']} ({_range_text(start, end)}): {body.get('done', 0)} {did}"
     if form.get("counted"):
         text += f" (the dry run counted {form['counted']})"
     if body.get("failed"):

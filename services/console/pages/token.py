@@ -15,6 +15,7 @@ router = APIRouter()
 
 # -- the admin token ---------------------------------------------------------------------------------
 
+
 #: An id no message has: replaying it checks the token (401 if wrong) and changes nothing (404).
 def _probe_id() -> str:
     return f"console-token-check-{uuid.uuid4().hex}"
@@ -37,14 +38,26 @@ async def token_set(request: Request) -> Response:
         await clients_of(request).retry_scheduler.call("POST", f"/retries/{_probe_id()}/replay", token=token)
     except UpstreamError as exc:
         if exc.status in (401, 403):
-            return page(request, "token.html", status_code=exc.status, nav="token", next=target,
-                        error=f"The retry scheduler refused this token: {exc}")
+            return page(
+                request,
+                "token.html",
+                status_code=exc.status,
+                nav="token",
+                next=target,
+                error=f"The retry scheduler refused this token: {exc}",
+            )
         if exc.status != 404:
             note = f"The token could not be checked ({exc}); it is kept for this session."
-    response = page(request, "token.html", nav="token", next=target, saved=True, token_set=True,
-                    message=note or "Token accepted: changing actions are enabled for this browser session.")
-    response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict", path="/",
-                        secure=request.url.scheme == "https")
+    response = page(
+        request,
+        "token.html",
+        nav="token",
+        next=target,
+        saved=True,
+        token_set=True,
+        message=note or "Token accepted: changing actions are enabled for this browser session.",
+    )
+    response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict", path="/", secure=request.url.scheme == "https")
     return response
 
 

@@ -47,16 +47,29 @@ class HttpCommands:
         ``{"status": "accepted"}`` when the answer does not come within ``timeout_s`` (the
         partition moved meanwhile): the command is still applied, by the new owner.
         """
-        return await self._ask(dlq_id.encode(), kind, {"id": dlq_id}, self.state.partition_of(dlq_id), timeout_s,
-                               {"id": dlq_id, "status": "accepted"})
+        return await self._ask(
+            dlq_id.encode(),
+            kind,
+            {"id": dlq_id},
+            self.state.partition_of(dlq_id),
+            timeout_s,
+            {"id": dlq_id, "status": "accepted"},
+        )
 
     async def request_group(self, partition: int, action: str, flt: GroupFilter, timeout_s: float) -> dict[str, Any]:
         """Send a group command to ``partition`` and wait for the handler's answer (as :meth:`request`)."""
-        return await self._ask(None, KIND_GROUP, {"action": action, "filter": flt.to_json()}, partition, timeout_s,
-                               {"partition": partition, "status": "accepted"})
+        return await self._ask(
+            None,
+            KIND_GROUP,
+            {"action": action, "filter": flt.to_json()},
+            partition,
+            timeout_s,
+            {"partition": partition, "status": "accepted"},
+        )
 
-    async def _ask(self, key: bytes | None, kind: bytes, body: dict[str, Any], partition: int, timeout_s: float,
-                   accepted: dict[str, Any]) -> dict[str, Any]:
+    async def _ask(
+        self, key: bytes | None, kind: bytes, body: dict[str, Any], partition: int, timeout_s: float, accepted: dict[str, Any]
+    ) -> dict[str, Any]:
         req = uuid.uuid4().hex
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.waiters[req] = waiter

@@ -26,16 +26,23 @@ log = logging.getLogger(__name__)
 
 
 class Inbox:
-    def __init__(self, engine: Engine, state: InboxState, routing: Routing, ticks: Ticks, commands: HttpCommands,
-                 inbox_topic: str, partitions: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        state: InboxState,
+        routing: Routing,
+        ticks: Ticks,
+        commands: HttpCommands,
+        inbox_topic: str,
+        partitions: int,
+    ) -> None:
         self.state = state
         self.routing = routing
         self.ticks = ticks
         self.commands = commands
         # Every table the inbox handler writes keeps a copy of its next offsets, written with
         # the batch's rows; the input resumes from the smallest.
-        engine.handler(inbox_topic, name="inbox", internal_partitions=partitions,
-                       offsets=state.stores)(self.process_inbox)
+        engine.handler(inbox_topic, name="inbox", internal_partitions=partitions, offsets=state.stores)(self.process_inbox)
 
     async def process_inbox(self, batch: InputBatch) -> None:
         for record in batch.records:
@@ -56,8 +63,9 @@ class Inbox:
                 else:
                     log.warning("ignoring inbox record of unknown kind %r at offset %s", kind, record.offset)
             except (ValueError, KeyError, TypeError) as exc:
-                log.warning("ignoring malformed inbox record at %s[%s]@%s: %s",
-                            record.topic, record.partition, record.offset, exc)
+                log.warning(
+                    "ignoring malformed inbox record at %s[%s]@%s: %s", record.topic, record.partition, record.offset, exc
+                )
 
     async def ingest(self, batch: InputBatch, letter: Decided) -> None:
         """Store a decided dead letter, unless that attempt of its id is already stored or done."""

@@ -185,9 +185,7 @@ class InboxState:
         self.counts.add("parked", partition, entry.counted_as)
         PARKED.inc()
         self.totals["parked"] += 1
-        log.info(
-            "parked dlq.id=%s attempt=%s from %s: %s", entry.id, entry.attempt, entry.origin_topic, entry.parked_reason,
-        )
+        log.info("parked dlq.id=%s attempt=%s from %s: %s", entry.id, entry.attempt, entry.origin_topic, entry.parked_reason)
 
     def unparked(self, batch: InputBatch, entry: Entry, action: str) -> None:
         """A parked entry was redelivered: out of the parked table, with a done marker and its history kept."""
@@ -221,7 +219,7 @@ class InboxState:
         or is not acknowledged in time keeps its entry for a later tick."""
         deliveries = [Delivery(key, decode_entry(raw)) for key, raw in items]
         errors = await self.send_out(
-            batch, [Outgoing(d.entry.retry_topic, d.entry.key, d.entry.value, list(d.entry.headers)) for d in deliveries],
+            batch, [Outgoing(d.entry.retry_topic, d.entry.key, d.entry.value, list(d.entry.headers)) for d in deliveries]
         )
         sent_at = now_ms()
         for d, error in zip(deliveries, errors, strict=True):

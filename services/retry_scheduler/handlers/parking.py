@@ -67,8 +67,11 @@ class Parking:
         flt = GroupFilter.from_json(body["filter"])
         after = body.get("after")
         found, resume = scan_parked_matching(
-            batch.view(state.parked), flt, after=id_key(after) if isinstance(after, str) else None,
-            limit=GROUP_CHUNK, budget=GROUP_SCAN_BUDGET,
+            batch.view(state.parked),
+            flt,
+            after=id_key(after) if isinstance(after, str) else None,
+            limit=GROUP_CHUNK,
+            budget=GROUP_SCAN_BUDGET,
         )
         done = failed = 0
         if action == "cancel":
@@ -92,7 +95,20 @@ class Parking:
         if resume is not None:
             follow = {"action": action, "filter": flt.to_json(), "after": id_of(resume)}
             batch.send(self.inbox_topic, None, KIND_GROUP + orjson.dumps(follow), partition=batch.partition)
-        log.info("group %s of parked %s in partition %s: %d done, %d failed%s", action, flt, batch.partition,
-                 done, failed, ", more to follow" if resume is not None else "")
-        return {"partition": batch.partition, "status": "done", "matched": len(found), "done": done,
-                "failed": failed, "more": resume is not None}
+        log.info(
+            "group %s of parked %s in partition %s: %d done, %d failed%s",
+            action,
+            flt,
+            batch.partition,
+            done,
+            failed,
+            ", more to follow" if resume is not None else "",
+        )
+        return {
+            "partition": batch.partition,
+            "status": "done",
+            "matched": len(found),
+            "done": done,
+            "failed": failed,
+            "more": resume is not None,
+        }

@@ -50,9 +50,14 @@ class Routing:
             try:
                 raw_headers = dead_letters.header_items(record.headers)
                 letter = dead_letters.parse_dead_letter(
-                    record.key, record.value, raw_headers,
-                    topic=record.topic, partition=record.partition, offset=record.offset,
-                    timestamp_ms=record.timestamp or None, default_retry_topic=self.topics.retry,
+                    record.key,
+                    record.value,
+                    raw_headers,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                    timestamp_ms=record.timestamp or None,
+                    default_retry_topic=self.topics.retry,
                 )
                 entry = self.decide_fate(entry_from_letter(letter, raw_headers, received_at), received_at)
                 encoded = KIND_DECIDED + encode_decided(Decided.of(entry))
@@ -73,9 +78,15 @@ class Routing:
     def decide_fate(self, entry: Entry, now: int) -> Entry:
         """``entry`` scheduled for its next delivery, or parked when that cannot or must not be."""
         decision = decide(
-            self.policies, dlq_id=entry.id, attempt=entry.attempt, origin_topic=entry.origin_topic,
-            error_class=entry.error_class, failed_at=entry.failed_at, retry_topic=entry.retry_topic,
-            now_ms=now, forbidden_retry_topics=self.looping_topics,
+            self.policies,
+            dlq_id=entry.id,
+            attempt=entry.attempt,
+            origin_topic=entry.origin_topic,
+            error_class=entry.error_class,
+            failed_at=entry.failed_at,
+            retry_topic=entry.retry_topic,
+            now_ms=now,
+            forbidden_retry_topics=self.looping_topics,
             has_key_or_value=entry.key is not None or entry.value is not None,
         )
         if isinstance(decision, Park):

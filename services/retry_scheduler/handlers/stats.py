@@ -32,14 +32,10 @@ class Stats:
         state.low_water = {}
         state.send_failures = {}
         self.ticks.forget_partitions()
-        rows = state.counts.rebuild(
-            {p: state.schedule.items(p) for p in owned},
-            {p: state.parked.items(p) for p in owned},
-        )
+        rows = state.counts.rebuild({p: state.schedule.items(p) for p in owned}, {p: state.parked.items(p) for p in owned})
         self.update_gauges()
         log.info(
-            "recovered %d scheduled and parked messages in %d partitions (%.2fs)",
-            rows, len(owned), time.perf_counter() - started,
+            "recovered %d scheduled and parked messages in %d partitions (%.2fs)", rows, len(owned), time.perf_counter() - started
         )
 
     def owned(self) -> set[int]:

@@ -55,9 +55,13 @@ class TickReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "partition": self.partition, "at": self.at, "examined": self.examined,
-            "redelivered": self.redelivered, "failed": self.failed,
-            "scan_ms": round(self.scan_seconds * 1000, 3), "ms": round(self.seconds * 1000, 3),
+            "partition": self.partition,
+            "at": self.at,
+            "examined": self.examined,
+            "redelivered": self.redelivered,
+            "failed": self.failed,
+            "scan_ms": round(self.scan_seconds * 1000, 3),
+            "ms": round(self.seconds * 1000, 3),
         }
 
 
@@ -77,8 +81,7 @@ class Ticks:
         self.state = state
         self.inbox_topic = inbox_topic
         self.expiry_low_water: dict[int, bytes] = {}
-        self.ticker = engine.ticker(inbox_topic, KIND_TICK, interval_s=settings.retry_tick_interval_s,
-                                    name="tick of inbox")
+        self.ticker = engine.ticker(inbox_topic, KIND_TICK, interval_s=settings.retry_tick_interval_s, name="tick of inbox")
         self.last_ticks: dict[int, TickReport] = {}
         self.busy_ticks: deque[TickReport] = deque(maxlen=BUSY_TICKS)
         engine.timer(settings.retry_tick_interval_s, name="tick")(self.send_ticks)
@@ -123,9 +126,13 @@ class Ticks:
         state.low_water[partition] = next_low_water(start, now, scan, failed_keys)
         seconds = time.perf_counter() - started
         report = TickReport(
-            partition=partition, at=now, examined=scan.examined,
-            redelivered=sum(1 for d in deliveries if d.error is None), failed=len(failed_keys),
-            scan_seconds=scanned - started, seconds=seconds,
+            partition=partition,
+            at=now,
+            examined=scan.examined,
+            redelivered=sum(1 for d in deliveries if d.error is None),
+            failed=len(failed_keys),
+            scan_seconds=scanned - started,
+            seconds=seconds,
         )
         self.last_ticks[partition] = report
         if report.redelivered or report.failed:

@@ -31,7 +31,7 @@ BUSY: Responses = error_responses(503)
 LIST_ERRORS: Responses = error_responses(400, 422, 503, _400="A cursor this API did not make")
 ACCEPTED: Responses = {202: {"model": CommandOut, "description": "Accepted; applied shortly"}}
 COMMAND_BUSY: Responses = error_responses(
-    503, _503="Owner recovering or rebalancing, or the redelivery failed (the message is kept); retry",
+    503, _503="Owner recovering or rebalancing, or the redelivery failed (the message is kept); retry"
 )
 
 

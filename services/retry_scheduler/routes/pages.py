@@ -10,9 +10,7 @@ from services.retry_scheduler.state import due_key
 from shared.http.pagination import InvalidCursor, decode_cursor, encode_cursor
 
 
-def merge_pages(
-    pages: list[dict[str, Any]], limit: int, sort_key: Any, frontier_key: Any,
-) -> tuple[list[dict[str, Any]], Any]:
+def merge_pages(pages: list[dict[str, Any]], limit: int, sort_key: Any, frontier_key: Any) -> tuple[list[dict[str, Any]], Any]:
     """The first ``limit`` items of all pages in order, none past the lowest frontier.
 
     A page's frontier says it stopped early (its scan budget ran out) having examined
@@ -31,7 +29,7 @@ def merge_pages(
 
 
 def cursor_after(
-    items: list[dict[str, Any]], limit: int, frontier: Any, sort_key: Any, encode: Callable[[Any], str],
+    items: list[dict[str, Any]], limit: int, frontier: Any, sort_key: Any, encode: Callable[[Any], str]
 ) -> str | None:
     """After a full page, resume past its last item; after a short one, at the frontier."""
     if len(items) == limit:
@@ -63,4 +61,3 @@ def decode_retry_cursor(cursor: str | None) -> bytes | None:
     if not sep or not due.isdigit() or int(due) > MAX_DUE_MS:
         raise InvalidCursor("cursor is not one this API returned")
     return due_key(int(due), dlq_id)
-

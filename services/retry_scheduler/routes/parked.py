@@ -14,14 +14,7 @@ from services.retry_scheduler.app import RetrySchedulerService
 from services.retry_scheduler.domain import MAX_DUE_MS
 from services.retry_scheduler.entries import decode_entry
 from services.retry_scheduler.handlers.kinds import KIND_UNPARK
-from services.retry_scheduler.models import (
-    CommandOut,
-    GroupActionOut,
-    ParkedGroupsOut,
-    ParkedOut,
-    ParkedPage,
-    entry_json,
-)
+from services.retry_scheduler.models import CommandOut, GroupActionOut, ParkedGroupsOut, ParkedOut, ParkedPage, entry_json
 from services.retry_scheduler.routes.common import (
     AUTH,
     LIST_ERRORS,
@@ -64,15 +57,14 @@ PARKED = "parked"
 
 
 @router.get(
-    "/parked", response_model=ParkedPage, summary="Parked messages, ordered by dlq.id", responses=LIST_ERRORS,
+    "/parked",
+    response_model=ParkedPage,
+    summary="Parked messages, ordered by dlq.id",
+    responses=LIST_ERRORS,
     dependencies=[READS_STATE],
 )
 async def list_parked(
-    request: Request,
-    ctx: Ctx,
-    limit: Limit = 100,
-    origin_topic: OriginTopic = None,
-    cursor: Cursor = None,
+    request: Request, ctx: Ctx, limit: Limit = 100, origin_topic: OriginTopic = None, cursor: Cursor = None
 ) -> Any:
     svc = service_of(ctx)
     after_id = decode_cursor(cursor, PARKED)
@@ -81,13 +73,13 @@ async def list_parked(
     async def local(partitions: list[int]) -> dict[str, Any]:
         pages: list[dict[str, Any]] = []
         for p in partitions:
-            scan = scan_ids(
-                svc.state.parked.view(p), after=after, limit=limit, origin_topic=origin_topic, budget=SCAN_BUDGET,
+            scan = scan_ids(svc.state.parked.view(p), after=after, limit=limit, origin_topic=origin_topic, budget=SCAN_BUDGET)
+            pages.append(
+                {
+                    "items": [entry_json(decode_entry(raw)) for _, raw in scan.items],
+                    "frontier": id_of(scan.frontier) if scan.frontier is not None else None,
+                }
             )
-            pages.append({
-                "items": [entry_json(decode_entry(raw)) for _, raw in scan.items],
-                "frontier": id_of(scan.frontier) if scan.frontier is not None else None,
-            })
         items, frontier = merge_pages(pages, limit, parked_sort, str)
         return {"items": items, "frontier": frontier}
 
@@ -101,7 +93,9 @@ async def list_parked(
 
 
 @router.get(
-    "/parked/{dlq_id:id}", response_model=ParkedOut, summary="One parked message",
+    "/parked/{dlq_id:id}",
+    response_model=ParkedOut,
+    summary="One parked message",
     responses=error_responses(404, 422, 503, _404="Not parked"),
 )
 async def get_parked(dlq_id: ReadId, ctx: Ctx) -> Any:
@@ -113,7 +107,9 @@ async def get_parked(dlq_id: ReadId, ctx: Ctx) -> Any:
 
 
 @router.post(
-    "/parked/{dlq_id:id}/replay", response_model=CommandOut, dependencies=[Admin],
+    "/parked/{dlq_id:id}/replay",
+    response_model=CommandOut,
+    dependencies=[Admin],
     summary="Redeliver a parked message to its retry topic (dlq.attempt unchanged) and unpark it",
     responses=command_responses("Not parked"),
 )
@@ -129,7 +125,7 @@ GroupName = Annotated[str, Query(min_length=1, max_length=1024)]
 
 
 def _group_filter(
-    origin_topic: str | None, error_class: str | None, parked_from: int | None, parked_to: int | None,
+    origin_topic: str | None, error_class: str | None, parked_from: int | None, parked_to: int | None
 ) -> GroupFilter:
     if parked_from is not None and parked_to is not None and parked_from > parked_to:
         raise Unprocessable(f"parked_from ({parked_from}) is after parked_to ({parked_to})")
@@ -173,7 +169,10 @@ def _merge_groups(pages: list[dict[str, Any]]) -> tuple[list[ParkedGroup], bool]
 
 
 @router.get(
-    "/parked-groups", response_model=ParkedGroupsOut, responses=LIST_ERRORS, dependencies=[READS_STATE],
+    "/parked-groups",
+    response_model=ParkedGroupsOut,
+    responses=LIST_ERRORS,
+    dependencies=[READS_STATE],
     summary="Parked messages grouped by origin topic and error class: counts and the newest error",
 )
 async def parked_groups(
@@ -198,9 +197,11 @@ async def parked_groups(
 
 
 @router.post(
-    "/parked-groups/{action}", response_model=GroupActionOut, dependencies=[Admin],
+    "/parked-groups/{action}",
+    response_model=GroupActionOut,
+    dependencies=[Admin],
     summary="Replay or cancel every parked message of a group (optionally parked within a time range); "
-            "dry_run=true only counts them",
+    "dry_run=true only counts them",
     description=(
         "Each partition's owner sends the command through the scheduler's inbox, so the partition's handler "
         "applies it in order with its other work, as single replays are. replay sends each message to its retry "
@@ -232,8 +233,12 @@ async def act_on_parked_group(
         return JSONResponse(await local(owned_partitions_named(ctx, request, svc.stats.owned())))
     pages = await on_each_owner(ctx, request, svc.state.schedule, local)
     out: dict[str, Any] = {
-        "action": action, "dry_run": dry_run, "origin_topic": origin_topic, "error_class": error_class,
-        "parked_from": parked_from, "parked_to": parked_to,
+        "action": action,
+        "dry_run": dry_run,
+        "origin_topic": origin_topic,
+        "error_class": error_class,
+        "parked_from": parked_from,
+        "parked_to": parked_to,
     }
     if dry_run:
         groups, complete = _merge_groups(pages)
@@ -242,8 +247,9 @@ async def act_on_parked_group(
     done = [a for a in answers if a.get("status") == "done"]
     return {
         **out,
-        "matched": sum(int(a["matched"]) for a in done), "done": sum(int(a["done"]) for a in done),
-        "failed": sum(int(a["failed"]) for a in done), "continuing": any(a["more"] for a in done),
+        "matched": sum(int(a["matched"]) for a in done),
+        "done": sum(int(a["done"]) for a in done),
+        "failed": sum(int(a["failed"]) for a in done),
+        "continuing": any(a["more"] for a in done),
         "accepted_partitions": sorted(int(a["partition"]) for a in answers if a.get("status") != "done"),
     }
-

@@ -12,13 +12,7 @@ import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
 from services.retry_scheduler.domain import MAX_DUE_MS, percentile
 from services.retry_scheduler.entries import Entry, decode_entry
 from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_REPLAY
-from services.retry_scheduler.models import (
-    CommandOut,
-    RetryOut,
-    RetryPage,
-    StatsOut,
-    entry_json,
-)
+from services.retry_scheduler.models import CommandOut, RetryOut, RetryPage, StatsOut, entry_json
 from services.retry_scheduler.routes.common import (
     BUSY,
     LIST_ERRORS,
@@ -45,19 +39,16 @@ from services.retry_scheduler.scans import PageScan, scan_page
 from services.retry_scheduler.state import Done, split_due_key
 from shared.http.deps import Admin, Ctx
 from shared.http.errors import NotFound, error_responses
-from shared.http.forwarding import (
-    READS_STATE,
-    gather,
-    gather_owners,
-    is_local_scope,
-    local_scope_partitions,
-)
+from shared.http.forwarding import READS_STATE, gather, gather_owners, is_local_scope, local_scope_partitions
 
 router = APIRouter(tags=["retries"])
 
 
 @router.get(
-    "/retries/stats", response_model=StatsOut, summary="Counts, oldest due time, lateness", responses=BUSY,
+    "/retries/stats",
+    response_model=StatsOut,
+    summary="Counts, oldest due time, lateness",
+    responses=BUSY,
     dependencies=[READS_STATE],
 )
 async def retry_stats(request: Request, ctx: Ctx) -> Any:
@@ -81,9 +72,18 @@ async def retry_stats(request: Request, ctx: Ctx) -> Any:
         return JSONResponse(await local())  # a peer's partial answer: not the public model
     pages = await gather_owners(ctx, request, svc.state.schedule, local)
     out: dict[str, Any] = {
-        "scheduled": 0, "parked": 0, "by_origin_topic": {}, "by_error_class": {}, "parked_by_origin_topic": {},
-        "oldest_due_at": None, "redelivered_total": 0, "parked_total": 0, "last_ticks": [], "busy_ticks": [],
-        "instances": len(pages), "policy": pages[0]["policy"] if pages else svc.routing.policies.to_json(),
+        "scheduled": 0,
+        "parked": 0,
+        "by_origin_topic": {},
+        "by_error_class": {},
+        "parked_by_origin_topic": {},
+        "oldest_due_at": None,
+        "redelivered_total": 0,
+        "parked_total": 0,
+        "last_ticks": [],
+        "busy_ticks": [],
+        "instances": len(pages),
+        "policy": pages[0]["policy"] if pages else svc.routing.policies.to_json(),
     }
     samples: list[int] = []
     for page in pages:
@@ -100,7 +100,9 @@ async def retry_stats(request: Request, ctx: Ctx) -> Any:
         out["busy_ticks"].extend(page["busy_ticks"])
     samples.sort()
     out["lateness"] = {
-        "count": len(samples), "p50_ms": percentile(samples, 50), "p99_ms": percentile(samples, 99),
+        "count": len(samples),
+        "p50_ms": percentile(samples, 50),
+        "p99_ms": percentile(samples, 99),
         "max_ms": samples[-1] if samples else None,
     }
     out["last_ticks"].sort(key=lambda t: t["partition"])
@@ -109,7 +111,10 @@ async def retry_stats(request: Request, ctx: Ctx) -> Any:
 
 
 @router.get(
-    "/retries", response_model=RetryPage, summary="Scheduled messages in due order", responses=LIST_ERRORS,
+    "/retries",
+    response_model=RetryPage,
+    summary="Scheduled messages in due order",
+    responses=LIST_ERRORS,
     dependencies=[READS_STATE],
 )
 async def list_retries(
@@ -127,13 +132,20 @@ async def list_retries(
         pages: list[dict[str, Any]] = []
         for p in partitions:
             scan: PageScan = scan_page(
-                svc.state.schedule.view(p), after=after, limit=limit, due_before=due_before,
-                origin_topic=origin_topic, budget=SCAN_BUDGET, start=svc.state.low_water.get(p, b""),
+                svc.state.schedule.view(p),
+                after=after,
+                limit=limit,
+                due_before=due_before,
+                origin_topic=origin_topic,
+                budget=SCAN_BUDGET,
+                start=svc.state.low_water.get(p, b""),
             )
-            pages.append({
-                "items": [entry_json(decode_entry(raw)) for _, raw in scan.items],
-                "frontier": list(split_due_key(scan.frontier)) if scan.frontier is not None else None,
-            })
+            pages.append(
+                {
+                    "items": [entry_json(decode_entry(raw)) for _, raw in scan.items],
+                    "frontier": list(split_due_key(scan.frontier)) if scan.frontier is not None else None,
+                }
+            )
         items, frontier = merge_pages(pages, limit, retry_sort, retry_frontier)
         return {"items": items, "frontier": list(frontier) if frontier is not None else None}
 
@@ -146,19 +158,17 @@ async def list_retries(
     return {"items": items, "next_cursor": next_cursor}
 
 
-_GET_RETRY: Responses = error_responses(
-    404, 422, 503, _404="Not scheduled (never seen, redelivered, cancelled or parked)",
-)
+_GET_RETRY: Responses = error_responses(404, 422, 503, _404="Not scheduled (never seen, redelivered, cancelled or parked)")
 
 
 # GET /retries/stats comes first, so the id "stats" cannot be asked for as /retries/stats:
 # /scheduled/{id} has no literal path beside it and answers for every id.
+@router.get("/retries/{dlq_id:id}", response_model=RetryOut, summary="One scheduled message", responses=_GET_RETRY)
 @router.get(
-    "/retries/{dlq_id:id}", response_model=RetryOut, summary="One scheduled message", responses=_GET_RETRY,
-)
-@router.get(
-    "/scheduled/{dlq_id:id}", response_model=RetryOut, responses=_GET_RETRY,
-    summary="One scheduled message, any id (GET /retries/stats answers the stats, this the id \"stats\")",
+    "/scheduled/{dlq_id:id}",
+    response_model=RetryOut,
+    responses=_GET_RETRY,
+    summary='One scheduled message, any id (GET /retries/stats answers the stats, this the id "stats")',
 )
 async def get_retry(dlq_id: ReadId, ctx: Ctx) -> Any:
     svc = service_of(ctx)
@@ -175,7 +185,9 @@ async def get_retry(dlq_id: ReadId, ctx: Ctx) -> Any:
 
 
 @router.post(
-    "/retries/{dlq_id:id}/replay", response_model=CommandOut, dependencies=[Admin],
+    "/retries/{dlq_id:id}/replay",
+    response_model=CommandOut,
+    dependencies=[Admin],
     summary="Redeliver a scheduled message now",
     responses=command_responses("Not scheduled"),
 )
@@ -185,12 +197,12 @@ async def replay_retry(dlq_id: CommandId, ctx: Ctx) -> Any:
 
 
 @router.delete(
-    "/retries/{dlq_id:id}", response_model=CommandOut, dependencies=[Admin],
+    "/retries/{dlq_id:id}",
+    response_model=CommandOut,
+    dependencies=[Admin],
     summary="Cancel a scheduled message (it is not redelivered)",
     responses=command_responses("Not scheduled"),
 )
 async def cancel_retry(dlq_id: CommandId, ctx: Ctx) -> Any:
     held = service_of(ctx).stats.scheduled_entry(dlq_id) is not None
     return await command_on(ctx, KIND_CANCEL, dlq_id, held=held, what="scheduled")
-
-

@@ -28,13 +28,7 @@ from services.validator.command_batch import (
 from services.validator.domain import MalformedCommand, parse_command
 from services.validator.handlers.topics import ValidatorTopics
 from services.validator.outcome_records import batch_item_outcome
-from services.validator.state import (
-    account_key,
-    batch_item_index,
-    batch_item_key,
-    batch_item_prefix,
-    batch_manifest_key,
-)
+from services.validator.state import account_key, batch_item_index, batch_item_key, batch_item_prefix, batch_manifest_key
 from shared import codecs, dead_letters
 from shared.engine import Engine, InputBatch, Outgoing, partition_for
 from shared.engine import Record as InRecord
@@ -70,13 +64,17 @@ def unreadable_item(batch_id: str, index: int, item: Any) -> Exception | None:
 
 
 def send_item_outcome(
-    input_batch: InputBatch, topics: ValidatorTopics, partitions: int, item: BatchItemRef, outcome: dict[str, Any],
+    input_batch: InputBatch, topics: ValidatorTopics, partitions: int, item: BatchItemRef, outcome: dict[str, Any]
 ) -> None:
     """Stage one command batch item's outcome onto ``…-batch-outcomes``, keyed by its batch."""
     batch_id, index = item
     key = batch_id.encode()
-    input_batch.send(topics.batch_outcomes, key, codecs.dumps({"batch_id": batch_id, "index": index, **outcome}),
-                     partition=partition_for(key, partitions))
+    input_batch.send(
+        topics.batch_outcomes,
+        key,
+        codecs.dumps({"batch_id": batch_id, "index": index, **outcome}),
+        partition=partition_for(key, partitions),
+    )
 
 
 class CommandBatches:
@@ -86,18 +84,19 @@ class CommandBatches:
         self.topics = topics
         self.partitions = settings.topic_partitions
         self.store = engine.table("batches")
-        engine.handler(topics.command_batches, name="batches", offsets=self.store,
-                       dead_letters=topics.dead_letter_route())(self.split_command_batches)
-        engine.handler(topics.batch_outcomes, name="batch-outcomes", offsets=self.store,
-                       internal_partitions=self.partitions)(self.record_batch_outcomes)
+        engine.handler(topics.command_batches, name="batches", offsets=self.store, dead_letters=topics.dead_letter_route())(
+            self.split_command_batches
+        )
+        engine.handler(topics.batch_outcomes, name="batch-outcomes", offsets=self.store, internal_partitions=self.partitions)(
+            self.record_batch_outcomes
+        )
 
     async def split_command_batches(self, input_batch: InputBatch) -> None:
         """Each command batch's items onto ``account-commands``, but those already decided."""
         n = self.partitions
         for record in input_batch.records:
             try:
-                command_batch = parse_batch(codecs.loads_object(record.value),
-                                            max_commands=self.settings.batch_max_commands)
+                command_batch = parse_batch(codecs.loads_object(record.value), max_commands=self.settings.batch_max_commands)
             except (codecs.DecodeError, MalformedBatch) as exc:
                 input_batch.dead_letter(record, exc)
                 continue
@@ -105,8 +104,14 @@ class CommandBatches:
             key = batch_id.encode()
             home = partition_for(key, n)
             if record.partition != home or record.key != key:
-                input_batch.send(self.topics.command_batches, key, record.value, partition=home,
-                                 timestamp_ms=record.timestamp, headers=record.headers or None)
+                input_batch.send(
+                    self.topics.command_batches,
+                    key,
+                    record.value,
+                    partition=home,
+                    timestamp_ms=record.timestamp,
+                    headers=record.headers or None,
+                )
                 continue
             ids = command_batch.command_ids()
             manifest = batch_manifest_key(batch_id)
@@ -120,19 +125,29 @@ class CommandBatches:
                 if unreadable is not None:
                     # Decided here, in the same commit as the split: a resent batch finds it decided.
                     letter = input_batch.dead_letter(
-                        InRecord(record.topic, record.partition, record.offset, key, codecs.dumps(item), headers,
-                                 record.timestamp),
+                        InRecord(
+                            record.topic, record.partition, record.offset, key, codecs.dumps(item), headers, record.timestamp
+                        ),
                         unreadable,
                     )
-                    input_batch.write(self.store, batch_item_key(batch_id, index), codecs.dumps(
-                        {"batch_id": batch_id, "index": index,
-                         **batch_item_outcome(ids[index], None, letter.error_message)}))
+                    input_batch.write(
+                        self.store,
+                        batch_item_key(batch_id, index),
+                        codecs.dumps(
+                            {"batch_id": batch_id, "index": index, **batch_item_outcome(ids[index], None, letter.error_message)}
+                        ),
+                    )
                     continue
                 account_id = item.get("account_id")
                 command_key = account_key(account_id) if isinstance(account_id, str) and account_id else key
-                input_batch.send(self.topics.commands, command_key, codecs.dumps(batch_item(batch_id, index, item)),
-                                 partition=partition_for(command_key, n), timestamp_ms=record.timestamp,
-                                 headers=headers)
+                input_batch.send(
+                    self.topics.commands,
+                    command_key,
+                    codecs.dumps(batch_item(batch_id, index, item)),
+                    partition=partition_for(command_key, n),
+                    timestamp_ms=record.timestamp,
+                    headers=headers,
+                )
 
     async def record_batch_outcomes(self, input_batch: InputBatch) -> None:
         for record in input_batch.records:
@@ -140,8 +155,12 @@ class CommandBatches:
                 outcome = codecs.loads_object(record.value)
                 batch_id, index = outcome["batch_id"], int(outcome["index"])
             except (codecs.DecodeError, KeyError, TypeError, ValueError):
-                log.warning("skipping a batch outcome record that is not one this service wrote at %s[%s]@%s",
-                            record.topic, record.partition, record.offset)
+                log.warning(
+                    "skipping a batch outcome record that is not one this service wrote at %s[%s]@%s",
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                )
                 continue
             input_batch.write(self.store, batch_item_key(batch_id, index), record.value)
 
@@ -164,8 +183,13 @@ class CommandBatches:
         """Write a command batch to ``account-command-batches`` (one record, keyed by its id);
         returns once acknowledged."""
         key = command_batch.batch_id.encode()
-        await self.engine.send_all([
-            Outgoing(self.topics.command_batches, key,
-                     codecs.dumps({"batch_id": command_batch.batch_id, "commands": list(command_batch.items)}),
-                     partition=partition_for(key, self.partitions)),
-        ])
+        await self.engine.send_all(
+            [
+                Outgoing(
+                    self.topics.command_batches,
+                    key,
+                    codecs.dumps({"batch_id": command_batch.batch_id, "commands": list(command_batch.items)}),
+                    partition=partition_for(key, self.partitions),
+                )
+            ]
+        )

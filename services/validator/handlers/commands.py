@@ -86,10 +86,10 @@ class Commands:
         self.store = engine.table("accounts")
         # Each input's next expected offsets live in the table its handler writes, so they
         # move with the partition and are restored with it.
-        engine.handler(topics.commands, name="commands", offsets=self.store,
-                       dead_letters=topics.dead_letter_route())(self.validate)
-        engine.handler(topics.retry, name="retry", offsets=self.store,
-                       dead_letters=topics.dead_letter_route())(self.redeliver)
+        engine.handler(topics.commands, name="commands", offsets=self.store, dead_letters=topics.dead_letter_route())(
+            self.validate
+        )
+        engine.handler(topics.retry, name="retry", offsets=self.store, dead_letters=topics.dead_letter_route())(self.redeliver)
 
     async def validate(self, input_batch: InputBatch) -> None:
         """Decide the input batch's commands in order, stage the outcomes, then the state they imply."""
@@ -111,8 +111,14 @@ class Commands:
                 home = partition_for(key, n)
                 if record.partition != home or record.key != key:
                     # Not where this account's commands are decided: move it there, unchanged.
-                    input_batch.send(self.topics.commands, key, record.value, partition=home,
-                                     timestamp_ms=record.timestamp, headers=record.headers or None)
+                    input_batch.send(
+                        self.topics.commands,
+                        key,
+                        record.value,
+                        partition=home,
+                        timestamp_ms=record.timestamp,
+                        headers=record.headers or None,
+                    )
                     REROUTED.inc()
                     continue
             if item is not None:
@@ -139,8 +145,7 @@ class Commands:
             else:
                 input_batch.send(self.topics.rejections, key, codecs.dumps(outcome.rejection.to_json()))
                 REJECTED.inc()
-            input_batch.send(self.topics.outcomes, command.command_id.encode(),
-                             codecs.dumps(outcome_record(outcome, at=at)))
+            input_batch.send(self.topics.outcomes, command.command_id.encode(), codecs.dumps(outcome_record(outcome, at=at)))
         # Events, rejections, outcome records, reroutes and dead letters are acknowledged
         # before any state that implies them is written (the engine's commit order).
         for account_id, state in plan.states.items():
@@ -162,19 +167,25 @@ class Commands:
                 continue
             key = account_key(command.account_id)
             input_batch.send(
-                self.topics.commands, key, record.value,
+                self.topics.commands,
+                key,
+                record.value,
                 partition=partition_for(key, self.partitions) if command.storable else None,
-                timestamp_ms=record.timestamp, headers=record.headers or None,
+                timestamp_ms=record.timestamp,
+                headers=record.headers or None,
             )
 
     async def submit(self, command: dict[str, Any]) -> None:
         """Write a command to ``account-commands``, marking it pending first; returns once both are acknowledged."""
         command_id, account_id = command["command_id"], command["account_id"]
-        await self.engine.send_all([
-            Outgoing(self.topics.outcomes, command_id.encode(),
-                     codecs.dumps(pending_record(command_id, account_id, at=now_ms()))),
-            Outgoing(self.topics.commands, account_id.encode(), codecs.dumps(command)),
-        ])
+        await self.engine.send_all(
+            [
+                Outgoing(
+                    self.topics.outcomes, command_id.encode(), codecs.dumps(pending_record(command_id, account_id, at=now_ms()))
+                ),
+                Outgoing(self.topics.commands, account_id.encode(), codecs.dumps(command)),
+            ]
+        )
 
     # -- reads (GET /accounts/{account_id}) -------------------------------------------------------
 

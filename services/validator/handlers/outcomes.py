@@ -53,8 +53,7 @@ class Outcomes:
         #: Per outcomes partition, the last expiry row deleted: later scans seek past the
         #: tombstones below it instead of stepping over them.
         self._expiry_from: dict[int, bytes] = {}
-        engine.handler(self.topic, name="outcomes", offsets=self.store,
-                       internal_partitions=self.partitions)(self.record_outcomes)
+        engine.handler(self.topic, name="outcomes", offsets=self.store, internal_partitions=self.partitions)(self.record_outcomes)
         engine.on_recovered(self.store, self._on_recovered)
 
     async def record_outcomes(self, input_batch: InputBatch) -> None:
@@ -67,8 +66,9 @@ class Outcomes:
             try:
                 status = outcome_status(record.value)
             except codecs.DecodeError:
-                log.warning("skipping an outcome record that is not JSON at %s[%s]@%s",
-                            record.topic, record.partition, record.offset)
+                log.warning(
+                    "skipping an outcome record that is not JSON at %s[%s]@%s", record.topic, record.partition, record.offset
+                )
                 continue
             known = input_batch.read(self.store, record.key) is not None
             if status == PENDING and known:

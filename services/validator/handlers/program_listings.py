@@ -14,15 +14,7 @@ import logging
 
 from services.validator.handlers.topics import ValidatorTopics
 from services.validator.listing import Listing, apply_to_listing
-from services.validator.state import (
-    decode_listing,
-    encode_listing,
-    index_key,
-    listing_key,
-    pack_ts,
-    program_prefix,
-    unpack_ts,
-)
+from services.validator.state import decode_listing, encode_listing, index_key, listing_key, pack_ts, program_prefix, unpack_ts
 from shared import codecs
 from shared.accounts import AccountChange, InvalidEvent, parse_event
 from shared.engine import Engine, InputBatch, partition_for
@@ -32,8 +24,9 @@ log = logging.getLogger(__name__)
 
 
 def encode_routed(change: AccountChange) -> bytes:
-    return codecs.dumps({"a": change.account_id, "p": change.program_id, "t": change.type,
-                         "v": change.version, "o": change.occurred_at})
+    return codecs.dumps(
+        {"a": change.account_id, "p": change.program_id, "t": change.type, "v": change.version, "o": change.occurred_at}
+    )
 
 
 def decode_routed(raw: bytes | None) -> AccountChange:
@@ -51,10 +44,12 @@ class ProgramListings:
         self.topics = topics
         self.partitions = settings.topic_partitions
         self.store = engine.table("program-accounts")
-        engine.handler(topics.events, name="events", offsets=self.store,
-                       dead_letters=topics.dead_letter_route())(self.route_events)
-        engine.handler(topics.by_program, name="by-program", offsets=self.store,
-                       internal_partitions=self.partitions)(self.project)
+        engine.handler(topics.events, name="events", offsets=self.store, dead_letters=topics.dead_letter_route())(
+            self.route_events
+        )
+        engine.handler(topics.by_program, name="by-program", offsets=self.store, internal_partitions=self.partitions)(
+            self.project
+        )
 
     async def route_events(self, input_batch: InputBatch) -> None:
         for record in input_batch.records:
@@ -70,8 +65,12 @@ class ProgramListings:
             try:
                 change = decode_routed(record.value)
             except (codecs.DecodeError, KeyError):
-                log.warning("skipping a by-program record that is not one this service wrote at %s[%s]@%s",
-                            record.topic, record.partition, record.offset)
+                log.warning(
+                    "skipping a by-program record that is not one this service wrote at %s[%s]@%s",
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                )
                 continue
             self.apply_listing_change(input_batch, change)
 
@@ -89,11 +88,10 @@ class ProgramListings:
             return
         if created is None:
             input_batch.write(store, idx, pack_ts(updated.created_at))
-        input_batch.write(store, listing_key(change.program_id, updated.created_at, change.account_id),
-                          encode_listing(updated))
+        input_batch.write(store, listing_key(change.program_id, updated.created_at, change.account_id), encode_listing(updated))
 
     def list_program(
-        self, program_id: str, *, limit: int, before: bytes | None, status: str | None,
+        self, program_id: str, *, limit: int, before: bytes | None, status: str | None
     ) -> tuple[list[Listing], bool]:
         """Up to ``limit`` of the program's accounts, newest first, strictly before the
         listing key ``before``; and whether more follow."""

@@ -30,10 +30,14 @@ class ValidatorTopics:
     def of(cls, settings: Settings) -> ValidatorTopics:
         topics, internal = topic_names(settings), app_id(SERVICE, settings)
         return cls(
-            commands=topics.account_commands, command_batches=topics.account_command_batches,
-            events=topics.account_events, rejections=topics.account_rejections,
-            dead_letters=topics.dead_letters, retry=topics.service_retry(SERVICE),
-            outcomes=f"{internal}-outcomes", batch_outcomes=f"{internal}-batch-outcomes",
+            commands=topics.account_commands,
+            command_batches=topics.account_command_batches,
+            events=topics.account_events,
+            rejections=topics.account_rejections,
+            dead_letters=topics.dead_letters,
+            retry=topics.service_retry(SERVICE),
+            outcomes=f"{internal}-outcomes",
+            batch_outcomes=f"{internal}-batch-outcomes",
             by_program=f"{internal}-by-program",
         )
 

@@ -12,16 +12,8 @@ from aiokafka import AIOKafkaProducer
 
 from shared import dead_letters as dl
 
-ORIGINS = (
-    "payments.settlement-requests",
-    "orders",
-    "inventory.reservations.v2-eu-west-1-primary-region-replicated-stream",
-)
-ERRORS = (
-    "TimeoutError",
-    "com.example.payments.gateway.client.UpstreamUnavailableException$RetryBudgetExhausted",
-    "KeyError",
-)
+ORIGINS = ("payments.settlement-requests", "orders", "inventory.reservations.v2-eu-west-1-primary-region-replicated-stream")
+ERRORS = ("TimeoutError", "com.example.payments.gateway.client.UpstreamUnavailableException$RetryBudgetExhausted", "KeyError")
 
 
 def long_id(run: str, n: int) -> str:
@@ -45,14 +37,23 @@ def letters(run: str, retry_topic: str, *, count: int, attempt: int, start: int 
     for n in range(start, start + count):
         origin, error = ORIGINS[n % len(ORIGINS)], ERRORS[(n // len(ORIGINS)) % len(ERRORS)]
         now = dl.now_ms()
-        out.append(dl.DeadLetter(
-            id=long_id(run, n), key=f"customer-{n:06d}-{'k' * 80}".encode(),
-            value=b'{"settlement_id": "' + str(n).encode() + b'", "amount": "12.50", "currency": "EUR"}',
-            original_topic=origin, original_partition=n % 12, original_offset=9_182_736_450 + n,
-            retry_topic=retry_topic, attempt=attempt, error_class=error, error_message=trace(error, n),
-            first_failed_at=now - 3_600_000, failed_at=now,
-            other_headers=[("traceparent", f"00-{'ab' * 16}-{'cd' * 8}-01".encode())],
-        ))
+        out.append(
+            dl.DeadLetter(
+                id=long_id(run, n),
+                key=f"customer-{n:06d}-{'k' * 80}".encode(),
+                value=b'{"settlement_id": "' + str(n).encode() + b'", "amount": "12.50", "currency": "EUR"}',
+                original_topic=origin,
+                original_partition=n % 12,
+                original_offset=9_182_736_450 + n,
+                retry_topic=retry_topic,
+                attempt=attempt,
+                error_class=error,
+                error_message=trace(error, n),
+                first_failed_at=now - 3_600_000,
+                failed_at=now,
+                other_headers=[("traceparent", f"00-{'ab' * 16}-{'cd' * 8}-01".encode())],
+            )
+        )
     return out
 
 

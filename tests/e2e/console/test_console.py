@@ -30,10 +30,19 @@ ORIGIN = "orders"
 
 def poison_letter(fleet: Fleet, dlq_id: str, attempt: int, *, first_failed_at: int) -> dl.DeadLetter:
     return dl.DeadLetter(
-        id=dlq_id, key=b"order-42", value=b'{"order_id": "order-42", "amount": "forty-two"}',
-        original_topic=ORIGIN, original_partition=3, original_offset=42, retry_topic=fleet.topic("retry"),
-        attempt=attempt, error_class="PoisonMessageError", error_message="'amount' is not a number",
-        first_failed_at=first_failed_at, failed_at=dl.now_ms(), other_headers=[("traceparent", b"00-console-test-01")],
+        id=dlq_id,
+        key=b"order-42",
+        value=b'{"order_id": "order-42", "amount": "forty-two"}',
+        original_topic=ORIGIN,
+        original_partition=3,
+        original_offset=42,
+        retry_topic=fleet.topic("retry"),
+        attempt=attempt,
+        error_class="PoisonMessageError",
+        error_message="'amount' is not a number",
+        first_failed_at=first_failed_at,
+        failed_at=dl.now_ms(),
+        other_headers=[("traceparent", b"00-console-test-01")],
     )
 
 
@@ -150,14 +159,26 @@ def test_replay_all_parked_that_a_filter_selects_counts_first(fleet: Fleet, page
     for dlq_id in ids:
         # DecodeError is never retried: parked at once.
         letter = dl.DeadLetter(
-            id=dlq_id, key=b"k", value=bytes(range(40)), original_topic=origin, original_partition=0, original_offset=7,
-            retry_topic=fleet.topic("retry"), attempt=1, error_class="DecodeError", error_message="not UTF-8",
-            first_failed_at=now, failed_at=now,
+            id=dlq_id,
+            key=b"k",
+            value=bytes(range(40)),
+            original_topic=origin,
+            original_partition=0,
+            original_offset=7,
+            retry_topic=fleet.topic("retry"),
+            attempt=1,
+            error_class="DecodeError",
+            error_message="not UTF-8",
+            first_failed_at=now,
+            failed_at=now,
         )
         send_letter(fleet, letter)
     reload_until_visible(page, f"/parked?origin_topic={origin}", f'tr[data-id="{ids[-1]}"]')
-    wait_for(lambda: page.reload() or page.locator("#parked tbody tr[data-id]").count() == len(ids), timeout=30,
-             message="every message parked")
+    wait_for(
+        lambda: page.reload() or page.locator("#parked tbody tr[data-id]").count() == len(ids),
+        timeout=30,
+        message="every message parked",
+    )
     page.locator(f'tr[data-id="{ids[0]}"]').get_by_role("link").click()
     expect(page.locator("h2#h-value")).to_contain_text("shown as hex")
     expect(page.locator("#value")).to_contain_text("00000000  00 01 02 03")
@@ -180,11 +201,18 @@ def test_tallies_accounts_and_commands_match_the_apis(fleet: Fleet, page: Page) 
     program = f"prog-{uuid.uuid4().hex[:6]}"
     accounts = [f"{program}-acct-{i}" for i in range(3)]
     for i, account in enumerate(accounts):
-        command(fleet, {"command_id": f"create-{account}", "type": "CreateAccount", "account_id": account,
-                        "program_id": program, "data": {"n": i}})
+        command(
+            fleet,
+            {
+                "command_id": f"create-{account}",
+                "type": "CreateAccount",
+                "account_id": account,
+                "program_id": program,
+                "data": {"n": i},
+            },
+        )
     command(fleet, {"command_id": f"deactivate-{accounts[1]}", "type": "DeactivateAccount", "account_id": accounts[1]})
-    rejected = command(fleet, {"command_id": f"reactivate-{accounts[0]}", "type": "ReactivateAccount",
-                               "account_id": accounts[0]})
+    rejected = command(fleet, {"command_id": f"reactivate-{accounts[0]}", "type": "ReactivateAccount", "account_id": accounts[0]})
     assert rejected["status"] == "rejected"
 
     def api_tally() -> dict[str, Any] | None:
@@ -234,8 +262,11 @@ def test_fleet_is_live_and_a_stopped_service_shows_as_down(fleet: Fleet, page: P
         expect(section.locator('[data-role="instance-state"]')).to_have_text("ready")
         expect(section.locator("tbody tr").first).to_contain_text("0\u20133")  # its four input partitions
     expect(page.locator('section[data-service="tallies"] .lag')).to_contain_text(fleet.topic("account-events"))
-    wait_for(lambda: page.locator('section[data-service="retry-scheduler"] polyline').count() > 0, timeout=15,
-             message="the records/s chart")
+    wait_for(
+        lambda: page.locator('section[data-service="retry-scheduler"] polyline').count() > 0,
+        timeout=15,
+        message="the records/s chart",
+    )
     screenshot(page, "fleet")
 
     # No reload: the page refreshes itself.

@@ -60,9 +60,7 @@ def api(fleet: Fleet, path: str, **params: Any) -> Any:
 
 def sideways(page: Page) -> int:
     """How far the page scrolls sideways (0: it fits)."""
-    scroll: int = page.evaluate(
-        "() => document.scrollingElement.scrollWidth - document.scrollingElement.clientWidth",
-    )
+    scroll: int = page.evaluate("() => document.scrollingElement.scrollWidth - document.scrollingElement.clientWidth")
     return scroll
 
 
@@ -89,9 +87,14 @@ def test_no_console_page_scrolls_sideways_at_1366x768(fleet: Fleet, laptop: Page
     parked = realistic.letters(run, retry, count=27, attempt=PARKED_ATTEMPT)
     scheduled = realistic.letters(run, retry, count=12, attempt=SCHEDULED_ATTEMPT, start=1000)
     send(fleet, parked + scheduled)
-    wait_for(lambda: all(api(fleet, f"/parked/{quote(m.id, safe='')}") for m in parked[-3:])
-             and all(api(fleet, f"/scheduled/{quote(m.id, safe='')}") for m in scheduled[-3:]),
-             timeout=60, message="the realistic dead letters stored")
+    wait_for(
+        lambda: (
+            all(api(fleet, f"/parked/{quote(m.id, safe='')}") for m in parked[-3:])
+            and all(api(fleet, f"/scheduled/{quote(m.id, safe='')}") for m in scheduled[-3:])
+        ),
+        timeout=60,
+        message="the realistic dead letters stored",
+    )
     long_id, long_class = parked[0].id, realistic.ERRORS[1]
     long_topic = realistic.ORIGINS[2]
     pages = {
@@ -101,11 +104,13 @@ def test_no_console_page_scrolls_sideways_at_1366x768(fleet: Fleet, laptop: Page
         "/parked": ["/parked", "/parked?parked_from=2020-01-01T00:00:00", f"/parked?{urlencode({'origin_topic': long_topic})}"],
         "/retries/message": [f"/retries/message?{urlencode({'id': scheduled[0].id})}"],
         "/parked/message": [f"/parked/message?{urlencode({'id': long_id})}"],
-        "/confirm": [f"/confirm?{urlencode({'kind': 'parked', 'action': 'replay', 'id': long_id})}",
-                     f"/confirm?{urlencode({'kind': 'retry', 'action': 'cancel', 'id': scheduled[0].id})}"],
+        "/confirm": [
+            f"/confirm?{urlencode({'kind': 'parked', 'action': 'replay', 'id': long_id})}",
+            f"/confirm?{urlencode({'kind': 'retry', 'action': 'cancel', 'id': scheduled[0].id})}",
+        ],
         "/parked/replay-all": [f"/parked/replay-all?{urlencode({'origin_topic': long_topic})}"],
         "/parked/group": [
-            f"/parked/group?{urlencode({'action': 'cancel', 'origin_topic': long_topic, 'error_class': long_class})}",
+            f"/parked/group?{urlencode({'action': 'cancel', 'origin_topic': long_topic, 'error_class': long_class})}"
         ],
         "/tallies": ["/tallies"],
         "/programs/{program_id:path}": [f"/programs/{'program-' * 40}"],
@@ -113,8 +118,11 @@ def test_no_console_page_scrolls_sideways_at_1366x768(fleet: Fleet, laptop: Page
         "/commands": ["/commands", f"/commands?command_id={'cmd-' * 60}"],
         "/token": [f"/token?next=/parked/message?id={quote(long_id)}"],
     }
-    served = {r.path for r in router.routes if isinstance(r, APIRoute) and "GET" in (r.methods or ())
-              and r.response_class is HTMLResponse}
+    served = {
+        r.path
+        for r in router.routes
+        if isinstance(r, APIRoute) and "GET" in (r.methods or ()) and r.response_class is HTMLResponse
+    }
     assert served <= set(pages), f"pages this test does not open: {sorted(served - set(pages))}"
 
     def look_at_all(session: str) -> None:
@@ -150,8 +158,10 @@ def test_a_group_is_counted_cancelled_within_a_time_range_and_replayed(fleet: Fl
     retry = fleet.topic("retry")
 
     def wave(start: int, count: int, error_class: str) -> list[dl.DeadLetter]:
-        return [replace(m, original_topic=origin, error_class=error_class)
-                for m in realistic.letters(run, retry, count=count, attempt=PARKED_ATTEMPT, start=start)]
+        return [
+            replace(m, original_topic=origin, error_class=error_class)
+            for m in realistic.letters(run, retry, count=count, attempt=PARKED_ATTEMPT, start=start)
+        ]
 
     def parked_at(letters: list[dl.DeadLetter]) -> list[int]:
         found = [api(fleet, f"/parked/{quote(m.id, safe='')}") for m in letters]
@@ -198,9 +208,11 @@ def test_a_group_is_counted_cancelled_within_a_time_range_and_replayed(fleet: Fl
     laptop.get_by_role("button", name="Replay these 2").click()
     expect(laptop.locator("#result")).to_contain_text("2 replayed")
     replayed = late[:2]
-    on_retry = wait_for(lambda: [r for r in off_loop(read_all, retry)
-                                 if dict(r.headers).get(dl.ID) in {m.id.encode() for m in replayed}],
-                        timeout=30, message="the group's redeliveries")
+    on_retry = wait_for(
+        lambda: [r for r in off_loop(read_all, retry) if dict(r.headers).get(dl.ID) in {m.id.encode() for m in replayed}],
+        timeout=30,
+        message="the group's redeliveries",
+    )
     assert sorted(dict(r.headers)[dl.ID] for r in on_retry) == sorted(m.id.encode() for m in replayed)
     assert not [r for r in off_loop(read_all, retry) if dict(r.headers).get(dl.ID) in {m.id.encode() for m in early}]
     laptop.goto("/parked")
@@ -209,8 +221,11 @@ def test_a_group_is_counted_cancelled_within_a_time_range_and_replayed(fleet: Fl
     # Its consumer fails again: the next attempt is parked, and its page shows the replay.
     again = replace(replayed[0], attempt=PARKED_ATTEMPT + 1)
     send(fleet, [again])
-    wait_for(lambda: (api(fleet, f"/parked/{quote(again.id, safe='')}") or {}).get("attempt") == again.attempt,
-             timeout=60, message="the next attempt parked")
+    wait_for(
+        lambda: (api(fleet, f"/parked/{quote(again.id, safe='')}") or {}).get("attempt") == again.attempt,
+        timeout=60,
+        message="the next attempt parked",
+    )
     laptop.goto(f"/parked/message?{urlencode({'id': again.id})}")
     history = laptop.locator("#replays tbody tr")
     expect(history).to_have_count(1)

@@ -27,23 +27,34 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 DELAY_MS = 20_000
 
 
-@pytest.mark.parametrize(("guarantee", "step"), [
-    ("exactly_once", "handled"), ("exactly_once", "sent"), ("exactly_once", "logged"),
-    # at_least_once repeats what a kill between the sends and the changelog leaves unrecorded:
-    # the step where the two modes differ (test_crash.py kills it at random moments too).
-    ("at_least_once", "sent"),
-])
+@pytest.mark.parametrize(
+    ("guarantee", "step"),
+    [
+        ("exactly_once", "handled"),
+        ("exactly_once", "sent"),
+        ("exactly_once", "logged"),
+        # at_least_once repeats what a kill between the sends and the changelog leaves unrecorded:
+        # the step where the two modes differ (test_crash.py kills it at random moments too).
+        ("at_least_once", "sent"),
+    ],
+)
 def test_sigkill_at_each_commit_step_redelivers_or_parks_each_letter(
-    step: str, guarantee: str, kafka_bootstrap: str, prefix: str, tmp_path: Path,
+    step: str, guarantee: str, kafka_bootstrap: str, prefix: str, tmp_path: Path
 ) -> None:
     dead, retry, parking = f"{prefix}dead-letters", f"{prefix}retry-commit", f"{prefix}parking-lot"
     create_topics([dead, retry, parking])
     data = tmp_path / "data"
-    env = {**scheduler_env(kafka_bootstrap, prefix, data), "STATEFLEET_PROCESSING_GUARANTEE": guarantee,
-           "STATEFLEET_INSTANCE_ID": "c", "STATEFLEET_CONSUMER_MAX_POLL_RECORDS": "20",
-           # Due well after they are stored, and redelivered a few per tick: many tick commits.
-           "STATEFLEET_RETRY_BASE_DELAY_MS": str(DELAY_MS), "STATEFLEET_RETRY_MAX_DELAY_MS": str(DELAY_MS),
-           "STATEFLEET_RETRY_BATCH_LIMIT": "5", "STATEFLEET_RETRY_POLICY_OVERRIDES": ""}
+    env = {
+        **scheduler_env(kafka_bootstrap, prefix, data),
+        "STATEFLEET_PROCESSING_GUARANTEE": guarantee,
+        "STATEFLEET_INSTANCE_ID": "c",
+        "STATEFLEET_CONSUMER_MAX_POLL_RECORDS": "20",
+        # Due well after they are stored, and redelivered a few per tick: many tick commits.
+        "STATEFLEET_RETRY_BASE_DELAY_MS": str(DELAY_MS),
+        "STATEFLEET_RETRY_MAX_DELAY_MS": str(DELAY_MS),
+        "STATEFLEET_RETRY_BATCH_LIMIT": "5",
+        "STATEFLEET_RETRY_POLICY_OVERRIDES": "",
+    }
     isolation = "read_committed" if guarantee == "exactly_once" else "read_uncommitted"
     expected: dict[str, int] = {}  # id -> the attempt it is redelivered with
     parked: set[str] = set()
@@ -61,12 +72,16 @@ def test_sigkill_at_each_commit_step_redelivers_or_parks_each_letter(
     port = free_port()
     proc = ServiceProcess("retry_scheduler", env, tmp_path / "scheduler-2.log", port=port).start().wait_ready()
     try:  # everything stored, nothing due yet
+
         def stored() -> tuple[int, int]:
             stats = httpx.get(proc.url + "/retries/stats", timeout=10).json()
             return stats["scheduled"], stats["parked"]
 
-        wait_for(lambda: stored() == (len(expected), len(parked)), timeout=60,
-                 message=f"every letter stored: {len(expected)} scheduled, {len(parked)} parked")
+        wait_for(
+            lambda: stored() == (len(expected), len(parked)),
+            timeout=60,
+            message=f"every letter stored: {len(expected)} scheduled, {len(parked)} parked",
+        )
     finally:
         proc.kill()
     time.sleep(DELAY_MS / 1000)  # all due: each commit from here on is a tick's redeliveries
@@ -75,6 +90,7 @@ def test_sigkill_at_each_commit_step_redelivers_or_parks_each_letter(
     shutil.rmtree(data)  # the last kill's local state is lost: the changelogs restore it
     proc = ServiceProcess("retry_scheduler", env, tmp_path / "scheduler-5.log", port=port).start().wait_ready()
     try:
+
         def ids(topic: str) -> list[str]:
             return [dict(r.headers)[dl.ID].decode() for r in read_all(topic, isolation_level=isolation)]
 
@@ -82,10 +98,13 @@ def test_sigkill_at_each_commit_step_redelivers_or_parks_each_letter(
         wait_for(lambda: set(ids(parking)) >= parked, timeout=30, message="every invalid one parked")
         wait_for(
             lambda: httpx.get(proc.url + "/retries/stats", timeout=10).json()["scheduled"] == 0,
-            timeout=30, message="nothing left scheduled",
+            timeout=30,
+            message="nothing left scheduled",
         )
-        redelivered = [(dict(r.headers)[dl.ID].decode(), int(dict(r.headers)[dl.ATTEMPT]))
-                       for r in read_all(retry, isolation_level=isolation)]
+        redelivered = [
+            (dict(r.headers)[dl.ID].decode(), int(dict(r.headers)[dl.ATTEMPT]))
+            for r in read_all(retry, isolation_level=isolation)
+        ]
         assert {i for i, _ in redelivered} == set(expected), "nothing lost, nothing parked redelivered"
         assert all(attempt == expected[i] for i, attempt in redelivered), "each with its own attempt"
         assert set(ids(parking)) == parked

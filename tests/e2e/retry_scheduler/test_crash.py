@@ -25,9 +25,7 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
-def test_every_dead_letter_is_redelivered_or_parked_across_sigkills(
-    kafka_bootstrap: str, tmp_path: Path, guarantee: str,
-) -> None:
+def test_every_dead_letter_is_redelivered_or_parked_across_sigkills(kafka_bootstrap: str, tmp_path: Path, guarantee: str) -> None:
     prefix = f"t{uuid.uuid4().hex[:10]}."
     dead, retry, parking = f"{prefix}dead-letters", f"{prefix}retry-crash", f"{prefix}parking-lot"
     create_topics([dead, retry, parking])
@@ -58,8 +56,10 @@ def test_every_dead_letter_is_redelivered_or_parked_across_sigkills(
             produce(dead, [(dlq_id.encode() if i % 2 else None, f"value-{dlq_id}".encode())], headers=headers)
 
     def redelivered() -> list[tuple[str, int]]:
-        return [(dict(r.headers)[dl.ID].decode(), int(dict(r.headers)[dl.ATTEMPT]))
-                for r in read_all(retry, isolation_level=isolation)]
+        return [
+            (dict(r.headers)[dl.ID].decode(), int(dict(r.headers)[dl.ATTEMPT]))
+            for r in read_all(retry, isolation_level=isolation)
+        ]
 
     proc = start_scheduler(env, tmp_path)
     try:
@@ -84,13 +84,15 @@ def test_every_dead_letter_is_redelivered_or_parked_across_sigkills(
         wait_for(lambda: {i for i, _ in redelivered()} >= set(expected), timeout=60, message="every id redelivered")
         wait_for(
             lambda: {dict(r.headers)[dl.ID].decode() for r in read_all(parking, isolation_level=isolation)} >= parked,
-            timeout=30, message="every invalid one parked",
+            timeout=30,
+            message="every invalid one parked",
         )
         # A dead letter read again after a kill, when its redelivery had already happened, is
         # scheduled again and redelivered once more (same id and attempt): wait for those too.
         stats = wait_for(
             lambda: (s := httpx.get(proc.url + "/retries/stats", timeout=10).json())["scheduled"] == 0 and s,
-            timeout=30, message="nothing left scheduled",
+            timeout=30,
+            message="nothing left scheduled",
         )
         assert stats["parked"] == len(parked)
 

@@ -64,6 +64,7 @@ def test_any_instance_answers_for_every_message(kafka_bootstrap: str, tmp_path: 
     a = start_scheduler(env, tmp_path, instance="a")
     b = start_scheduler(env, tmp_path, instance="b")
     try:
+
         def both_ready() -> bool:
             try:
                 return all(get(p.url, "/retries/stats").json().get("instances") == 2 for p in (a, b))

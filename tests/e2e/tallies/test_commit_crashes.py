@@ -27,12 +27,7 @@ from pathlib import Path
 import pytest
 
 from services.tallies.state import PUBLISH_TICK, PackedInputs
-from tests.e2e.tallies.test_tallies_e2e import (
-    assert_tallies_settle,
-    latest_published,
-    repeated_tallies,
-    wait_all_input_consumed,
-)
+from tests.e2e.tallies.test_tallies_e2e import assert_tallies_settle, latest_published, repeated_tallies, wait_all_input_consumed
 from tests.support.accounts import generate
 from tests.support.kafka import produce, read_all
 from tests.support.services import ServiceProcess, free_port, run_until_killed, wait_for
@@ -43,14 +38,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 @pytest.mark.parametrize("step", ["handled", "sent", "logged"])
 def test_sigkill_at_each_commit_step_keeps_exact_tallies(
-    step: str, guarantee: str, tally_topics: dict[str, str], service_env: dict[str, str], tmp_path: Path,
+    step: str, guarantee: str, tally_topics: dict[str, str], service_env: dict[str, str], tmp_path: Path
 ) -> None:
     history = generate(programs=30, accounts_per_program=120, seed=29, logins_per_program=20)
     half = len(history.events) // 2
     produce(tally_topics["events"], history.events[:half])
     produce(tally_topics["logins"], history.logins)
-    env = {**service_env, "STATEFLEET_INSTANCE_ID": "c", "STATEFLEET_CONSUMER_MAX_POLL_RECORDS": "200",
-           "STATEFLEET_PROCESSING_GUARANTEE": guarantee}
+    env = {
+        **service_env,
+        "STATEFLEET_INSTANCE_ID": "c",
+        "STATEFLEET_CONSUMER_MAX_POLL_RECORDS": "200",
+        "STATEFLEET_PROCESSING_GUARANTEE": guarantee,
+    }
     port = free_port()
     # Small fetches make many batches; the 3rd batch to reach the step dies there.
     run_until_killed("tallies", env, tmp_path / "tallies-1.log", port, f"{step}:3")
@@ -63,8 +62,11 @@ def test_sigkill_at_each_commit_step_keeps_exact_tallies(
     try:
         expected = history.expected
         assert_tallies_settle(proc, expected, timeout=90)
-        wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,
-                 message="program-tallies to hold the exact tallies")
+        wait_for(
+            lambda: latest_published(tally_topics["tallies"]) == expected,
+            timeout=60,
+            message="program-tallies to hold the exact tallies",
+        )
         # Killed once more with every tally published: the rebuild after the restart compares
         # each program with its published tally, and publishes none of them again.
         proc.kill()

@@ -47,6 +47,7 @@ def metric(proc: ServiceProcess, name: str) -> float:
 
 def remove_member(group: str, url: str) -> int:
     """What a peer does for a gone one: the group's members with ``url`` removed by member id."""
+
     async def run() -> int:
         admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
         await admin.start()
@@ -91,8 +92,7 @@ def instance_view(proc: ServiceProcess) -> dict[str, Any]:
     return body
 
 
-def start_fleet(start_tallies: Any, events_topic: str,
-                env: dict[str, dict[str, str]] | None = None) -> dict[str, ServiceProcess]:
+def start_fleet(start_tallies: Any, events_topic: str, env: dict[str, dict[str, str]] | None = None) -> dict[str, ServiceProcess]:
     """Three instances, once each holds a share of the input and all agree on who is in the group
     (``env``: more variables per instance name)."""
     fleet = {name: start_tallies(name, **FLEET_ENV, **(env or {}).get(name, {})) for name in ("a", "b", "c")}
@@ -101,8 +101,11 @@ def start_fleet(start_tallies: Any, events_topic: str,
     def settled() -> bool:
         views = [instance_view(p) for p in fleet.values()]
         owned = [set(v["active"].get(events_topic, [])) for v in views]
-        return (all(v["peers"] == urls and not v["rebalancing"] and v["ready"] for v in views)
-                and all(owned) and set().union(*owned) == set(range(PARTITIONS)))
+        return (
+            all(v["peers"] == urls and not v["rebalancing"] and v["ready"] for v in views)
+            and all(owned)
+            and set().union(*owned) == set(range(PARTITIONS))
+        )
 
     wait_for(settled, timeout=90, interval=0.5, message="three instances to share the input")
     return fleet
@@ -119,7 +122,7 @@ class Feeder(threading.Thread):
 
     def run(self) -> None:
         for n in range(0, len(self.stream), self.chunk):
-            part = self.stream[n:n + self.chunk]
+            part = self.stream[n : n + self.chunk]
             for kind in ("events", "logins"):
                 records = [(k, v) for t, k, v in part if t == kind]
                 if records:
@@ -193,12 +196,11 @@ class Markers:
             time.sleep(0.02)
 
     def expected(self) -> dict[str, dict[str, Any]]:
-        return {self.program: {"program_id": self.program, "numberActive": self.sent, "numberInactive": 0,
-                               "lastLogin": None}}
+        return {self.program: {"program_id": self.program, "numberActive": self.sent, "numberInactive": 0, "lastLogin": None}}
 
 
 def test_a_killed_instances_partitions_are_processed_again_within_seconds(
-    start_tallies: Any, tally_topics: dict[str, str],
+    start_tallies: Any, tally_topics: dict[str, str]
 ) -> None:
     history = history_for_feeding()
     fleet = start_fleet(start_tallies, tally_topics["events"])
@@ -211,7 +213,8 @@ def test_a_killed_instances_partitions_are_processed_again_within_seconds(
     victim.kill()
     killed_at = time.monotonic()
     first_processed_s = markers.processed_again_after(
-        killed_at, survivors[0], FAILOVER_LIMIT_S, f"{survivors[0].log_tail()}\n{survivors[1].log_tail()}")
+        killed_at, survivors[0], FAILOVER_LIMIT_S, f"{survivors[0].log_tail()}\n{survivors[1].log_tail()}"
+    )
     print(f"\nfailover: the killed instance's partitions processed again {first_processed_s:.2f}s after SIGKILL")
 
     feeder.join(120)
@@ -219,8 +222,11 @@ def test_a_killed_instances_partitions_are_processed_again_within_seconds(
     expected = {**history.expected, **markers.expected()}
     assert_tallies_settle(survivors[0], expected)
     assert all_tallies(survivors[1], limit=100) == expected
-    wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,
-             message="program-tallies to hold the exact tallies")
+    wait_for(
+        lambda: latest_published(tally_topics["tallies"]) == expected,
+        timeout=60,
+        message="program-tallies to hold the exact tallies",
+    )
     # The survivor with the lower URL removed the victim's member; the other one did not need to.
     removals = [p.log_path.read_text(errors="replace").count(REMOVED) for p in survivors]
     assert sum(removals) >= 1 and max(removals) == 1, removals  # a backup acts only if the first has not
@@ -233,7 +239,7 @@ SCALE_IN_GRACE_S = 4.0
 
 
 def test_a_stopped_instance_that_does_not_come_back_is_removed_after_the_restart_grace(
-    start_tallies: Any, tally_topics: dict[str, str],
+    start_tallies: Any, tally_topics: dict[str, str]
 ) -> None:
     """Scale-in: an instance stopped with SIGTERM announces a restart, and its peers leave its
     member alone for the restart grace; when it has not come back by then, its partitions move to
@@ -250,10 +256,12 @@ def test_a_stopped_instance_that_does_not_come_back_is_removed_after_the_restart
     leaving.stop()
     assert "peers this instance is restarting" in leaving.log_path.read_text(errors="replace")
     processed_s = markers.processed_again_after(
-        stopped_at, survivors[0], SCALE_IN_GRACE_S + FAILOVER_LIMIT_S,
-        f"{survivors[0].log_tail()}\n{survivors[1].log_tail()}")
-    print(f"\nscale-in: the stopped instance's partitions processed again {processed_s:.2f}s after SIGTERM "
-          f"(restart grace {SCALE_IN_GRACE_S:g}s)")
+        stopped_at, survivors[0], SCALE_IN_GRACE_S + FAILOVER_LIMIT_S, f"{survivors[0].log_tail()}\n{survivors[1].log_tail()}"
+    )
+    print(
+        f"\nscale-in: the stopped instance's partitions processed again {processed_s:.2f}s after SIGTERM "
+        f"(restart grace {SCALE_IN_GRACE_S:g}s)"
+    )
     assert processed_s >= SCALE_IN_GRACE_S - 0.5  # spared for the grace, as a restart would be
 
     feeder.join(120)
@@ -266,22 +274,26 @@ def test_a_stopped_instance_that_does_not_come_back_is_removed_after_the_restart
     assert sum(metric(p, "statefleet_peer_restarts_announced_total") for p in survivors) == 2
 
 
-@pytest.mark.parametrize("removed,mid_commit", [
-    (False, False),
-    # Removed while stopped: it rejoins and restores what the others wrote meanwhile, right as
-    # the reads below begin. Until its recovery is done it answers no list as the owner, its
-    # in-memory counts answer nothing, and its copy is as fresh as its least restored table
-    # (a tally reads memberships and last-logins); then it must be ready again.
-    (True, False),
-    # Stopped (by itself, STATEFLEET_STOP_AT) in the middle of a batch's commit, its outputs
-    # acknowledged and its rows not yet sent to the changelog, then removed: the next owner
-    # takes the partition over and writes the same rows and more; the stopped batch's rows,
-    # computed before, must not land after those (a restore of the changelog, here when the
-    # partition is handed back, would take them as the latest).
-    (True, True),
-], ids=["kept", "removed-while-stopped", "removed-mid-commit"])
+@pytest.mark.parametrize(
+    "removed,mid_commit",
+    [
+        (False, False),
+        # Removed while stopped: it rejoins and restores what the others wrote meanwhile, right as
+        # the reads below begin. Until its recovery is done it answers no list as the owner, its
+        # in-memory counts answer nothing, and its copy is as fresh as its least restored table
+        # (a tally reads memberships and last-logins); then it must be ready again.
+        (True, False),
+        # Stopped (by itself, STATEFLEET_STOP_AT) in the middle of a batch's commit, its outputs
+        # acknowledged and its rows not yet sent to the changelog, then removed: the next owner
+        # takes the partition over and writes the same rows and more; the stopped batch's rows,
+        # computed before, must not land after those (a restore of the changelog, here when the
+        # partition is handed back, would take them as the latest).
+        (True, True),
+    ],
+    ids=["kept", "removed-while-stopped", "removed-mid-commit"],
+)
 def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
-    start_tallies: Any, tally_topics: dict[str, str], prefix: str, removed: bool, mid_commit: bool,
+    start_tallies: Any, tally_topics: dict[str, str], prefix: str, removed: bool, mid_commit: bool
 ) -> None:
     """Stopped, the instance still accepts connections (the kernel does), so its peers do not
     count it gone and its member stays. The other cases remove the member while it is stopped,
@@ -302,8 +314,12 @@ def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
     prober.start()
     if mid_commit:
         pid = stalled.proc.pid
-        wait_for(lambda: process_state(pid) == "T", timeout=30, interval=0.05,
-                 message="the instance to stop itself in the middle of a commit")
+        wait_for(
+            lambda: process_state(pid) == "T",
+            timeout=30,
+            interval=0.05,
+            message="the instance to stop itself in the middle of a commit",
+        )
     else:
         time.sleep(2.0)
         stalled.proc.send_signal(signal.SIGSTOP)
@@ -318,15 +334,17 @@ def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
     feeder.join(120)
     assert not feeder.is_alive()
     prober.stop()
-    assert not prober.failed, f"{len(prober.failed)} of {prober.answered + len(prober.failed)} reads failed: " \
-        f"{prober.failed[:5]}"
+    assert not prober.failed, f"{len(prober.failed)} of {prober.answered + len(prober.failed)} reads failed: {prober.failed[:5]}"
     assert prober.answered > 0
 
     expected = history.expected
     for proc in fleet.values():
         assert_tallies_settle(proc, expected)
-    wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,
-             message="program-tallies to hold the exact tallies")
+    wait_for(
+        lambda: latest_published(tally_topics["tallies"]) == expected,
+        timeout=60,
+        message="program-tallies to hold the exact tallies",
+    )
     # A row of a batch cut off by the stop, sent after the next owner's rows, would show as a
     # membership going back to an older version: a restore (of any instance) would take it.
     assert not membership_rows_gone_back(f"{prefix}statefleet-tallies-memberships-changelog")
@@ -335,13 +353,16 @@ def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
     # Reads above may be answered from copies: the stopped instance must also be back at work,
     # its recovery done and its partitions processed again.
     assert_all_ready(fleet)
-    print(f"\nstall ({'removed by the test' if removed else 'kept'}{', mid-commit' if mid_commit else ''}): "
-          f"exact after {STALL_S:.0f}s stopped")
+    print(
+        f"\nstall ({'removed by the test' if removed else 'kept'}{', mid-commit' if mid_commit else ''}): "
+        f"exact after {STALL_S:.0f}s stopped"
+    )
 
 
 def assert_all_ready(fleet: dict[str, ServiceProcess], timeout: float = 60) -> None:
     """Every instance ready (its table recovery done, no rebalance under way); otherwise the
     ones that are not write their threads' and tasks' stacks to their logs (SIGUSR1)."""
+
     def ready(proc: ServiceProcess) -> bool:
         view = instance_view(proc)
         return bool(view["ready"]) and not view["rebalancing"]
@@ -366,25 +387,31 @@ def rebalances(proc: ServiceProcess) -> int:
     return proc.log_path.read_text(errors="replace").count("Executing _on_partitions_assigned")
 
 
-def test_a_batch_longer_than_the_session_timeout_starves_no_heartbeat(
-    start_tallies: Any, tally_topics: dict[str, str],
-) -> None:
+def test_a_batch_longer_than_the_session_timeout_starves_no_heartbeat(start_tallies: Any, tally_topics: dict[str, str]) -> None:
     """One instance's event loop is kept busy on the CPU for 12 s in a batch, with a session
     timeout of 6 s: its heartbeats go on from the consumer thread, its peers' probes connect
     (slow, not gone), so no member is removed and no rebalance happens; tallies stay exact."""
     history = history_for_feeding()
     short = {"STATEFLEET_SESSION_TIMEOUT_S": "6"}
-    fleet = start_fleet(start_tallies, tally_topics["events"], env={
-        "a": short, "b": {**short, "STATEFLEET_BLOCK_AT": "20:12"}, "c": short,
-    })
+    fleet = start_fleet(
+        start_tallies, tally_topics["events"], env={"a": short, "b": {**short, "STATEFLEET_BLOCK_AT": "20:12"}, "c": short}
+    )
     feeder = Feeder(history, tally_topics, pause_s=0.6)
     feeder.start()
     blocked = fleet["b"]
-    wait_for(lambda: "blocking this worker's event loop" in blocked.log_path.read_text(errors="replace"),
-             timeout=30, interval=0.1, message="the batch that blocks")
+    wait_for(
+        lambda: "blocking this worker's event loop" in blocked.log_path.read_text(errors="replace"),
+        timeout=30,
+        interval=0.1,
+        message="the batch that blocks",
+    )
     before = {name: rebalances(p) for name, p in fleet.items()}
-    wait_for(lambda: "STATEFLEET_BLOCK_AT: unblocked" in blocked.log_path.read_text(errors="replace"),
-             timeout=60, interval=0.2, message="the blocked batch to end")
+    wait_for(
+        lambda: "STATEFLEET_BLOCK_AT: unblocked" in blocked.log_path.read_text(errors="replace"),
+        timeout=60,
+        interval=0.2,
+        message="the blocked batch to end",
+    )
     feeder.join(120)
     assert not feeder.is_alive()
 

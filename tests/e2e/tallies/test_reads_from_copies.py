@@ -66,8 +66,10 @@ class Reader:
                     self.answered += 1
                     if resp.status_code != 200 or resp.json() != tally:
                         self.failed.append(f"{proc.url} {program}: {resp.status_code} {resp.text[:200]} {dict(resp.headers)}")
-                    elif resp.headers.get(SOURCE) not in ("active", "standby", "restoring") or not resp.headers.get(
-                        LAG, "").isdigit():
+                    elif (
+                        resp.headers.get(SOURCE) not in ("active", "standby", "restoring")
+                        or not resp.headers.get(LAG, "").isdigit()
+                    ):
                         self.failed.append(f"{proc.url} {program}: headers {dict(resp.headers)}")
                     else:
                         self.sources[resp.headers[SOURCE]] += 1
@@ -89,7 +91,7 @@ def fleet_env(request: pytest.FixtureRequest) -> dict[str, str]:
 
 @pytest.fixture
 def settled_fleet(
-    start_tallies: Any, tally_topics: dict[str, str], fleet_env: dict[str, str],
+    start_tallies: Any, tally_topics: dict[str, str], fleet_env: dict[str, str]
 ) -> tuple[dict[str, ServiceProcess], dict[str, Any]]:
     history = generate(programs=40, accounts_per_program=12, seed=17, logins_per_program=4)
     procs = {n: start_tallies(n, **fleet_env) for n in ("a", "b", "c")}
@@ -103,13 +105,13 @@ def settled_fleet(
 #: The dead owner's partitions stay unassigned (no peer watch, the default 45 s session timeout),
 #: so the reads of them are answered from copies the whole time. Under exactly_once each
 #: changelog ends with a commit marker, which an up-to-date copy must not count as lag.
-@pytest.mark.parametrize("fleet_env", [
-    {"STATEFLEET_PEER_WATCH": "false"},
-    {"STATEFLEET_PEER_WATCH": "false", "STATEFLEET_PROCESSING_GUARANTEE": "exactly_once"},
-], indirect=True, ids=["at_least_once", "exactly_once"])
-def test_owner_sigkilled_every_key_answered_from_a_copy(
-    settled_fleet: tuple[dict[str, ServiceProcess], dict[str, Any]],
-) -> None:
+@pytest.mark.parametrize(
+    "fleet_env",
+    [{"STATEFLEET_PEER_WATCH": "false"}, {"STATEFLEET_PEER_WATCH": "false", "STATEFLEET_PROCESSING_GUARANTEE": "exactly_once"}],
+    indirect=True,
+    ids=["at_least_once", "exactly_once"],
+)
+def test_owner_sigkilled_every_key_answered_from_a_copy(settled_fleet: tuple[dict[str, ServiceProcess], dict[str, Any]]) -> None:
     procs, expected = settled_fleet
     with httpx.Client(timeout=10) as http:
         owners = {p: read_tally(http, procs["b"], p).headers["x-statefleet-served-by"] for p in expected}
@@ -142,7 +144,7 @@ def test_owner_sigkilled_every_key_answered_from_a_copy(
 
 
 def test_rolling_restart_fails_no_read(
-    settled_fleet: tuple[dict[str, ServiceProcess], dict[str, Any]], start_tallies: Any, fleet_env: dict[str, str],
+    settled_fleet: tuple[dict[str, ServiceProcess], dict[str, Any]], start_tallies: Any, fleet_env: dict[str, str]
 ) -> None:
     procs, expected = settled_fleet
     for name in ("a", "b", "c"):

@@ -23,9 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 FLEET_ENV = {"STATEFLEET_CONSUMER_MAX_POLL_RECORDS": "300", "STATEFLEET_SESSION_TIMEOUT_S": "6"}
 
 
-def test_instances_added_and_killed_mid_stream_keep_exact_tallies(
-    start_tallies: Any, tally_topics: dict[str, str],
-) -> None:
+def test_instances_added_and_killed_mid_stream_keep_exact_tallies(start_tallies: Any, tally_topics: dict[str, str]) -> None:
     history = generate(programs=40, accounts_per_program=150, seed=41, logins_per_program=30)
     stream = [("events", k, v) for k, v in history.events] + [("logins", k, v) for k, v in history.logins]
     stream.sort(key=lambda r: hash(r[1]) % 7)  # logins among the events; each account's events keep their order
@@ -33,7 +31,7 @@ def test_instances_added_and_killed_mid_stream_keep_exact_tallies(
 
     def feed() -> None:  # input keeps arriving across the membership changes (about 13 s)
         for n in range(0, len(stream), 400):
-            part = stream[n:n + 400]
+            part = stream[n : n + 400]
             for kind in ("events", "logins"):
                 records = [(k, v) for t, k, v in part if t == kind]
                 if records:
@@ -55,5 +53,8 @@ def test_instances_added_and_killed_mid_stream_keep_exact_tallies(
     assert_tallies_settle(survivor, expected)
     for proc in instances.values():  # every live instance answers every program alike
         assert all_tallies(proc, limit=100) == expected
-    wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,
-             message="program-tallies to hold the exact tallies")
+    wait_for(
+        lambda: latest_published(tally_topics["tallies"]) == expected,
+        timeout=60,
+        message="program-tallies to hold the exact tallies",
+    )

@@ -28,12 +28,7 @@ import orjson
 import pytest
 
 from shared import dead_letters as dl
-from tests.e2e.tallies.test_tallies_e2e import (
-    all_tallies,
-    latest_published,
-    repeated_tallies,
-    wait_all_input_consumed,
-)
+from tests.e2e.tallies.test_tallies_e2e import all_tallies, latest_published, repeated_tallies, wait_all_input_consumed
 from tests.support.accounts import generate
 from tests.support.kafka import create_topics, produce
 from tests.support.services import ServiceProcess, wait_for
@@ -62,7 +57,7 @@ def via_retry(key: str) -> bool:
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_sigkill_mid_stream_keeps_exact_tallies(
-    start_tallies: Any, tally_topics: dict[str, str], service_env: dict[str, str], prefix: str, guarantee: str,
+    start_tallies: Any, tally_topics: dict[str, str], service_env: dict[str, str], prefix: str, guarantee: str
 ) -> None:
     history = generate(PROGRAMS, ACCOUNTS_PER_PROGRAM, seed=17, logins_per_program=LOGINS_PER_PROGRAM)
     retry_topic = f"{prefix}retry-tallies"
@@ -92,13 +87,12 @@ def test_sigkill_mid_stream_keeps_exact_tallies(
     # One burst at the start, one after each kill (sent before the restart), and a last one
     # once the last restart is up: input keeps coming, as it does in production.
     parts = len(KILLS) + 2
-    bursts = [stream[i * len(stream) // parts:(i + 1) * len(stream) // parts] for i in range(parts)]
+    bursts = [stream[i * len(stream) // parts : (i + 1) * len(stream) // parts] for i in range(parts)]
     proc: ServiceProcess = start_tallies("k", STATEFLEET_PROCESSING_GUARANTEE=guarantee)
     send(bursts[0])
     for (progress, wipe), burst in zip(KILLS, bursts[1:-1], strict=True):
         if progress is not None:
-            wait_for(lambda p=proc, n=progress: applied(p) >= n, timeout=90, interval=0.05,
-                     message="the worker to apply input")
+            wait_for(lambda p=proc, n=progress: applied(p) >= n, timeout=90, interval=0.05, message="the worker to apply input")
         else:
             time.sleep(1.0)
         proc.kill()
@@ -119,16 +113,24 @@ def test_sigkill_mid_stream_keeps_exact_tallies(
         time.sleep(0.5)
     wait_all_input_consumed(proc)  # anything still to come would be a violation
     diff = wrong()
-    missing = {field: sum(e[field] - (g or {}).get(field, 0) for g, e in diff.values() if e)
-               for field in ("numberActive", "numberInactive")}
-    assert not diff, f"{len(diff)} of {len(expected)} tallies wrong (expected minus actual: {missing}): " \
-                     f"{sorted(diff.items())[:3]}"
-    wait_for(lambda: latest_published(tally_topics["tallies"]) == expected, timeout=60,
-             message="program-tallies to hold the exact tallies")
+    missing = {
+        field: sum(e[field] - (g or {}).get(field, 0) for g, e in diff.values() if e)
+        for field in ("numberActive", "numberInactive")
+    }
+    assert not diff, (
+        f"{len(diff)} of {len(expected)} tallies wrong (expected minus actual: {missing}): {sorted(diff.items())[:3]}"
+    )
+    wait_for(
+        lambda: latest_published(tally_topics["tallies"]) == expected,
+        timeout=60,
+        message="program-tallies to hold the exact tallies",
+    )
     if guarantee == "exactly_once":
         assert latest_published(tally_topics["tallies"], isolation_level="read_committed") == expected
         repeats = repeated_tallies(tally_topics["tallies"])
         assert repeats == [], f"{len(repeats)} tallies published twice in a row, e.g. {repeats[:3]}"
     deletes = sum(1 for _, v in history.events if orjson.loads(v)["type"] == "AccountDeleted")
-    print(f"{len(stream)} input records ({len(history.events)} events, {deletes} deletes, "
-          f"{len(history.logins)} logins), {sum(via_retry(k) for _, k, _ in stream)} via {retry_topic}")
+    print(
+        f"{len(stream)} input records ({len(history.events)} events, {deletes} deletes, "
+        f"{len(history.logins)} logins), {sum(via_retry(k) for _, k, _ in stream)} via {retry_topic}"
+    )

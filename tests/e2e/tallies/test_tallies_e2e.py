@@ -51,8 +51,9 @@ def wait_all_input_consumed(proc: ServiceProcess, timeout: float = 60) -> None:
     internal topic: each one has been applied (a batch's offsets are committed after its rows)."""
     prefix = proc.env["STATEFLEET_TOPIC_PREFIX"]
     inputs = [f"{prefix}{name}" for name in ("account-events", "logins", "retry-tallies", "statefleet-tallies-by-program")]
-    wait_for(lambda: unconsumed(f"{prefix}statefleet-tallies", inputs) == 0, timeout=timeout,
-             message="every input record consumed")
+    wait_for(
+        lambda: unconsumed(f"{prefix}statefleet-tallies", inputs) == 0, timeout=timeout, message="every input record consumed"
+    )
 
 
 def assert_tallies_settle(proc: ServiceProcess, expected: dict[str, dict[str, Any]], timeout: float = 120) -> None:
@@ -115,11 +116,15 @@ def test_exact_tallies_api_topic_and_dead_letters(start_tallies, tally_topics) -
         bad = httpx.get(f"{proc.url}/tallies", params={"cursor": cursor}, timeout=5)
         assert bad.status_code == 400 and bad.json()["error"] == "invalid_cursor"
 
-    wait_for(lambda: latest_published(tally_topics["tallies"]) == history.expected, timeout=30,
-             message="program-tallies to hold the latest tallies")
+    wait_for(
+        lambda: latest_published(tally_topics["tallies"]) == history.expected,
+        timeout=30,
+        message="program-tallies to hold the latest tallies",
+    )
 
-    letters = wait_for(lambda: (r := read_all(tally_topics["dead_letters"])) and len(r) >= 3 and r, timeout=30,
-                       message="three dead letters")
+    letters = wait_for(
+        lambda: (r := read_all(tally_topics["dead_letters"])) and len(r) >= 3 and r, timeout=30, message="three dead letters"
+    )
     assert len(letters) == 3
     by_key = {r.key: dict(r.headers) for r in letters}
     assert set(by_key) == {b"bad-1", b"bad-2", b"bad-3"}
@@ -136,11 +141,14 @@ def test_a_malformed_account_event_is_dead_lettered_and_never_counted(start_tall
     300-character account id) are dead letters here too, and count in no tally."""
     program = "prog-malformed-events"
     untimed = {k: v for k, v in event("bad-untimed", program, "AccountCreated", 1).items() if k != "occurred_at"}
-    produce(tally_topics["events"], [
-        ("bad-untimed", orjson.dumps(untimed)),
-        ("bad-long", orjson.dumps(event("L" * 300, program, "AccountCreated", 1))),
-        ("fine", orjson.dumps(event("fine", program, "AccountCreated", 1))),
-    ])
+    produce(
+        tally_topics["events"],
+        [
+            ("bad-untimed", orjson.dumps(untimed)),
+            ("bad-long", orjson.dumps(event("L" * 300, program, "AccountCreated", 1))),
+            ("fine", orjson.dumps(event("fine", program, "AccountCreated", 1))),
+        ],
+    )
     proc = start_tallies()
 
     def letters() -> dict[bytes | None, dict[str, bytes]] | None:
@@ -161,9 +169,10 @@ def test_a_malformed_account_event_is_dead_lettered_and_never_counted(start_tall
 def test_program_ids_with_slashes_and_url_characters_read_back(start_tallies, tally_topics) -> None:  # type: ignore[no-untyped-def]
     programs = ["a/b", "/lead", "trail/", "x/y/z", "pct%2Fenc", "q?x=1#frag", "line\nbreak"]
     proc = start_tallies()
-    produce(tally_topics["events"], [
-        (f"acct-{i}", orjson.dumps(event(f"acct-{i}", program, "AccountCreated", 1))) for i, program in enumerate(programs)
-    ])
+    produce(
+        tally_topics["events"],
+        [(f"acct-{i}", orjson.dumps(event(f"acct-{i}", program, "AccountCreated", 1))) for i, program in enumerate(programs)],
+    )
     wait_for(lambda: len(all_tallies(proc)) == len(programs), timeout=30, message="every tally")
     for program in programs:
         for safe in ("/", ""):  # raw slashes and %2F
@@ -174,7 +183,7 @@ def test_program_ids_with_slashes_and_url_characters_read_back(start_tallies, ta
 
 @pytest.mark.parametrize("bulk_restore", [True, False], ids=["bulk-restore", "faust-recovery"])
 def test_replayed_input_and_restore_from_changelog_keep_tallies(  # type: ignore[no-untyped-def]
-    start_tallies, tally_topics, tmp_path: Path, bulk_restore: bool,
+    start_tallies, tally_topics, tmp_path: Path, bulk_restore: bool
 ) -> None:
     history = generate(programs=6, accounts_per_program=20, seed=5)
     proc = start_tallies()
@@ -187,8 +196,10 @@ def test_replayed_input_and_restore_from_changelog_keep_tallies(  # type: ignore
     produce(tally_topics["logins"], history.logins)
     marker = ("marker-acct", orjson.dumps(event("marker-acct", "marker-program", "AccountCreated", 1)))
     produce(tally_topics["events"], [marker])
-    expected = {**history.expected, "marker-program": {
-        "program_id": "marker-program", "numberActive": 1, "numberInactive": 0, "lastLogin": None}}
+    expected = {
+        **history.expected,
+        "marker-program": {"program_id": "marker-program", "numberActive": 1, "numberInactive": 0, "lastLogin": None},
+    }
     wait_tallies(proc, expected)
 
     # Restart with the data dir kept. The bulk restore takes any lag at all (min lag 1)
@@ -260,8 +271,7 @@ def test_input_skipped_at_the_end_of_a_partition_is_read_again(start_tallies, ta
             sent = await (await producer.send(topic, marker, key=b"late-acct"))
         finally:
             await producer.stop()
-        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, group_id=f"{prefix}statefleet-tallies",
-                                    enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, group_id=f"{prefix}statefleet-tallies", enable_auto_commit=False)
         await consumer.start()
         try:
             tp = TopicPartition(topic, sent.partition)
@@ -273,8 +283,9 @@ def test_input_skipped_at_the_end_of_a_partition_is_read_again(start_tallies, ta
 
     partition, offset = asyncio.run(skip_past(tally_topics["events"]))
     restarted = start_tallies(**settings)
-    expected = {**history.expected, "late-program": {
-        "program_id": "late-program", "numberActive": 1, "numberInactive": 0, "lastLogin": None}}
+    expected = {
+        **history.expected,
+        "late-program": {"program_id": "late-program", "numberActive": 1, "numberInactive": 0, "lastLogin": None},
+    }
     wait_tallies(restarted, expected, timeout=30)
-    assert (f"skipped {tally_topics['events']}[{partition}] offsets {offset}..{offset}"
-            in restarted.log_path.read_text())
+    assert f"skipped {tally_topics['events']}[{partition}] offsets {offset}..{offset}" in restarted.log_path.read_text()

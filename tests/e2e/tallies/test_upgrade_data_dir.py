@@ -34,8 +34,12 @@ def to_earlier_layout(db_path: Path) -> int:
     families = Rdict.list_cf(str(db_path), Options(raw_mode=True))
     if ENGINE_FAMILY not in families:
         return 0
-    db = Rdict(str(db_path), options=Options(raw_mode=True), access_type=AccessType.read_write(),
-               column_families={name: Options(raw_mode=True) for name in families if name != "default"})
+    db = Rdict(
+        str(db_path),
+        options=Options(raw_mode=True),
+        access_type=AccessType.read_write(),
+        column_families={name: Options(raw_mode=True) for name in families if name != "default"},
+    )
     try:
         engine = db.get_column_family(ENGINE_FAMILY)
         rows = list(engine.items())
@@ -49,7 +53,7 @@ def to_earlier_layout(db_path: Path) -> int:
 
 
 def test_a_data_dir_of_the_earlier_layout_is_migrated_and_resumed_from(
-    start_tallies: Any, tally_topics: dict[str, str], service_env: dict[str, str],
+    start_tallies: Any, tally_topics: dict[str, str], service_env: dict[str, str]
 ) -> None:
     history = generate(8, 150, seed=23, logins_per_program=20)
     half = len(history.events) // 2
@@ -75,4 +79,3 @@ def test_a_data_dir_of_the_earlier_layout_is_migrated_and_resumed_from(
     # Its offsets came along: nothing of the changelogs it had applied was read again.
     assert "partitions lag their changelogs" not in log
     assert all(ENGINE_FAMILY in Rdict.list_cf(str(path), Options(raw_mode=True)) for path in databases)
-

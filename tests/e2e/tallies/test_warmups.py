@@ -35,9 +35,7 @@ def owned_changelog_partitions(proc: ServiceProcess) -> set[int]:
     return {p for topic, parts in body["active"].items() if topic.endswith("memberships-changelog") for p in parts}
 
 
-def test_a_new_instance_warms_up_before_it_takes_partitions_over(
-    start_tallies: Any, tally_topics: dict[str, str],
-) -> None:
+def test_a_new_instance_warms_up_before_it_takes_partitions_over(start_tallies: Any, tally_topics: dict[str, str]) -> None:
     history = generate(programs=40, accounts_per_program=12, seed=29, logins_per_program=4)
     procs = [start_tallies(n, **ENV) for n in ("a", "b")]
     produce(tally_topics["events"], history.events)
@@ -52,10 +50,17 @@ def test_a_new_instance_warms_up_before_it_takes_partitions_over(
     assert not reader.failed, f"{len(reader.failed)} reads failed: {reader.failed[:5]}"
 
     logs = "".join(p.log_path.read_text(errors="replace") for p in [*procs, newcomer])
-    warmed = {int(p) for found in re.findall(
-        rf"{re.escape(newcomer.url)} warms up \S+memberships-changelog \[([\d, ]+)\]", logs) for p in found.split(", ")}
-    moved = {int(p) for p in re.findall(
-        rf"memberships-changelog\[(\d+)\] moves from \S+ to {re.escape(newcomer.url)}, which holds a caught-up copy", logs)}
+    warmed = {
+        int(p)
+        for found in re.findall(rf"{re.escape(newcomer.url)} warms up \S+memberships-changelog \[([\d, ]+)\]", logs)
+        for p in found.split(", ")
+    }
+    moved = {
+        int(p)
+        for p in re.findall(
+            rf"memberships-changelog\[(\d+)\] moves from \S+ to {re.escape(newcomer.url)}, which holds a caught-up copy", logs
+        )
+    }
     owned = owned_changelog_partitions(newcomer)
     assert warmed, "c was not given warm-up copies when it joined"
     assert owned, "c never took a partition over"

@@ -25,14 +25,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 @pytest.mark.parametrize("step", ["handled", "sent", "logged"])
 def test_sigkill_at_each_commit_step_leaves_each_event_once(
-    step: str, guarantee: str, service_env: dict[str, str], prefix: str, tmp_path: Path,
+    step: str, guarantee: str, service_env: dict[str, str], prefix: str, tmp_path: Path
 ) -> None:
     stream = commands_in_order()
     half = len(stream) // 2
     create_topics([f"{prefix}account-commands"])  # as the validator creates it: 8 partitions
     produce(f"{prefix}account-commands", stream[:half])
-    env = {**service_env, "STATEFLEET_INSTANCE_ID": "c", "STATEFLEET_CONSUMER_MAX_POLL_RECORDS": "200",
-           "STATEFLEET_PROCESSING_GUARANTEE": guarantee}
+    env = {
+        **service_env,
+        "STATEFLEET_INSTANCE_ID": "c",
+        "STATEFLEET_CONSUMER_MAX_POLL_RECORDS": "200",
+        "STATEFLEET_PROCESSING_GUARANTEE": guarantee,
+    }
     port = free_port()
     run_until_killed("validator", env, tmp_path / "validator-1.log", port, f"{step}:3")
     produce(f"{prefix}account-commands", stream[half:])
@@ -53,9 +57,9 @@ def assert_exactly_once(prefix: str, proc: ServiceProcess) -> None:
     record once, and each command's final outcome record once."""
     events, by_id = assert_each_event_once(prefix, proc, isolation_level="read_committed")
     assert len(events) == len(by_id), f"{len(events) - len(by_id)} repeated event records seen read_committed"
-    outcomes = [orjson.loads(r.body) for r in read_all(
-        f"{prefix}statefleet-validator-outcomes", isolation_level="read_committed",
-    )]
+    outcomes = [
+        orjson.loads(r.body) for r in read_all(f"{prefix}statefleet-validator-outcomes", isolation_level="read_committed")
+    ]
     final = Counter(o["command_id"] for o in outcomes if o.get("status") != "pending" and not is_end_marker(o["command_id"]))
     assert len(final) == len(by_id), "every command has a final outcome"
     repeated = {command: n for command, n in final.items() if n > 1}

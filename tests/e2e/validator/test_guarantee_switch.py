@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_a_rolling_switch_of_the_guarantee_and_back_keeps_each_event_once(
-    start_validator: Callable[..., ServiceProcess], prefix: str,
+    start_validator: Callable[..., ServiceProcess], prefix: str
 ) -> None:
     stream = commands_in_order()
     third = len(stream) // 3
@@ -33,9 +33,9 @@ def test_a_rolling_switch_of_the_guarantee_and_back_keeps_each_event_once(
             running[name] = start_validator(name, STATEFLEET_PROCESSING_GUARANTEE=guarantee)
 
     roll("exactly_once")  # for a while one instance of each kind shares the group
-    produce(f"{prefix}account-commands", stream[third:2 * third])
+    produce(f"{prefix}account-commands", stream[third : 2 * third])
     roll("at_least_once")
-    produce(f"{prefix}account-commands", stream[2 * third:])
+    produce(f"{prefix}account-commands", stream[2 * third :])
     events, by_id = assert_each_event_once(prefix, running["a"], isolation_level="read_committed")
     # Graceful stops commit what they processed: nothing is processed twice.
     assert len(events) == len(by_id), f"{len(events) - len(by_id)} repeated event records"

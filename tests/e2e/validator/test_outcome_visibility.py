@@ -40,15 +40,23 @@ async def _events_then_reads(proc: ServiceProcess, bootstrap: str) -> tuple[int,
         # Straight onto the topic, as any producer may write: no "pending" record is written first.
         for i in range(COMMANDS):
             account_id = f"{run}-acct-{i}"
-            command: dict[str, object] = {"command_id": f"{run}-{i}", "type": "CreateAccount", "account_id": account_id,
-                                          "program_id": "visibility", "expected_version": None, "data": {}, "issued_at": 1}
+            command: dict[str, object] = {
+                "command_id": f"{run}-{i}",
+                "type": "CreateAccount",
+                "account_id": account_id,
+                "program_id": "visibility",
+                "expected_version": None,
+                "data": {},
+                "issued_at": 1,
+            }
             await producer.send(prefix + "account-commands", orjson.dumps(command), key=account_id.encode())
         await producer.flush()
 
         # A fetch can hand over thousands of events at once, each read at once: they queue for one
         # of the client's connections as long as it takes (no pool timeout), each answer within 15 s.
-        async with httpx.AsyncClient(base_url=proc.url, timeout=httpx.Timeout(15.0, pool=None),
-                                     limits=httpx.Limits(max_connections=50)) as http:
+        async with httpx.AsyncClient(
+            base_url=proc.url, timeout=httpx.Timeout(15.0, pool=None), limits=httpx.Limits(max_connections=50)
+        ) as http:
             deadline = time.monotonic() + 120
             while read < COMMANDS and time.monotonic() < deadline:
                 batch = await consumer.getmany(timeout_ms=200)
@@ -66,9 +74,7 @@ async def _events_then_reads(proc: ServiceProcess, bootstrap: str) -> tuple[int,
     return read, misses
 
 
-def test_an_outcome_is_readable_as_soon_as_its_event_is_visible(
-    shared_validator: ServiceProcess, kafka_bootstrap: str,
-) -> None:
+def test_an_outcome_is_readable_as_soon_as_its_event_is_visible(shared_validator: ServiceProcess, kafka_bootstrap: str) -> None:
     read, misses = asyncio.run(_events_then_reads(shared_validator, kafka_bootstrap))
     assert read == COMMANDS
     assert misses == []

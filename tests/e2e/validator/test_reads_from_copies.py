@@ -40,9 +40,12 @@ def test_owner_sigkilled_accounts_and_outcomes_answered_from_copies(start_valida
         def standby_caught_up() -> bool:
             # b's copies of a's partitions have applied every change (lag 0) once they are read from it
             return all(
-                http.get(f"{b.url}/accounts/acct-{n}", headers={"X-Statefleet-Read-Copy": "1"})
-                .headers.get("x-statefleet-lag-records") == "0"
-                for n, url in owners.items() if url == a.url
+                http.get(f"{b.url}/accounts/acct-{n}", headers={"X-Statefleet-Read-Copy": "1"}).headers.get(
+                    "x-statefleet-lag-records"
+                )
+                == "0"
+                for n, url in owners.items()
+                if url == a.url
             )
 
         wait_for(standby_caught_up, timeout=30, message="b's standby copies of a's partitions to catch up")

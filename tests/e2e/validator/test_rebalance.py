@@ -10,13 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.validator.test_validator_crash import (
-    ACCOUNTS,
-    STEPS,
-    RecordCount,
-    assert_each_event_once,
-    commands_in_order,
-)
+from tests.e2e.validator.test_validator_crash import ACCOUNTS, STEPS, RecordCount, assert_each_event_once, commands_in_order
 from tests.support.kafka import produce
 from tests.support.services import wait_for
 
@@ -31,7 +25,7 @@ def test_instances_added_and_killed_mid_stream_leave_each_event_once(start_valid
 
     def feed() -> None:  # commands keep arriving across the membership changes (about 12 s)
         for n in range(0, len(stream), 40):
-            produce(f"{prefix}account-commands", stream[n:n + 40])
+            produce(f"{prefix}account-commands", stream[n : n + 40])
             time.sleep(0.15)
 
     feeder = threading.Thread(target=feed, daemon=True)

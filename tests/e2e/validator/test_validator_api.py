@@ -46,8 +46,13 @@ def test_scripted_sequence_over_http(shared_validator: ServiceProcess) -> None:
     assert body["rejection"] is None and body["reason"] is None
     event = body["event"]
     assert {k: event[k] for k in event if k != "event_id"} == {
-        "command_id": f"{a}-1", "type": "AccountCreated", "account_id": a, "program_id": "prog-http",
-        "version": 1, "occurred_at": 1_700_000_000_001, "data": {"name": "Ann"},
+        "command_id": f"{a}-1",
+        "type": "AccountCreated",
+        "account_id": a,
+        "program_id": "prog-http",
+        "version": 1,
+        "occurred_at": 1_700_000_000_001,
+        "data": {"name": "Ann"},
     }
 
     steps = [
@@ -81,8 +86,10 @@ def test_scripted_sequence_over_http(shared_validator: ServiceProcess) -> None:
 
     events = [orjson.loads(r.body) for r in read_all(topic(v, "account-events")) if r.key == a.encode()]
     assert [(e["type"], e["version"], e["command_id"]) for e in events] == [
-        ("AccountCreated", 1, f"{a}-1"), ("AccountUpdated", 2, f"{a}-2"),
-        ("AccountDeactivated", 3, f"{a}-3"), ("AccountDeleted", 4, f"{a}-5"),
+        ("AccountCreated", 1, f"{a}-1"),
+        ("AccountUpdated", 2, f"{a}-2"),
+        ("AccountDeactivated", 3, f"{a}-3"),
+        ("AccountDeleted", 4, f"{a}-5"),
     ]
     assert [e["event_id"] for e in events] == [answers[f"{a}-{n}"]["event"]["event_id"] for n in (1, 2, 3, 5)]
     rejections = [orjson.loads(r.body) for r in read_all(topic(v, "account-rejections")) if r.key == a.encode()]
@@ -114,8 +121,16 @@ def test_program_listing_newest_first_with_pages_and_status(shared_validator: Se
     program = f"prog-{uuid.uuid4().hex[:8]}"
     ids = [f"{program}-a{i}" for i in range(7)]
     for i, a in enumerate(ids):
-        r = post(v, {"command_id": f"{a}-c", "type": "CreateAccount", "account_id": a, "program_id": program,
-                     "issued_at": 1_700_000_000_000 + i * 1000})
+        r = post(
+            v,
+            {
+                "command_id": f"{a}-c",
+                "type": "CreateAccount",
+                "account_id": a,
+                "program_id": program,
+                "issued_at": 1_700_000_000_000 + i * 1000,
+            },
+        )
         assert r.json()["status"] == "accepted"
     for command_id, type_, a, at in (("x1", "DeactivateAccount", ids[2], 0), ("x2", "DeleteAccount", ids[5], 1)):
         body = {"command_id": f"{program}-{command_id}", "type": type_, "account_id": a, "issued_at": 1_800_000_000_000 + at}
@@ -139,8 +154,14 @@ def test_program_listing_newest_first_with_pages_and_status(shared_validator: Se
 
     items = wait_for(settled, timeout=20, message="the listing caught up")
     assert [i["account_id"] for i in items] == list(reversed(ids))
-    assert items[0] == {"account_id": ids[6], "program_id": program, "status": "active", "version": 1,
-                        "created_at": 1_700_000_006_000, "updated_at": 1_700_000_006_000}
+    assert items[0] == {
+        "account_id": ids[6],
+        "program_id": program,
+        "status": "active",
+        "version": 1,
+        "created_at": 1_700_000_006_000,
+        "updated_at": 1_700_000_006_000,
+    }
     deleted = next(i for i in items if i["account_id"] == ids[5])
     assert deleted["version"] == 2 and deleted["updated_at"] == 1_800_000_000_001
     assert [i["account_id"] for i in listing(limit=2, status="active")] == [ids[6], ids[4], ids[3], ids[1], ids[0]]
@@ -148,32 +169,35 @@ def test_program_listing_newest_first_with_pages_and_status(shared_validator: Se
     assert get(v, "/programs/nobody-here/accounts").json() == {"items": [], "next_cursor": None}
 
 
-@pytest.mark.parametrize(("method", "path", "kwargs", "status"), [
-    ("POST", "/commands", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 422),
-    ("POST", "/commands", {"json": [1, 2]}, 422),
-    ("POST", "/commands", {"json": {"type": "Explode", "account_id": "a"}}, 422),
-    ("POST", "/commands", {"json": {"type": "UpdateAccount"}}, 422),
-    ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": 5}}, 422),
-    ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "expected_version": "1"}}, 422),
-    ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "expectedVersion": 1}}, 422),
-    ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "data": "x" * 1_000_000}}, 413),
-    ("POST", "/commands?wait=maybe", {"json": {"type": "UpdateAccount", "account_id": "a"}}, 422),
-    ("GET", "/commands/never-sent", {}, 404),
-    ("GET", "/commands/x?wait=-1", {}, 422),
-    ("GET", "/accounts/never-created", {}, 404),
-    ("GET", "/programs/p/accounts?cursor=%%%", {}, 400),
-    ("GET", "/programs/p/accounts?cursor=bm90LWEtY3Vyc29y", {}, 400),
-    ("GET", "/programs/p/accounts?limit=0", {}, 422),
-    ("GET", "/programs/p/accounts?status=sleepy", {}, 422),
-    ("DELETE", "/commands", {}, 405),
-    ("POST", "/commands/batch", {"json": {"batch_id": "b", "commands": []}}, 422),
-    ("POST", "/commands/batch", {"json": {"batch_id": "b", "commands": [{}] * 1001}}, 422),
-    ("POST", "/commands/batch", {"json": {"commands": [{}]}}, 422),
-    ("GET", "/batches/never-sent", {}, 404),
-    ("GET", "/batches/b?cursor=bm90LWEtY3Vyc29y", {}, 400),
-])
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status"),
+    [
+        ("POST", "/commands", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 422),
+        ("POST", "/commands", {"json": [1, 2]}, 422),
+        ("POST", "/commands", {"json": {"type": "Explode", "account_id": "a"}}, 422),
+        ("POST", "/commands", {"json": {"type": "UpdateAccount"}}, 422),
+        ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": 5}}, 422),
+        ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "expected_version": "1"}}, 422),
+        ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "expectedVersion": 1}}, 422),
+        ("POST", "/commands", {"json": {"type": "UpdateAccount", "account_id": "a", "data": "x" * 1_000_000}}, 413),
+        ("POST", "/commands?wait=maybe", {"json": {"type": "UpdateAccount", "account_id": "a"}}, 422),
+        ("GET", "/commands/never-sent", {}, 404),
+        ("GET", "/commands/x?wait=-1", {}, 422),
+        ("GET", "/accounts/never-created", {}, 404),
+        ("GET", "/programs/p/accounts?cursor=%%%", {}, 400),
+        ("GET", "/programs/p/accounts?cursor=bm90LWEtY3Vyc29y", {}, 400),
+        ("GET", "/programs/p/accounts?limit=0", {}, 422),
+        ("GET", "/programs/p/accounts?status=sleepy", {}, 422),
+        ("DELETE", "/commands", {}, 405),
+        ("POST", "/commands/batch", {"json": {"batch_id": "b", "commands": []}}, 422),
+        ("POST", "/commands/batch", {"json": {"batch_id": "b", "commands": [{}] * 1001}}, 422),
+        ("POST", "/commands/batch", {"json": {"commands": [{}]}}, 422),
+        ("GET", "/batches/never-sent", {}, 404),
+        ("GET", "/batches/b?cursor=bm90LWEtY3Vyc29y", {}, 400),
+    ],
+)
 def test_bad_input_gets_a_json_4xx(
-    shared_validator: ServiceProcess, method: str, path: str, kwargs: dict[str, Any], status: int,
+    shared_validator: ServiceProcess, method: str, path: str, kwargs: dict[str, Any], status: int
 ) -> None:
     r = httpx.request(method, shared_validator.url + path, timeout=10, **kwargs)
     assert r.status_code == status, r.text
@@ -219,31 +243,32 @@ def _unrepresentable(command_id: str) -> list[bytes]:
     """Bodies Python's JSON parser takes but no message can carry (orjson, UTF-8, 64-bit longs)."""
     head = f'"type":"ReactivateAccount","program_id":"0","account_id":"0","command_id":"{command_id}"'
     return [
-        ('{' + head + ',"issued_at":59539714981774057472,"data":{}}').encode(),
-        ('{' + head + ',"issued_at":-1}').encode(),
-        ('{' + head + ',"expected_version":9223372036854775808}').encode(),
-        ('{' + head + ',"data":{"n":[{"deep":18446744073709551616}]}}').encode(),
-        ('{' + head + ',"data":{"n":-9223372036854775809}}').encode(),
-        ('{' + head + ',"data":{"s":"\\ud800"}}').encode(),
-        ('{' + head + ',"data":{"\\udfff":1}}').encode(),
-        ('{' + head + ',"data":{"x":NaN}}').encode(),
-        ('{' + head + ',"data":{"x":1e400}}').encode(),
-        ('{' + head + ',"data":' + "[" * 100 + "]" * 100 + "}").encode(),
-        ('{' + head + ',"data":{"d":' + '{"a":' * 100 + "1" + "}" * 100 + "}}").encode(),
-        ('{' + head + ',"\\ud800":1}').encode(),
+        ("{" + head + ',"issued_at":59539714981774057472,"data":{}}').encode(),
+        ("{" + head + ',"issued_at":-1}').encode(),
+        ("{" + head + ',"expected_version":9223372036854775808}').encode(),
+        ("{" + head + ',"data":{"n":[{"deep":18446744073709551616}]}}').encode(),
+        ("{" + head + ',"data":{"n":-9223372036854775809}}').encode(),
+        ("{" + head + ',"data":{"s":"\\ud800"}}').encode(),
+        ("{" + head + ',"data":{"\\udfff":1}}').encode(),
+        ("{" + head + ',"data":{"x":NaN}}').encode(),
+        ("{" + head + ',"data":{"x":1e400}}').encode(),
+        ("{" + head + ',"data":' + "[" * 100 + "]" * 100 + "}").encode(),
+        ("{" + head + ',"data":{"d":' + '{"a":' * 100 + "1" + "}" * 100 + "}}").encode(),
+        ("{" + head + ',"\\ud800":1}').encode(),
     ]
 
 
 @pytest.mark.parametrize("case", range(len(_unrepresentable("x"))))
 @pytest.mark.parametrize("wait", [True, False])
-def test_unrepresentable_values_get_422_and_leave_nothing_behind(
-    shared_validator: ServiceProcess, case: int, wait: bool,
-) -> None:
+def test_unrepresentable_values_get_422_and_leave_nothing_behind(shared_validator: ServiceProcess, case: int, wait: bool) -> None:
     command_id = f"bad-{uuid.uuid4().hex[:8]}"
     body = _unrepresentable(command_id)[case]
     r = httpx.post(
-        shared_validator.url + "/commands", content=body, params={"wait": str(wait).lower()},
-        headers={"content-type": "application/json"}, timeout=15,
+        shared_validator.url + "/commands",
+        content=body,
+        params={"wait": str(wait).lower()},
+        headers={"content-type": "application/json"},
+        timeout=15,
     )
     assert r.status_code == 422, r.text
     assert r.json()["error"] == "invalid_request"
@@ -304,12 +329,17 @@ def test_command_outcomes_expire_after_the_retention_and_the_account_stays(start
         return get(proc, f"/commands/{a}-1").status_code == 404
 
     wait_for(expired, timeout=60, interval=0.5, message=f"the outcome of {a}-1 to expire")
-    wait_for(lambda: get(proc, f"/commands/{later[-1]}").json()["status"] == "accepted", timeout=15,
-             message="the latest command's outcome, younger than the retention")
+    wait_for(
+        lambda: get(proc, f"/commands/{later[-1]}").json()["status"] == "accepted",
+        timeout=15,
+        message="the latest command's outcome, younger than the retention",
+    )
     account = get(proc, f"/accounts/{a}").json()
     assert account["status"] == "active" and account["version"] == 1 + len(later)
     metrics = get(proc, "/metrics").text
-    assert any(line.startswith("statefleet_validator_outcomes_expired_total ") and float(line.split()[1]) >= 1
-               for line in metrics.splitlines())
+    assert any(
+        line.startswith("statefleet_validator_outcomes_expired_total ") and float(line.split()[1]) >= 1
+        for line in metrics.splitlines()
+    )
     # The table's own rows are not command ids.
     assert get(proc, "/commands/%00expires%00").status_code in (404, 422)

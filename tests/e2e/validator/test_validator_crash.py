@@ -87,7 +87,7 @@ class RecordCount:
 
 
 def test_sigkill_mid_stream_leaves_each_event_exactly_once_per_version(
-    start_validator: Any, service_env: dict[str, str], prefix: str,
+    start_validator: Any, service_env: dict[str, str], prefix: str
 ) -> None:
     commands_topic, events_topic = f"{prefix}account-commands", f"{prefix}account-events"
     proc = start_validator("k")
@@ -97,7 +97,7 @@ def test_sigkill_mid_stream_leaves_each_event_exactly_once_per_version(
         half = len(stream) // 2
         produce(commands_topic, stream[:half])
         for n in range(half, len(stream), 100):
-            produce(commands_topic, stream[n:n + 100])
+            produce(commands_topic, stream[n : n + 100])
             time.sleep(0.2)
 
     feeder = threading.Thread(target=feed, daemon=True)
@@ -109,8 +109,9 @@ def test_sigkill_mid_stream_leaves_each_event_exactly_once_per_version(
     # Kill at a quarter and at three quarters keeping the local RocksDB state; at half
     # losing it, so the restarted worker restores everything from the changelogs.
     for fraction, wipe in ((0.25, False), (0.5, True), (0.75, False)):
-        wait_for(lambda f=fraction: record_count() >= expected * f, timeout=60, interval=0.05,
-                 message=f"{fraction:.0%} of the events")
+        wait_for(
+            lambda f=fraction: record_count() >= expected * f, timeout=60, interval=0.05, message=f"{fraction:.0%} of the events"
+        )
         proc.kill()
         killed_at.append(record_count())
         if wipe:
@@ -121,8 +122,10 @@ def test_sigkill_mid_stream_leaves_each_event_exactly_once_per_version(
     record_count.close()
 
     events, by_id = assert_each_event_once(prefix, proc)
-    print(f"killed with {killed_at} records on {events_topic}; {len(events)} records, {len(by_id)} distinct events "
-          f"({len(events) - len(by_id)} replays dropped by event_id)")
+    print(
+        f"killed with {killed_at} records on {events_topic}; {len(events)} records, {len(by_id)} distinct events "
+        f"({len(events) - len(by_id)} replays dropped by event_id)"
+    )
 
 
 #: Partitions of ``account-commands`` (as the validator creates it).
@@ -144,15 +147,18 @@ def send_end_markers(commands_topic: str) -> set[str]:
     while len(markers) < COMMAND_PARTITIONS:
         account_id = f"{END_MARKER_PREFIX}{uuid.uuid4().hex[:8]}"
         markers.setdefault(partition_for(account_id, COMMAND_PARTITIONS), account_id)
-    produce(commands_topic, [
-        (a, orjson.dumps({"command_id": a, "account_id": a, "type": "CreateAccount", "program_id": "end"}))
-        for a in markers.values()
-    ])
+    produce(
+        commands_topic,
+        [
+            (a, orjson.dumps({"command_id": a, "account_id": a, "type": "CreateAccount", "program_id": "end"}))
+            for a in markers.values()
+        ],
+    )
     return set(markers.values())
 
 
 def assert_each_event_once(
-    prefix: str, proc: Any, accounts: int = ACCOUNTS, steps: int = STEPS, isolation_level: str = "read_uncommitted",
+    prefix: str, proc: Any, accounts: int = ACCOUNTS, steps: int = STEPS, isolation_level: str = "read_uncommitted"
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Once every command of :func:`commands_in_order` is decided: exactly one event per
     (account, version), in command order, no gaps, no rejection; returns every event record

@@ -51,8 +51,10 @@ def test_replays_change_the_answer_of_a_fold_without_the_version_check() -> None
 
 
 def test_the_output_check_reports_a_wrong_and_a_foreign_tally(kafka_bootstrap: str, prefix: str) -> None:
-    expected = {f"program-{i}": {"program_id": f"program-{i}", "numberActive": i, "numberInactive": 0, "lastLogin": None}
-                for i in range(5)}
+    expected = {
+        f"program-{i}": {"program_id": f"program-{i}", "numberActive": i, "numberInactive": 0, "lastLogin": None}
+        for i in range(5)
+    }
     topic = f"{prefix}program-tallies"
     create_topics([topic], partitions=runner.PARTITIONS)
     records = [(p.encode(), orjson.dumps(t)) for p, t in expected.items()]
@@ -83,7 +85,7 @@ def peers_built() -> None:
 
 @pytest.mark.slow
 def test_every_system_turns_the_same_input_into_exact_tallies(
-    kafka_bootstrap: str, peers_built: None, monkeypatch: pytest.MonkeyPatch,
+    kafka_bootstrap: str, peers_built: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("STATEFLEET_KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
     runs = runner.run_all(SMOKE)

@@ -79,15 +79,34 @@ class Scheduler:
 
 
 def letter_headers(
-    dlq_id: str, retry_topic: str, *, attempt: int = 1, origin: str = "orders", error: str = "Boom",
-    failed_at: int | None = None, extra: list[tuple[str, bytes]] | None = None,
+    dlq_id: str,
+    retry_topic: str,
+    *,
+    attempt: int = 1,
+    origin: str = "orders",
+    error: str = "Boom",
+    failed_at: int | None = None,
+    extra: list[tuple[str, bytes]] | None = None,
 ) -> list[tuple[str, bytes]]:
     at = failed_at if failed_at is not None else int(time.time() * 1000)
-    return [*(extra or []), *[(k, str(v).encode()) for k, v in {
-        dl.ID: dlq_id, dl.ORIGINAL_TOPIC: origin, dl.ORIGINAL_PARTITION: 0, dl.ORIGINAL_OFFSET: 7,
-        dl.RETRY_TOPIC: retry_topic, dl.ATTEMPT: attempt, dl.ERROR_CLASS: error, dl.ERROR_MESSAGE: "it broke",
-        dl.FIRST_FAILED_AT: at, dl.FAILED_AT: at,
-    }.items()]]
+    return [
+        *(extra or []),
+        *[
+            (k, str(v).encode())
+            for k, v in {
+                dl.ID: dlq_id,
+                dl.ORIGINAL_TOPIC: origin,
+                dl.ORIGINAL_PARTITION: 0,
+                dl.ORIGINAL_OFFSET: 7,
+                dl.RETRY_TOPIC: retry_topic,
+                dl.ATTEMPT: attempt,
+                dl.ERROR_CLASS: error,
+                dl.ERROR_MESSAGE: "it broke",
+                dl.FIRST_FAILED_AT: at,
+                dl.FAILED_AT: at,
+            }.items()
+        ],
+    ]
 
 
 def send_letter(s: Scheduler, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
@@ -129,7 +148,9 @@ def send_end_marker(s: Scheduler, key: bytes, dlq_id: str, retry_topic: str) -> 
 
 def start_scheduler(env: dict[str, str], log_dir: Path, instance: str = "a", port: int | None = None) -> ServiceProcess:
     proc = ServiceProcess(
-        "retry_scheduler", {**env, "STATEFLEET_INSTANCE_ID": instance},
-        log_dir / f"retry-scheduler-{instance}-{uuid.uuid4().hex[:4]}.log", port=port or free_port(),
+        "retry_scheduler",
+        {**env, "STATEFLEET_INSTANCE_ID": instance},
+        log_dir / f"retry-scheduler-{instance}-{uuid.uuid4().hex[:4]}.log",
+        port=port or free_port(),
     )
     return proc.start().wait_ready()

@@ -12,14 +12,7 @@ import httpx
 import pytest
 
 from shared import dead_letters as dl
-from tests.integration.retry_scheduler.helpers import (
-    TOKEN,
-    Scheduler,
-    letter_headers,
-    new_id,
-    records_for,
-    send_letter,
-)
+from tests.integration.retry_scheduler.helpers import TOKEN, Scheduler, letter_headers, new_id, records_for, send_letter
 from tests.support.services import wait_for
 
 pytestmark = pytest.mark.integration
@@ -31,8 +24,10 @@ LAST = 4
 def park(s: Scheduler, origin: str, error: str, retry_topic: str, n: int, *, message: str = "it broke") -> list[str]:
     ids = [new_id(f"{error}-{i}") for i in range(n)]
     for dlq_id in ids:
-        headers = [(k, message.encode() if k == dl.ERROR_MESSAGE else v)
-                   for k, v in letter_headers(dlq_id, retry_topic, attempt=LAST, origin=origin, error=error)]
+        headers = [
+            (k, message.encode() if k == dl.ERROR_MESSAGE else v)
+            for k, v in letter_headers(dlq_id, retry_topic, attempt=LAST, origin=origin, error=error)
+        ]
         send_letter(s, b"k-" + dlq_id.encode(), b"v", headers)
     wait_for(lambda: all(s.get(f"/parked/{i}").status_code == 200 for i in ids), timeout=20, message="parked")
     return ids
@@ -80,19 +75,25 @@ def test_a_dry_run_counts_and_changes_nothing(scheduler: Scheduler) -> None:
     assert group_action(scheduler, "cancel", origin_topic=origin, error_class="Other", dry_run="true").json()["matched"] == 0
     assert all(scheduler.get(f"/parked/{i}").status_code == 200 for i in ids)
     assert group_action(scheduler, "replay", token=None, origin_topic=origin, error_class="TimeoutError").status_code == 401
-    assert group_action(scheduler, "replay", token="wrong", origin_topic=origin, error_class="TimeoutError",
-                        dry_run="true").status_code == 401
+    assert (
+        group_action(
+            scheduler, "replay", token="wrong", origin_topic=origin, error_class="TimeoutError", dry_run="true"
+        ).status_code
+        == 401
+    )
 
 
-@pytest.mark.parametrize(("action", "params", "status"), [
-    ("replay", {"error_class": "E"}, 422),  # no origin topic
-    ("replay", {"origin_topic": "o"}, 422),  # no error class
-    ("replay", {"origin_topic": "o", "error_class": "E", "parked_from": 5, "parked_to": 4}, 422),
-    ("replay", {"origin_topic": "o", "error_class": "E", "parked_from": -1}, 422),
-    ("delete", {"origin_topic": "o", "error_class": "E"}, 422),
-])
-def test_bad_group_actions_get_a_4xx_json_error(scheduler: Scheduler, action: str, params: dict[str, Any],
-                                                status: int) -> None:
+@pytest.mark.parametrize(
+    ("action", "params", "status"),
+    [
+        ("replay", {"error_class": "E"}, 422),  # no origin topic
+        ("replay", {"origin_topic": "o"}, 422),  # no error class
+        ("replay", {"origin_topic": "o", "error_class": "E", "parked_from": 5, "parked_to": 4}, 422),
+        ("replay", {"origin_topic": "o", "error_class": "E", "parked_from": -1}, 422),
+        ("delete", {"origin_topic": "o", "error_class": "E"}, 422),
+    ],
+)
+def test_bad_group_actions_get_a_4xx_json_error(scheduler: Scheduler, action: str, params: dict[str, Any], status: int) -> None:
     r = group_action(scheduler, action, **params)
     assert r.status_code == status and "error" in r.json(), r.text
 
@@ -106,8 +107,7 @@ def test_a_group_within_a_time_range_is_cancelled_and_the_rest_stays(scheduler: 
     late = park(scheduler, origin, "TimeoutError", topic, 2)
     assert min(scheduler.get(f"/parked/{i}").json()["parked_at"] for i in late) > split
 
-    dry = group_action(scheduler, "cancel", origin_topic=origin, error_class="TimeoutError", parked_to=split,
-                       dry_run="true")
+    dry = group_action(scheduler, "cancel", origin_topic=origin, error_class="TimeoutError", parked_to=split, dry_run="true")
     assert dry.json()["matched"] == 2
     r = group_action(scheduler, "cancel", origin_topic=origin, error_class="TimeoutError", parked_to=split)
     assert r.status_code == 200, r.text

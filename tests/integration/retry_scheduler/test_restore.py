@@ -12,12 +12,7 @@ import httpx
 import pytest
 
 from shared import dead_letters as dl
-from tests.integration.retry_scheduler.helpers import (
-    letter_headers,
-    scheduler_env,
-    start_scheduler,
-    wait_for_a_tick_everywhere,
-)
+from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env, start_scheduler, wait_for_a_tick_everywhere
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import wait_for
 
@@ -25,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_restore_after_deleting_the_data_dir_brings_back_only_what_was_not_redelivered(
-    kafka_bootstrap: str, tmp_path: Path,
+    kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     prefix = f"t{uuid.uuid4().hex[:10]}."
     dead, retry = f"{prefix}dead-letters", f"{prefix}retry-restore"

@@ -72,8 +72,14 @@ def test_attempts_are_counted_across_a_failing_consumer_until_parked(scheduler: 
                 continue
             handled.add(r.offset)
             letter = dl.dead_letter_for(
-                r.key, r.value, list(r.headers), topic=topic, partition=r.partition, offset=r.offset,
-                error=RuntimeError(f"still failing at {r.offset}"), retry_topic=topic,
+                r.key,
+                r.value,
+                list(r.headers),
+                topic=topic,
+                partition=r.partition,
+                offset=r.offset,
+                error=RuntimeError(f"still failing at {r.offset}"),
+                retry_topic=topic,
             )
             produce(scheduler.dead_letters, [(letter.key, letter.value)], headers=letter.headers())
         return scheduler.get(f"/parked/{dlq_id}").status_code == 200
@@ -109,8 +115,11 @@ def test_a_duplicated_or_stale_dead_letter_is_not_scheduled_twice(scheduler: Sch
         send_letter(scheduler, b"k", b"v", headers)
     send_letter(scheduler, b"k", b"v", letter_headers(dlq_id, topic, attempt=1, origin="slow", failed_at=failed_at))
     marker = send_end_marker(scheduler, b"k", dlq_id, topic)
-    wait_for(lambda: scheduler.get(f"/retries/{marker}").status_code == 200, timeout=15,
-             message="every copy of the letter read, up to the end marker")
+    wait_for(
+        lambda: scheduler.get(f"/retries/{marker}").status_code == 200,
+        timeout=15,
+        message="every copy of the letter read, up to the end marker",
+    )
     body = scheduler.get(f"/retries/{dlq_id}").json()
     assert body["attempt"] == 2
     assert body["due_at"] == failed_at + 600_000
@@ -247,7 +256,8 @@ def test_stats_count_by_origin_topic_and_error_class(scheduler: Scheduler) -> No
         send_letter(scheduler, None, b"v", letter_headers(dlq_id, topic, origin="slow", error="StatsError"))
     wait_for(
         lambda: scheduler.get("/retries/stats").json()["by_error_class"].get("StatsError") == 3,
-        timeout=15, message="3 StatsError scheduled",
+        timeout=15,
+        message="3 StatsError scheduled",
     )
     stats = scheduler.get("/retries/stats").json()
     assert stats["scheduled"] == before["scheduled"] + 3
@@ -312,8 +322,17 @@ def test_bad_dead_letters_do_not_stop_the_worker(scheduler: Scheduler) -> None:
     topic = scheduler.retry_topic("bad-input")
     odd = [
         (None, b"", [(dl.ID, new_id("empty").encode()), (dl.RETRY_TOPIC, topic.encode()), (dl.ATTEMPT, b"x")]),
-        (b"k", b"v", [(dl.ID, new_id("neg").encode()), (dl.RETRY_TOPIC, topic.encode()), (dl.ATTEMPT, b"-3"),
-                      (dl.FAILED_AT, b"99999999999999999999999"), ("\u00e9", b"\xff\xfe")]),
+        (
+            b"k",
+            b"v",
+            [
+                (dl.ID, new_id("neg").encode()),
+                (dl.RETRY_TOPIC, topic.encode()),
+                (dl.ATTEMPT, b"-3"),
+                (dl.FAILED_AT, b"99999999999999999999999"),
+                ("\u00e9", b"\xff\xfe"),
+            ],
+        ),
         (b"k", b"v", [(dl.ID, new_id("badtopic").encode()), (dl.RETRY_TOPIC, b"not a topic!")]),
         (b"k", b"v", [(dl.ID, new_id("loop").encode()), (dl.RETRY_TOPIC, scheduler.dead_letters.encode())]),
         (b"k", b"v", [(dl.ID, b"__faust\x00offset__"), (dl.RETRY_TOPIC, topic.encode())]),

@@ -30,7 +30,13 @@ async def write_to_inbox_and_commit_past_it(inbox: str, group: str, dlq_id: str,
     headers = letter_headers(dlq_id, retry_topic, origin="slow")
     now = int(time.time() * 1000)
     letter = dl.parse_dead_letter(
-        dlq_id.encode(), b"skipped", headers, topic="dead-letters", partition=0, offset=0, timestamp_ms=now,
+        dlq_id.encode(),
+        b"skipped",
+        headers,
+        topic="dead-letters",
+        partition=0,
+        offset=0,
+        timestamp_ms=now,
         default_retry_topic=retry_topic,
     )
     value = KIND_LETTER + encode_entry(entry_from_letter(letter, headers, now))
@@ -52,9 +58,7 @@ async def write_to_inbox_and_commit_past_it(inbox: str, group: str, dlq_id: str,
     return int(sent.offset)
 
 
-def test_a_dead_letter_the_inbox_stream_skipped_is_read_back_and_scheduled(
-    kafka_bootstrap: str, tmp_path: Path,
-) -> None:
+def test_a_dead_letter_the_inbox_stream_skipped_is_read_back_and_scheduled(kafka_bootstrap: str, tmp_path: Path) -> None:
     prefix = f"t{uuid.uuid4().hex[:10]}."
     retry = f"{prefix}retry-skipped"
     create_topics([f"{prefix}dead-letters", retry, f"{prefix}parking-lot"])
@@ -63,8 +67,11 @@ def test_a_dead_letter_the_inbox_stream_skipped_is_read_back_and_scheduled(
     inbox, group = f"{prefix}statefleet-retry_scheduler-inbox", f"{prefix}statefleet-retry_scheduler"
     proc = start_scheduler(env, tmp_path)
     # Every inbox partition has had a tick read and committed, so each has a next offset.
-    wait_for(lambda: all(committed_offsets(group, inbox, 8).values()), timeout=30,
-             message="a record of every inbox partition processed")
+    wait_for(
+        lambda: all(committed_offsets(group, inbox, 8).values()),
+        timeout=30,
+        message="a record of every inbox partition processed",
+    )
     proc.stop()
 
     dlq_id = f"skipped-{uuid.uuid4().hex[:8]}"
@@ -72,13 +79,20 @@ def test_a_dead_letter_the_inbox_stream_skipped_is_read_back_and_scheduled(
 
     restarted = start_scheduler(env, tmp_path)
     try:
-        wait_for(lambda: httpx.get(f"{restarted.url}/retries/{dlq_id}", timeout=5).status_code == 200,
-                 timeout=30, message="the skipped dead letter scheduled")
+        wait_for(
+            lambda: httpx.get(f"{restarted.url}/retries/{dlq_id}", timeout=5).status_code == 200,
+            timeout=30,
+            message="the skipped dead letter scheduled",
+        )
         log = restarted.log_tail(200_000)
         # The hole read back holds the letter (and, when a tick was sent as the first worker
         # stopped and was not read before it, that tick before it).
-        holes = [(int(first), int(last)) for first, last in re.findall(
-            rf"the stream skipped {re.escape(inbox)}\[{partition_for(dlq_id, 8)}\] offsets (\d+)\.\.(\d+)", log)]
+        holes = [
+            (int(first), int(last))
+            for first, last in re.findall(
+                rf"the stream skipped {re.escape(inbox)}\[{partition_for(dlq_id, 8)}\] offsets (\d+)\.\.(\d+)", log
+            )
+        ]
         assert any(first <= offset <= last for first, last in holes), (offset, holes)
     finally:
         restarted.kill()

@@ -25,8 +25,12 @@ def start_instances(service_env: dict[str, str], tmp_path: Path) -> Iterator[Cal
 
     def start(n: int) -> list[ServiceProcess]:
         for i in range(n):
-            env = {**service_env, "STATEFLEET_INSTANCE_ID": f"i{i}", "STATEFLEET_STANDBY_REPLICAS": "1",
-                   "STATEFLEET_SESSION_TIMEOUT_S": "10"}
+            env = {
+                **service_env,
+                "STATEFLEET_INSTANCE_ID": f"i{i}",
+                "STATEFLEET_STANDBY_REPLICAS": "1",
+                "STATEFLEET_SESSION_TIMEOUT_S": "10",
+            }
             procs.append(ServiceProcess("tallies", env, tmp_path / f"tallies-i{i}.log", port=free_port()).start())
         for p in procs:
             p.wait_ready(120)
@@ -92,9 +96,13 @@ def test_any_instance_answers_any_key_and_survives_a_kill(start_instances, topic
     renamed = [(k.replace("program-", "more-"), v.replace(b"program-", b"more-")) for k, v in more.events]
     procs[1].kill()
     produce(topics["events"], renamed)
-    expected = {**history.expected, **{p.replace("program-", "more-"): {**t, "program_id": p.replace("program-", "more-"),
-                                                                       "lastLogin": None}
-                                       for p, t in more.expected.items()}}
+    expected = {
+        **history.expected,
+        **{
+            p.replace("program-", "more-"): {**t, "program_id": p.replace("program-", "more-"), "lastLogin": None}
+            for p, t in more.expected.items()
+        },
+    }
     survivors = [procs[0], procs[2]]
 
     # While the group rebalances, an answer is either correct or a 503 — never wrong.

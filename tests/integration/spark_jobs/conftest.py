@@ -16,15 +16,20 @@ from spark_jobs.session import build_session
 
 def small_spark_settings(root: Path) -> SparkSettings:
     return SparkSettings(
-        shuffle_partitions=2, checkpoint_dir=root / "checkpoints", backfill_dir=root / "backfill",
-        archive_dir=root / "archive", local_dir=root / "tmp", warehouse_dir=root / "warehouse",
+        shuffle_partitions=2,
+        checkpoint_dir=root / "checkpoints",
+        backfill_dir=root / "backfill",
+        archive_dir=root / "archive",
+        local_dir=root / "tmp",
+        warehouse_dir=root / "warehouse",
     )
 
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[object]:
-    session = build_session("tests", small_spark_settings(tmp_path_factory.mktemp("spark")),
-                            conf={"spark.default.parallelism": "2"})
+    session = build_session(
+        "tests", small_spark_settings(tmp_path_factory.mktemp("spark")), conf={"spark.default.parallelism": "2"}
+    )
     yield session
     session.stop()
 

@@ -67,8 +67,16 @@ def model(runs: list[Run]) -> dict[str, dict[str, object]]:
 
 
 def created_event(account: str, at: int) -> tuple[str, bytes]:
-    event = {"event_id": f"e-{account}", "command_id": f"c-{account}", "type": "AccountCreated",
-             "account_id": account, "program_id": program_of(account), "version": 1, "occurred_at": at, "data": {}}
+    event = {
+        "event_id": f"e-{account}",
+        "command_id": f"c-{account}",
+        "type": "AccountCreated",
+        "account_id": account,
+        "program_id": program_of(account),
+        "version": 1,
+        "occurred_at": at,
+        "data": {},
+    }
     return account, json.dumps(event).encode()
 
 
@@ -78,19 +86,35 @@ def login(account: str, ts: int) -> tuple[str, bytes]:
 
 RUNS = [
     Run(
-        created=[("a-in", T0), ("a-edge", T0), ("a-over", T0), ("a-before", T0), ("a-none", T0),
-                 ("a-dup", T0), ("a-dup", T0), ("a-multi", T0), ("a-adv", T0 + 5 * D)],
-        logins=[("a-in", T0 + D), ("a-edge", T0 + WINDOW), ("a-over", T0 + WINDOW + 1), ("a-before", T0 - 1),
-                ("a-dup", T0 + 2 * H), ("a-dup", T0 + 2 * H), ("a-multi", T0 + H), ("a-multi", T0 + 2 * D),
-                ("a-adv", T0 + 5 * D)],
+        created=[
+            ("a-in", T0),
+            ("a-edge", T0),
+            ("a-over", T0),
+            ("a-before", T0),
+            ("a-none", T0),
+            ("a-dup", T0),
+            ("a-dup", T0),
+            ("a-multi", T0),
+            ("a-adv", T0 + 5 * D),
+        ],
+        logins=[
+            ("a-in", T0 + D),
+            ("a-edge", T0 + WINDOW),
+            ("a-over", T0 + WINDOW + 1),
+            ("a-before", T0 - 1),
+            ("a-dup", T0 + 2 * H),
+            ("a-dup", T0 + 2 * H),
+            ("a-multi", T0 + H),
+            ("a-multi", T0 + 2 * D),
+            ("a-adv", T0 + 5 * D),
+        ],
     ),
     Run(  # late: the watermark is now T0 + 5d - 1h
         created=[("l-late", T0 + D), ("b-multi", T0 + 5 * D)],
         logins=[("l-late", T0 + D + H), ("a-none", T0 + 2 * D), ("b-multi", T0 + 5 * D + H)],
     ),
     Run(  # a second login of an activated account; an account never logging in; time moves on
-        created=[("c-none", T0 + 6 * D), ("c-adv", T0 + 10 * D)],
-        logins=[("b-multi", T0 + 5 * D + 2 * H), ("c-adv", T0 + 10 * D)],
+        created=[("c-none", T0 + 6 * D), ("c-adv", T0 + 10 * D)], logins=[("b-multi", T0 + 5 * D + 2 * H), ("c-adv", T0 + 10 * D)]
     ),
 ]
 
@@ -109,17 +133,26 @@ def test_model_of_the_scenario() -> None:
     """The model's answer, spelled out, so a mistake in the model shows here."""
     expected = model(RUNS)
     activated = {a: r["first_login_at"] for a, r in expected.items() if r["activated"]}
-    assert activated == {"a-in": T0 + D, "a-edge": T0 + WINDOW, "a-dup": T0 + 2 * H, "a-multi": T0 + H,
-                         "a-adv": T0 + 5 * D, "b-multi": T0 + 5 * D + H, "c-adv": T0 + 10 * D}
+    assert activated == {
+        "a-in": T0 + D,
+        "a-edge": T0 + WINDOW,
+        "a-dup": T0 + 2 * H,
+        "a-multi": T0 + H,
+        "a-adv": T0 + 5 * D,
+        "b-multi": T0 + 5 * D + H,
+        "c-adv": T0 + 10 * D,
+    }
     assert sorted(a for a, r in expected.items() if not r["activated"]) == ["a-before", "a-none", "a-over", "c-none"]
 
 
-def test_activation_join_runs_restarts_and_reruns_without_duplicates(spark, settings, spark_settings, topics,
-                                                                     tmp_path: Path) -> None:
+def test_activation_join_runs_restarts_and_reruns_without_duplicates(
+    spark, settings, spark_settings, topics, tmp_path: Path
+) -> None:
     create_topics([topics.account_events, topics.logins, topics.activations], partitions=2)
     checkpoint = str(tmp_path / "checkpoint")
-    options = aj.JoinOptions(checkpoint=checkpoint, output_topic=topics.activations, window_ms=WINDOW,
-                             watermark_delay_ms=DELAY, available_now=True)
+    options = aj.JoinOptions(
+        checkpoint=checkpoint, output_topic=topics.activations, window_ms=WINDOW, watermark_delay_ms=DELAY, available_now=True
+    )
 
     for i, run in enumerate(RUNS, start=1):
         produce(topics.account_events, [created_event(a, at) for a, at in run.created])
@@ -153,24 +186,48 @@ def test_activation_join_runs_restarts_and_reruns_without_duplicates(spark, sett
 
 
 def test_first_login_is_the_earliest_of_its_batch_and_malformed_events_are_skipped(
-    spark, settings, spark_settings, topics, tmp_path: Path,  # type: ignore[no-untyped-def]
+    spark,
+    settings,
+    spark_settings,
+    topics,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     """Twelve in-window logins of one account in one micro-batch, produced latest first over both
     partitions: first_login_at is the earliest. The malformed AccountCreated events the services
     dead-letter (no occurred_at; a 300-character account id) are skipped and reported, and their
     logins activate nothing."""
     create_topics([topics.account_events, topics.logins, topics.activations], partitions=2)
-    options = aj.JoinOptions(checkpoint=str(tmp_path / "checkpoint"), output_topic=topics.activations,
-                             window_ms=WINDOW, watermark_delay_ms=DELAY, available_now=True)
+    options = aj.JoinOptions(
+        checkpoint=str(tmp_path / "checkpoint"),
+        output_topic=topics.activations,
+        window_ms=WINDOW,
+        watermark_delay_ms=DELAY,
+        available_now=True,
+    )
     long_id = "m" + "x" * 299
     untimed = json.loads(created_event("m-untimed", T0)[1])
     del untimed["occurred_at"]
-    produce(topics.account_events, [created_event("m-many", T0), created_event("m-two", T0),
-                                    ("m-untimed", json.dumps(untimed).encode()), created_event(long_id, T0)])
+    produce(
+        topics.account_events,
+        [
+            created_event("m-many", T0),
+            created_event("m-two", T0),
+            ("m-untimed", json.dumps(untimed).encode()),
+            created_event(long_id, T0),
+        ],
+    )
     # Each login on a key of its own, so they spread over both partitions (and input tasks).
     many = [(f"k{k}", login("m-many", T0 + k * H)[1]) for k in range(12, 0, -1)]
-    produce(topics.logins, [*many, ("k-two-a", login("m-two", T0 + 2 * H)[1]), ("k-two-b", login("m-two", T0 + H)[1]),
-                            login("m-untimed", T0 + H), login(long_id, T0 + H)])
+    produce(
+        topics.logins,
+        [
+            *many,
+            ("k-two-a", login("m-two", T0 + 2 * H)[1]),
+            ("k-two-b", login("m-two", T0 + H)[1]),
+            login("m-untimed", T0 + H),
+            login(long_id, T0 + H),
+        ],
+    )
 
     result = aj.run(spark, settings, spark_settings, options)
     assert result.skipped_records == 2

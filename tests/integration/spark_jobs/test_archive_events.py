@@ -29,8 +29,16 @@ def events() -> list[tuple[str, bytes]]:
     out = []
     for i in range(48):
         account = f"acct-{i:02d}"
-        event = {"event_id": f"e{i}", "command_id": f"c{i}", "type": "AccountCreated", "account_id": account,
-                 "program_id": f"prog-{i % 3}", "version": 1, "occurred_at": T0 + (i % 4) * DAY + i, "data": {}}
+        event = {
+            "event_id": f"e{i}",
+            "command_id": f"c{i}",
+            "type": "AccountCreated",
+            "account_id": account,
+            "program_id": f"prog-{i % 3}",
+            "version": 1,
+            "occurred_at": T0 + (i % 4) * DAY + i,
+            "data": {},
+        }
         out.append((account, json.dumps(event).encode()))
     out.append(("junk", b"not an event"))
     return out
@@ -43,28 +51,57 @@ def expected_row(record) -> dict[str, object]:  # type: ignore[no-untyped-def]
         event = {}
     at = event.get("occurred_at")
     day = datetime.fromtimestamp((at if at is not None else record.timestamp) / 1000, UTC).date()
-    return {"partition": record.partition, "offset": record.offset, "key": record.key, "value": record.value,
-            "event_id": event.get("event_id"), "type": event.get("type"), "account_id": event.get("account_id"),
-            "program_id": event.get("program_id"), "version": event.get("version"), "occurred_at": at,
-            "event_date": day}
+    return {
+        "partition": record.partition,
+        "offset": record.offset,
+        "key": record.key,
+        "value": record.value,
+        "event_id": event.get("event_id"),
+        "type": event.get("type"),
+        "account_id": event.get("account_id"),
+        "program_id": event.get("program_id"),
+        "version": event.get("version"),
+        "occurred_at": at,
+        "event_date": day,
+    }
 
 
-def test_archive_has_every_offset_once_after_a_crash(spark, settings, spark_settings, topics, kafka_bootstrap,
-                                                     prefix, tmp_path: Path) -> None:
+def test_archive_has_every_offset_once_after_a_crash(
+    spark, settings, spark_settings, topics, kafka_bootstrap, prefix, tmp_path: Path
+) -> None:
     create_topics([topics.account_events], partitions=2)
     produce(topics.account_events, events())
     records = read_all(topics.account_events)
     output, checkpoint = str(tmp_path / "archive"), str(tmp_path / "checkpoint")
 
     # First run in its own process, small batches, killed (SIGKILL) after a few commits.
-    env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-           "STATEFLEET_TOPIC_PREFIX": prefix, "STATEFLEET_SPARK_LOCAL_DIR": str(tmp_path / "spark-tmp")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "STATEFLEET_TOPIC_PREFIX": prefix,
+        "STATEFLEET_SPARK_LOCAL_DIR": str(tmp_path / "spark-tmp"),
+    }
     log_path = tmp_path / "archive.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "spark_jobs.archive_events", "--available-now", "--max-offsets-per-trigger", "4",
-             "--output", output, "--checkpoint", checkpoint],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "spark_jobs.archive_events",
+                "--available-now",
+                "--max-offsets-per-trigger",
+                "4",
+                "--output",
+                output,
+                "--checkpoint",
+                checkpoint,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         commits = Path(checkpoint, "commits")
@@ -84,8 +121,7 @@ def test_archive_has_every_offset_once_after_a_crash(spark, settings, spark_sett
     assert state.last_committed < len(records) // 4 - 1, "killed mid-run, with batches left to do"
 
     # The restart finishes the work.
-    options = archive_events.ArchiveOptions(output=output, checkpoint=checkpoint, available_now=True,
-                                            max_offsets_per_trigger=4)
+    options = archive_events.ArchiveOptions(output=output, checkpoint=checkpoint, available_now=True, max_offsets_per_trigger=4)
     archive_events.run(spark, settings, spark_settings, options)
 
     rows = spark.read.parquet(output).collect()
@@ -93,8 +129,14 @@ def test_archive_has_every_offset_once_after_a_crash(spark, settings, spark_sett
     assert sorted(counts.items()) == sorted(((r.partition, r.offset), 1) for r in records)
     assert {r["topic"] for r in rows} == {topics.account_events}
     got = sorted(
-        ({k: (bytes(v) if isinstance(v, bytearray) else v) for k, v in r.asDict().items()
-          if k not in ("topic", "kafka_timestamp", "headers")} for r in rows),
+        (
+            {
+                k: (bytes(v) if isinstance(v, bytearray) else v)
+                for k, v in r.asDict().items()
+                if k not in ("topic", "kafka_timestamp", "headers")
+            }
+            for r in rows
+        ),
         key=lambda r: (r["partition"], r["offset"]),
     )
     assert got == sorted((expected_row(r) for r in records), key=lambda r: (r["partition"], r["offset"]))

@@ -21,8 +21,12 @@ from tests.support.services import ServiceProcess, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.e2e]
 
-STATUS = {"AccountCreated": "active", "AccountDeactivated": "inactive", "AccountReactivated": "active",
-          "AccountDeleted": "deleted"}
+STATUS = {
+    "AccountCreated": "active",
+    "AccountDeactivated": "inactive",
+    "AccountReactivated": "active",
+    "AccountDeleted": "deleted",
+}
 
 
 def generate(seed: int) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]], dict[str, dict[str, Any]]]:
@@ -34,20 +38,34 @@ def generate(seed: int) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]
     expected: dict[str, dict[str, Any]] = {}
     for i in range(40):
         program, account = f"prog-{i % 5}", f"acct-{i:03d}"
-        tally = expected.setdefault(program, {"program_id": program, "numberActive": 0, "numberInactive": 0,
-                                              "lastLogin": None})
+        tally = expected.setdefault(program, {"program_id": program, "numberActive": 0, "numberInactive": 0, "lastLogin": None})
         types, status = ["AccountCreated"], "active"
         for _ in range(rng.randint(0, 4)):
             if status == "deleted":
                 break
-            nxt = rng.choice(["AccountUpdated", "AccountDeleted",
-                              "AccountDeactivated" if status == "active" else "AccountReactivated"])
+            nxt = rng.choice(
+                ["AccountUpdated", "AccountDeleted", "AccountDeactivated" if status == "active" else "AccountReactivated"]
+            )
             types.append(nxt)
             status = STATUS.get(nxt, status)
-        history = [(account, json.dumps({
-            "event_id": f"{account}:{v}", "command_id": f"c-{account}-{v}", "type": t, "account_id": account,
-            "program_id": program, "version": v, "occurred_at": 1_700_000_000_000 + v, "data": {},
-        }).encode()) for v, t in enumerate(types, start=1)]
+        history = [
+            (
+                account,
+                json.dumps(
+                    {
+                        "event_id": f"{account}:{v}",
+                        "command_id": f"c-{account}-{v}",
+                        "type": t,
+                        "account_id": account,
+                        "program_id": program,
+                        "version": v,
+                        "occurred_at": 1_700_000_000_000 + v,
+                        "data": {},
+                    }
+                ).encode(),
+            )
+            for v, t in enumerate(types, start=1)
+        ]
         events += history
         if i % 4 == 0:
             events += history  # the whole history delivered again: must not count twice
@@ -58,8 +76,7 @@ def generate(seed: int) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]
             logins.append((account, json.dumps({"account_id": account, "program_id": program, "ts": ts}).encode()))
             tally["lastLogin"] = max(tally["lastLogin"] or ts, ts)
     logins.append(("ghost", json.dumps({"account_id": "ghost", "program_id": "prog-logins-only", "ts": 5}).encode()))
-    expected["prog-logins-only"] = {"program_id": "prog-logins-only", "numberActive": 0, "numberInactive": 0,
-                                    "lastLogin": 5}
+    expected["prog-logins-only"] = {"program_id": "prog-logins-only", "numberActive": 0, "numberInactive": 0, "lastLogin": 5}
     events.append(("bad", b"{not json"))
     logins.append(("bad", json.dumps({"account_id": "bad", "program_id": "prog-0", "ts": "noon"}).encode()))
     return events, logins, expected
@@ -93,23 +110,27 @@ def fake_service() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     server.shutdown()
 
 
-def test_backfill_equals_the_live_service(spark, job_env, prefix, service_env, tmp_path: Path, capsys,
-                                          fake_service) -> None:
+def test_backfill_equals_the_live_service(spark, job_env, prefix, service_env, tmp_path: Path, capsys, fake_service) -> None:
     events, logins, expected = generate(seed=3)
     topic_events, topic_logins = f"{prefix}account-events", f"{prefix}logins"
     create_topics([topic_events, topic_logins], partitions=2)
     produce(topic_events, events)
     produce(topic_logins, logins)
 
-    service = ServiceProcess(module="tallies", env={**service_env, "STATEFLEET_TOPIC_PARTITIONS": "2"},
-                             log_path=tmp_path / "tallies.log").start()
+    service = ServiceProcess(
+        module="tallies", env={**service_env, "STATEFLEET_TOPIC_PARTITIONS": "2"}, log_path=tmp_path / "tallies.log"
+    ).start()
     try:
         service.wait_ready()
-        live = wait_for(lambda: (t := live_tallies(service.url)) == expected and t, timeout=90,
-                        message="the tallies service to read every input")
+        live = wait_for(
+            lambda: (t := live_tallies(service.url)) == expected and t,
+            timeout=90,
+            message="the tallies service to read every input",
+        )
         output = tmp_path / "backfill"
-        backfill_tallies.main(["--output", str(output), "--publish-topic", "program-tallies-backfill",
-                               "--verify-against", service.url])
+        backfill_tallies.main(
+            ["--output", str(output), "--publish-topic", "program-tallies-backfill", "--verify-against", service.url]
+        )
     finally:
         service.stop()
     assert f"backfill equals {service.url}: {len(expected)} programs" in capsys.readouterr().out
@@ -128,8 +149,7 @@ def test_backfill_equals_the_live_service(spark, job_env, prefix, service_env, t
     assert manifest["invalid_records"] == 2
     assert manifest["programs"] == len(expected)
 
-    published = {(r.key or b"").decode(): json.loads(r.value or b"null")
-                 for r in read_all(f"{prefix}program-tallies-backfill")}
+    published = {(r.key or b"").decode(): json.loads(r.value or b"null") for r in read_all(f"{prefix}program-tallies-backfill")}
     assert published == expected
 
     # A service that disagrees: the backfill exits 1 and names the programs.
@@ -143,28 +163,46 @@ def test_backfill_equals_the_live_service(spark, job_env, prefix, service_env, t
     assert exit_info.value.code == 1
     out = capsys.readouterr().out
     assert f"2 programs differ between the backfill and {url}:" in out
-    assert f"  {changed}: numberActive backfill={expected[changed]['numberActive']} " \
-           f"live={expected[changed]['numberActive'] + 1}" in out
+    assert (
+        f"  {changed}: numberActive backfill={expected[changed]['numberActive']} "
+        f"live={expected[changed]['numberActive'] + 1}" in out
+    )
     assert "  prog-unknown: only in the live service" in out
 
 
 def test_malformed_account_events_are_skipped_reported_and_never_counted(
-    spark, settings, spark_settings, topics, tmp_path: Path,  # type: ignore[no-untyped-def]
+    spark,
+    settings,
+    spark_settings,
+    topics,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     """The AccountCreated events every service dead-letters (no occurred_at; a 300-character
     account id) are skipped by the backfill, counted in its manifest, and in no tally."""
     program = "prog-malformed"
 
     def created(account_id: str) -> dict[str, Any]:
-        return {"event_id": f"e-{account_id[:9]}", "command_id": f"c-{account_id[:9]}", "type": "AccountCreated",
-                "account_id": account_id, "program_id": program, "version": 1, "occurred_at": 1_700_000_000_001,
-                "data": {}}
+        return {
+            "event_id": f"e-{account_id[:9]}",
+            "command_id": f"c-{account_id[:9]}",
+            "type": "AccountCreated",
+            "account_id": account_id,
+            "program_id": program,
+            "version": 1,
+            "occurred_at": 1_700_000_000_001,
+            "data": {},
+        }
 
     untimed = {k: v for k, v in created("untimed").items() if k != "occurred_at"}
     create_topics([topics.account_events, topics.logins], partitions=2)
-    produce(topics.account_events, [("fine", json.dumps(created("fine")).encode()),
-                                    ("untimed", json.dumps(untimed).encode()),
-                                    ("long", json.dumps(created("L" * 300)).encode())])
+    produce(
+        topics.account_events,
+        [
+            ("fine", json.dumps(created("fine")).encode()),
+            ("untimed", json.dumps(untimed).encode()),
+            ("long", json.dumps(created("L" * 300)).encode()),
+        ],
+    )
     output = str(tmp_path / "backfill")
     result = backfill_tallies.run(spark, settings, spark_settings, output)
     assert result.invalid_records == 2 and result.input_records == 3

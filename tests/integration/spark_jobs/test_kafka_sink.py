@@ -24,8 +24,7 @@ def send(topic: str, records: list[tuple[int, bytes, bytes, list[tuple[str, byte
         await producer.start()
         try:
             for partition, key, value, headers, ts in records:
-                await producer.send_and_wait(topic, value, key=key, partition=partition, headers=headers,
-                                             timestamp_ms=ts)
+                await producer.send_and_wait(topic, value, key=key, partition=partition, headers=headers, timestamp_ms=ts)
         finally:
             await producer.stop()
 
@@ -56,11 +55,14 @@ def test_a_rerun_batch_writes_only_what_is_missing(spark, settings, spark_settin
     def tags(query: str, batch: int) -> list[tuple[str, bytes]]:
         return [(QUERY_HEADER, query.encode()), (BATCH_HEADER, str(batch).encode())]
 
-    send(topic, [
-        (0, b"a", b"va", tags("q1", 4), now),  # batch 4 of this query, written before the crash
-        (1, b"z", b"vz", tags("q1", 3), old),  # an old batch, long ago; partition 2 stays empty
-        (0, b"b", b"vb", tags("q2", 4), now),  # another query's batch 4
-    ])
+    send(
+        topic,
+        [
+            (0, b"a", b"va", tags("q1", 4), now),  # batch 4 of this query, written before the crash
+            (1, b"z", b"vz", tags("q1", 3), old),  # an old batch, long ago; partition 2 stays empty
+            (0, b"b", b"vb", tags("q2", 4), now),  # another query's batch 4
+        ],
+    )
     checkpoint = fake_checkpoint(tmp_path / "ck", "q1", planned=4, committed=3, planned_at=now - 1000)
     sink = KafkaBatchSink(spark, settings, spark_settings, topic, checkpoint)
     assert sink.pending == 4
@@ -69,8 +71,13 @@ def test_a_rerun_batch_writes_only_what_is_missing(spark, settings, spark_settin
     batch = spark.createDataFrame([("a", "va"), ("b", "vb"), ("c", "vc")], "key string, value string")
     sink(batch, 4)
     written = [(r.key, r.value, dict(r.headers).get(BATCH_HEADER)) for r in read_all(topic)]
-    assert sorted(written) == [(b"a", b"va", b"4"), (b"b", b"vb", b"4"), (b"b", b"vb", b"4"), (b"c", b"vc", b"4"),
-                               (b"z", b"vz", b"3")]
+    assert sorted(written) == [
+        (b"a", b"va", b"4"),
+        (b"b", b"vb", b"4"),
+        (b"b", b"vb", b"4"),
+        (b"c", b"vc", b"4"),
+        (b"z", b"vz", b"3"),
+    ]
 
     # A batch that is not the re-run one is written as it is.
     sink(spark.createDataFrame([("a", "va")], "key string, value string"), 5)

@@ -12,11 +12,19 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 def parked_messages(prefix: str) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
     def headers(dlq_id: str, origin: str, error: str, failed_at: int, retry: str = "retry") -> list[tuple[str, bytes]]:
-        return [("trace", f"tr-{dlq_id}".encode()), ("dlq.id", dlq_id.encode()),
-                ("dlq.original.topic", f"{prefix}{origin}".encode()), ("dlq.original.partition", b"3"),
-                ("dlq.original.offset", b"42"), ("dlq.retry.topic", f"{prefix}{retry}".encode()),
-                ("dlq.attempt", b"5"), ("dlq.error.class", error.encode()), ("dlq.error.message", b"boom"),
-                ("dlq.first.failed.at", b"1000"), ("dlq.failed.at", str(failed_at).encode())]
+        return [
+            ("trace", f"tr-{dlq_id}".encode()),
+            ("dlq.id", dlq_id.encode()),
+            ("dlq.original.topic", f"{prefix}{origin}".encode()),
+            ("dlq.original.partition", b"3"),
+            ("dlq.original.offset", b"42"),
+            ("dlq.retry.topic", f"{prefix}{retry}".encode()),
+            ("dlq.attempt", b"5"),
+            ("dlq.error.class", error.encode()),
+            ("dlq.error.message", b"boom"),
+            ("dlq.first.failed.at", b"1000"),
+            ("dlq.failed.at", str(failed_at).encode()),
+        ]
 
     return [
         (b"k1", b"v1", headers("id-1", "logins", "TimeoutError", 2_000, retry="retry-tallies")),
@@ -54,8 +62,10 @@ def test_dry_run_then_replay_once_per_run_id(spark, job_env, prefix, capsys) -> 
     out = capsys.readouterr().out
     assert "selected 1, already replayed in this run 0, would send 1" in out
     assert f"would send 1 to {dead_letters}" in out
-    assert f"{parking_lot}:0:0 dlq.id=id-1 origin={prefix}logins error=TimeoutError " \
-           f"failed_at=1970-01-01T00:00:02+00:00 attempt 5->1 -> {dead_letters}" in out
+    assert (
+        f"{parking_lot}:0:0 dlq.id=id-1 origin={prefix}logins error=TimeoutError "
+        f"failed_at=1970-01-01T00:00:02+00:00 attempt 5->1 -> {dead_letters}" in out
+    )
     assert read_all(dead_letters) == []
 
     replay.main([*selection, "--run-id", "r1"])
@@ -71,10 +81,9 @@ def test_dry_run_then_replay_once_per_run_id(spark, job_env, prefix, capsys) -> 
     replay.main(["--error-class", "TimeoutError", "--to", "retry", "--run-id", "r2"])
     assert "selected 3, already replayed in this run 0, sent 3" in capsys.readouterr().out
     assert sent(retry_tallies) == [expected_sent(messages[0], "r2", f"{parking_lot}:0:0")]
-    assert sent(f"{prefix}retry") == sorted([
-        expected_sent(messages[2], "r2", f"{parking_lot}:0:2"),
-        expected_sent(messages[3], "r2", f"{parking_lot}:0:3"),
-    ])
+    assert sent(f"{prefix}retry") == sorted(
+        [expected_sent(messages[2], "r2", f"{parking_lot}:0:2"), expected_sent(messages[3], "r2", f"{parking_lot}:0:3")]
+    )
     assert len(read_all(dead_letters)) == 1
 
 

@@ -40,7 +40,9 @@ class Validator:
 
         def answered() -> int | None:
             n = sum(
-                1 for base in ("account-events", "account-rejections") for r in self.records(base)
+                1
+                for base in ("account-events", "account-rejections")
+                for r in self.records(base)
                 if r.key is not None and r.key.decode() in account_ids
             )
             return n if n >= count else None

@@ -19,11 +19,23 @@ pytestmark = pytest.mark.integration
 ISSUED = 1_700_000_000_000
 
 
-def command(command_id: str, type_: str, account_id: str, *, program_id: str | None = None,
-            expected_version: int | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
+def command(
+    command_id: str,
+    type_: str,
+    account_id: str,
+    *,
+    program_id: str | None = None,
+    expected_version: int | None = None,
+    data: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     return {
-        "command_id": command_id, "type": type_, "account_id": account_id, "program_id": program_id,
-        "expected_version": expected_version, "data": data or {}, "issued_at": ISSUED + int(command_id.rsplit("-", 1)[1]),
+        "command_id": command_id,
+        "type": type_,
+        "account_id": account_id,
+        "program_id": program_id,
+        "expected_version": expected_version,
+        "data": data or {},
+        "issued_at": ISSUED + int(command_id.rsplit("-", 1)[1]),
     }
 
 
@@ -85,44 +97,57 @@ def test_scripted_sequence_one_command_at_a_time(validator: Validator) -> None:
 
 def test_remaining_transitions(validator: Validator) -> None:
     a, b = "trans-a", "trans-b"
-    send(validator, [
-        command("t-1", "UpdateAccount", a),                                  # NOT_FOUND
-        command("t-2", "CreateAccount", a, program_id="prog-2"),             # v1
-        command("t-3", "CreateAccount", a, program_id="prog-2"),             # ALREADY_EXISTS
-        command("t-4", "ReactivateAccount", a),                              # INVALID_TRANSITION (active)
-        command("t-5", "DeactivateAccount", a, expected_version=1),          # v2
-        command("t-6", "DeactivateAccount", a),                              # INVALID_TRANSITION (inactive)
-        command("t-7", "ReactivateAccount", a, expected_version=2),          # v3
-        command("t-8", "CreateAccount", b),                                  # INVALID_COMMAND (no program)
-        command("t-9", "UpdateAccount", a, program_id="prog-other"),         # INVALID_COMMAND (other program)
-        command("t-1", "CreateAccount", a, program_id="prog-2"),             # duplicate of t-1
-    ])
+    send(
+        validator,
+        [
+            command("t-1", "UpdateAccount", a),  # NOT_FOUND
+            command("t-2", "CreateAccount", a, program_id="prog-2"),  # v1
+            command("t-3", "CreateAccount", a, program_id="prog-2"),  # ALREADY_EXISTS
+            command("t-4", "ReactivateAccount", a),  # INVALID_TRANSITION (active)
+            command("t-5", "DeactivateAccount", a, expected_version=1),  # v2
+            command("t-6", "DeactivateAccount", a),  # INVALID_TRANSITION (inactive)
+            command("t-7", "ReactivateAccount", a, expected_version=2),  # v3
+            command("t-8", "CreateAccount", b),  # INVALID_COMMAND (no program)
+            command("t-9", "UpdateAccount", a, program_id="prog-other"),  # INVALID_COMMAND (other program)
+            command("t-1", "CreateAccount", a, program_id="prog-2"),  # duplicate of t-1
+        ],
+    )
     validator.wait_answers({a, b}, 9)
     assert events_of(validator, a) == [
-        ("AccountCreated", 1, "t-2", {}), ("AccountDeactivated", 2, "t-5", {}), ("AccountReactivated", 3, "t-7", {}),
+        ("AccountCreated", 1, "t-2", {}),
+        ("AccountDeactivated", 2, "t-5", {}),
+        ("AccountReactivated", 3, "t-7", {}),
     ]
     assert rejections_of(validator, a) == [
-        ("t-1", "NOT_FOUND", None), ("t-3", "ALREADY_EXISTS", 1), ("t-4", "INVALID_TRANSITION", 1),
-        ("t-6", "INVALID_TRANSITION", 2), ("t-9", "INVALID_COMMAND", 3),
+        ("t-1", "NOT_FOUND", None),
+        ("t-3", "ALREADY_EXISTS", 1),
+        ("t-4", "INVALID_TRANSITION", 1),
+        ("t-6", "INVALID_TRANSITION", 2),
+        ("t-9", "INVALID_COMMAND", 3),
     ]
     assert rejections_of(validator, b) == [("t-8", "INVALID_COMMAND", None)]
 
 
 def test_malformed_input_is_rejected_or_dead_lettered_and_the_worker_keeps_going(validator: Validator) -> None:
     a = "mal-acct"
-    produce(validator.commands, [
-        (a, b"not json at all"),
-        (a, b"[1, 2, 3]"),
-        (a, None),
-        (a, orjson.dumps({"type": "CreateAccount", "account_id": a, "program_id": "p"})),  # no command_id
-        (a, orjson.dumps({"command_id": "m-1", "type": "Explode", "account_id": a})),
-        (a, orjson.dumps({"command_id": "m-2", "type": "UpdateAccount", "account_id": a, "expected_version": "x"})),
-        (a, orjson.dumps({"command_id": "m-3", "type": "CreateAccount", "account_id": a, "program_id": 7})),
-        (a, orjson.dumps(command("m-4", "CreateAccount", a, program_id="prog-m"))),
-    ])
+    produce(
+        validator.commands,
+        [
+            (a, b"not json at all"),
+            (a, b"[1, 2, 3]"),
+            (a, None),
+            (a, orjson.dumps({"type": "CreateAccount", "account_id": a, "program_id": "p"})),  # no command_id
+            (a, orjson.dumps({"command_id": "m-1", "type": "Explode", "account_id": a})),
+            (a, orjson.dumps({"command_id": "m-2", "type": "UpdateAccount", "account_id": a, "expected_version": "x"})),
+            (a, orjson.dumps({"command_id": "m-3", "type": "CreateAccount", "account_id": a, "program_id": 7})),
+            (a, orjson.dumps(command("m-4", "CreateAccount", a, program_id="prog-m"))),
+        ],
+    )
     validator.wait_answers({a}, 4)
     assert [(r[0], r[1]) for r in rejections_of(validator, a)] == [
-        ("m-1", "INVALID_COMMAND"), ("m-2", "INVALID_COMMAND"), ("m-3", "INVALID_COMMAND"),
+        ("m-1", "INVALID_COMMAND"),
+        ("m-2", "INVALID_COMMAND"),
+        ("m-3", "INVALID_COMMAND"),
     ]
     assert "Explode" in validator.values("account-rejections", a)[0]["detail"]
     assert events_of(validator, a) == [("AccountCreated", 1, "m-4", {})]
@@ -133,7 +158,9 @@ def test_malformed_input_is_rejected_or_dead_lettered_and_the_worker_keeps_going
 
     found = wait_for(letters, timeout=20, message="4 dead letters")
     assert [r.value for r in found] == [
-        b"not json at all", b"[1, 2, 3]", None,
+        b"not json at all",
+        b"[1, 2, 3]",
+        None,
         orjson.dumps({"type": "CreateAccount", "account_id": a, "program_id": "p"}),
     ]
     for r in found:
@@ -160,12 +187,23 @@ def test_redelivered_commands_are_processed_like_fresh_ones(validator: Validator
     a = "retry-acct"
     retry = validator.topic("retry-validator")
     headers = [
-        (dl.ID, b"dlq-1"), (dl.ORIGINAL_TOPIC, validator.commands.encode()), (dl.ATTEMPT, b"1"),
-        (dl.RETRY_TOPIC, retry.encode()), ("trace", b"abc"),
+        (dl.ID, b"dlq-1"),
+        (dl.ORIGINAL_TOPIC, validator.commands.encode()),
+        (dl.ATTEMPT, b"1"),
+        (dl.RETRY_TOPIC, retry.encode()),
+        ("trace", b"abc"),
     ]
     produce(retry, [(a, orjson.dumps(command("rt-1", "CreateAccount", a, program_id="p")))], headers=headers)
-    produce(retry, [(a, b"{still broken")], headers=[(dl.ID, b"dlq-2"), (dl.ORIGINAL_TOPIC, validator.commands.encode()),
-                                                    (dl.ATTEMPT, b"2"), (dl.FIRST_FAILED_AT, b"123")])
+    produce(
+        retry,
+        [(a, b"{still broken")],
+        headers=[
+            (dl.ID, b"dlq-2"),
+            (dl.ORIGINAL_TOPIC, validator.commands.encode()),
+            (dl.ATTEMPT, b"2"),
+            (dl.FIRST_FAILED_AT, b"123"),
+        ],
+    )
     validator.wait_answers({a}, 1)
     assert events_of(validator, a) == [("AccountCreated", 1, "rt-1", {})]
 
@@ -185,17 +223,31 @@ def test_a_malformed_account_event_is_dead_lettered_by_each_reader_and_never_lis
     events, retry = validator.topic("account-events"), validator.topic("retry-validator")
 
     def created(account_id: str) -> dict[str, Any]:
-        return {"event_id": f"e-{account_id[:20]}", "command_id": f"c-{account_id[:20]}", "type": "AccountCreated",
-                "account_id": account_id, "program_id": program, "version": 1, "occurred_at": ISSUED, "data": {}}
+        return {
+            "event_id": f"e-{account_id[:20]}",
+            "command_id": f"c-{account_id[:20]}",
+            "type": "AccountCreated",
+            "account_id": account_id,
+            "program_id": program,
+            "version": 1,
+            "occurred_at": ISSUED,
+            "data": {},
+        }
 
     def untimed(account_id: str) -> bytes:
         return orjson.dumps({k: v for k, v in created(account_id).items() if k != "occurred_at"})
 
-    produce(events, [("mal-ev-untimed", untimed("mal-ev-untimed")),
-                     ("mal-ev-long", orjson.dumps(created("L" * 300)))])
-    produce(retry, [("mal-ev-again", untimed("mal-ev-again"))], headers=[
-        (dl.ID, b"dlq-ev-1"), (dl.ORIGINAL_TOPIC, events.encode()), (dl.ATTEMPT, b"1"), (dl.RETRY_TOPIC, retry.encode()),
-    ])
+    produce(events, [("mal-ev-untimed", untimed("mal-ev-untimed")), ("mal-ev-long", orjson.dumps(created("L" * 300)))])
+    produce(
+        retry,
+        [("mal-ev-again", untimed("mal-ev-again"))],
+        headers=[
+            (dl.ID, b"dlq-ev-1"),
+            (dl.ORIGINAL_TOPIC, events.encode()),
+            (dl.ATTEMPT, b"1"),
+            (dl.RETRY_TOPIC, retry.encode()),
+        ],
+    )
     produce(events, [("mal-ev-fine", orjson.dumps(created("mal-ev-fine")))])
 
     keys = {b"mal-ev-untimed", b"mal-ev-long", b"mal-ev-again"}

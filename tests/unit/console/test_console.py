@@ -27,23 +27,58 @@ Handler = Callable[[httpx.Request], httpx.Response]
 
 def entry(dlq_id: str, **over: Any) -> dict[str, Any]:
     item = {
-        "id": dlq_id, "key": "k", "key_base64": "aw==", "value_bytes": 2, "attempt": 1, "max_attempts": 3,
-        "retry_topic": "retry", "origin_topic": "orders", "origin_partition": 0, "origin_offset": 1,
-        "error_class": "Boom", "error_message": "it broke", "first_failed_at": 1_700_000_000_000,
-        "failed_at": 1_700_000_000_000, "received_at": 1_700_000_000_100, "due_at": 1_700_000_060_000,
+        "id": dlq_id,
+        "key": "k",
+        "key_base64": "aw==",
+        "value_bytes": 2,
+        "attempt": 1,
+        "max_attempts": 3,
+        "retry_topic": "retry",
+        "origin_topic": "orders",
+        "origin_partition": 0,
+        "origin_offset": 1,
+        "error_class": "Boom",
+        "error_message": "it broke",
+        "first_failed_at": 1_700_000_000_000,
+        "failed_at": 1_700_000_000_000,
+        "received_at": 1_700_000_000_100,
+        "due_at": 1_700_000_060_000,
         "headers": {"dlq.id": dlq_id, "traceparent": "00-x"},
     }
     return {**item, **over}
 
 
-STATS = {"scheduled": 1, "parked": 1, "by_origin_topic": {"orders": 1}, "by_error_class": {"Boom": 1},
-         "parked_by_origin_topic": {"orders": 1}, "oldest_due_at": None, "redelivered_total": 0, "parked_total": 0,
-         "lateness": {"count": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}, "last_ticks": [], "busy_ticks": [],
-         "instances": 1, "policy": {}}
+STATS = {
+    "scheduled": 1,
+    "parked": 1,
+    "by_origin_topic": {"orders": 1},
+    "by_error_class": {"Boom": 1},
+    "parked_by_origin_topic": {"orders": 1},
+    "oldest_due_at": None,
+    "redelivered_total": 0,
+    "parked_total": 0,
+    "lateness": {"count": 0, "p50_ms": None, "p99_ms": None, "max_ms": None},
+    "last_ticks": [],
+    "busy_ticks": [],
+    "instances": 1,
+    "policy": {},
+}
 
 
-GROUPS = {"groups": [{"origin_topic": "orders", "error_class": "Boom", "count": 3, "oldest_parked_at": 1,
-                       "newest_parked_at": 2, "newest_error_message": "the newest boom"}], "total": 3, "complete": True}
+GROUPS = {
+    "groups": [
+        {
+            "origin_topic": "orders",
+            "error_class": "Boom",
+            "count": 3,
+            "oldest_parked_at": 1,
+            "newest_parked_at": 2,
+            "newest_error_message": "the newest boom",
+        }
+    ],
+    "total": 3,
+    "complete": True,
+}
 
 
 def scheduler(request: httpx.Request, calls: list[httpx.Request]) -> httpx.Response:
@@ -68,18 +103,33 @@ def scheduler(request: httpx.Request, calls: list[httpx.Request]) -> httpx.Respo
     if path.endswith("/replay") and path.startswith("/retries/console-token-check-"):
         return httpx.Response(404, json={"error": "not_found", "detail": "no such message"})
     if path == "/parked":
-        return httpx.Response(200, json={"items": [entry(f"p{i}", error_class="A" if i % 2 else "B", parked_at=1,
-                                                          parked_reason="max") for i in range(4)], "next_cursor": None})
+        return httpx.Response(
+            200,
+            json={
+                "items": [entry(f"p{i}", error_class="A" if i % 2 else "B", parked_at=1, parked_reason="max") for i in range(4)],
+                "next_cursor": None,
+            },
+        )
     if path.startswith("/parked/") and path.endswith("/replay"):
         return httpx.Response(200, json={"id": path.split("/")[2], "status": "redelivered"})
     if path == "/parked-groups":
         return httpx.Response(200, json=GROUPS)
     if path in ("/parked-groups/replay", "/parked-groups/cancel"):
         params = request.url.params
-        out = {"action": path.rsplit("/", 1)[1], "origin_topic": params["origin_topic"],
-               "error_class": params["error_class"], "parked_from": params.get("parked_from"),
-               "parked_to": params.get("parked_to"), "dry_run": params.get("dry_run") == "true", "matched": 2,
-               "complete": True, "done": 0, "failed": 0, "continuing": False, "accepted_partitions": []}
+        out = {
+            "action": path.rsplit("/", 1)[1],
+            "origin_topic": params["origin_topic"],
+            "error_class": params["error_class"],
+            "parked_from": params.get("parked_from"),
+            "parked_to": params.get("parked_to"),
+            "dry_run": params.get("dry_run") == "true",
+            "matched": 2,
+            "complete": True,
+            "done": 0,
+            "failed": 0,
+            "continuing": False,
+            "accepted_partitions": [],
+        }
         if not out["dry_run"]:
             out.update(done=2, failed=1, accepted_partitions=[3])
         return httpx.Response(200, json=out)
@@ -127,7 +177,7 @@ def test_partition_ranges_and_metrics() -> None:
     assert ranges([0, 1, 2, 5, 7, 8]) == "0\u20132, 5, 7\u20138"
     assert ranges([]) == "none"
     text = (
-        '# TYPE statefleet_messages_processed_total counter\n'
+        "# TYPE statefleet_messages_processed_total counter\n"
         'statefleet_messages_processed_total{service="tallies",stream="events"} 10.0\n'
         'statefleet_messages_processed_total{service="tallies",stream="logins"} 5.0\n'
     )
@@ -174,7 +224,7 @@ def test_confirmation_comes_before_any_change(console: TestClient, calls: list[h
     console.cookies.set(TOKEN_COOKIE, TOKEN)
     page = console.get("/confirm", params={"kind": "retry", "action": "cancel", "id": "m1"})
     assert 'method="post" action="/act"' in page.text and 'id="confirm"' in page.text
-    assert ' disabled' not in page.text.split('id="confirm"')[1].split(">")[0]
+    assert " disabled" not in page.text.split('id="confirm"')[1].split(">")[0]
     assert not [c for c in calls if c.method != "GET"], "showing the confirmation changes nothing"
 
 
@@ -191,9 +241,7 @@ def test_console_filters_follow_the_api_cursor(console: TestClient) -> None:
     assert 'data-id="a2"' in page.text and 'data-id="a3"' in page.text and 'data-id="a1"' not in page.text
 
 
-def test_replay_all_counts_first_then_replays_what_the_filter_selects(
-    console: TestClient, calls: list[httpx.Request],
-) -> None:
+def test_replay_all_counts_first_then_replays_what_the_filter_selects(console: TestClient, calls: list[httpx.Request]) -> None:
     dry = console.get("/parked/replay-all", params={"error_class": "A"})
     assert "<strong>2</strong> parked messages match" in dry.text
     assert not [c for c in calls if c.method == "POST"], "a dry run replays nothing"
@@ -229,19 +277,32 @@ async def test_fleet_poll_rates_and_down_instances() -> None:
             raise httpx.ConnectError("connection refused", request=request)
         if request.url.path == "/instance":
             base = f"http://{request.url.host}:{request.url.port}"
-            return httpx.Response(200, json={
-                "service": request.url.host, "instance": f"{request.url.host}-0", "url": base, "ready": True,
-                "rebalancing": False, "active": {"events": [0, 1]}, "peers": [base],
-                "standby": {"x-memberships-changelog": [2, 3]}, "warmup": {"x-memberships-changelog": [3]},
-                "lag": {"events": {"total": 3, "partitions": {"0": 1, "1": 2}}},
-            })
+            return httpx.Response(
+                200,
+                json={
+                    "service": request.url.host,
+                    "instance": f"{request.url.host}-0",
+                    "url": base,
+                    "ready": True,
+                    "rebalancing": False,
+                    "active": {"events": [0, 1]},
+                    "peers": [base],
+                    "standby": {"x-memberships-changelog": [2, 3]},
+                    "warmup": {"x-memberships-changelog": [3]},
+                    "lag": {"events": {"total": 3, "partitions": {"0": 1, "1": 2}}},
+                },
+            )
         totals["n"] += 50
         body = f'statefleet_messages_processed_total{{service="x",stream="s"}} {totals["n"]}\n'
         return httpx.Response(200, text=body, headers={"content-type": "text/plain"})
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-        clients = Clients(*(ServiceClient(n, n, [u], http) for n, u in
-                            (("validator", VALIDATOR), ("tallies", TALLIES), ("retry-scheduler", SCHEDULER))))
+        clients = Clients(
+            *(
+                ServiceClient(n, n, [u], http)
+                for n, u in (("validator", VALIDATOR), ("tallies", TALLIES), ("retry-scheduler", SCHEDULER))
+            )
+        )
         monitor = FleetMonitor(clients, interval_s=1, history_s=600, timeout_s=1)
         await monitor.poll()
         await asyncio.sleep(0.05)
@@ -281,32 +342,51 @@ def test_parked_groups_come_first_with_counts_and_the_newest_error(console: Test
 
 
 def test_a_group_action_shows_the_dry_run_count_then_acts_on_confirmation(
-    console: TestClient, calls: list[httpx.Request],
+    console: TestClient, calls: list[httpx.Request]
 ) -> None:
     console.cookies.set(TOKEN_COOKIE, TOKEN)
-    dry = console.get("/parked/group", params={"action": "cancel", "origin_topic": "orders", "error_class": "Boom",
-                                               "parked_from": "2023-11-14T22:13", "parked_to": "2023-11-14T22:14:05"})
+    dry = console.get(
+        "/parked/group",
+        params={
+            "action": "cancel",
+            "origin_topic": "orders",
+            "error_class": "Boom",
+            "parked_from": "2023-11-14T22:13",
+            "parked_to": "2023-11-14T22:14:05",
+        },
+    )
     assert dry.status_code == 200 and "<strong>2</strong> parked messages are in this group" in dry.text
     [call] = [c for c in calls if c.method == "POST"]
     assert call.url.path == "/parked-groups/cancel" and call.url.params["dry_run"] == "true"
     # From the start of its minute, to the end of its second (the form's times are UTC).
     assert (call.url.params["parked_from"], call.url.params["parked_to"]) == ("1699999980000", "1700000045999")
     assert 'id="confirm-group"' in dry.text and 'name="counted" value="2"' in dry.text
-    done = console.post("/parked/group", data={"action": "cancel", "origin_topic": "orders", "error_class": "Boom",
-                                               "parked_to": "2023-11-14T22:14:05", "counted": "2"})
+    done = console.post(
+        "/parked/group",
+        data={
+            "action": "cancel",
+            "origin_topic": "orders",
+            "error_class": "Boom",
+            "parked_to": "2023-11-14T22:14:05",
+            "counted": "2",
+        },
+    )
     assert "2 cancelled (the dry run counted 2); 1 could not be redelivered" in done.text
     assert "partitions [3] did not answer in time" in done.text
     last = [c for c in calls if c.method == "POST"][-1]
     assert "dry_run" not in last.url.params and last.headers["authorization"] == f"Bearer {TOKEN}"
 
 
-@pytest.mark.parametrize("params", [
-    {"action": "cancel", "origin_topic": "orders"},  # no error class
-    {"action": "drop", "origin_topic": "orders", "error_class": "Boom"},
-    {"action": "cancel", "origin_topic": "orders", "error_class": "Boom", "parked_to": "yesterday"},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"action": "cancel", "origin_topic": "orders"},  # no error class
+        {"action": "drop", "origin_topic": "orders", "error_class": "Boom"},
+        {"action": "cancel", "origin_topic": "orders", "error_class": "Boom", "parked_to": "yesterday"},
+    ],
+)
 def test_a_group_action_without_a_group_or_with_a_bad_time_is_refused(
-    console: TestClient, calls: list[httpx.Request], params: dict[str, str],
+    console: TestClient, calls: list[httpx.Request], params: dict[str, str]
 ) -> None:
     console.cookies.set(TOKEN_COOKIE, TOKEN)
     assert console.get("/parked/group", params=params).status_code == 400
@@ -340,16 +420,27 @@ async def test_the_fleet_poll_reads_unowned_inputs_and_calls_the_service_degrade
     def handler(request: httpx.Request) -> httpx.Response:
         base = f"http://{request.url.host}:{request.url.port}"
         if request.url.path == "/instance":
-            return httpx.Response(200, json={
-                "service": "tallies", "instance": "tallies-0", "url": base, "ready": True, "rebalancing": False,
-                "active": {"t.account-events": [0, 1]}, "peers": [base], "standby": {}, "lag": {},
-                "unowned_inputs": ["t.logins"],
-            })
+            return httpx.Response(
+                200,
+                json={
+                    "service": "tallies",
+                    "instance": "tallies-0",
+                    "url": base,
+                    "ready": True,
+                    "rebalancing": False,
+                    "active": {"t.account-events": [0, 1]},
+                    "peers": [base],
+                    "standby": {},
+                    "lag": {},
+                    "unowned_inputs": ["t.logins"],
+                },
+            )
         return httpx.Response(200, text="", headers={"content-type": "text/plain"})
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-        clients = Clients(*(ServiceClient(n, n, urls, http) for n, urls in
-                            (("validator", []), ("tallies", [TALLIES]), ("retry-scheduler", []))))
+        clients = Clients(
+            *(ServiceClient(n, n, urls, http) for n, urls in (("validator", []), ("tallies", [TALLIES]), ("retry-scheduler", [])))
+        )
         monitor = FleetMonitor(clients, interval_s=1, history_s=600, timeout_s=1)
         [tallies] = (await monitor.poll()).services
     assert tallies.instances[0].unowned_inputs == ["t.logins"]

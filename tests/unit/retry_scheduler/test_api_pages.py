@@ -41,7 +41,8 @@ def test_a_page_that_ran_out_of_budget_holds_back_items_past_its_frontier() -> N
 
 def test_parked_pages_merge_by_id() -> None:
     pages: list[dict[str, object]] = [
-        {"items": [{"id": "b"}, {"id": "d"}]}, {"items": [{"id": "a"}, {"id": "c"}], "frontier": "c"},
+        {"items": [{"id": "b"}, {"id": "d"}]},
+        {"items": [{"id": "a"}, {"id": "c"}], "frontier": "c"},
     ]
     items, frontier = merge_pages(pages, 10, parked_sort, str)
     assert [i["id"] for i in items] == ["a", "b", "c"] and frontier == "c"

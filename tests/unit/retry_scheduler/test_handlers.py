@@ -23,24 +23,41 @@ HOUR_MS = 3_600_000
 
 @pytest.fixture
 def scheduler(tmp_path: Path) -> Iterator[tuple[RetrySchedulerService, TopologyDriver]]:
-    service = RetrySchedulerService(Settings(
-        data_dir=tmp_path, topic_partitions=PARTITIONS, retry_max_attempts=3, retry_base_delay_ms=HOUR_MS,
-        retry_max_delay_ms=HOUR_MS, retry_jitter="none",
-    ))
+    service = RetrySchedulerService(
+        Settings(
+            data_dir=tmp_path,
+            topic_partitions=PARTITIONS,
+            retry_max_attempts=3,
+            retry_base_delay_ms=HOUR_MS,
+            retry_max_delay_ms=HOUR_MS,
+            retry_jitter="none",
+        )
+    )
     with TopologyDriver(service.engine) as driver:
         yield service, driver
 
 
 def letter_headers(dlq_id: str, *, attempt: int, failed_at: int) -> list[tuple[str, bytes]]:
-    return [(name, str(value).encode()) for name, value in {
-        dl.ID: dlq_id, dl.ORIGINAL_TOPIC: "orders", dl.ORIGINAL_PARTITION: 0, dl.ORIGINAL_OFFSET: 7,
-        dl.RETRY_TOPIC: RETRY_TOPIC, dl.ATTEMPT: attempt, dl.ERROR_CLASS: "Boom", dl.ERROR_MESSAGE: "it broke",
-        dl.FIRST_FAILED_AT: failed_at, dl.FAILED_AT: failed_at,
-    }.items()]
+    return [
+        (name, str(value).encode())
+        for name, value in {
+            dl.ID: dlq_id,
+            dl.ORIGINAL_TOPIC: "orders",
+            dl.ORIGINAL_PARTITION: 0,
+            dl.ORIGINAL_OFFSET: 7,
+            dl.RETRY_TOPIC: RETRY_TOPIC,
+            dl.ATTEMPT: attempt,
+            dl.ERROR_CLASS: "Boom",
+            dl.ERROR_MESSAGE: "it broke",
+            dl.FIRST_FAILED_AT: failed_at,
+            dl.FAILED_AT: failed_at,
+        }.items()
+    ]
 
 
-def send_letter(service: RetrySchedulerService, driver: TopologyDriver, dlq_id: str, *, attempt: int = 1,
-                failed_at: int | None = None) -> list[tuple[str, bytes]]:
+def send_letter(
+    service: RetrySchedulerService, driver: TopologyDriver, dlq_id: str, *, attempt: int = 1, failed_at: int | None = None
+) -> list[tuple[str, bytes]]:
     headers = letter_headers(dlq_id, attempt=attempt, failed_at=int(time.time() * 1000) if failed_at is None else failed_at)
     driver.pipe(service.topics.dead_letters, b"key", b"\xffvalue", headers=headers)
     return headers
@@ -65,9 +82,7 @@ def test_a_dead_letter_is_routed_to_its_ids_inbox_partition_and_scheduled(
     assert driver.outputs(RETRY_TOPIC) == []  # due in an hour
 
 
-def test_a_tick_redelivers_what_is_due_once_with_everything_kept(
-    scheduler: tuple[RetrySchedulerService, TopologyDriver],
-) -> None:
+def test_a_tick_redelivers_what_is_due_once_with_everything_kept(scheduler: tuple[RetrySchedulerService, TopologyDriver]) -> None:
     service, driver = scheduler
     headers = send_letter(service, driver, "d1", failed_at=int(time.time() * 1000) - 2 * HOUR_MS)
     tick_every_partition(service, driver)

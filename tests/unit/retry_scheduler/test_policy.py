@@ -86,7 +86,11 @@ def test_due_time_counts_from_failed_at_but_never_from_the_future() -> None:
 
 def test_overrides_apply_topic_then_error_class_over_the_defaults() -> None:
     book = build_policy_book(
-        max_attempts=5, base_delay_ms=1000, max_delay_ms=60_000, jitter="equal", topic_prefix="t1.",
+        max_attempts=5,
+        base_delay_ms=1000,
+        max_delay_ms=60_000,
+        jitter="equal",
+        topic_prefix="t1.",
         overrides='{"origin_topic": {"orders": {"max_attempts": 8, "base_delay_ms": 10}},'
         ' "error_class": {"Timeout": {"base_delay_ms": 50, "jitter": "none"}}}',
     )
@@ -101,7 +105,10 @@ def test_overrides_apply_topic_then_error_class_over_the_defaults() -> None:
 
 def test_configured_error_class_overrides_merge_over_the_built_in_ones() -> None:
     book = build_policy_book(
-        max_attempts=5, base_delay_ms=1000, max_delay_ms=60_000, jitter="full",
+        max_attempts=5,
+        base_delay_ms=1000,
+        max_delay_ms=60_000,
+        jitter="full",
         overrides='{"error_class": {"DecodeError": {"max_attempts": 3}}}',
     )
     assert book.policy_for("x", "DecodeError").max_attempts == 3
@@ -158,8 +165,17 @@ def test_decide_parks_messages_that_cannot_be_redelivered() -> None:
 
 @pytest.mark.parametrize(
     ("topic", "ok"),
-    [("retry", True), ("t1.retry-tallies", True), ("a" * 249, True), ("a" * 250, False), ("", False),
-     (".", False), ("..", False), ("x/y", False), ("é", False)],
+    [
+        ("retry", True),
+        ("t1.retry-tallies", True),
+        ("a" * 249, True),
+        ("a" * 250, False),
+        ("", False),
+        (".", False),
+        ("..", False),
+        ("x/y", False),
+        ("é", False),
+    ],
 )
 def test_retry_topic_names(topic: str, ok: bool) -> None:
     assert (retry_topic_problem(topic) is None) is ok
@@ -169,8 +185,12 @@ def test_merge_headers_keeps_every_header_in_place_and_fills_missing_dlq_ones() 
     raw = [("trace", b"1"), ("dlq.attempt", b"2"), ("dlq.custom", b"c"), ("dlq.attempt", b"9"), ("x", b"")]
     normalized = [("dlq.id", b"id"), ("dlq.attempt", b"2"), ("dlq.retry.topic", b"retry")]
     assert merge_headers(raw, normalized) == [
-        ("trace", b"1"), ("dlq.attempt", b"2"), ("dlq.custom", b"c"), ("x", b""),
-        ("dlq.id", b"id"), ("dlq.retry.topic", b"retry"),
+        ("trace", b"1"),
+        ("dlq.attempt", b"2"),
+        ("dlq.custom", b"c"),
+        ("x", b""),
+        ("dlq.id", b"id"),
+        ("dlq.retry.topic", b"retry"),
     ]
 
 

@@ -28,12 +28,16 @@ def test_exactly_once_stages_what_can_be_sent_and_reports_what_cannot(tmp_path: 
 
     service.engine.unsendable = unsendable  # type: ignore[method-assign]
     batch = InputBatch("inbox", 0, [])
-    records = [Outgoing("retry", b"k1", b"v1", [("dlq.id", b"a")]), Outgoing("gone", b"k2", b"v2"),
-               Outgoing("retry", None, b"v3")]
+    records = [
+        Outgoing("retry", b"k1", b"v1", [("dlq.id", b"a")]),
+        Outgoing("gone", b"k2", b"v2"),
+        Outgoing("retry", None, b"v3"),
+    ]
     errors = asyncio.run(service.state.send_out(batch, records))
     assert errors == [None, "topic 'gone' is not available", None]
     assert [(o.topic, o.key, o.value, o.headers) for o in batch.sends] == [
-        ("retry", b"k1", b"v1", [("dlq.id", b"a")]), ("retry", None, b"v3", None),
+        ("retry", b"k1", b"v1", [("dlq.id", b"a")]),
+        ("retry", None, b"v3", None),
     ]
 
 

@@ -99,10 +99,22 @@ def test_id_keys_never_collide_with_faust_offset_key(dlq_id: str) -> None:
 
 def entry(dlq_id: str = "a", due: int = 0, **kw: object) -> Entry:
     base: dict[str, object] = dict(
-        id=dlq_id, key=b"k\x00\xff", value=b"\x00v", headers=(("h", b"\x01"), ("dlq.id", dlq_id.encode())),
-        retry_topic="retry", attempt=2, origin_topic="orders", origin_partition=3, origin_offset=9,
-        error_class="Boom", error_message="bad", first_failed_at=1, failed_at=2, received_at=3,
-        due_at=due, max_attempts=5,
+        id=dlq_id,
+        key=b"k\x00\xff",
+        value=b"\x00v",
+        headers=(("h", b"\x01"), ("dlq.id", dlq_id.encode())),
+        retry_topic="retry",
+        attempt=2,
+        origin_topic="orders",
+        origin_partition=3,
+        origin_offset=9,
+        error_class="Boom",
+        error_message="bad",
+        first_failed_at=1,
+        failed_at=2,
+        received_at=3,
+        due_at=due,
+        max_attempts=5,
     )
     base.update(kw)
     return Entry(**base)  # type: ignore[arg-type]
@@ -110,10 +122,17 @@ def entry(dlq_id: str = "a", due: int = 0, **kw: object) -> Entry:
 
 @given(ids, st.text(max_size=40), st.text(max_size=40), st.integers(1, 2**31 - 1), dues, st.booleans())
 def test_decided_letters_carry_the_stored_bytes_unchanged(
-    dlq_id: str, topic: str, error_class: str, attempt: int, due: int, parked: bool,
+    dlq_id: str, topic: str, error_class: str, attempt: int, due: int, parked: bool
 ) -> None:
-    e = entry(dlq_id, due, origin_topic=topic, error_class=error_class, attempt=attempt,
-              parked_at=5 if parked else None, parked_reason="why" if parked else None)
+    e = entry(
+        dlq_id,
+        due,
+        origin_topic=topic,
+        error_class=error_class,
+        attempt=attempt,
+        parked_at=5 if parked else None,
+        parked_reason="why" if parked else None,
+    )
     d = decode_decided(encode_decided(Decided.of(e)))
     assert d == Decided(dlq_id, parked, attempt, due, (topic, error_class), encode_entry(e))
     assert decode_entry(d.stored) == e
@@ -139,7 +158,7 @@ def test_entries_round_trip_with_binary_key_value_and_headers() -> None:
 
 def test_entry_from_a_letter_without_headers_gets_the_contract_defaults() -> None:
     letter = parse_dead_letter(
-        b"k", b"v", None, topic="dead-letters", partition=1, offset=5, timestamp_ms=1000, default_retry_topic="retry",
+        b"k", b"v", None, topic="dead-letters", partition=1, offset=5, timestamp_ms=1000, default_retry_topic="retry"
     )
     e = entry_from_letter(letter, [], received_at=2000)
     headers = dict(e.headers)
@@ -228,8 +247,7 @@ def test_counts_rebuild_and_follow_changes() -> None:
     a, b = entry("a"), entry("b", error_class="Timeout", origin_topic="payments")
     counts = Counts()
     rows = counts.rebuild(
-        {0: [(due_key(1, "a"), encode_entry(a))], 1: [(due_key(1, "b"), encode_entry(b))]},
-        {1: [(id_key("p"), encode_entry(a))]},
+        {0: [(due_key(1, "a"), encode_entry(a))], 1: [(due_key(1, "b"), encode_entry(b))]}, {1: [(id_key("p"), encode_entry(a))]}
     )
     assert rows == 3
     totals = counts.totals({0, 1})
@@ -250,9 +268,18 @@ def test_index_values_tell_a_scheduled_key_from_a_done_marker(kind: bytes, attem
 
 def test_entry_from_a_letter_clamps_numbers_it_cannot_store() -> None:
     letter = parse_dead_letter(
-        b"k", b"v", [("dlq.attempt", b"99999999999999999999"), ("dlq.failed.at", b"-99999999999999999999999"),
-                     ("dlq.original.offset", b"123456789012345678901234567890")],
-        topic="dead-letters", partition=1, offset=5, timestamp_ms=1000, default_retry_topic="retry",
+        b"k",
+        b"v",
+        [
+            ("dlq.attempt", b"99999999999999999999"),
+            ("dlq.failed.at", b"-99999999999999999999999"),
+            ("dlq.original.offset", b"123456789012345678901234567890"),
+        ],
+        topic="dead-letters",
+        partition=1,
+        offset=5,
+        timestamp_ms=1000,
+        default_retry_topic="retry",
     )
     e = entry_from_letter(letter, [], received_at=2000)
     assert e.attempt == 2**31 - 1 and e.failed_at == 0 and e.origin_offset == 2**63 - 1
@@ -293,8 +320,9 @@ def test_history_rows_stay_apart_from_id_rows() -> None:
 
 
 def _park(db: Rdict, dlq_id: str, topic: str, error_class: str, at: int, message: str = "bad") -> None:
-    db[id_key(dlq_id)] = encode_entry(entry(dlq_id, origin_topic=topic, error_class=error_class, error_message=message,
-                                            parked_at=at, parked_reason="why"))
+    db[id_key(dlq_id)] = encode_entry(
+        entry(dlq_id, origin_topic=topic, error_class=error_class, error_message=message, parked_at=at, parked_reason="why")
+    )
 
 
 def test_parked_rows_are_grouped_with_counts_and_the_newest_error(db: Rdict) -> None:

@@ -13,9 +13,7 @@ from services.retry_scheduler.app import RetrySchedulerService
 from shared.settings import Settings
 
 
-def test_a_tick_that_cannot_be_sent_is_logged_and_sent_again_later(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_a_tick_that_cannot_be_sent_is_logged_and_sent_again_later(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     service = RetrySchedulerService(Settings(data_dir=tmp_path))
     sent: list[int | None] = []
 

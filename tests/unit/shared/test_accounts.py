@@ -17,8 +17,14 @@ from shared.accounts import MAX_ID_LENGTH, AccountChange, InvalidEvent, parse_ev
 from shared.topics import TopicNames
 
 EVENT: dict[str, Any] = {
-    "event_id": "e", "command_id": "c", "type": "AccountCreated", "account_id": "a", "program_id": "p",
-    "version": 1, "occurred_at": 5, "data": {},
+    "event_id": "e",
+    "command_id": "c",
+    "type": "AccountCreated",
+    "account_id": "a",
+    "program_id": "p",
+    "version": 1,
+    "occurred_at": 5,
+    "data": {},
 }
 #: AccountCreated events that break the contract's Event shape, by the field named in the
 #: refusal: each is refused by every reader.
@@ -80,6 +86,14 @@ def test_a_well_formed_event_is_read_alike_by_every_reader() -> None:
 @pytest.mark.parametrize("error_class", [InvalidEvent.__name__, InvalidInput.__name__])
 def test_the_retry_scheduler_parks_a_malformed_event_at_once(error_class: str) -> None:
     book = build_policy_book(max_attempts=5, base_delay_ms=1000, max_delay_ms=60_000, jitter="equal", overrides="")
-    fate = decide(book, dlq_id="d", attempt=1, origin_topic="account-events", error_class=error_class,
-                  failed_at=0, retry_topic="retry-validator", now_ms=0)
+    fate = decide(
+        book,
+        dlq_id="d",
+        attempt=1,
+        origin_topic="account-events",
+        error_class=error_class,
+        failed_at=0,
+        retry_topic="retry-validator",
+        now_ms=0,
+    )
     assert isinstance(fate, Park) and fate.policy.max_attempts == 1

@@ -29,7 +29,7 @@ def make_app() -> FastAPI:
 
 async def chunks(data: bytes, size: int = 100) -> AsyncIterator[bytes]:
     for i in range(0, len(data), size):
-        yield data[i:i + size]
+        yield data[i : i + size]
 
 
 def body_of(n: int) -> bytes:
@@ -40,6 +40,7 @@ def body_of(n: int) -> bytes:
 async def test_bodies_over_the_limit_get_413_and_within_it_reach_the_app(chunked: bool) -> None:
     transport = httpx.ASGITransport(app=make_app())
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+
         def send(data: bytes) -> Any:
             content = chunks(data) if chunked else data
             return client.post("/echo", content=content, headers={"content-type": "application/json"})

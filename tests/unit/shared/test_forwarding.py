@@ -28,8 +28,15 @@ class FakeContext:
 
 def request_for(raw_path: bytes, query: bytes = b"") -> Request:
     scope = {
-        "type": "http", "method": "GET", "scheme": "http", "server": ("me", 1), "root_path": "",
-        "path": unquote(raw_path.decode()), "raw_path": raw_path, "query_string": query, "headers": [],
+        "type": "http",
+        "method": "GET",
+        "scheme": "http",
+        "server": ("me", 1),
+        "root_path": "",
+        "path": unquote(raw_path.decode()),
+        "raw_path": raw_path,
+        "query_string": query,
+        "headers": [],
     }
 
     async def receive() -> dict[str, object]:

@@ -57,9 +57,11 @@ def test_every_id_reaches_each_endpoint_that_answers_for_one_id(service: str) ->
         templates = [r.path for r, n in routes if r.endpoint is route.endpoint and n == name]
         for dlq_id in ids:
             reached = [
-                resolved for template in templates
+                resolved
+                for template in templates
                 if (resolved := _resolve(router, template.replace(f"{{{name}:id}}", dlq_id))) is not None
-                and resolved[0].endpoint is route.endpoint and resolved[1].get(name) == dlq_id
+                and resolved[0].endpoint is route.endpoint
+                and resolved[1].get(name) == dlq_id
             ]
             if not reached:
                 unreachable.append(f"{route.path} with {name}={dlq_id!r}")

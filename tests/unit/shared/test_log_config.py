@@ -30,7 +30,7 @@ def coordinator_log(caplog: pytest.LogCaptureFixture) -> Iterator[logging.Logger
 
 
 def test_a_retriable_coordinator_lookup_failure_is_a_warning(
-    coordinator_log: logging.Logger, caplog: pytest.LogCaptureFixture,
+    coordinator_log: logging.Logger, caplog: pytest.LogCaptureFixture
 ) -> None:
     coordinator_log.error("Group Coordinator Request failed: %s", errors.CoordinatorNotAvailableError())
     [record] = [r for r in caplog.records if r.name == coordinator_log.name]
@@ -46,7 +46,7 @@ def test_other_coordinator_errors_stay_errors(coordinator_log: logging.Logger, c
 
 
 def test_a_topic_missing_from_one_metadata_response_is_a_warning(
-    coordinator_log: logging.Logger, caplog: pytest.LogCaptureFixture,
+    coordinator_log: logging.Logger, caplog: pytest.LogCaptureFixture
 ) -> None:
     cluster_log = logging.getLogger("aiokafka.cluster")
     cluster_log.error("Topic %s not found in cluster metadata", "p.account-events")
@@ -55,13 +55,11 @@ def test_a_topic_missing_from_one_metadata_response_is_a_warning(
     assert "p.account-events" in record.getMessage()
 
 
-def test_peer_probes_are_not_logged_other_requests_are(
-    coordinator_log: logging.Logger, caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_peer_probes_are_not_logged_other_requests_are(coordinator_log: logging.Logger, caplog: pytest.LogCaptureFixture) -> None:
     httpx_log = logging.getLogger("httpx")
     line = 'HTTP Request: %s %s "%s %d %s"'
     httpx_log.info(line, "GET", "http://10.0.0.2:8002/healthz", "HTTP/1.1", 200, "OK")
     httpx_log.info(line, "GET", "http://10.0.0.2:8002/tallies/p-1", "HTTP/1.1", 200, "OK")
     assert [r.getMessage() for r in caplog.records if r.name == "httpx"] == [
-        'HTTP Request: GET http://10.0.0.2:8002/tallies/p-1 "HTTP/1.1 200 OK"',
+        'HTTP Request: GET http://10.0.0.2:8002/tallies/p-1 "HTTP/1.1 200 OK"'
     ]

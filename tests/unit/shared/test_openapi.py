@@ -70,16 +70,19 @@ def test_the_statuses_each_operation_can_answer_are_documented(service: str) -> 
     assert documented[("get", "/metrics")] == {"200"}
 
 
-@pytest.mark.parametrize(("service", "method", "path", "allow"), [
-    ("retry_scheduler", "PUT", "/retries/x", "GET, DELETE"),
-    ("retry_scheduler", "OPTIONS", "/parked/x/replay", "POST"),  # not GET of the parked id "x/replay"
-    ("retry_scheduler", "PUT", "/retries/x/replay", "POST"),
-    ("retry_scheduler", "OPTIONS", "/retries/stats", "GET"),
-    ("retry_scheduler", "PATCH", "/parked/a/b", "GET"),
-    ("validator", "PATCH", "/commands", "POST"),
-    ("tallies", "POST", "/tallies/a/b", "GET"),
-    ("tallies", "DELETE", "/healthz", "GET"),
-])
+@pytest.mark.parametrize(
+    ("service", "method", "path", "allow"),
+    [
+        ("retry_scheduler", "PUT", "/retries/x", "GET, DELETE"),
+        ("retry_scheduler", "OPTIONS", "/parked/x/replay", "POST"),  # not GET of the parked id "x/replay"
+        ("retry_scheduler", "PUT", "/retries/x/replay", "POST"),
+        ("retry_scheduler", "OPTIONS", "/retries/stats", "GET"),
+        ("retry_scheduler", "PATCH", "/parked/a/b", "GET"),
+        ("validator", "PATCH", "/commands", "POST"),
+        ("tallies", "POST", "/tallies/a/b", "GET"),
+        ("tallies", "DELETE", "/healthz", "GET"),
+    ],
+)
 def test_405_names_every_method_the_path_takes(service: str, method: str, path: str, allow: str) -> None:
     r = TestClient(service_api(ROUTERS[service]), raise_server_exceptions=False).request(method, path)
     assert r.status_code == 405
@@ -91,8 +94,7 @@ def test_405_names_every_method_the_path_takes(service: str, method: str, path: 
 def test_every_read_from_state_documents_max_lag_and_its_source_headers(service: str) -> None:
     schema = service_api(ROUTERS[service]).openapi()
     reads = [
-        (path, op) for path, method, op in operations(schema)
-        if any(p["name"] == "max_lag" for p in op.get("parameters", ()))
+        (path, op) for path, method, op in operations(schema) if any(p["name"] == "max_lag" for p in op.get("parameters", ()))
     ]
     assert reads, "no operation of this service documents max_lag"
     for path, op in reads:

@@ -36,9 +36,7 @@ class Fleet:
         self.asked.append(request)
         if request.headers.get(READ_COPY):  # asked for its copy: the peer is away too
             raise httpx.ConnectError("connection refused", request=request)
-        return httpx.Response(
-            201, json={"from": "owner"}, headers={"X-Owner-Header": "kept", SOURCE: "standby", LAG: "3"},
-        )
+        return httpx.Response(201, json={"from": "owner"}, headers={"X-Owner-Header": "kept", SOURCE: "standby", LAG: "3"})
 
 
 class ReadyContext(ServiceContext):
@@ -67,18 +65,17 @@ ItemChange = Annotated[str, owned_key(_item_id, _table, reads=False)]
 
 def service(fleet: Fleet) -> FastAPI:
     ctx = ReadyContext(
-        service="test", settings=Settings(read_retry_s=0), instance=INSTANCE,
-        topics=None, url=ME,  # type: ignore[arg-type]
+        service="test",
+        settings=Settings(read_retry_s=0),
+        instance=INSTANCE,
+        topics=None,  # type: ignore[arg-type]
+        url=ME,
     )
     ctx._http = httpx.AsyncClient(transport=httpx.MockTransport(fleet.transport))
     router = APIRouter()
 
     @router.get("/items/{item_id}")
-    async def get_item(
-        item_id: ItemRead,
-        ctx: Ctx,
-        limit: Annotated[int, Query(ge=1, le=10)] = 5,
-    ) -> Any:
+    async def get_item(item_id: ItemRead, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=10)] = 5) -> Any:
         fleet.answered.append(item_id)
         return {"item_id": item_id, "limit": limit, "by": ctx.url}
 
@@ -134,12 +131,9 @@ async def test_a_change_goes_to_the_active_owner_and_runs_there(fleet: Fleet) ->
     assert fleet.answered == ["a1"]
 
 
-@pytest.mark.parametrize(("query", "loc"), [
-    ({"limit": "0"}, ["query", "limit"]),
-    ({"max_lag": "-1"}, ["query", "max_lag"]),
-])
+@pytest.mark.parametrize(("query", "loc"), [({"limit": "0"}, ["query", "limit"]), ({"max_lag": "-1"}, ["query", "max_lag"])])
 async def test_a_request_the_route_refuses_is_refused_here_and_never_forwarded(
-    fleet: Fleet, query: dict[str, str], loc: list[str],
+    fleet: Fleet, query: dict[str, str], loc: list[str]
 ) -> None:
     fleet.owner = OWNER
     async with client(fleet) as http:

@@ -23,13 +23,16 @@ def test_cursor_roundtrip_and_rejects_garbage() -> None:
         decode_cursor("%%%", "tallies")
 
 
-@pytest.mark.parametrize("cursor", [
-    base64.urlsafe_b64encode(b"not-a-cursor").decode(),  # any base64 text
-    base64.urlsafe_b64encode(b"tallies\x00program-1").decode(),  # well-formed but without the check
-    encode_cursor("program-1", "tallies")[:-2],  # truncated
-    encode_cursor("program-1", "tallies")[:-1] + ("A" if encode_cursor("program-1", "tallies")[-1] != "A" else "B"),
-    encode_cursor("program-1", "parked"),  # another list's
-])
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        base64.urlsafe_b64encode(b"not-a-cursor").decode(),  # any base64 text
+        base64.urlsafe_b64encode(b"tallies\x00program-1").decode(),  # well-formed but without the check
+        encode_cursor("program-1", "tallies")[:-2],  # truncated
+        encode_cursor("program-1", "tallies")[:-1] + ("A" if encode_cursor("program-1", "tallies")[-1] != "A" else "B"),
+        encode_cursor("program-1", "parked"),  # another list's
+    ],
+)
 def test_every_list_refuses_cursors_it_did_not_make(cursor: str) -> None:
     with pytest.raises(InvalidCursor):
         decode_cursor(cursor, "tallies")

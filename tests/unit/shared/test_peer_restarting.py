@@ -29,9 +29,7 @@ def client(app: FakeApp, settings: Settings) -> TestClient:
 
 
 @pytest.mark.parametrize(("grace", "spared"), [(20.0, 20.0), (60.0, 30.0)])
-def test_an_announcement_spares_the_peer_for_the_restart_grace_at_most_the_session_timeout(
-    grace: float, spared: float,
-) -> None:
+def test_an_announcement_spares_the_peer_for_the_restart_grace_at_most_the_session_timeout(grace: float, spared: float) -> None:
     settings = Settings(session_timeout_s=30, restart_grace_s=grace)
     app = FakeApp()
     watch = PeerWatch(app, "tallies", "g", "http://10.0.0.1:8002", settings)  # type: ignore[arg-type]

@@ -52,7 +52,9 @@ class Fleet:
 def fleet(monkeypatch: pytest.MonkeyPatch) -> Fleet:
     state = Fleet()
     stand_in_engine(
-        monkeypatch, owner=lambda p: state.owners.get(p, state.owner), copy=lambda: state.mine,
+        monkeypatch,
+        owner=lambda p: state.owners.get(p, state.owner),
+        copy=lambda: state.mine,
         instances={ME, OWNER, PEER_A, PEER_B},
     )
     return state
@@ -61,7 +63,10 @@ def fleet(monkeypatch: pytest.MonkeyPatch) -> Fleet:
 def context(fleet: Fleet, **settings: Any) -> ServiceContext:
     INSTANCE.rebalancing = fleet.rebalancing
     ctx = ServiceContext(
-        service="tallies", settings=Settings(read_retry_s=0, **settings), instance=INSTANCE, topics=None,  # type: ignore[arg-type]
+        service="tallies",
+        settings=Settings(read_retry_s=0, **settings),
+        instance=INSTANCE,
+        topics=None,  # type: ignore[arg-type]
         url=ME,
     )
     ctx._http = httpx.AsyncClient(transport=httpx.MockTransport(fleet.transport))
@@ -70,8 +75,14 @@ def context(fleet: Fleet, **settings: Any) -> ServiceContext:
 
 def request(method: str = "GET", query: bytes = b"", headers: dict[str, str] | None = None) -> Request:
     scope = {
-        "type": "http", "method": method, "scheme": "http", "server": ("me", 1), "root_path": "",
-        "path": "/tallies/p1", "raw_path": b"/tallies/p1", "query_string": query,
+        "type": "http",
+        "method": method,
+        "scheme": "http",
+        "server": ("me", 1),
+        "root_path": "",
+        "path": "/tallies/p1",
+        "raw_path": b"/tallies/p1",
+        "query_string": query,
         "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
     }
 
@@ -230,7 +241,7 @@ def asked_as_owner(partitions: str) -> Request:
 
 
 async def test_the_owners_part_of_a_list_comes_from_an_owner_that_has_restored_them(
-    fleet: Fleet, monkeypatch: pytest.MonkeyPatch,
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ctx = context(fleet)
     monkeypatch.setattr(ctx, "ready", lambda: True)
@@ -239,13 +250,17 @@ async def test_the_owners_part_of_a_list_comes_from_an_owner_that_has_restored_t
     assert read_from_headers(req) == {}  # the asker takes it as the active owner's answer
 
 
-@pytest.mark.parametrize(("ready", "rebalancing", "owned"), [
-    (False, False, {1, 2, 3}),  # restoring: a member that rejoined still holds the state of before
-    (True, True, {1, 2, 3}),  # a rebalance under way
-    (True, False, {1, 2}),  # partition 3 moved away
-], ids=["restoring", "rebalancing", "not-owned"])
+@pytest.mark.parametrize(
+    ("ready", "rebalancing", "owned"),
+    [
+        (False, False, {1, 2, 3}),  # restoring: a member that rejoined still holds the state of before
+        (True, True, {1, 2, 3}),  # a rebalance under way
+        (True, False, {1, 2}),  # partition 3 moved away
+    ],
+    ids=["restoring", "rebalancing", "not-owned"],
+)
 async def test_the_owners_part_of_a_list_is_refused_unless_it_is_current_here(
-    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, ready: bool, rebalancing: bool, owned: set[int],
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, ready: bool, rebalancing: bool, owned: set[int]
 ) -> None:
     fleet.rebalancing = rebalancing
     ctx = context(fleet)
@@ -256,7 +271,7 @@ async def test_the_owners_part_of_a_list_is_refused_unless_it_is_current_here(
 
 
 async def test_a_copy_read_of_a_list_is_answered_while_restoring_with_its_lag(
-    fleet: Fleet, monkeypatch: pytest.MonkeyPatch,
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fleet.mine = Copy("restoring", 5)
     ctx = context(fleet)

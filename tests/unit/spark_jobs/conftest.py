@@ -13,8 +13,12 @@ from spark_jobs.session import build_session
 
 def small_spark_settings(root: Path) -> SparkSettings:
     return SparkSettings(
-        shuffle_partitions=2, checkpoint_dir=root / "checkpoints", backfill_dir=root / "backfill",
-        archive_dir=root / "archive", local_dir=root / "tmp", warehouse_dir=root / "warehouse",
+        shuffle_partitions=2,
+        checkpoint_dir=root / "checkpoints",
+        backfill_dir=root / "backfill",
+        archive_dir=root / "archive",
+        local_dir=root / "tmp",
+        warehouse_dir=root / "warehouse",
     )
 
 

@@ -17,8 +17,17 @@ T0 = 1_704_067_200_000
 
 
 def created(account_id: str, **changes: object) -> bytes:
-    event = {"event_id": "e", "command_id": "c", "type": "AccountCreated", "account_id": account_id,
-             "program_id": "p", "version": 1, "occurred_at": T0, "data": {}, **changes}
+    event = {
+        "event_id": "e",
+        "command_id": "c",
+        "type": "AccountCreated",
+        "account_id": account_id,
+        "program_id": "p",
+        "version": 1,
+        "occurred_at": T0,
+        "data": {},
+        **changes,
+    }
     return json.dumps({k: v for k, v in event.items() if v is not None}).encode()
 
 
@@ -43,10 +52,24 @@ def test_account_events_are_read_as_every_reader_reads_them() -> None:
 def test_the_earliest_login_of_a_batch_is_kept_per_account() -> None:
     ts = pd.Timestamp(T0, unit="ms")
     frames = [
-        pd.DataFrame({"account_id": ["a", "b", "a"], "program_id": ["p"] * 3, "created_at": [T0] * 3,
-                      "created_ts": [ts] * 3, "login_at": [T0 + 50.0, T0 + 7.0, T0 + 9.0]}),
-        pd.DataFrame({"account_id": ["a", "c", "b"], "program_id": ["p"] * 3, "created_at": [T0] * 3,
-                      "created_ts": [ts] * 3, "login_at": [T0 + 3.0, None, T0 + 8.0]}),
+        pd.DataFrame(
+            {
+                "account_id": ["a", "b", "a"],
+                "program_id": ["p"] * 3,
+                "created_at": [T0] * 3,
+                "created_ts": [ts] * 3,
+                "login_at": [T0 + 50.0, T0 + 7.0, T0 + 9.0],
+            }
+        ),
+        pd.DataFrame(
+            {
+                "account_id": ["a", "c", "b"],
+                "program_id": ["p"] * 3,
+                "created_at": [T0] * 3,
+                "created_ts": [ts] * 3,
+                "login_at": [T0 + 3.0, None, T0 + 8.0],
+            }
+        ),
     ]
     for order in (frames, frames[::-1], [f.iloc[::-1] for f in frames]):
         (out,) = list(earliest_logins(iter(order)))

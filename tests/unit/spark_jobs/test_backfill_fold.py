@@ -16,8 +16,12 @@ pytestmark = pytest.mark.spark
 EVENTS = "p.account-events"
 LOGINS = "p.logins"
 KINDS = {EVENTS: CHANGE, LOGINS: LOGIN}
-STATUS = {"AccountCreated": "active", "AccountDeactivated": "inactive", "AccountReactivated": "active",
-          "AccountDeleted": "deleted"}
+STATUS = {
+    "AccountCreated": "active",
+    "AccountDeactivated": "inactive",
+    "AccountReactivated": "active",
+    "AccountDeleted": "deleted",
+}
 
 
 def history(seed: int) -> list[tuple[str, bytes]]:
@@ -32,10 +36,12 @@ def history(seed: int) -> list[tuple[str, bytes]]:
             last = STATUS.get(types[-1], "active")
             if last == "deleted":
                 break
-            types.append(rng.choice(
-                ["AccountUpdated", "AccountDeleted"]
-                + (["AccountDeactivated"] if last == "active" else ["AccountReactivated"])
-            ))
+            types.append(
+                rng.choice(
+                    ["AccountUpdated", "AccountDeleted"]
+                    + (["AccountDeactivated"] if last == "active" else ["AccountReactivated"])
+                )
+            )
         for version, typ in enumerate(types, start=1):
             event = {"type": typ, "account_id": account, "program_id": program, "version": version, "occurred_at": 1}
             records.append((EVENTS, json.dumps(event).encode()))
@@ -44,8 +50,11 @@ def history(seed: int) -> list[tuple[str, bytes]]:
         for _ in range(rng.randint(0, 3)):
             login = {"account_id": account, "program_id": program, "ts": rng.randint(1, 10_000)}
             records.append((LOGINS, json.dumps(login).encode()))
-    records += [(EVENTS, b"junk"), (LOGINS, b'{"account_id":"x","program_id":"prog-9"}'),
-                (LOGINS, json.dumps({"account_id": "y", "program_id": "prog-login-only", "ts": 77}).encode())]
+    records += [
+        (EVENTS, b"junk"),
+        (LOGINS, b'{"account_id":"x","program_id":"prog-9"}'),
+        (LOGINS, json.dumps({"account_id": "y", "program_id": "prog-login-only", "ts": 77}).encode()),
+    ]
     rng.shuffle(records)
     return records
 
@@ -81,11 +90,16 @@ def model(records: list[tuple[str, bytes]]) -> dict[str, tuple[int, int, int | N
 
 
 def test_parse_records_marks_what_the_service_rejects() -> None:
-    frame = pd.DataFrame({"topic": [EVENTS, LOGINS, EVENTS], "value": [
-        b'{"type":"AccountCreated","account_id":"a","program_id":"p","version":1,"occurred_at":3}',
-        b'{"account_id":"a","program_id":"p","ts":5}',
-        b"[]",
-    ]})
+    frame = pd.DataFrame(
+        {
+            "topic": [EVENTS, LOGINS, EVENTS],
+            "value": [
+                b'{"type":"AccountCreated","account_id":"a","program_id":"p","version":1,"occurred_at":3}',
+                b'{"account_id":"a","program_id":"p","ts":5}',
+                b"[]",
+            ],
+        }
+    )
     (out,) = list(parse_records(KINDS)(iter([frame])))
     assert out.astype(object).where(out.notna(), None).values.tolist() == [
         ["change", "p", "a", "AccountCreated", 1, None, None],

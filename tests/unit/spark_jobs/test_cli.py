@@ -44,10 +44,22 @@ def test_bad_time() -> None:
 def test_spark_options_become_spark_settings() -> None:
     parser = argparse.ArgumentParser()
     cli.add_spark_arguments(parser)
-    args = parser.parse_args([
-        "--master", "spark://h:7077", "--driver-memory", "2g", "--executor-memory", "4g", "--num-executors", "3",
-        "--conf", "spark.sql.shuffle.partitions=16", "--conf", "a.b=c=d",
-    ])
+    args = parser.parse_args(
+        [
+            "--master",
+            "spark://h:7077",
+            "--driver-memory",
+            "2g",
+            "--executor-memory",
+            "4g",
+            "--num-executors",
+            "3",
+            "--conf",
+            "spark.sql.shuffle.partitions=16",
+            "--conf",
+            "a.b=c=d",
+        ]
+    )
     assert args.master == "spark://h:7077"
     assert cli.spark_conf(args) == {
         "spark.driver.memory": "2g",

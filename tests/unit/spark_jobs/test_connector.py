@@ -74,26 +74,29 @@ def test_the_cache_is_keyed_by_versions_and_pom(tmp_path: Path) -> None:
     assert "spark-sql-kafka-0-10_2.13-9.9.9.jar" not in names(resolve_connector_jars(settings))
     assert calls(maven) == [f"{v}/4.0.0"]
 
-    other = SparkSettings(maven=str(maven), jars_dir=jars_dir, kafka_connector_version="9.9.9",
-                          kafka_token_provider_version="9.9.8")
+    other = SparkSettings(
+        maven=str(maven), jars_dir=jars_dir, kafka_connector_version="9.9.9", kafka_token_provider_version="9.9.8"
+    )
     assert names(resolve_connector_jars(other)) == [
-        "kafka-clients.jar", "spark-sql-kafka-0-10_2.13-9.9.9.jar", "spark-token-provider-kafka-0-10_2.13-9.9.8.jar",
+        "kafka-clients.jar",
+        "spark-sql-kafka-0-10_2.13-9.9.9.jar",
+        "spark-token-provider-kafka-0-10_2.13-9.9.8.jar",
     ]
     assert calls(maven) == [f"{v}/4.0.0", "9.9.9/9.9.8"]
     assert ConnectorVersions(v, "4.0.0").folder_name().startswith(f"{v}-4.0.0-")
 
 
 def test_a_connector_other_than_pysparks_is_used_with_a_warning(tmp_path: Path, caplog) -> None:
-    settings = SparkSettings(maven=str(fake_maven(tmp_path, {"9.9.9"})), jars_dir=tmp_path / "jars",
-                             kafka_connector_version="9.9.9")
+    settings = SparkSettings(
+        maven=str(fake_maven(tmp_path, {"9.9.9"})), jars_dir=tmp_path / "jars", kafka_connector_version="9.9.9"
+    )
     with caplog.at_level(logging.WARNING, logger="spark_jobs.connector"):
         assert "spark-sql-kafka-0-10_2.13-9.9.9.jar" in names(resolve_connector_jars(settings))
     assert "versions differ" in caplog.text
 
 
 def test_unresolvable_versions_fail_with_what_to_do(tmp_path: Path) -> None:
-    settings = SparkSettings(maven=str(fake_maven(tmp_path, set())), jars_dir=tmp_path / "jars",
-                             kafka_connector_version="9.9.9")
+    settings = SparkSettings(maven=str(fake_maven(tmp_path, set())), jars_dir=tmp_path / "jars", kafka_connector_version="9.9.9")
     with pytest.raises(ConnectorError, match="STATEFLEET_SPARK_JARS") as info:
         resolve_connector_jars(settings)
     assert "Could not find artifact spark-sql-kafka-0-10_2.13:9.9.9" in str(info.value)

@@ -10,12 +10,18 @@ pytestmark = pytest.mark.spark
 
 def parked(**headers: str):  # type: ignore[no-untyped-def]
     raw = [("own", b"x")] + [(k.replace("_", "."), v.encode()) for k, v in headers.items()]
-    return parse_dead_letter(b"k", b"v", raw, topic="pl", partition=1, offset=7, timestamp_ms=500,
-                             default_retry_topic="p.retry")
+    return parse_dead_letter(b"k", b"v", raw, topic="pl", partition=1, offset=7, timestamp_ms=500, default_retry_topic="p.retry")
 
 
-DL = parked(dlq_id="id1", dlq_original_topic="p.logins", dlq_error_class="TimeoutError", dlq_attempt="5",
-            dlq_failed_at="2000", dlq_first_failed_at="1000", dlq_retry_topic="p.retry-tallies")
+DL = parked(
+    dlq_id="id1",
+    dlq_original_topic="p.logins",
+    dlq_error_class="TimeoutError",
+    dlq_attempt="5",
+    dlq_failed_at="2000",
+    dlq_first_failed_at="1000",
+    dlq_retry_topic="p.retry-tallies",
+)
 
 
 @pytest.mark.parametrize(
@@ -64,8 +70,14 @@ def test_replay_to_dead_letters_resets_the_attempt_and_keeps_the_rest() -> None:
 
 def test_replay_to_retry_uses_the_message_retry_topic_and_replaces_old_replay_headers() -> None:
     again = parse_dead_letter(
-        b"k", b"v", [*DL.headers(), ("statefleet.replay.run", b"old"), ("statefleet.replay.source", b"pl:0:1")],
-        topic="pl", partition=2, offset=9, timestamp_ms=1, default_retry_topic="p.retry",
+        b"k",
+        b"v",
+        [*DL.headers(), ("statefleet.replay.run", b"old"), ("statefleet.replay.source", b"pl:0:1")],
+        topic="pl",
+        partition=2,
+        offset=9,
+        timestamp_ms=1,
+        default_retry_topic="p.retry",
     )
     replay = replay_for(again, "retry", "p.dead-letters", "run-2", "pl:2:9")
     assert replay.target_topic == "p.retry-tallies"

@@ -27,10 +27,8 @@ def test_differences_name_each_program_and_field() -> None:
 
 def test_fetch_follows_cursors() -> None:
     pages = {
-        None: {"items": [{"program_id": "a", "numberActive": 1, "numberInactive": 0, "lastLogin": None}],
-               "next_cursor": "c1"},
-        "c1": {"items": [{"program_id": "b", "numberActive": 0, "numberInactive": 2, "lastLogin": 42}],
-               "next_cursor": None},
+        None: {"items": [{"program_id": "a", "numberActive": 1, "numberInactive": 0, "lastLogin": None}], "next_cursor": "c1"},
+        "c1": {"items": [{"program_id": "b", "numberActive": 0, "numberInactive": 2, "lastLogin": 42}], "next_cursor": None},
     }
     seen = []
 

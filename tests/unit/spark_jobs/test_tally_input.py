@@ -32,7 +32,7 @@ CASES = [
     (CHANGE, b'{"type":"AccountCreated","account_id":"a","program_id":"p\\u0000x","version":1}'),
     (CHANGE, b'{"type":"AccountCreated","account_id":"a","program_id":"p\\u0000x","version":1,"occurred_at":5}'),
     (LOGIN, b'{"account_id":"a","program_id":"p\\u0000x","ts":10}'),
-    (CHANGE, b'[1,2]'),
+    (CHANGE, b"[1,2]"),
     (CHANGE, b"not json"),
     (CHANGE, None),
     (LOGIN, b'{"account_id":"a","program_id":"p1","ts":10}'),

@@ -74,10 +74,12 @@ def test_counts_kept_in_memory_answer_only_once_the_recovery_is_done() -> None:
     """A member removed while stopped rejoins with the counts of before the stop, while its rows
     are restored with what the others wrote meanwhile: until the recovery is done (and the
     counts rebuilt), a tally is counted from the rows, whose lag the copy reports."""
-    rows = sorted([
-        (membership_key("P", "a"), encode_membership(Membership(ACTIVE, 1))),
-        (membership_key("P", "b"), encode_membership(Membership(ACTIVE, 1))),  # written while it was stopped
-    ])
+    rows = sorted(
+        [
+            (membership_key("P", "a"), encode_membership(Membership(ACTIVE, 1))),
+            (membership_key("P", "b"), encode_membership(Membership(ACTIVE, 1))),  # written while it was stopped
+        ]
+    )
     recovered = [False]
     engine = SimpleNamespace(instance=SimpleNamespace(ready=lambda: recovered[0]))
     counts = ProgramCounts()

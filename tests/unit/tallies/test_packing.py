@@ -37,7 +37,8 @@ def test_pack_splits_large_partitions_and_roundtrips() -> None:
 def test_each_part_counts_the_input_records_it_stands_for() -> None:
     items: list[AccountChange | Login] = [
         *(AccountChange(f"a{i}", "P", "AccountCreated", 1) for i in range(MAX_CHANGES_PER_RECORD + 1)),
-        Login("a", "P", 5), Login("b", "P", 7),
+        Login("a", "P", 5),
+        Login("b", "P", 7),
     ]
     parts = pack_by_partition(items, 1)
     assert [part.records for _, part in parts] == [MAX_CHANGES_PER_RECORD, 3]

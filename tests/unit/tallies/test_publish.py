@@ -26,21 +26,17 @@ PARTITIONS = 4
 
 @pytest.fixture(params=["at_least_once", "exactly_once"])
 def tallies(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[TalliesService, TopologyDriver]]:
-    service = TalliesService(Settings(data_dir=tmp_path, topic_partitions=PARTITIONS,
-                                      processing_guarantee=request.param))
+    service = TalliesService(Settings(data_dir=tmp_path, topic_partitions=PARTITIONS, processing_guarantee=request.param))
     with TopologyDriver(service.engine) as driver:
         yield service, driver
 
 
-def change(service: TalliesService, driver: TopologyDriver, account: str, program: str, type_: str,
-           version: int) -> None:
-    driver.send(service.topics.account_events, account.encode(),
-                orjson.dumps(event(account, program, type_, version)))
+def change(service: TalliesService, driver: TopologyDriver, account: str, program: str, type_: str, version: int) -> None:
+    driver.send(service.topics.account_events, account.encode(), orjson.dumps(event(account, program, type_, version)))
 
 
 def login(service: TalliesService, driver: TopologyDriver, account: str, program: str, ts: int) -> None:
-    driver.send(service.topics.logins, account.encode(),
-                orjson.dumps({"account_id": account, "program_id": program, "ts": ts}))
+    driver.send(service.topics.logins, account.encode(), orjson.dumps({"account_id": account, "program_id": program, "ts": ts}))
 
 
 def tick(service: TalliesService, driver: TopologyDriver) -> None:
@@ -68,9 +64,7 @@ def owns_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(TalliesService, "owned_partitions", lambda self: set(range(PARTITIONS)))
 
 
-def test_a_tick_publishes_changed_tallies_once_and_a_second_tick_nothing(
-    tallies: tuple[TalliesService, TopologyDriver],
-) -> None:
+def test_a_tick_publishes_changed_tallies_once_and_a_second_tick_nothing(tallies: tuple[TalliesService, TopologyDriver]) -> None:
     service, driver = tallies
     change(service, driver, "a1", "P", "AccountCreated", 1)
     change(service, driver, "a2", "P", "AccountCreated", 1)
@@ -82,9 +76,7 @@ def test_a_tick_publishes_changed_tallies_once_and_a_second_tick_nothing(
     assert sum(len(p) for p in service.dirty.values()) == 2
 
     tick(service, driver)
-    assert sorted(published(service, driver)) == [
-        ("P", tally("P", 1, 1, 1_700_000_000_123)), ("Q", tally("Q", 1, 0)),
-    ]
+    assert sorted(published(service, driver)) == [("P", tally("P", 1, 1, 1_700_000_000_123)), ("Q", tally("Q", 1, 0))]
     assert service.dirty == {} and service.publish_ticks.in_flight() == set() and service.published == 2
     # The table holds what went out, in the program's partition.
     table = driver.table("published-tallies")
@@ -180,9 +172,7 @@ def test_a_rebuild_after_a_rewind_or_a_restart_republishes_nothing_unchanged(
     assert service.dirty == {}
 
 
-def test_a_rebuild_with_nothing_published_yet_publishes_each_program_once(
-    tallies: tuple[TalliesService, TopologyDriver],
-) -> None:
+def test_a_rebuild_with_nothing_published_yet_publishes_each_program_once(tallies: tuple[TalliesService, TopologyDriver]) -> None:
     """As after an upgrade over a data dir from before ``published-tallies``."""
     service, driver = tallies
     for p in range(5):
@@ -212,9 +202,7 @@ def test_counts_not_kept_in_memory_are_counted_from_the_batch(tallies: tuple[Tal
     assert published(service, driver) == [("P", tally("P", 1, 1))]
 
 
-def test_a_tick_is_sent_at_most_once_per_partition_until_processed(
-    tallies: tuple[TalliesService, TopologyDriver],
-) -> None:
+def test_a_tick_is_sent_at_most_once_per_partition_until_processed(tallies: tuple[TalliesService, TopologyDriver]) -> None:
     service, driver = tallies
     change(service, driver, "a1", "P", "AccountCreated", 1)
     driver.process()
@@ -228,7 +216,7 @@ def test_a_tick_is_sent_at_most_once_per_partition_until_processed(
 
 
 def test_a_tick_that_cannot_be_sent_is_sent_with_the_next_interval(
-    tallies: tuple[TalliesService, TopologyDriver], monkeypatch: pytest.MonkeyPatch,
+    tallies: tuple[TalliesService, TopologyDriver], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service, driver = tallies
     change(service, driver, "a1", "P", "AccountCreated", 1)

@@ -1,13 +1,7 @@
 from __future__ import annotations
 
 from services.tallies.domain import Membership
-from services.tallies.state import (
-    ProgramCounts,
-    decode_membership,
-    encode_membership,
-    membership_key,
-    split_membership_key,
-)
+from services.tallies.state import ProgramCounts, decode_membership, encode_membership, membership_key, split_membership_key
 from shared.accounts import ACTIVE, DELETED, INACTIVE
 
 

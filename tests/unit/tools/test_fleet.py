@@ -67,7 +67,9 @@ def test_a_pid_file_naming_another_program_is_not_an_instance(fleet_home: Path) 
 
 def test_services_connect_to_the_broker_make_broker_runs_and_ports_move(tmp_path: Path) -> None:
     env = {
-        **os.environ, "STATEFLEET_BROKER_PORT": "19092", "STATEFLEET_PORT_OFFSET": "1000",
+        **os.environ,
+        "STATEFLEET_BROKER_PORT": "19092",
+        "STATEFLEET_PORT_OFFSET": "1000",
         "STATEFLEET_FLEET_HOME": str(tmp_path),
     }
     env.pop("STATEFLEET_KAFKA_BOOTSTRAP_SERVERS", None)

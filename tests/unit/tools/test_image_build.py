@@ -39,10 +39,18 @@ def test_local_bases_stand_in_for_the_dockerfiles_base_arguments() -> None:
 def test_build_command_passes_bases_and_the_maven_repository(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STATEFLEET_IMAGE_STORAGE_DRIVER", "vfs")
     monkeypatch.delenv("STATEFLEET_IMAGE_STORAGE_ROOT", raising=False)
-    cmd = build_command("statefleet:0.1.0", {"PYTHON_IMAGE": "localhost/py:1", "MAVEN_IMAGE": "localhost/mvn:1"},
-                        Path("/root/.m2"))
-    assert cmd[:7] == ["buildah", "--storage-driver", "vfs", "--root", image_build.DEFAULT_STORAGE_ROOT,
-                       "--runroot", "/run/containers/statefleet"]
+    cmd = build_command(
+        "statefleet:0.1.0", {"PYTHON_IMAGE": "localhost/py:1", "MAVEN_IMAGE": "localhost/mvn:1"}, Path("/root/.m2")
+    )
+    assert cmd[:7] == [
+        "buildah",
+        "--storage-driver",
+        "vfs",
+        "--root",
+        image_build.DEFAULT_STORAGE_ROOT,
+        "--runroot",
+        "/run/containers/statefleet",
+    ]
     assert "--layers" in cmd and cmd[cmd.index("--format") + 1] == "docker"
     assert cmd[cmd.index("--tag") + 1] == "statefleet:0.1.0"
     assert "MAVEN_IMAGE=localhost/mvn:1" in cmd and "PYTHON_IMAGE=localhost/py:1" in cmd

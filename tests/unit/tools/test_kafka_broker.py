@@ -31,7 +31,8 @@ def downloaded(name: str) -> str:
 def test_maven_progress_shows_a_line_now_and_then_not_one_per_file() -> None:
     progress = MavenProgress(interval=2.0)
     shown = [
-        out for i in range(300)
+        out
+        for i in range(300)
         if (out := progress.feed(downloaded(f"lib-{i}.jar"), now=i * 0.02)) is not None  # 300 files in 6 s
     ]
     assert 2 <= len(shown) <= 4

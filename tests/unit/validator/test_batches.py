@@ -15,8 +15,10 @@ def test_a_batch_keeps_its_items_as_they_are_and_names_each_one() -> None:
     assert batch.items == ({"command_id": "own"}, {"type": "x"}, 42)
     assert batch.command_ids() == ["own", "b1:1", "b1:2"]
     # The same batch resent names its items the same again.
-    assert parse_batch({"batch_id": "b1", "commands": [{"command_id": "own"}, {"type": "x"}, 42]},
-                       max_commands=10).command_ids() == batch.command_ids()
+    assert (
+        parse_batch({"batch_id": "b1", "commands": [{"command_id": "own"}, {"type": "x"}, 42]}, max_commands=10).command_ids()
+        == batch.command_ids()
+    )
     assert batch_item("b1", 1, {"type": "x"}) == {"type": "x", "command_id": "b1:1"}
 
 
@@ -29,12 +31,15 @@ def test_a_derived_command_id_is_never_longer_than_an_id_may_be() -> None:
     assert len(item_command_id("b" * MAX_ID_LENGTH, 999, {})) <= MAX_ID_LENGTH
 
 
-@pytest.mark.parametrize("obj, problem", [
-    ({"commands": [{}]}, "batch_id"),
-    ({"batch_id": "b", "commands": []}, "non-empty list"),
-    ({"batch_id": "b", "commands": {"a": 1}}, "non-empty list"),
-    ({"batch_id": "b", "commands": [{}] * 4}, "at most 3"),
-])
+@pytest.mark.parametrize(
+    "obj, problem",
+    [
+        ({"commands": [{}]}, "batch_id"),
+        ({"batch_id": "b", "commands": []}, "non-empty list"),
+        ({"batch_id": "b", "commands": {"a": 1}}, "non-empty list"),
+        ({"batch_id": "b", "commands": [{}] * 4}, "at most 3"),
+    ],
+)
 def test_what_is_not_a_batch_is_refused_whole(obj: dict[str, object], problem: str) -> None:
     with pytest.raises(MalformedBatch, match=problem):
         parse_batch(obj, max_commands=3)

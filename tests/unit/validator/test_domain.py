@@ -95,8 +95,14 @@ def test_transition_table(command_type: str, before: str | None, event_type: str
 def test_created_event_has_every_field() -> None:
     outcome = accepted(decide(None, {}, cmd("CreateAccount", program_id="p9", data={"name": "Ann"}, issued_at=1234)))
     assert outcome.event.to_json() == {
-        "event_id": event_id_for("a1", "c"), "command_id": "c", "type": "AccountCreated", "account_id": "a1",
-        "program_id": "p9", "version": 1, "occurred_at": 1234, "data": {"name": "Ann"},
+        "event_id": event_id_for("a1", "c"),
+        "command_id": "c",
+        "type": "AccountCreated",
+        "account_id": "a1",
+        "program_id": "p9",
+        "version": 1,
+        "occurred_at": 1234,
+        "data": {"name": "Ann"},
     }
     assert outcome.account == Account(account_id="a1", program_id="p9", status=ACTIVE, version=1, data={"name": "Ann"})
 
@@ -190,8 +196,15 @@ def test_history_keeps_the_newest_ids_up_to_its_limit() -> None:
 
 
 def test_parse_a_full_command() -> None:
-    obj = {"command_id": "c", "type": "CreateAccount", "account_id": "a", "program_id": "p",
-           "expected_version": None, "data": {"k": 1}, "issued_at": 5}
+    obj = {
+        "command_id": "c",
+        "type": "CreateAccount",
+        "account_id": "a",
+        "program_id": "p",
+        "expected_version": None,
+        "data": {"k": 1},
+        "issued_at": 5,
+    }
     c = parse_command(obj, default_issued_at=99)
     assert c == Command(command_id="c", account_id="a", type="CreateAccount", program_id="p", data={"k": 1}, issued_at=5)
     assert c.invalid is None and c.to_json() == obj
@@ -202,30 +215,36 @@ def test_parse_defaults() -> None:
     assert c.invalid is None and c.issued_at == 99 and c.data == {} and c.program_id is None
 
 
-@pytest.mark.parametrize("obj", [
-    {"type": "UpdateAccount", "account_id": "a"},
-    {"command_id": "c", "type": "UpdateAccount"},
-    {"command_id": 7, "type": "UpdateAccount", "account_id": "a"},
-    {"command_id": "c", "type": "UpdateAccount", "account_id": ["a"]},
-    {"command_id": "", "type": "UpdateAccount", "account_id": "a"},
-])
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"type": "UpdateAccount", "account_id": "a"},
+        {"command_id": "c", "type": "UpdateAccount"},
+        {"command_id": 7, "type": "UpdateAccount", "account_id": "a"},
+        {"command_id": "c", "type": "UpdateAccount", "account_id": ["a"]},
+        {"command_id": "", "type": "UpdateAccount", "account_id": "a"},
+    ],
+)
 def test_unanswerable_commands_are_malformed(obj: dict[str, Any]) -> None:
     with pytest.raises(MalformedCommand):
         parse_command(obj, default_issued_at=0)
 
 
-@pytest.mark.parametrize(("extra", "fragment"), [
-    ({"type": "Explode"}, "unknown command type"),
-    ({"type": None}, "unknown command type"),
-    ({"expected_version": "3"}, "expected_version"),
-    ({"expected_version": -1}, "expected_version"),
-    ({"expected_version": True}, "expected_version"),
-    ({"data": [1, 2]}, "data"),
-    ({"issued_at": "yesterday"}, "issued_at"),
-    ({"program_id": 5}, "program_id"),
-    ({"program_id": "p\x00q"}, "NUL"),
-    ({"type": "CreateAccount"}, "requires 'program_id'"),
-])
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"type": "Explode"}, "unknown command type"),
+        ({"type": None}, "unknown command type"),
+        ({"expected_version": "3"}, "expected_version"),
+        ({"expected_version": -1}, "expected_version"),
+        ({"expected_version": True}, "expected_version"),
+        ({"data": [1, 2]}, "data"),
+        ({"issued_at": "yesterday"}, "issued_at"),
+        ({"program_id": 5}, "program_id"),
+        ({"program_id": "p\x00q"}, "NUL"),
+        ({"type": "CreateAccount"}, "requires 'program_id'"),
+    ],
+)
 def test_invalid_commands_are_rejected_as_invalid_command(extra: dict[str, Any], fragment: str) -> None:
     obj = {"command_id": "c", "type": "UpdateAccount", "account_id": "a1", **extra}
     c = parse_command(obj, default_issued_at=0)
@@ -261,8 +280,15 @@ def test_batch_decides_each_command_against_the_one_before() -> None:
         for o in plan.outcomes
     ]
     assert summary == [
-        "AccountCreated", "AccountUpdated", "AccountDeactivated", "VERSION_CONFLICT",
-        "AccountReactivated", "dup", "AccountDeleted", "DELETED", "dup",
+        "AccountCreated",
+        "AccountUpdated",
+        "AccountDeactivated",
+        "VERSION_CONFLICT",
+        "AccountReactivated",
+        "dup",
+        "AccountDeleted",
+        "DELETED",
+        "dup",
     ]
     versions = [o.event.version for o in plan.outcomes if isinstance(o, Accepted)]
     assert versions == [1, 2, 3, 4, 5]
@@ -300,8 +326,7 @@ def test_rejections_of_unknown_accounts_are_remembered() -> None:
     assert plan.states["a1"].account is None and plan.states["a1"].history == {"u1": "NOT_FOUND"}
     # the same id later, after the account was created, is still the same NOT_FOUND
     again = plan_batch(
-        [cmd("CreateAccount", "c1", program_id="p1"), cmd("UpdateAccount", "u1")],
-        lambda _: plan.states["a1"], history_limit=10,
+        [cmd("CreateAccount", "c1", program_id="p1"), cmd("UpdateAccount", "u1")], lambda _: plan.states["a1"], history_limit=10
     )
     assert isinstance(again.outcomes[1], Duplicate) and again.outcomes[1].original == "NOT_FOUND"
 

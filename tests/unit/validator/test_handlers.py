@@ -32,8 +32,16 @@ class Validator:
         self.topics = service.own_topics
 
     def command(self, type_: str, command_id: str, account_id: str = "a1", **fields: Any) -> bytes:
-        return codecs.dumps({"command_id": command_id, "account_id": account_id, "type": type_,
-                             "program_id": "p1", "data": {"name": "n"}, **fields})
+        return codecs.dumps(
+            {
+                "command_id": command_id,
+                "account_id": account_id,
+                "type": type_,
+                "program_id": "p1",
+                "data": {"name": "n"},
+                **fields,
+            }
+        )
 
     def send_command(self, type_: str, command_id: str, account_id: str = "a1", **fields: Any) -> None:
         """Queue a command on its account's partition (handed over at the next process)."""
@@ -145,7 +153,9 @@ def test_commands_of_one_batch_are_decided_each_against_the_one_before(validator
     commands = [b for b in batches if b.topic == validator.topics.commands]
     assert [len(b.records) for b in commands] == [4]  # one batch of four
     assert [(e["type"], e["version"]) for e in validator.events()] == [
-        ("AccountCreated", 1), ("AccountUpdated", 2), ("AccountDeactivated", 3),
+        ("AccountCreated", 1),
+        ("AccountUpdated", 2),
+        ("AccountDeactivated", 3),
     ]
     assert [(r["command_id"], r["reason"]) for r in validator.rejections()] == [("c4", VERSION_CONFLICT)]
     # One row per account per batch, its last state.
@@ -188,9 +198,7 @@ def test_a_command_on_another_partition_is_moved_to_its_accounts_and_decided_the
     assert validator.driver.table("accounts").next_offset(validator.topics.commands, elsewhere) == 1
 
 
-def test_a_submitted_command_is_pending_until_decided_and_pending_never_replaces_the_answer(
-    validator: Validator,
-) -> None:
+def test_a_submitted_command_is_pending_until_decided_and_pending_never_replaces_the_answer(validator: Validator) -> None:
     command = codecs.loads_object(validator.command("CreateAccount", "c1"))
     validator.driver.run(validator.service.commands.submit(command))
     outcomes = validator.driver.outputs(validator.topics.outcomes)
@@ -230,8 +238,15 @@ def test_events_reach_their_programs_listing_through_the_second_hop(validator: V
 
 
 def test_an_event_that_breaks_the_event_shape_is_a_dead_letter_and_never_listed(validator: Validator) -> None:
-    event = {"event_id": "e1", "command_id": "c1", "type": "AccountCreated", "account_id": "a1",
-             "program_id": "p1", "version": 1, "data": {}}  # no occurred_at
+    event = {
+        "event_id": "e1",
+        "command_id": "c1",
+        "type": "AccountCreated",
+        "account_id": "a1",
+        "program_id": "p1",
+        "version": 1,
+        "data": {},
+    }  # no occurred_at
     validator.driver.pipe(validator.topics.events, b"a1", codecs.dumps(event))
     [headers] = validator.dead_letter_headers()
     assert headers[dead_letters.ORIGINAL_TOPIC] == validator.topics.events
@@ -252,8 +267,9 @@ def test_a_redelivered_command_goes_back_to_its_accounts_partition_with_its_head
 
 
 def test_a_redelivered_record_still_unreadable_is_a_dead_letter_again(validator: Validator) -> None:
-    validator.driver.pipe(validator.topics.retry, b"a1", b"{",
-                          headers=[(dead_letters.ORIGINAL_TOPIC, validator.topics.commands.encode())])
+    validator.driver.pipe(
+        validator.topics.retry, b"a1", b"{", headers=[(dead_letters.ORIGINAL_TOPIC, validator.topics.commands.encode())]
+    )
     [headers] = validator.dead_letter_headers()
     assert headers[dead_letters.ORIGINAL_TOPIC] == validator.topics.retry
     assert validator.driver.outputs(validator.topics.commands) == []
@@ -272,12 +288,15 @@ def pipe_batch(validator: Validator, value: bytes, batch_id: str = "b1") -> None
 
 
 def test_a_command_batch_is_split_into_commands_each_decided_and_recorded(validator: Validator) -> None:
-    pipe_batch(validator, batch(
-        "b1",
-        {"command_id": "c1", "account_id": "a1", "type": "CreateAccount", "program_id": "p1"},
-        {"account_id": "a2", "type": "CreateAccount", "program_id": "p1"},
-        {"command_id": "c3", "account_id": "a1", "type": "UpdateAccount", "expected_version": 7},
-    ))
+    pipe_batch(
+        validator,
+        batch(
+            "b1",
+            {"command_id": "c1", "account_id": "a1", "type": "CreateAccount", "program_id": "p1"},
+            {"account_id": "a2", "type": "CreateAccount", "program_id": "p1"},
+            {"command_id": "c3", "account_id": "a1", "type": "UpdateAccount", "expected_version": 7},
+        ),
+    )
     commands = validator.driver.outputs(validator.topics.commands)
     assert [dead_letters.headers_dict(r.headers) for r in commands] == [
         {BATCH_ID_HEADER: "b1", BATCH_INDEX_HEADER: str(i)} for i in range(3)
@@ -288,7 +307,9 @@ def test_a_command_batch_is_split_into_commands_each_decided_and_recorded(valida
     ids, outcomes = summary
     assert ids == ["c1", "b1:1", "c3"]
     assert {i: (o["status"], o["reason"]) for i, o in outcomes.items()} == {
-        0: (ACCEPTED, None), 1: (ACCEPTED, None), 2: (REJECTED, VERSION_CONFLICT),
+        0: (ACCEPTED, None),
+        1: (ACCEPTED, None),
+        2: (REJECTED, VERSION_CONFLICT),
     }
 
 
@@ -302,17 +323,16 @@ def test_a_resent_batch_sends_only_the_items_not_decided_yet(validator: Validato
 
 
 def test_a_batch_item_that_is_no_object_is_rejected_by_the_splitter_and_dead_lettered(validator: Validator) -> None:
-    pipe_batch(validator, batch(
-        "b1", "not an object", {"command_id": "c1", "account_id": "a1", "type": "CreateAccount", "program_id": "p1"},
-    ))
+    pipe_batch(
+        validator,
+        batch("b1", "not an object", {"command_id": "c1", "account_id": "a1", "type": "CreateAccount", "program_id": "p1"}),
+    )
     [headers] = validator.dead_letter_headers()
     assert headers[dead_letters.ERROR_CLASS] == "MalformedBatch"
     assert [codecs.loads_object(r.value)["command_id"] for r in validator.driver.outputs(validator.topics.commands)] == ["c1"]
     summary = validator.service.command_batches.batch_summary("b1")
     assert summary is not None
-    assert {i: (o["status"], o["reason"]) for i, o in summary[1].items()} == {
-        0: (REJECTED, INVALID_COMMAND), 1: (ACCEPTED, None),
-    }
+    assert {i: (o["status"], o["reason"]) for i, o in summary[1].items()} == {0: (REJECTED, INVALID_COMMAND), 1: (ACCEPTED, None)}
 
 
 def test_a_record_that_is_no_batch_is_a_dead_letter(validator: Validator) -> None:

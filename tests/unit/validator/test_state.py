@@ -66,8 +66,12 @@ def test_packed_timestamps_sort_like_integers(ts: int) -> None:
 
 def test_listing_keys_sort_by_creation_then_account_within_a_program() -> None:
     keys = [
-        listing_key("p", 5, "b"), listing_key("p", 5, "a"), listing_key("p", -1, "z"),
-        listing_key("p", 10**13, "a"), listing_key("pq", 0, "a"), listing_key("o", 10**13, "a"),
+        listing_key("p", 5, "b"),
+        listing_key("p", 5, "a"),
+        listing_key("p", -1, "z"),
+        listing_key("p", 10**13, "a"),
+        listing_key("pq", 0, "a"),
+        listing_key("o", 10**13, "a"),
     ]
     in_p = sorted(k for k in keys if k.startswith(program_prefix("p")))
     assert in_p == [listing_key("p", -1, "z"), listing_key("p", 5, "a"), listing_key("p", 5, "b"), listing_key("p", 10**13, "a")]
@@ -103,18 +107,21 @@ def test_http_command_model_matches_the_domain() -> None:
     assert ok.command_id is None and ok.data == {} and ok.expected_version == 2
 
 
-@pytest.mark.parametrize("body", [
-    {"type": "Explode", "account_id": "a"},
-    {"type": "UpdateAccount"},
-    {"type": "UpdateAccount", "account_id": ""},
-    {"type": "UpdateAccount", "account_id": 5},
-    {"type": "UpdateAccount", "account_id": "a", "expected_version": "2"},
-    {"type": "UpdateAccount", "account_id": "a", "expected_version": -1},
-    {"type": "UpdateAccount", "account_id": "a", "data": []},
-    {"type": "UpdateAccount", "account_id": "a", "expectedVersion": 2},
-    {"type": "UpdateAccount", "account_id": "a\x00"},
-    {"type": "UpdateAccount", "account_id": "a" * 300},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"type": "Explode", "account_id": "a"},
+        {"type": "UpdateAccount"},
+        {"type": "UpdateAccount", "account_id": ""},
+        {"type": "UpdateAccount", "account_id": 5},
+        {"type": "UpdateAccount", "account_id": "a", "expected_version": "2"},
+        {"type": "UpdateAccount", "account_id": "a", "expected_version": -1},
+        {"type": "UpdateAccount", "account_id": "a", "data": []},
+        {"type": "UpdateAccount", "account_id": "a", "expectedVersion": 2},
+        {"type": "UpdateAccount", "account_id": "a\x00"},
+        {"type": "UpdateAccount", "account_id": "a" * 300},
+    ],
+)
 def test_http_command_model_refuses_bad_bodies(body: dict[str, object]) -> None:
     with pytest.raises(pydantic.ValidationError):
         CommandIn.model_validate(body)

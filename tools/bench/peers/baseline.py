@@ -22,8 +22,11 @@ from tools.bench.common import bootstrap
 
 async def consume(topics: list[str], expected: int) -> tuple[int, float]:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap(), enable_auto_commit=False, auto_offset_reset="earliest",
-        max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=32 * 1024 * 1024,
+        bootstrap_servers=bootstrap(),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+        fetch_max_bytes=32 * 1024 * 1024,
     )
     await consumer.start()
     try:

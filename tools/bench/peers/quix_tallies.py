@@ -33,12 +33,7 @@ ACTIVE = "active"
 INACTIVE = "inactive"
 DELETED = "deleted"
 UNKNOWN = "unknown"
-STATUS_AFTER = {
-    "AccountCreated": ACTIVE,
-    "AccountDeactivated": INACTIVE,
-    "AccountReactivated": ACTIVE,
-    "AccountDeleted": DELETED,
-}
+STATUS_AFTER = {"AccountCreated": ACTIVE, "AccountDeactivated": INACTIVE, "AccountReactivated": ACTIVE, "AccountDeleted": DELETED}
 
 _first_seen = False
 

@@ -67,8 +67,12 @@ from tools.bench.common import REPO, bootstrap, machine, produce_bulk, stop_work
 from tools.bench.peers.workload import Workload, build
 
 SYSTEMS = ("aiokafka", "statefleet", "kafka-streams", "quix-streams")
-LABELS = {"aiokafka": "bare aiokafka consumer", "statefleet": "statefleet (tallies service)",
-          "kafka-streams": "Kafka Streams 4.1.1", "quix-streams": "Quix Streams 3.28.1"}
+LABELS = {
+    "aiokafka": "bare aiokafka consumer",
+    "statefleet": "statefleet (tallies service)",
+    "kafka-streams": "Kafka Streams 4.1.1",
+    "quix-streams": "Quix Streams 3.28.1",
+}
 PARTITIONS = 8
 DASH, TIMES = "\N{EN DASH}", "\N{MULTIPLICATION SIGN}"
 
@@ -131,6 +135,7 @@ class Summary:
 
 # -- the machine ---------------------------------------------------------------------------
 
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -147,6 +152,7 @@ def describe_machine() -> str:
 
 
 # -- topics ------------------------------------------------------------------------------
+
 
 def new_prefix() -> str:
     return f"peers{uuid.uuid4().hex[:8]}."
@@ -176,6 +182,7 @@ async def delete_topics(prefix: str) -> None:
 
 
 # -- processes -----------------------------------------------------------------------------
+
 
 def _status_kib(pid: int, field_name: str) -> int:
     try:
@@ -238,24 +245,55 @@ def launch(system: str, prefix: str, workdir: Path, opts: Options) -> tuple[subp
     if system == "statefleet":
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "STATEFLEET_TOPIC_PREFIX": prefix,
-               "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(), "STATEFLEET_DATA_DIR": str(state_dir),
-               "STATEFLEET_HTTP_HOST": "127.0.0.1", "STATEFLEET_HTTP_PORT": str(port),
-               "STATEFLEET_INSTANCE_ID": "peers", "STATEFLEET_LOG_LEVEL": "WARNING",
-               "STATEFLEET_PROCESSING_GUARANTEE": "exactly_once" if opts.exactly_once else "at_least_once"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "STATEFLEET_TOPIC_PREFIX": prefix,
+            "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(),
+            "STATEFLEET_DATA_DIR": str(state_dir),
+            "STATEFLEET_HTTP_HOST": "127.0.0.1",
+            "STATEFLEET_HTTP_PORT": str(port),
+            "STATEFLEET_INSTANCE_ID": "peers",
+            "STATEFLEET_LOG_LEVEL": "WARNING",
+            "STATEFLEET_PROCESSING_GUARANTEE": "exactly_once" if opts.exactly_once else "at_least_once",
+        }
         cmd = [sys.executable, "-m", "services.tallies"]
     elif system == "kafka-streams":
         env = dict(os.environ)
-        cmd = ["java", *opts.java_opts, "-jar", str(KSTREAMS_JAR), "--bootstrap", bootstrap(), "--prefix", prefix,
-               "--application-id", f"{prefix}kstreams-tallies", "--state-dir", str(state_dir),
-               "--processing-guarantee", "exactly_once_v2" if opts.exactly_once else "at_least_once",
-               "--threads", str(opts.kstreams_threads)]
+        cmd = [
+            "java",
+            *opts.java_opts,
+            "-jar",
+            str(KSTREAMS_JAR),
+            "--bootstrap",
+            bootstrap(),
+            "--prefix",
+            prefix,
+            "--application-id",
+            f"{prefix}kstreams-tallies",
+            "--state-dir",
+            str(state_dir),
+            "--processing-guarantee",
+            "exactly_once_v2" if opts.exactly_once else "at_least_once",
+            "--threads",
+            str(opts.kstreams_threads),
+        ]
     elif system == "quix-streams":
         # Its own environment: nothing of the project's on its path.
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        cmd = [str(QUIX_PYTHON), str(QUIX_APP), "--bootstrap", bootstrap(), "--prefix", prefix,
-               "--consumer-group", f"{prefix}quix-tallies", "--state-dir", str(state_dir),
-               *(["--exactly-once"] if opts.exactly_once else [])]
+        cmd = [
+            str(QUIX_PYTHON),
+            str(QUIX_APP),
+            "--bootstrap",
+            bootstrap(),
+            "--prefix",
+            prefix,
+            "--consumer-group",
+            f"{prefix}quix-tallies",
+            "--state-dir",
+            str(state_dir),
+            *(["--exactly-once"] if opts.exactly_once else []),
+        ]
     else:
         raise ValueError(f"unknown system {system!r}")
     with open(log_path, "wb") as log:
@@ -287,6 +325,7 @@ def first_record_at(log_path: Path) -> float | None:
 
 # -- the output check ------------------------------------------------------------------------
 
+
 @dataclass
 class Watch:
     done_at: float | None  # wall-clock time the output was first seen exact
@@ -294,12 +333,12 @@ class Watch:
     wrong: list[tuple[str, Any]]
 
 
-async def watch_output(topic: str, expected: dict[str, dict[str, Any]], proc: subprocess.Popen[bytes],
-                       deadline: float) -> Watch:
+async def watch_output(topic: str, expected: dict[str, dict[str, Any]], proc: subprocess.Popen[bytes], deadline: float) -> Watch:
     """Read ``topic`` from the beginning until every program's latest record is its
     expected tally and no other key has appeared, the process exits, or the deadline."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(), enable_auto_commit=False,
-                                auto_offset_reset="earliest", isolation_level="read_committed")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap(), enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed"
+    )
     await consumer.start()
     latest: dict[str, Any] = {}
     wrong = set(expected)
@@ -337,20 +376,40 @@ async def watch_output(topic: str, expected: dict[str, dict[str, Any]], proc: su
 
 # -- one system, one round ------------------------------------------------------------------
 
+
 def run_baseline(round_no: int, workload: Workload, opts: Options) -> Run:
     prefix = new_prefix()
     try:
         asyncio.run(prepare_topics(prefix, workload, with_output=False))
         out = subprocess.run(
-            [sys.executable, "-m", "tools.bench.peers.baseline", "--records", str(workload.records),
-             f"{prefix}account-events", f"{prefix}logins"],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, timeout=opts.timeout_s, check=False,
+            [
+                sys.executable,
+                "-m",
+                "tools.bench.peers.baseline",
+                "--records",
+                str(workload.records),
+                f"{prefix}account-events",
+                f"{prefix}logins",
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            timeout=opts.timeout_s,
+            check=False,
         )
         if out.returncode != 0:
             raise PeersError(f"the bare consumer failed:\n{out.stderr.decode(errors='replace')[-3000:]}")
         result = orjson.loads(out.stdout.splitlines()[-1])
-        return Run("aiokafka", round_no, result["records"], result["seconds"], None, len(workload.expected),
-                   result["peak_rss_bytes"], prefix)
+        return Run(
+            "aiokafka",
+            round_no,
+            result["records"],
+            result["seconds"],
+            None,
+            len(workload.expected),
+            result["peak_rss_bytes"],
+            prefix,
+        )
     finally:
         asyncio.run(delete_topics(prefix))
 
@@ -376,8 +435,10 @@ def run_system(system: str, round_no: int, workload: Workload, opts: Options) ->
                 raise PeersError(f"{system} printed no first-record-at-ms line:\n{log_tail(log_path)}")
         seconds = watch.done_at - started if watch.done_at is not None and started is not None else None
         if watch.wrong:
-            print(f"[peers]   {system}: {watch.exact}/{len(workload.expected)} exact at the timeout; "
-                  f"for example {watch.wrong}", flush=True)
+            print(
+                f"[peers]   {system}: {watch.exact}/{len(workload.expected)} exact at the timeout; for example {watch.wrong}",
+                flush=True,
+            )
         return Run(system, round_no, workload.records, seconds, watch.exact, len(workload.expected), rss, prefix)
     finally:
         if proc is not None:
@@ -390,8 +451,11 @@ def run_all(opts: Options, workload: Workload | None = None) -> list[Run]:
     """Every round, every system in it (the order rotated by one each round)."""
     check_built(opts.systems)
     workload = workload or build(opts.events, opts.programs, opts.replay_fraction)
-    print(f"[peers] {workload.records:,} records ({len(workload.events):,} account events of which "
-          f"{workload.replays:,} replays, {len(workload.logins):,} logins), {len(workload.expected):,} programs", flush=True)
+    print(
+        f"[peers] {workload.records:,} records ({len(workload.events):,} account events of which "
+        f"{workload.replays:,} replays, {len(workload.logins):,} logins), {len(workload.expected):,} programs",
+        flush=True,
+    )
     runs: list[Run] = []
     systems = list(opts.systems)
     for round_no in range(1, opts.rounds + 1):
@@ -401,12 +465,14 @@ def run_all(opts: Options, workload: Workload | None = None) -> list[Run]:
             runs.append(run)
             rate = f"{run.rate:,.0f} records/s in {run.seconds:.2f}s" if run.rate and run.seconds else "never exact"
             exact = "" if run.exact is None else f", {run.exact}/{run.programs} programs exact"
-            print(f"[peers] round {round_no}: {system}: {rate}{exact}, peak RSS {run.peak_rss_bytes / 2**20:,.0f} MiB",
-                  flush=True)
+            print(
+                f"[peers] round {round_no}: {system}: {rate}{exact}, peak RSS {run.peak_rss_bytes / 2**20:,.0f} MiB", flush=True
+            )
     return runs
 
 
 # -- the table -------------------------------------------------------------------------------
+
 
 def summarize(runs: Sequence[Run], systems: Sequence[str]) -> list[Summary]:
     out: dict[str, Summary] = {}
@@ -417,8 +483,11 @@ def summarize(runs: Sequence[Run], systems: Sequence[str]) -> list[Summary]:
         done = [r.rate for r in mine if r.ok and r.rate]
         exacts = [r.exact for r in mine if r.exact is not None]
         out[system] = Summary(
-            system=system, rates=[r.rate if r.ok else None for r in mine], exact_min=min(exacts) if exacts else None,
-            programs=mine[0].programs, peak_rss_max=max(r.peak_rss_bytes for r in mine),
+            system=system,
+            rates=[r.rate if r.ok else None for r in mine],
+            exact_min=min(exacts) if exacts else None,
+            programs=mine[0].programs,
+            peak_rss_max=max(r.peak_rss_bytes for r in mine),
             median=statistics.median(done) if len(done) == len(mine) else None,
         )
     bare = out["aiokafka"].median if "aiokafka" in out else None
@@ -437,14 +506,18 @@ def _ratio(x: float | None) -> str:
 
 
 def table(summaries: Sequence[Summary]) -> str:
-    lines = ["| system | records/s (median) | rounds | vs bare consumer | vs Kafka Streams | programs exact | peak RSS |",
-             "|---|---:|---|---:|---:|---:|---:|"]
+    lines = [
+        "| system | records/s (median) | rounds | vs bare consumer | vs Kafka Streams | programs exact | peak RSS |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
     for s in summaries:
         rounds = ", ".join(f"{r:,.0f}" if r else "failed" for r in s.rates)
         median = f"**{s.median:,.0f}**" if s.median else "not exact"
         exact = DASH if s.exact_min is None else f"{s.exact_min:,}/{s.programs:,}"
-        lines.append(f"| {LABELS[s.system]} | {median} | {rounds} | {_ratio(s.vs_bare)} | {_ratio(s.vs_kstreams)} "
-                     f"| {exact} | {s.peak_rss_max / 2**20:,.0f} MiB |")
+        lines.append(
+            f"| {LABELS[s.system]} | {median} | {rounds} | {_ratio(s.vs_bare)} | {_ratio(s.vs_kstreams)} "
+            f"| {exact} | {s.peak_rss_max / 2**20:,.0f} MiB |"
+        )
     return "\n".join(lines)
 
 
@@ -453,11 +526,13 @@ def parse_args(argv: list[str]) -> tuple[Options, str | None]:
     parser.add_argument("--events", type=int, default=Options.events, help="input records in all (default %(default)s)")
     parser.add_argument("--programs", type=int, default=Options.programs)
     parser.add_argument("--rounds", type=int, default=Options.rounds)
-    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS),
-                        help=f"any of {', '.join(SYSTEMS)} (space- or comma-separated)")
+    parser.add_argument(
+        "--systems", nargs="+", default=list(SYSTEMS), help=f"any of {', '.join(SYSTEMS)} (space- or comma-separated)"
+    )
     parser.add_argument("--replays", type=float, default=0.0, help="fraction of the records that are replayed account events")
-    parser.add_argument("--exactly-once", action="store_true",
-                        help="statefleet exactly_once, Kafka Streams exactly_once_v2, Quix exactly-once")
+    parser.add_argument(
+        "--exactly-once", action="store_true", help="statefleet exactly_once, Kafka Streams exactly_once_v2, Quix exactly-once"
+    )
     parser.add_argument("--timeout", type=float, default=Options.timeout_s, help="seconds per system and round")
     parser.add_argument("--kstreams-threads", type=int, default=1)
     parser.add_argument("--java-opt", action="append", default=[], help="a JVM option for Kafka Streams (repeatable)")
@@ -467,9 +542,17 @@ def parse_args(argv: list[str]) -> tuple[Options, str | None]:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
-    opts = Options(events=args.events, programs=args.programs, rounds=args.rounds, systems=systems,
-                   replay_fraction=args.replays, exactly_once=args.exactly_once, timeout_s=args.timeout,
-                   kstreams_threads=args.kstreams_threads, java_opts=tuple(args.java_opt))
+    opts = Options(
+        events=args.events,
+        programs=args.programs,
+        rounds=args.rounds,
+        systems=systems,
+        replay_fraction=args.replays,
+        exactly_once=args.exactly_once,
+        timeout_s=args.timeout,
+        kstreams_threads=args.kstreams_threads,
+        java_opts=tuple(args.java_opt),
+    )
     return opts, args.json
 
 
@@ -477,8 +560,11 @@ def main(argv: list[str]) -> None:
     opts, json_path = parse_args(argv)
     at_start = describe_machine()
     print(f"[peers] machine: {at_start}", flush=True)
-    print(f"[peers] broker {bootstrap()}; systems {', '.join(opts.systems)}; {opts.rounds} round(s); "
-          f"{'exactly-once' if opts.exactly_once else 'at-least-once'}", flush=True)
+    print(
+        f"[peers] broker {bootstrap()}; systems {', '.join(opts.systems)}; {opts.rounds} round(s); "
+        f"{'exactly-once' if opts.exactly_once else 'at-least-once'}",
+        flush=True,
+    )
     started = time.perf_counter()
     try:
         runs = run_all(opts)
@@ -489,10 +575,17 @@ def main(argv: list[str]) -> None:
     print(f"\n{table(summaries)}\n", flush=True)
     print(f"[peers] done in {time.perf_counter() - started:.0f}s", flush=True)
     if json_path:
-        Path(json_path).write_bytes(orjson.dumps({"machine": at_start, "options": asdict(opts),
-                                                  "runs": [asdict(r) for r in runs],
-                                                  "summary": [asdict(s) for s in summaries]},
-                                                 option=orjson.OPT_INDENT_2))
+        Path(json_path).write_bytes(
+            orjson.dumps(
+                {
+                    "machine": at_start,
+                    "options": asdict(opts),
+                    "runs": [asdict(r) for r in runs],
+                    "summary": [asdict(s) for s in summaries],
+                },
+                option=orjson.OPT_INDENT_2,
+            )
+        )
     if not all(r.ok for r in runs):
         print("[peers] FAILED: some system's output was not exact", file=sys.stderr, flush=True)
         raise SystemExit(1)

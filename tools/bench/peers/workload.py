@@ -23,8 +23,12 @@ from tools.bench.tallies import generate
 
 Records = list[tuple[bytes, bytes]]
 
-STATUS_AFTER = {"AccountCreated": "active", "AccountDeactivated": "inactive",
-                "AccountReactivated": "active", "AccountDeleted": "deleted"}
+STATUS_AFTER = {
+    "AccountCreated": "active",
+    "AccountDeactivated": "inactive",
+    "AccountReactivated": "active",
+    "AccountDeleted": "deleted",
+}
 
 
 @dataclass(frozen=True)

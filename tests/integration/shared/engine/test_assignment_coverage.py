@@ -22,20 +22,26 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_a_topic_skipped_for_want_of_metadata_is_assigned_within_seconds(
-    service_env: dict[str, str], prefix: str, tmp_path: Path,
+    service_env: dict[str, str], prefix: str, tmp_path: Path
 ) -> None:
     topic = f"{prefix}late"
-    worker = ServiceProcess("tests.support.probe_worker", {**service_env, "PROBE_TOPIC": topic},
-                            tmp_path / "probe.log").start()
+    worker = ServiceProcess("tests.support.probe_worker", {**service_env, "PROBE_TOPIC": topic}, tmp_path / "probe.log").start()
     try:
-        wait_for(lambda: "Ignoring missing topic" in worker.log_tail(200_000), timeout=60,
-                 message="the first assignment to skip the topic")
+        wait_for(
+            lambda: "Ignoring missing topic" in worker.log_tail(200_000),
+            timeout=60,
+            message="the first assignment to skip the topic",
+        )
         create_topics([topic])  # a no-op where the broker created it on the worker's request
         produce(topic, [(f"k{i}", f"v{i}".encode()) for i in range(16)])
-        wait_for(lambda: worker.log_tail(200_000).count("probe got") == 16, timeout=30,
-                 message="every record of the skipped topic to be handed to the handler")
-        wait_for(lambda: httpx.get(worker.url + "/readyz", timeout=2).status_code == 200, timeout=10,
-                 message="the worker to be ready")
+        wait_for(
+            lambda: worker.log_tail(200_000).count("probe got") == 16,
+            timeout=30,
+            message="every record of the skipped topic to be handed to the handler",
+        )
+        wait_for(
+            lambda: httpx.get(worker.url + "/readyz", timeout=2).status_code == 200, timeout=10, message="the worker to be ready"
+        )
         assert "rejoining so that their partitions are assigned" in worker.log_tail(200_000)
     finally:
         worker.stop()

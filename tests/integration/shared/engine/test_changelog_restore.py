@@ -83,7 +83,7 @@ def restore(kafka_bootstrap: str, topic: str, targets: dict[int, RdictPartition]
 
 
 def test_restore_brings_every_partition_to_the_changelogs_last_values(
-    kafka_bootstrap: str, changelog: str, targets: dict[int, RdictPartition],
+    kafka_bootstrap: str, changelog: str, targets: dict[int, RdictPartition]
 ) -> None:
     records, latest = history(n_keys=3000, rounds=3)
     produce(changelog, records)
@@ -101,7 +101,7 @@ def test_restore_brings_every_partition_to_the_changelogs_last_values(
 
 
 def test_restore_reads_only_past_the_persisted_offset_and_respects_the_threshold(
-    kafka_bootstrap: str, changelog: str, targets: dict[int, RdictPartition],
+    kafka_bootstrap: str, changelog: str, targets: dict[int, RdictPartition]
 ) -> None:
     first, _ = history(n_keys=500, rounds=1)
     produce(changelog, first)
@@ -121,9 +121,7 @@ def test_restore_reads_only_past_the_persisted_offset_and_respects_the_threshold
     assert targets[partition_for(b"key-00001", PARTITIONS)].db().get(b"key-00001") == b"local"
 
 
-def test_the_reader_answers_highwaters_and_earliest_offsets_as_faust_asks_them(
-    kafka_bootstrap: str, changelog: str,
-) -> None:
+def test_the_reader_answers_highwaters_and_earliest_offsets_as_faust_asks_them(kafka_bootstrap: str, changelog: str) -> None:
     records, _ = history(n_keys=200, rounds=1)
     produce(changelog, records)
     per_partition = {p: sum(1 for k, _ in records if partition_for(k, PARTITIONS) == p) for p in range(PARTITIONS)}

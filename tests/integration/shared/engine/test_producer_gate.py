@@ -35,10 +35,12 @@ def test_a_closed_gate_sends_nothing_and_an_open_one_sends_everything(kafka_boot
             assert last == {(topic, 0): 0}
             gate_open = False
             with pytest.raises(WriteRefused):
-                await asyncio.wait_for(producer.send(
-                    [Outgoing(topic, b"k", b"stale", partition=0), Outgoing(topic, b"j", b"stale", partition=1)],
-                    "closed",
-                ), 30)
+                await asyncio.wait_for(
+                    producer.send(
+                        [Outgoing(topic, b"k", b"stale", partition=0), Outgoing(topic, b"j", b"stale", partition=1)], "closed"
+                    ),
+                    30,
+                )
             gate_open = True
             last = await producer.send([Outgoing(topic, b"k", b"after", partition=0)], "open again")
             assert last == {(topic, 0): 1}

@@ -70,8 +70,7 @@ def test_a_stalled_owner_cannot_commit_after_the_new_owner_started(kafka_bootstr
         # Nor can the old owner commit a later batch through the engine's commit.
         with pytest.raises(KafkaError):
             await asyncio.wait_for(
-                old.commit(source, 0, [Outgoing(out, b"k", b"from-old-again", partition=0)], 99, "old", lambda _: None),
-                30,
+                old.commit(source, 0, [Outgoing(out, b"k", b"from-old-again", partition=0)], 99, "old", lambda _: None), 30
             )
         last = await new.commit(source, 0, [Outgoing(out, b"k", b"from-new", partition=0)], 7, "new", lambda _: None)
         assert last == {(out, 0): last[(out, 0)]}
@@ -103,8 +102,9 @@ def test_changelog_highwaters_stop_at_the_last_committed_record(kafka_bootstrap:
         writer = owner(kafka_bootstrap, group, "w")
         await writer.assign([(f"{prefix}input", 0)])
         for i in range(3):  # three transactions on partition 0: records at 0, 2, 4; markers at 1, 3, 5
-            await writer.commit(f"{prefix}input", 0, [Outgoing(changelog, b"k", str(i).encode(), partition=0)],
-                                i + 1, "w", lambda _: None)
+            await writer.commit(
+                f"{prefix}input", 0, [Outgoing(changelog, b"k", str(i).encode(), partition=0)], i + 1, "w", lambda _: None
+            )
         await writer.stop()
         await writer.records.stop()
         reader = ChangelogReader(settings(kafka_bootstrap))
@@ -125,11 +125,14 @@ def test_unsendable_names_records_that_would_abort_a_transaction(kafka_bootstrap
     async def scenario() -> list[str | None]:
         producer = BatchProducer(settings(kafka_bootstrap), "probe")
         try:
-            return await producer.unsendable([
-                Outgoing(out, b"k", b"fits"),
-                Outgoing("no such topic!", b"k", b"v"),  # not a legal topic name: no metadata, ever
-                Outgoing(out, b"k", b"x" * 1_000_000),
-            ], timeout_s=5.0)
+            return await producer.unsendable(
+                [
+                    Outgoing(out, b"k", b"fits"),
+                    Outgoing("no such topic!", b"k", b"v"),  # not a legal topic name: no metadata, ever
+                    Outgoing(out, b"k", b"x" * 1_000_000),
+                ],
+                timeout_s=5.0,
+            )
         finally:
             await producer.stop()
 

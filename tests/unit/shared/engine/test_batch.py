@@ -42,6 +42,7 @@ def driver(topology: Topology) -> Iterator[TopologyDriver]:
 
 def put_each(topology: Topology) -> None:
     """A handler writing each input record's key and value as a row."""
+
     @topology.engine.handler(IN, name="put", offsets=topology.table)
     async def put(batch: InputBatch) -> None:
         for record in batch.records:
@@ -62,7 +63,8 @@ def raw_scan(view: StagedView | SortedView, start: bytes = b"") -> list[tuple[by
 
 def scan(view: StagedView, start: bytes = b"") -> list[tuple[bytes, bytes]]:
     return [
-        (key, value) for key, value in raw_scan(view, start)
+        (key, value)
+        for key, value in raw_scan(view, start)
         if key != FAUST_OFFSET_KEY and not is_engine_key(key)  # the engine's own rows
     ]
 
@@ -71,7 +73,7 @@ def scan(view: StagedView, start: bytes = b"") -> list[tuple[bytes, bytes]]:
 
 
 def test_a_batch_reads_its_own_writes_before_the_table_and_the_last_write_wins(
-    topology: Topology, driver: TopologyDriver,
+    topology: Topology, driver: TopologyDriver
 ) -> None:
     put_each(topology)
     driver.send(IN, b"k", b"stored", partition=0)
@@ -111,7 +113,7 @@ def test_a_write_to_another_partition_lands_there(topology: Topology, driver: To
 
 
 def test_the_staged_view_lays_the_batchs_writes_over_the_stored_rows_in_key_order(
-    topology: Topology, driver: TopologyDriver,
+    topology: Topology, driver: TopologyDriver
 ) -> None:
     put_each(topology)
     for key in (b"a", b"c", b"e", b"g"):
@@ -140,9 +142,7 @@ def test_the_staged_view_lays_the_batchs_writes_over_the_stored_rows_in_key_orde
     assert got == [b"A", b"staged c", None]
 
 
-def test_a_staged_view_of_an_empty_partition_holds_the_staged_rows_only(
-    topology: Topology, driver: TopologyDriver,
-) -> None:
+def test_a_staged_view_of_an_empty_partition_holds_the_staged_rows_only(topology: Topology, driver: TopologyDriver) -> None:
     scanned: list[list[tuple[bytes, bytes]]] = []
 
     @topology.engine.handler(IN, name="view", offsets=topology.table)
@@ -155,9 +155,7 @@ def test_a_staged_view_of_an_empty_partition_holds_the_staged_rows_only(
     assert scanned == [[(b"a", b"1"), (b"b", b"2")]]
 
 
-def test_the_tables_reads_and_views_leave_the_engines_own_rows_out(
-    topology: Topology, driver: TopologyDriver,
-) -> None:
+def test_the_tables_reads_and_views_leave_the_engines_own_rows_out(topology: Topology, driver: TopologyDriver) -> None:
     put_each(topology)
     for key in (b"\x00a", b"a", b"z", b"\xff"):  # on either side of the engine's rows
         driver.send(IN, key, key.upper(), partition=0)
@@ -198,8 +196,7 @@ class WatchingProducer(MemoryProducer):
         self.fail_first = fail_first
         self.sends: list[tuple[list[tuple[str, bytes | None]], bytes | None]] = []
 
-    async def send(self, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None,
-                   ) -> dict[tuple[str, int], int]:
+    async def send(self, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None) -> dict[tuple[str, int], int]:
         self.sends.append(([(r.topic, r.key) for r in records], self.table.get(0, b"k")))
         if self.fail_first:
             self.fail_first = False
@@ -216,24 +213,19 @@ def send_and_write(topology: Topology, after_commit: list[bytes | None]) -> None
 
 
 def test_records_are_sent_then_the_changelog_rows_with_the_next_offset_last_then_the_local_rows(
-    topology: Topology, driver: TopologyDriver,
+    topology: Topology, driver: TopologyDriver
 ) -> None:
     after_commit: list[bytes | None] = []
     send_and_write(topology, after_commit)
     watching = topology.engine.producer = WatchingProducer(driver, topology.table)
     driver.pipe(IN, b"x", b"", partition=0)
     changelog = topology.table.changelog
-    assert watching.sends == [
-        ([(OUT, b"o")], None),
-        ([(changelog, b"k"), (changelog, next_offset_key(IN))], None),
-    ]
+    assert watching.sends == [([(OUT, b"o")], None), ([(changelog, b"k"), (changelog, next_offset_key(IN))], None)]
     assert after_commit == [b"v"]  # the callbacks run once the rows are local
     assert driver.table("rows").next_offset(IN, 0) == 1
 
 
-def test_a_failed_send_commits_nothing_and_the_batch_is_handed_over_again(
-    topology: Topology, driver: TopologyDriver,
-) -> None:
+def test_a_failed_send_commits_nothing_and_the_batch_is_handed_over_again(topology: Topology, driver: TopologyDriver) -> None:
     after_commit: list[bytes | None] = []
     send_and_write(topology, after_commit)
     watching = topology.engine.producer = WatchingProducer(driver, topology.table, fail_first=True)
@@ -273,8 +265,9 @@ def test_a_handler_without_an_offsets_table_cannot_write_rows(topology: Topology
 
 
 def test_a_dead_letter_needs_a_route_and_goes_out_with_the_batch(topology: Topology, driver: TopologyDriver) -> None:
-    @topology.engine.handler(IN, name="routed", offsets=topology.table,
-                             dead_letters=DeadLetterRoute("probe", "dead-letters", "retry-probe"))
+    @topology.engine.handler(
+        IN, name="routed", offsets=topology.table, dead_letters=DeadLetterRoute("probe", "dead-letters", "retry-probe")
+    )
     async def routed(batch: InputBatch) -> None:
         for record in batch.records:
             batch.dead_letter(record, ValueError("unreadable"))

@@ -24,8 +24,9 @@ class _Client:
         self.log.append("stopped")
 
 
-async def test_a_client_is_started_once_the_broker_answers(monkeypatch: pytest.MonkeyPatch,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_client_is_started_once_the_broker_answers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(_clients, "BROKER_RETRY_FIRST_S", 0.001)
     log: list[str] = []
     failures_left = [2]

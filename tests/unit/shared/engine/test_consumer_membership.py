@@ -63,10 +63,14 @@ def test_after_a_silence_one_heartbeat_is_sent_first() -> None:
     assert thread.asked == [5]  # the lanes waited for one answer
 
 
-@pytest.mark.parametrize("thread", [
-    FakeThread(confirmed_ago_s=MEMBER_CONFIRMED_WITHIN_S + 20, answer=False),  # removed while stopped
-    FakeThread(confirmed_ago_s=1.0, current=False),  # the heartbeat already learnt it
-], ids=["coordinator-says-unknown", "generation-reset"])
+@pytest.mark.parametrize(
+    "thread",
+    [
+        FakeThread(confirmed_ago_s=MEMBER_CONFIRMED_WITHIN_S + 20, answer=False),  # removed while stopped
+        FakeThread(confirmed_ago_s=1.0, current=False),  # the heartbeat already learnt it
+    ],
+    ids=["coordinator-says-unknown", "generation-reset"],
+)
 def test_a_member_the_group_dropped_hands_nothing_over(thread: FakeThread) -> None:
     assert not still_member(consumer(thread))
 

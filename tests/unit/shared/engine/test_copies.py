@@ -54,11 +54,8 @@ def test_a_copy_is_as_fresh_as_the_least_fresh_of_its_co_partitioned_tables(monk
     """A tally reads memberships and last-logins of one partition, restored each at its own pace:
     an instance restoring the partition has no copy that is caught up until both are."""
     memberships, logins, elsewhere = FakeTable(None), FakeTable(8), FakeTable(4)
-    app: Any = SimpleNamespace(tables={"m": memberships, "l": logins, "e": elsewhere},
-                               conf=SimpleNamespace(topic_partitions=8))
-    copies: dict[FakeTable, Copy | None] = {
-        memberships: Copy("restoring", 0), logins: Copy("restoring", 12), elsewhere: None,
-    }
+    app: Any = SimpleNamespace(tables={"m": memberships, "l": logins, "e": elsewhere}, conf=SimpleNamespace(topic_partitions=8))
+    copies: dict[FakeTable, Copy | None] = {memberships: Copy("restoring", 0), logins: Copy("restoring", 12), elsewhere: None}
 
     async def table_copy(app: Any, table: FakeTable, partition: int, *, exact: bool = False) -> Copy | None:
         return copies[table]

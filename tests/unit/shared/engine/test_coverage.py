@@ -33,8 +33,11 @@ class Cluster:
 def join(assignor: WarmupAssignor, url: str) -> ConsumerProtocolMemberMetadata:
     changelog = next(iter(assignor._table_manager.changelog_topics))
     meta = ClientMetadata(
-        assignment=ClientAssignment(actives={}, standbys={}), url=url, changelog_distribution={},
-        external_topic_distribution={}, topic_groups={},
+        assignment=ClientAssignment(actives={}, standbys={}),
+        url=url,
+        changelog_distribution={},
+        external_topic_distribution={},
+        topic_groups={},
     )
     return ConsumerProtocolMemberMetadata(4, [SOURCE, changelog], meta.dumps())
 
@@ -79,9 +82,7 @@ class Coordinator:
         self.rejoins += 1
 
 
-async def test_the_chase_refreshes_metadata_until_the_topic_is_known_then_rejoins(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_the_chase_refreshes_metadata_until_the_topic_is_known_then_rejoins(monkeypatch: pytest.MonkeyPatch) -> None:
     coordinator = Coordinator(Client(known_after=3))
     monkeypatch.setattr(_coverage, "consumer_coordinator", lambda app: coordinator)
     monkeypatch.setattr(_coverage, "CHASE_FIRST_WAIT_S", 0.001)
@@ -101,9 +102,7 @@ async def test_nothing_skipped_starts_no_chase() -> None:
 
 class App:
     def __init__(self, distribution: dict[str, dict[str, list[int]]], input_topics: set[str]) -> None:
-        self.assignor = type("Assignor", (), {
-            "changelog_distribution": {}, "external_topic_distribution": distribution,
-        })()
+        self.assignor = type("Assignor", (), {"changelog_distribution": {}, "external_topic_distribution": distribution})()
         self.input_topics = frozenset(input_topics)
 
 

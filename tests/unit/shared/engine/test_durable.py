@@ -293,14 +293,23 @@ def test_write_all_puts_nothing_locally_before_every_table_is_acknowledged() -> 
     app, a, b = tables()
 
     async def scenario() -> None:
-        task = asyncio.ensure_future(write_all(app.producer, [  # type: ignore[arg-type]
-            (a, {(0, b"x"): b"1", (1, b"y"): b"2", (0, b"off"): b"9"}),
-            (b, {(0, b"z"): b"3"}),
-        ], "test"))
+        task = asyncio.ensure_future(
+            write_all(
+                app.producer,  # type: ignore[arg-type]
+                [  # type: ignore[arg-type]
+                    (a, {(0, b"x"): b"1", (1, b"y"): b"2", (0, b"off"): b"9"}),
+                    (b, {(0, b"z"): b"3"}),
+                ],
+                "test",
+            )
+        )
         for _ in range(5):
             await asyncio.sleep(0)
         assert [(t, p, k) for t, p, k, _ in app.producer.sent] == [
-            ("a-changelog", 0, b"x"), ("a-changelog", 1, b"y"), ("a-changelog", 0, b"off"), ("b-changelog", 0, b"z"),
+            ("a-changelog", 0, b"x"),
+            ("a-changelog", 1, b"y"),
+            ("a-changelog", 0, b"off"),
+            ("b-changelog", 0, b"z"),
         ]
         assert a.get(0, b"x") is None and b.get(0, b"z") is None
         app.producer.ack_all()
@@ -316,9 +325,13 @@ def test_a_failed_acknowledgement_leaves_the_local_tables_untouched() -> None:
     app, a, b = tables()
 
     async def scenario() -> None:
-        task = asyncio.ensure_future(write_all(
-            app.producer, [(a, {(0, b"x"): b"1"}), (b, {(0, b"z"): b"3"})], "test",  # type: ignore[arg-type]
-        ))
+        task = asyncio.ensure_future(
+            write_all(
+                app.producer,  # type: ignore[arg-type]
+                [(a, {(0, b"x"): b"1"}), (b, {(0, b"z"): b"3"})],
+                "test",  # type: ignore[arg-type]
+            )
+        )
         for _ in range(5):
             await asyncio.sleep(0)
         app.producer.ack_all(RuntimeError("broker said no"))
@@ -392,10 +405,14 @@ def test_a_member_the_group_dropped_while_the_changelog_acknowledged_writes_noth
             raise NotAMember("dropped")
 
     async def scenario() -> None:
-        task = asyncio.ensure_future(write_all(
-            app.producer, [(a, {(0, b"x"): b"1"}), (b, {(0, b"z"): b"3"})], "test",  # type: ignore[arg-type]
-            dropped_after_the_send,
-        ))
+        task = asyncio.ensure_future(
+            write_all(
+                app.producer,  # type: ignore[arg-type]
+                [(a, {(0, b"x"): b"1"}), (b, {(0, b"z"): b"3"})],
+                "test",  # type: ignore[arg-type]
+                dropped_after_the_send,
+            )
+        )
         for _ in range(5):
             await asyncio.sleep(0)
         app.producer.ack_all()

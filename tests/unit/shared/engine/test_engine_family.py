@@ -17,13 +17,7 @@ from shared.engine._app import create_app
 from shared.engine._durable import DurableTable, next_offset_key
 from shared.engine._internals import FAUST_OFFSET_KEY
 from shared.engine._restore import write_batch
-from shared.engine._rocksdb import (
-    ENGINE_FAMILY,
-    SharedMemoryStore,
-    engine_family,
-    open_partition_db,
-    persisted_offset,
-)
+from shared.engine._rocksdb import ENGINE_FAMILY, SharedMemoryStore, engine_family, open_partition_db, persisted_offset
 from shared.settings import Settings
 
 SERVICE_ROWS = [(b"\x00a", b"sorts among the engine's rows"), (b"a", b"A"), (b"z", b"Z"), (b"\xff", b"last")]
@@ -63,9 +57,7 @@ def migrations(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if MIGRATED in r.getMessage()]
 
 
-def test_a_database_of_the_earlier_layout_is_migrated_once_when_opened(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_a_database_of_the_earlier_layout_is_migrated_once_when_opened(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store, table = store_and_table(tmp_path)
     tp = TP(table.changelog, 0)
     path = store.partition_path(0)
@@ -92,9 +84,7 @@ def test_a_database_of_the_earlier_layout_is_migrated_once_when_opened(
         close(store, 0)
 
 
-def test_a_new_database_gets_the_engine_family_and_nothing_to_migrate(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_a_new_database_gets_the_engine_family_and_nothing_to_migrate(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="shared.engine._rocksdb")
     db = open_partition_db(tmp_path / "new.db")
     try:
@@ -126,8 +116,10 @@ def test_fausts_changelog_batches_put_each_row_into_its_family(tmp_path: Path) -
     store, table = store_and_table(tmp_path)
     tp = TP(table.changelog, 0)
     records = [
-        Message(tp, 10, b"k", b"v"), Message(tp, 11, next_offset_key("in"), b"3"),
-        Message(tp, 12, next_offset_key("gone"), b"1"), Message(tp, 13, b"old", b"x"),
+        Message(tp, 10, b"k", b"v"),
+        Message(tp, 11, next_offset_key("in"), b"3"),
+        Message(tp, 12, next_offset_key("gone"), b"1"),
+        Message(tp, 13, b"old", b"x"),
     ]
     later = [Message(tp, 14, next_offset_key("gone"), None), Message(tp, 15, b"old", None)]
     for messages in (records, later):
@@ -160,8 +152,15 @@ class Target:
 def test_the_bulk_restore_puts_each_row_into_its_family(tmp_path: Path) -> None:
     target = Target(tmp_path / "p.db")
     tp = TP("t-changelog", 0)
-    write_batch(target, [Message(tp, 0, b"k", b"v"), Message(tp, 1, next_offset_key("in"), b"9"),
-                         Message(tp, 2, next_offset_key("gone"), b"2"), Message(tp, 3, next_offset_key("gone"), None)])
+    write_batch(
+        target,
+        [
+            Message(tp, 0, b"k", b"v"),
+            Message(tp, 1, next_offset_key("in"), b"9"),
+            Message(tp, 2, next_offset_key("gone"), b"2"),
+            Message(tp, 3, next_offset_key("gone"), None),
+        ],
+    )
     db = target.db()
     try:
         assert list(db.items()) == [(b"k", b"v")]

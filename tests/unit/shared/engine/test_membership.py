@@ -183,8 +183,9 @@ def test_probe_outcomes_are_classified() -> None:
 
 
 def test_a_members_url_is_read_from_faust_metadata() -> None:
-    client = ClientMetadata(assignment=ClientAssignment(actives={}, standbys={}), url="http://10.0.0.7:8002/",
-                            changelog_distribution={})
+    client = ClientMetadata(
+        assignment=ClientAssignment(actives={}, standbys={}), url="http://10.0.0.7:8002/", changelog_distribution={}
+    )
     metadata = ConsumerProtocolMemberMetadata(4, ["account-events", "logins"], client.dumps()).encode()
     assert member_url(metadata) == "http://10.0.0.7:8002"
     assert member_url(ConsumerProtocolMemberMetadata(0, ["t"], b"not json").encode()) is None
@@ -194,6 +195,7 @@ def test_a_members_url_is_read_from_faust_metadata() -> None:
 
 def test_a_closed_port_on_this_host_is_classified_as_refused() -> None:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again at once: nothing listens there

@@ -9,13 +9,7 @@ from pathlib import Path
 import faust.stores
 import pytest
 
-from shared.engine._rocksdb import (
-    MIB,
-    SharedMemoryOptions,
-    SharedMemoryStore,
-    configure_rocksdb_memory,
-    rocksdb_memory,
-)
+from shared.engine._rocksdb import MIB, SharedMemoryOptions, SharedMemoryStore, configure_rocksdb_memory, rocksdb_memory
 from shared.settings import Settings
 
 

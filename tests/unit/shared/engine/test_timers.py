@@ -14,9 +14,7 @@ from shared.engine import Engine
 from shared.settings import Settings
 
 
-def test_an_exception_out_of_a_timer_is_logged_and_the_timer_goes_on(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_an_exception_out_of_a_timer_is_logged_and_the_timer_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     engine = Engine("probe", Settings(data_dir=tmp_path), 8999)
     # The engine hands Faust's timer an ``async def``: what it registers returns a coroutine.
     registered: list[Callable[[], Coroutine[Any, Any, None]]] = []

@@ -51,7 +51,9 @@ class FakeInput:
 def fake_app(consumer: FakeConsumer, recovered: bool = True) -> Any:
     completed = SimpleNamespace(is_set=lambda: recovered)
     return SimpleNamespace(
-        consumer=consumer, rebalancing=False, timer=lambda interval, name: lambda fun: fun,
+        consumer=consumer,
+        rebalancing=False,
+        timer=lambda interval, name: lambda fun: fun,
         tables=SimpleNamespace(recovery=SimpleNamespace(completed=completed, in_recovery=False)),
     )
 

@@ -58,8 +58,13 @@ def test_a_cold_hand_over_is_undone_while_the_owner_is_a_member() -> None:
 
 def test_the_metadata_carries_copies_and_warm_ups_and_faust_reads_it() -> None:
     meta = StatefleetClientMetadata(
-        assignment=ClientAssignment(actives={"t": [1]}, standbys={}), url="http://a", changelog_distribution={},
-        external_topic_distribution={}, topic_groups={}, caught_up={"t-changelog": [1, 2]}, warmups={"t-changelog": [3]},
+        assignment=ClientAssignment(actives={"t": [1]}, standbys={}),
+        url="http://a",
+        changelog_distribution={},
+        external_topic_distribution={},
+        topic_groups={},
+        caught_up={"t-changelog": [1, 2]},
+        warmups={"t-changelog": [3]},
     )
     plain = ClientMetadata.loads(meta.dumps())
     assert plain.assignment.actives == {"t": [1]}
@@ -85,7 +90,10 @@ def member(assignor: WarmupAssignor, url: str, actives: list[int], caught_up: li
     topics = [SOURCE, changelog(assignor)]
     meta = ClientMetadata(
         assignment=ClientAssignment(actives={t: actives for t in topics}, standbys={}),
-        url=url, changelog_distribution={}, external_topic_distribution={}, topic_groups={},
+        url=url,
+        changelog_distribution={},
+        external_topic_distribution={},
+        topic_groups={},
     )
     raw = json.loads(meta.dumps())
     if caught_up is not None:
@@ -142,10 +150,7 @@ def test_members_that_report_no_copies_get_fausts_assignment(assignor: WarmupAss
 
 def test_a_gone_owners_partitions_are_not_held(assignor: WarmupAssignor) -> None:
     cl = changelog(assignor)
-    members = {
-        "m-a": member(assignor, "http://a", [0, 1, 2, 3], [0, 1, 2, 3]),
-        "m-new": member(assignor, "http://new", [], []),
-    }
+    members = {"m-a": member(assignor, "http://a", [0, 1, 2, 3], [0, 1, 2, 3]), "m-new": member(assignor, "http://new", [], [])}
     out = assignor._perform_assignment(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
     a = decode(out["m-a"])["assignment"]["actives"][SOURCE]
     new = decode(out["m-new"])["assignment"]["actives"][SOURCE]
@@ -217,7 +222,10 @@ def test_a_leaving_members_partitions_go_to_the_members_with_their_standbys(assi
     def with_standbys(url: str, actives: list[int], standbys: list[int]) -> Any:
         meta = ClientMetadata(
             assignment=ClientAssignment(actives={t: actives for t in topics}, standbys={cl: standbys, SOURCE: standbys}),
-            url=url, changelog_distribution={}, external_topic_distribution={}, topic_groups={},
+            url=url,
+            changelog_distribution={},
+            external_topic_distribution={},
+            topic_groups={},
         )
         raw = json.loads(meta.dumps())
         raw["caught_up"] = {cl: sorted(actives + standbys)}
@@ -267,10 +275,7 @@ def test_a_leader_that_has_not_measured_the_changelogs_holds_nothing(assignor: W
     """A fleet starting at once: the first member leads before it has measured anything."""
     cl = changelog(assignor)
     assert assignor.small is None
-    members = {
-        "m-a": member(assignor, "http://a", list(range(PARTITIONS)), []),
-        "m-new": member(assignor, "http://new", [], []),
-    }
+    members = {"m-a": member(assignor, "http://a", list(range(PARTITIONS)), []), "m-new": member(assignor, "http://new", [], [])}
     out = assignor._perform_assignment(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
     assert decode(out["m-new"])["assignment"]["actives"][SOURCE] != []
     assert assignor.last_holds == {}

@@ -8,10 +8,18 @@ from tools.chaos.model import Model, dead_letter_fate
 from tools.chaos.plan import CommandStep, RecordStep, build
 
 
-def cmd(command_id: str, type_: str, account: str = "a", expected: int | None = None,
-        program: str | None = "p") -> dict[str, Any]:
-    return {"command_id": command_id, "type": type_, "account_id": account, "program_id": program,
-            "expected_version": expected, "data": {}, "issued_at": 1}
+def cmd(
+    command_id: str, type_: str, account: str = "a", expected: int | None = None, program: str | None = "p"
+) -> dict[str, Any]:
+    return {
+        "command_id": command_id,
+        "type": type_,
+        "account_id": account,
+        "program_id": program,
+        "expected_version": expected,
+        "data": {},
+        "issued_at": 1,
+    }
 
 
 def test_a_lifecycle_gives_versions_one_by_one_and_the_tallies_follow_the_status() -> None:
@@ -77,8 +85,12 @@ def test_the_plan_is_the_same_for_a_seed_and_holds_every_kind_of_input() -> None
     assert {s.kind for s in steps if isinstance(s, RecordStep)} == {"poison", "login", "dead_letter"}
     reasons = {r for o in one.model.outcomes.values() for r in o.reasons}
     assert {"VERSION_CONFLICT", "INVALID_TRANSITION", "NOT_FOUND"} <= reasons
-    fates = {dead_letter_fate({k: v.decode() for k, v in d.headers}, max_attempts=4, default_retry_topic="retry",
-                              parking_lot="parking-lot").parked for d in one.dead_letters}
+    fates = {
+        dead_letter_fate(
+            {k: v.decode() for k, v in d.headers}, max_attempts=4, default_retry_topic="retry", parking_lot="parking-lot"
+        ).parked
+        for d in one.dead_letters
+    }
     assert fates == {True, False}
     assert any(d.dlq_id is None for d in one.dead_letters) and any(d.dlq_id for d in one.dead_letters)
     # Each command id belongs to one account, and every poison value and dead letter is unique.

@@ -25,8 +25,7 @@ def plan() -> Plan:
 
 
 def sent_headers(plan: Plan) -> dict[bytes, Headers]:
-    return {d.value: (*d.headers, ("dlq.failed.at", b"1700000000000")) if d.dlq_id else d.headers
-            for d in plan.dead_letters}
+    return {d.value: (*d.headers, ("dlq.failed.at", b"1700000000000")) if d.dlq_id else d.headers for d in plan.dead_letters}
 
 
 def perfect(plan: Plan) -> Observed:
@@ -38,9 +37,16 @@ def perfect(plan: Plan) -> Observed:
         return Rec(topic, 0, len(obs.events) + len(obs.rejections) + len(obs.parking_lot), key, value, headers)
 
     for event in model.all_events():
-        body = {"event_id": f"{event.command_id}:e", "command_id": event.command_id, "type": event.type,
-                "account_id": event.account_id, "program_id": event.program_id, "version": event.version,
-                "occurred_at": 1, "data": {}}
+        body = {
+            "event_id": f"{event.command_id}:e",
+            "command_id": event.command_id,
+            "type": event.type,
+            "account_id": event.account_id,
+            "program_id": event.program_id,
+            "version": event.version,
+            "occurred_at": 1,
+            "data": {},
+        }
         obs.events.append(rec("account-events", event.account_id.encode(), json.dumps(body).encode()))
     for command_id, outcome in model.outcomes.items():
         if outcome.event is not None:
@@ -55,14 +61,19 @@ def perfect(plan: Plan) -> Observed:
         obs.accounts_http[account_id] = dataclasses.asdict(account) if account is not None else None
     for program, tally in model.tallies().items():
         stale = {**tally, "numberActive": tally["numberActive"] + 1}  # an older tally, overwritten by the next
-        obs.tallies += [Rec("program-tallies", 0, i, program.encode(), json.dumps(t).encode(), ())
-                        for i, t in enumerate((stale, tally))]
+        obs.tallies += [
+            Rec("program-tallies", 0, i, program.encode(), json.dumps(t).encode(), ()) for i, t in enumerate((stale, tally))
+        ]
         obs.tallies_http[program] = tally
     obs.retries = {TOPICS.retry: [], "retry-validator": []}
     for i, spec in enumerate(plan.dead_letters):
         headers = sent_headers(plan)[spec.value]
-        fate = dead_letter_fate({k: v.decode() for k, v in headers}, max_attempts=TOPICS.max_attempts,
-                                default_retry_topic=TOPICS.retry, parking_lot=TOPICS.parking_lot)
+        fate = dead_letter_fate(
+            {k: v.decode() for k, v in headers},
+            max_attempts=TOPICS.max_attempts,
+            default_retry_topic=TOPICS.retry,
+            parking_lot=TOPICS.parking_lot,
+        )
         added: Headers = () if spec.dlq_id else (("dlq.id", f"derived-{i}".encode()),)
         if "dlq.attempt" not in dict(headers):
             added += (("dlq.attempt", b"1"),)
@@ -70,8 +81,7 @@ def perfect(plan: Plan) -> Observed:
         if fate.parked:
             obs.parking_lot.append(copy)
             if spec.dlq_id:
-                obs.parked_http[spec.dlq_id] = {"id": spec.dlq_id,
-                                                "value_base64": base64.b64encode(spec.value).decode()}
+                obs.parked_http[spec.dlq_id] = {"id": spec.dlq_id, "value_base64": base64.b64encode(spec.value).decode()}
         else:
             obs.retries[fate.topic].append(copy)
     for i, value in enumerate(plan.poison):
@@ -216,29 +226,30 @@ def _parked_not_over_http(obs: Observed) -> None:
     obs.parked_http[next(iter(obs.parked_http))] = None
 
 
-@pytest.mark.parametrize(("inject", "column"), [
-    (_drop_event, "lost"),
-    (_conflicting_event, "wrong"),
-    (_wrong_event, "wrong"),
-    (_repeat_that_differs, "wrong"),
-    (_extra_event, "wrong"),
-    (_drop_rejection, "lost"),
-    (_wrong_reason, "wrong"),
-    (_pending_outcome, "lost"),
-    (_outcome_404, "lost"),
-    (_wrong_account, "wrong"),
-    (_drop_last_tally, "wrong_tallies"),
-    (_wrong_tally_http, "wrong_tallies"),
-    (_drop_redelivery, "dead_letters_lost"),
-    (_drop_parked, "dead_letters_lost"),
-    (_header_lost, "wrong"),
-    (_parked_redelivered, "wrong"),
-    (_poison_not_dead_lettered, "lost"),
-    (_parked_not_over_http, "wrong"),
-])
-def test_each_loss_or_wrong_value_fails_the_run(
-    plan: Plan, inject: Callable[[Observed], None], column: str,
-) -> None:
+@pytest.mark.parametrize(
+    ("inject", "column"),
+    [
+        (_drop_event, "lost"),
+        (_conflicting_event, "wrong"),
+        (_wrong_event, "wrong"),
+        (_repeat_that_differs, "wrong"),
+        (_extra_event, "wrong"),
+        (_drop_rejection, "lost"),
+        (_wrong_reason, "wrong"),
+        (_pending_outcome, "lost"),
+        (_outcome_404, "lost"),
+        (_wrong_account, "wrong"),
+        (_drop_last_tally, "wrong_tallies"),
+        (_wrong_tally_http, "wrong_tallies"),
+        (_drop_redelivery, "dead_letters_lost"),
+        (_drop_parked, "dead_letters_lost"),
+        (_header_lost, "wrong"),
+        (_parked_redelivered, "wrong"),
+        (_poison_not_dead_lettered, "lost"),
+        (_parked_not_over_http, "wrong"),
+    ],
+)
+def test_each_loss_or_wrong_value_fails_the_run(plan: Plan, inject: Callable[[Observed], None], column: str) -> None:
     obs = perfect(plan)
     inject(obs)
     report = check(plan, obs)
