@@ -173,6 +173,12 @@ class TalliesService:
                 batch.dead_letter(record, exc)
         for partition, packed in pack_by_partition(items, self.partitions):
             batch.send(self.by_program_topic_name, None, packed.encode(), partition=partition)
+        # Its next-offset rows go to memberships too: a write of this instance's own, which the
+        # counts need not be checked against.
+        input_partition = batch.partition
+        batch.after_commit(
+            lambda: self.counts.note_applied(input_partition, self.memberships_store.applied_offset(input_partition))
+        )
 
     # -- hop 2: apply per program -----------------------------------------------------------
 
@@ -217,6 +223,7 @@ class TalliesService:
             # so a rebuild after a rebalance sees both or neither.
             for program_id, before, after in moves:
                 self.counts.move(partition, program_id, before, after)
+            self.counts.note_applied(partition, self.memberships_store.applied_offset(partition))
             dirty = self.dirty.setdefault(partition, set())
             if tick:
                 dirty -= considered
@@ -253,17 +260,25 @@ class TalliesService:
     # -- recovery and reads -------------------------------------------------------------------
 
     async def rebuild_counts(self) -> None:
+        """After a rebalance's recovery: count the owned partitions whose rows changed other than
+        by this instance's own writes (newly owned, restored, or a standby before); the others'
+        counts still match their rows (see :class:`ProgramCounts`)."""
         started = time.perf_counter()
         owned = self.owned_partitions()
-        rows = self.counts.rebuild({p: self.memberships_store.items(p) for p in owned})
-        # Every owned program is compared with its published tally at the next tick: what a
-        # crash kept from being published goes out, and nothing else.
-        dirty = {p: self.dirty.get(p, set()) | self.programs_in([p]) for p in owned}
+        applied = {p: self.memberships_store.applied_offset(p) for p in owned}
+        kept = {p for p in owned if self.counts.current(p, applied[p])}
+        recounted = owned - kept
+        rows = self.counts.rebuild({p: self.memberships_store.items(p) for p in recounted}, keep=kept, applied=applied)
+        # Every program of a recounted partition is compared with its published tally at the next
+        # tick: what a crash, or the previous owner, left unpublished goes out, and nothing else.
+        dirty = {p: self.dirty.get(p, set()) | (self.programs_in([p]) if p in recounted else set()) for p in owned}
         self.dirty = {p: programs for p, programs in dirty.items() if programs}
         self.publish_ticks.forget()
         log.info(
-            "rebuilt counts from %d memberships in %d partitions (%.2fs); %d programs to compare with their published tallies",
+            "counted %d memberships in %d of %d owned partitions (%.2fs; the others' counts match their rows); "
+            "%d programs to compare with their published tallies",
             rows,
+            len(recounted),
             len(owned),
             time.perf_counter() - started,
             sum(len(programs) for programs in self.dirty.values()),

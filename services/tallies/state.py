@@ -73,14 +73,43 @@ def count_memberships(rows: Iterable[tuple[bytes, bytes]]) -> tuple[int, int] | 
 
 @dataclass
 class ProgramCounts:
-    """numberActive / numberInactive per program, for the partitions this instance owns."""
+    """numberActive / numberInactive per program, for the partitions this instance owns.
+
+    Each partition's counts are known to match its memberships up to a changelog offset of the
+    local copy (``matched``): the offset it was counted at, moved on by this instance's own
+    writes. Rows only ever reach an owned partition's copy through those writes; anything else
+    (a restore, a standby's reading) moves the copy's offset past the one matched, and the
+    partition is counted again at the next rebuild."""
 
     by_partition: dict[int, dict[str, list[int]]] = field(default_factory=dict)
+    #: Per partition counted here, the memberships changelog offset its counts match.
+    matched: dict[int, int | None] = field(default_factory=dict)
 
-    def rebuild(self, partitions: dict[int, Iterable[tuple[bytes, bytes]]]) -> int:
-        """Recount from each owned partition's memberships; returns rows read."""
+    def current(self, partition: int, applied: int | None) -> bool:
+        """Whether ``partition``'s counts match its rows, whose local copy has applied the
+        changelog up to ``applied``."""
+        return partition in self.matched and self.matched[partition] == applied and partition in self.by_partition
+
+    def note_applied(self, partition: int, applied: int | None) -> None:
+        """This instance's own write brought ``partition``'s copy to ``applied`` (the counts moved
+        with it)."""
+        if partition in self.matched:
+            self.matched[partition] = applied
+
+    def rebuild(
+        self,
+        partitions: dict[int, Iterable[tuple[bytes, bytes]]],
+        *,
+        keep: Iterable[int] = (),
+        applied: dict[int, int | None] | None = None,
+    ) -> int:
+        """Recount ``partitions`` from their memberships (their copies at the ``applied``
+        changelog offsets), keep the counts of ``keep`` as they are, and forget every other
+        partition's; returns rows read."""
         rows = 0
-        fresh: dict[int, dict[str, list[int]]] = {}
+        kept = [p for p in keep if p in self.by_partition and p in self.matched]
+        fresh: dict[int, dict[str, list[int]]] = {p: self.by_partition[p] for p in kept}
+        matched: dict[int, int | None] = {p: self.matched[p] for p in kept}
         for partition, items in partitions.items():
             counts: dict[str, list[int]] = {}
             for key, raw in items:
@@ -91,7 +120,9 @@ class ProgramCounts:
                 entry[0] += active
                 entry[1] += inactive
             fresh[partition] = counts
+            matched[partition] = (applied or {}).get(partition)
         self.by_partition = fresh
+        self.matched = matched
         return rows
 
     def move(self, partition: int, program_id: str, before: str | None, after: str) -> None:

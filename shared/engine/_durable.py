@@ -84,7 +84,7 @@ from shared.engine._internals import (
     partition_owner_url,
 )
 from shared.engine._rocksdb import NEXT_OFFSET_PREFIX as NEXT_OFFSET_PREFIX  # re-exported
-from shared.engine._rocksdb import PartitionWrite, family_for
+from shared.engine._rocksdb import PartitionWrite, family_for, persisted_offset
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -238,6 +238,12 @@ class DurableTable(TableOffsets):
     def owner_urls(self) -> set[str]:
         """The URL of every instance that owns at least one partition of this table as active."""
         return all_owner_urls(self.app, self.table)
+
+    def applied_offset(self, partition: int) -> int | None:
+        """The last changelog offset this instance's copy of ``partition`` has applied (None: none
+        yet): it moves with every write of this instance and every record restored or read as a
+        standby, so a copy whose offset did not move holds the same rows."""
+        return persisted_offset(partition_db(self.table, partition))
 
     async def copy(self, partition: int) -> Copy | None:
         """This instance's copy of ``partition`` and how far behind its changelog it is, or
