@@ -18,6 +18,11 @@ creation, the partitioner, running the worker and serving the API on its loop
 
 Tools, benchmarks and Spark jobs use plain Kafka clients with the same connection settings:
 those are in :mod:`shared.engine.clients`.
+
+Inside the package, the private parts of Faust and aiokafka that the engine relies on (the
+steps of Faust's consumer, recovery and assignor it replaces, a partition's RocksDB handle,
+the group coordinator) are reached from one module, ``_faust.py``; the rest of the engine
+uses its functions and its ``*Hooks`` base classes.
 """
 
 from shared.engine._admin import TopicSpec, ensure_topics

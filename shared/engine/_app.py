@@ -21,9 +21,8 @@ from faust.contrib.asgi import serve_asgi
 
 from shared.engine._admin import TopicSpec
 from shared.engine._clients import require_sasl_credentials, ssl_context
-from shared.engine._internals import print_thread_loop_tasks
+from shared.engine._faust import WorkerHooks, print_thread_loop_tasks, track_used_topics
 from shared.engine._membership import ANNOUNCE_TIMEOUT_S, announce_restart
-from shared.engine._metadata import track_used_topics
 from shared.engine._restore import BulkRestoringTableManager, register_settings
 from shared.engine._rocksdb import STORE_SCHEME, configure_rocksdb_memory
 from shared.engine._warmup import WarmupAssignor
@@ -136,10 +135,10 @@ def serve_api(app: faust.App, api: FastAPI, settings: Settings, default_port: in
     )
 
 
-class _Worker(faust.Worker):
+class _Worker(WorkerHooks):
     """Faust's worker, telling the peers it is restarting as soon as a signal stops it."""
 
-    async def _stop_on_signal(self, signal: Any) -> None:
+    async def before_stop_on_signal(self) -> None:
         # First of all: stopping the consumer waits for the running batch and its commit, and
         # only then would Faust's on_before_shutdown run; peers probing meanwhile would find the
         # API gone and remove this member, when a restart keeps it (see _membership).
@@ -147,13 +146,11 @@ class _Worker(faust.Worker):
             await asyncio.wait_for(announce_restart(cast(faust.App, self.app)), ANNOUNCE_TIMEOUT_S * 2)
         except Exception as exc:
             log.warning("could not tell the peers this instance is restarting: %r", exc)
-        await super()._stop_on_signal(signal)
 
-    async def _cry(self) -> None:
+    def after_stack_dump(self) -> None:
         # SIGUSR1: mode writes every thread's stack and the tasks of this (the main) loop; the
         # consumer thread runs a loop of its own (group coordinator, fetcher, the calls Faust
         # hands to it), whose tasks tell where a call to the consumer waits.
-        await super()._cry()
         print_thread_loop_tasks(cast(faust.App, self.app), cast(TextIO, self.stderr))
 
 

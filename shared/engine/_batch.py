@@ -247,7 +247,7 @@ def changelog_records(pending: Sequence[tuple[DurableTable, Rows]]) -> list[Outg
 def apply_local(pending: Sequence[tuple[DurableTable, Rows]], last: dict[tuple[str, int], int]) -> None:
     """Rows and each partition's changelog offset into the local databases."""
     for table, rows in pending:
-        table._apply(rows, {partition: offset for (topic, partition), offset in last.items() if topic == table.changelog})
+        table.apply_rows(rows, {partition: offset for (topic, partition), offset in last.items() if topic == table.changelog})
 
 
 def observe(service: str, stream: str, batch: InputBatch, started: float) -> None:

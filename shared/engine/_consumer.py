@@ -13,7 +13,7 @@ unchanged.
 What it owns, since Faust's bookkeeping never sees these records:
 
 * **Offsets.** After a batch is delivered, the partition's next offset to commit is
-  its last offset + 1; :meth:`_new_offset` and :meth:`_filter_tps_with_pending_acks`
+  its last offset + 1; :meth:`offset_to_commit` and :meth:`partitions_to_commit`
   answer Faust's periodic commit from it.
 * **No batch for a partition that is not ours.** Before each delivery it re-checks that
   flow is active, the consumer generation has not changed and the partition is still
@@ -47,19 +47,20 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
+from aiokafka import AIOKafkaConsumer
 from aiokafka.protocol.group import JoinGroupRequest
-from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
 from shared.engine._clients import ISOLATION_LEVEL
+from shared.engine._faust import ConsumerHooks, ConsumerThreadHooks, set_fetch_options
 
 log = logging.getLogger(__name__)
 
 #: Called with one partition, its fetched records (aiokafka ``ConsumerRecord``s) in offset order,
 #: and the offset right after the record this consumer handed over last for that partition when
-#: these records continue from it (None when that is not known: see :meth:`BatchConsumer._drain_messages`).
+#: these records continue from it (None when that is not known: see :meth:`BatchConsumer.drain_fetched`).
 Deliver = Callable[[TP, Sequence[Any], int | None], Awaitable[None]]
 
 #: Longest wait for the commit of revoked partitions' offsets (a failed commit only costs a re-read).
@@ -90,7 +91,7 @@ class NotAMember(Exception):
     committed: nothing more of it is written (see the module docs), and it is fetched again."""
 
 
-class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
+class _ConsumerThread(ConsumerThreadHooks):
     """Faust's consumer thread with the worker's fetch wait from the settings.
 
     aiokafka keeps one fetch request per broker in flight. Faust asks the broker to hold a
@@ -108,11 +109,9 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     async def on_start(self) -> None:
         await super().on_start()
         # Runs on the consumer thread's loop, as the coordinator's heartbeats do.
-        coordinator = self._ensure_consumer()._coordinator
-        if coordinator is None:  # no group (never the case for a worker)
-            return
-        heartbeat = coordinator._do_heartbeat
+        self.wrap_heartbeat(self._recorded)
 
+    def _recorded(self, heartbeat: Callable[[], Awaitable[bool]]) -> Callable[[], Awaitable[bool]]:
         async def recorded_heartbeat() -> bool:
             sent = time.monotonic()
             # True: the coordinator knows this member and its generation (REBALANCE_IN_PROGRESS
@@ -122,7 +121,7 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
                 self.member_confirmed_at = max(self.member_confirmed_at, sent)
             return recognised
 
-        coordinator._do_heartbeat = recorded_heartbeat
+        return recorded_heartbeat
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         # Called on the consumer thread right after the coordinator answered this member's SyncGroup.
@@ -131,7 +130,7 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 
     def member_current(self, generation: int) -> bool:
         """Whether this consumer is, as far as it knows, still the member of ``generation``."""
-        coordinator = self._ensure_consumer()._coordinator
+        coordinator = self.coordinator
         return bool(
             coordinator is not None
             and coordinator.generation == generation
@@ -143,8 +142,7 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         knows this member of ``generation``. One it no longer knows makes aiokafka rejoin."""
         if not self.member_current(generation):
             return False
-        coordinator = self._ensure_consumer()._coordinator
-        future = asyncio.run_coroutine_threadsafe(coordinator._do_heartbeat(), self.thread_loop)
+        future = asyncio.run_coroutine_threadsafe(self.heartbeat(), self.thread_loop)
         try:
             recognised = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except asyncio.CancelledError:
@@ -154,25 +152,24 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
             return False
         return bool(recognised) and self.member_current(generation)
 
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = self.consumer.fetch_max_wait_ms
+    def configure_client(self, client: AIOKafkaConsumer) -> AIOKafkaConsumer:
         # Faust picks read_committed only with its own processing_guarantee="exactly_once",
         # which would also switch on its own transactions (one producer per partition run by
         # Faust, committing on its timer, not with the batch). The engine runs transactions
         # itself, and reads committed records in either guarantee (see
         # ``_clients.isolation_level``), so it sets only the isolation level. The fetcher
         # reads it when the consumer starts, which is after this.
-        consumer._isolation_level = ISOLATION_LEVEL
-        return consumer
+        set_fetch_options(client, fetch_max_wait_ms=self.consumer.fetch_max_wait_ms, isolation_level=ISOLATION_LEVEL)
+        return client
 
 
-class BatchConsumer(aiokafka_driver.Consumer):
+class BatchConsumer(ConsumerHooks):
     """Faust's aiokafka consumer with the per-record hand-over replaced for ``batch_topics``.
 
     The engine subclasses it per app and sets :attr:`batch_topics` and :attr:`deliver`.
     """
 
+    thread_class = _ConsumerThread
     batch_topics: frozenset[str] = frozenset()
     deliver: Deliver | None = None
     #: Topic → lane: batches of one partition number run side by side when their lanes differ
@@ -204,24 +201,20 @@ class BatchConsumer(aiokafka_driver.Consumer):
         #: Per consumer generation, the lanes delivering batches fetched in it now.
         self._delivering: Counter[int] = Counter()
 
-    def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
-        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
     @property
     def _member_thread(self) -> _ConsumerThread:
-        return self._thread  # type: ignore[return-value]
+        return cast(_ConsumerThread, self.thread)
 
     # -- the hand-over ------------------------------------------------------------------
 
-    async def _drain_messages(self, fetcher: Any) -> None:
-        consumer_stopped = self._stopped.is_set
-        fetcher_stopped = fetcher._stopped.is_set
+    async def drain_fetched(self, fetcher: Any) -> None:
+        stopped = self.stopped(fetcher)
         batch_topics = self.batch_topics
         lanes = self.lanes
         try:
-            while not (consumer_stopped() or fetcher_stopped()):
+            while not stopped():
                 before = self._seek_epoch
-                records, active = await self._wait_next_records(1.0)
+                records, active = await self.next_records(1.0)
                 # Fetched with no seek meanwhile: these records continue the ones fetched before
                 # in the same epoch (aiokafka's fetcher returns each partition's records from its
                 # position on; only a seek or a rebalance moves that). A seek during the wait
@@ -387,7 +380,7 @@ class BatchConsumer(aiokafka_driver.Consumer):
             self._handed[tp] = (epoch, last)
         if not self.exactly_once:  # else the batch's transaction committed the offset
             self._delivered[tp] = last + 1
-        self._read_offset[tp] = last
+        self.read_offsets[tp] = last
 
     async def _seek_back(self, tp: TP, offset: int) -> None:
         """Fetch ``tp`` again from ``offset`` when it is ours again (a later owner starts from its commit)."""
@@ -397,7 +390,7 @@ class BatchConsumer(aiokafka_driver.Consumer):
             log.debug("not seeking %s back to %d: %r", tp, offset, exc)
 
     async def _drain_stock(self, records: dict[TP, Sequence[Any]], active: set[TP] | None, generation: int) -> None:
-        """Faust's own per-record path (``Consumer.getmany`` + ``_drain_messages``) for the other topics."""
+        """Faust's own per-record path (``Consumer.getmany`` + its fetch loop) for the other topics."""
         if not self.flow_active:
             try:
                 await self.perform_seek()
@@ -405,9 +398,10 @@ class BatchConsumer(aiokafka_driver.Consumer):
                 log.warning("seek to committed offsets failed while flow is stopped: %r", exc)
             return
         callback = self.callback
-        to_message = self._to_message
+        to_message = self.to_message
+        read_offsets = self.read_offsets
         for tp, batch in records.items():
-            if not (active is None or tp in active or tp in self._buffered_partitions):
+            if not (active is None or tp in active or tp in self.buffered_partitions):
                 continue
             self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
             for n, record in enumerate(batch):
@@ -415,28 +409,27 @@ class BatchConsumer(aiokafka_driver.Consumer):
                     return
                 if n % 100 == 99:
                     await asyncio.sleep(0)
-                read_offset = self._read_offset[tp]
+                read_offset = read_offsets[tp]
                 offset = record.offset
                 if read_offset is not None and offset < read_offset:
                     continue
                 if read_offset and offset - read_offset > 1 and self.app.topics.acks_enabled_for(record.topic):
-                    await self._add_gap(tp, read_offset + 1, offset)
+                    await self.add_gap(tp, read_offset + 1, offset)
                 await self.wait_first(callback(to_message(tp, record)), self.suspend_flow.wait())
-                self._read_offset[tp] = offset
+                read_offsets[tp] = offset
 
     # -- offsets ------------------------------------------------------------------------
 
-    def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
-        yield from super()._filter_tps_with_pending_acks(topics)
+    def partitions_to_commit(self, topics: Any = None) -> Iterator[TP]:
+        yield from super().partitions_to_commit(topics)
         for tp in list(self._delivered):
             if topics is None or tp in topics or tp.topic in topics:
                 yield tp
 
-    def _new_offset(self, tp: TP) -> int | None:
+    def offset_to_commit(self, tp: TP) -> int | None:
         if tp.topic in self.batch_topics:
             return self._delivered.get(tp)
-        offset: int | None = super()._new_offset(tp)
-        return offset
+        return super().offset_to_commit(tp)
 
     async def wait_empty(self) -> None:
         await self._idle.wait()
@@ -452,9 +445,9 @@ class BatchConsumer(aiokafka_driver.Consumer):
         self._seek_epoch += 1
         await super().seek_wait(partitions)
 
-    async def _seek(self, partition: TP, offset: int) -> None:
+    async def seek_partition(self, partition: TP, offset: int) -> None:
         self._seek_epoch += 1
-        await super()._seek(partition, offset)
+        await super().seek_partition(partition, offset)
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         self._seek_epoch += 1

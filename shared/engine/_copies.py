@@ -52,7 +52,7 @@ from aiokafka import TopicPartition as KafkaTP
 from faust.types import TP
 
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, exactly_once, started_when_reachable
-from shared.engine._internals import AnyTable, recovery_done
+from shared.engine._faust import AnyTable, recovery_done, store_partition_db
 from shared.engine._rocksdb import persisted_offset
 from shared.settings import Settings
 
@@ -230,7 +230,7 @@ def copy_source(app: faust.App, table: AnyTable, partition: int) -> Source | Non
 
 def _applied_next(table: AnyTable, partition: int) -> int | None:
     """The next changelog offset the local database expects (None: it holds no changelog offset)."""
-    offset = persisted_offset(_store(table)._db_for_partition(partition))
+    offset = persisted_offset(store_partition_db(_store(table), partition))
     return offset + 1 if offset is not None else None
 
 

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import faust
 
-from shared.engine._internals import consumer_coordinator, recovery_done
+from shared.engine._faust import consumer_coordinator, coordinator_client, recovery_done
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class MetadataChase:
         coordinator = consumer_coordinator(self.app)
         if coordinator is None:
             return
-        client = coordinator._client
+        client = coordinator_client(coordinator)
         wait = CHASE_FIRST_WAIT_S
         while self.topics:
             await asyncio.sleep(wait)

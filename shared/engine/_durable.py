@@ -75,14 +75,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, started_when_reachable
 from shared.engine._copies import Copy, local_copy
-from shared.engine._internals import (
-    AnyTable,
-    active_partitions,
-    all_owner_urls,
-    partition_db,
-    partition_items,
-    partition_owner_url,
-)
+from shared.engine._faust import AnyTable, active_partitions, all_owner_urls, partition_db, partition_items, partition_owner_url
 from shared.engine._rocksdb import NEXT_OFFSET_PREFIX as NEXT_OFFSET_PREFIX  # re-exported
 from shared.engine._rocksdb import PartitionWrite, family_for, persisted_offset
 from shared.settings import Settings
@@ -250,7 +243,7 @@ class DurableTable(TableOffsets):
         None when it holds none (what a read from a copy answers with)."""
         return await local_copy(self.app, self.table, partition, exact=True)
 
-    def _apply(self, rows: Rows, offsets: Mapping[int, int]) -> None:
+    def apply_rows(self, rows: Rows, offsets: Mapping[int, int]) -> None:
         """Rows and the changelog offset they bring a partition to, in one RocksDB write batch per
         partition (across its column families: next-offset rows and the offset into the engine
         family, the service's rows into the default one): a crash leaves a partition with all of

@@ -32,6 +32,7 @@ from shared.engine._clients import exactly_once
 from shared.engine._consumer import BatchConsumer, NotAMember
 from shared.engine._copies import start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
+from shared.engine._faust import AppHooks
 from shared.engine._gc import freeze_startup_objects
 from shared.engine._instance import Instance
 from shared.engine._membership import PeerWatch
@@ -68,23 +69,12 @@ class _Registration:
     dead_letters: DeadLetterRoute | None
 
 
-class _EngineApp(faust.App):
+class _EngineApp(AppHooks):
     """A Faust app whose consumer is the engine's :class:`BatchConsumer`."""
 
     consumer_class: type[BatchConsumer] = BatchConsumer
     #: The topics the engine's handlers read (see :func:`shared.engine._coverage.ready`).
     input_topics: frozenset[str] = frozenset()
-
-    def _new_consumer(self) -> Any:
-        transport = self.transport
-        return self.consumer_class(
-            transport,
-            callback=self.topics.on_message,
-            on_partitions_revoked=self._on_partitions_revoked,
-            on_partitions_assigned=self._on_partitions_assigned,
-            beacon=self.beacon,
-            loop=transport.loop,
-        )
 
 
 class Engine:
@@ -259,6 +249,15 @@ class Engine:
             *(TopicSpec(topic, partitions) for topic, partitions in self._internal_topics.items()),
             *changelog_topic_specs(self.app, self.settings),
         ]
+
+    @property
+    def registrations(self) -> tuple[_Registration, ...]:
+        """The handlers registered so far, in order (for the topology driver)."""
+        return tuple(self._handlers)
+
+    def registration_for(self, topic: str) -> _Registration | None:
+        """The handler that reads ``topic``, if one does."""
+        return self._by_topic.get(topic)
 
     def _lanes(self) -> dict[str, int]:
         """Topic → lane: handlers that write a common table share a lane; every other pair of

@@ -65,7 +65,7 @@ from aiokafka.protocol.group import LeaveGroupRequest
 
 from shared.engine._admin import _Admin
 from shared.engine._clients import client_kwargs, started_when_reachable
-from shared.engine._internals import member_urls, request_rejoin
+from shared.engine._faust import member_urls, request_rejoin, send_to_broker
 from shared.engine._loops import run_every
 from shared.metrics import PEER_FAILOVERS, PEER_RESTARTS_ANNOUNCED
 from shared.settings import Settings
@@ -444,7 +444,7 @@ class PeerWatch:
         # v1 (the highest aiokafka has) carries no instance id: the broker then removes the
         # member by its id, static or not.
         response = await asyncio.wait_for(
-            admin._send_request(LeaveGroupRequest(self.group_id, member_id), coordinator), COORDINATOR_TIMEOUT_S
+            send_to_broker(admin, LeaveGroupRequest(self.group_id, member_id), coordinator), COORDINATOR_TIMEOUT_S
         )
         if response.error_code not in (0, UNKNOWN_MEMBER_ID):
             raise RuntimeError(f"LeaveGroup {self.group_id} {member_id}: error code {response.error_code}")

@@ -6,9 +6,11 @@ from aiokafka import AIOKafkaProducer as PlainProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient as PlainAdmin
 
+from shared.engine._faust import kafka_client
+
 __all__ = ["KafkaTopicPartition", "PlainAdmin", "PlainConsumer", "PlainProducer", "refresh_metadata"]
 
 
 async def refresh_metadata(client: PlainConsumer) -> None:
     """Fetch cluster metadata now (a topic created since the client started becomes known)."""
-    await client._client.force_metadata_update()
+    await kafka_client(client).force_metadata_update()

@@ -45,14 +45,12 @@ from typing import Any, Protocol, cast
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.stores.rocksdb import Store as RocksDBStore
-from faust.tables.manager import TableManager
-from faust.tables.recovery import Recovery
 from faust.types import TP, ConsumerT
 from mode import Service
 from rocksdict import Rdict
 
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs
-from shared.engine._internals import store_partition_db
+from shared.engine._faust import RecoveryHooks, TableManagerHooks, consumer_partition_state, store_partition_db
 from shared.engine._rocksdb import PartitionWrite
 from shared.settings import Settings
 
@@ -292,7 +290,7 @@ def write_batch(target: PartitionTarget, messages: list[Any]) -> int:
     return len(messages)
 
 
-class BulkRestoringRecovery(Recovery):
+class BulkRestoringRecovery(RecoveryHooks):
     """Faust's recovery service, bringing lagging partitions up to date in bulk first,
     and reading changelog offsets with a :class:`ChangelogReader`."""
 
@@ -335,20 +333,11 @@ class BulkRestoringRecovery(Recovery):
         )
 
     def _changelog_state(self, tp: TP) -> str:
-        consumer = cast(Any, self.app.consumer)
         state = f"{tp.topic}[{tp.partition}] at {self.active_offsets[tp]} of {self.active_highwaters[tp]}"
         try:
-            kafka_consumer = consumer._thread._ensure_consumer()
-            assignment = kafka_consumer._subscription.subscription.assignment
-            ktp = TopicPartition(tp.topic, tp.partition)
-            if assignment is None or ktp not in assignment.tps:
-                return state + ", not assigned to the consumer"
-            partition = assignment.state_value(ktp)
-            position = partition.position if partition.has_valid_position else None
             return (
-                state + f", consumer position {position}, paused {partition.paused}, "
-                f"Faust paused {tp in consumer._paused_partitions}, read offset {consumer._read_offset.get(tp)}, "
-                f"queued {self.tables.changelog_queue.qsize()}, flow {consumer.flow_active}"
+                state + f", {consumer_partition_state(cast(faust.App, self.app), tp)}, "
+                f"queued {self.tables.changelog_queue.qsize()}, flow {cast(Any, self.app.consumer).flow_active}"
             )
         except Exception as exc:  # the consumer is restarting: the state is unknown
             return state + f" ({exc!r})"
@@ -366,21 +355,21 @@ class BulkRestoringRecovery(Recovery):
         if not self.in_recovery and any(self.buffers.values()):
             self.flush_buffers()
 
-    async def _build_highwaters(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
+    async def build_highwaters(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
         reader = self._changelog_reader()
         if reader is None:
-            await super()._build_highwaters(consumer, tps, destination, title)
+            await super().build_highwaters(consumer, tps, destination, title)
             return
         # Faust reads the actives' highwaters first, then their offsets, then the
         # standbys': restoring just before that, both sets are known, nothing reads
         # yet, and the highwaters Faust then reads are at or past what was restored.
         if title == "active" and reader.settings.bulk_restore:
             await self._bulk_restore(reader)
-        await super()._build_highwaters(cast(ConsumerT, reader), tps, destination, title)
+        await super().build_highwaters(cast(ConsumerT, reader), tps, destination, title)
 
-    async def _build_offsets(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
+    async def build_offsets(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
         reader = self._changelog_reader()
-        await super()._build_offsets(cast(ConsumerT, reader) if reader else consumer, tps, destination, title)
+        await super().build_offsets(cast(ConsumerT, reader) if reader else consumer, tps, destination, title)
 
     async def _bulk_restore(self, reader: ChangelogReader) -> None:
         targets: dict[TopicPartition, PartitionTarget] = {}
@@ -425,14 +414,10 @@ def _can_open(store: RocksDBStore, tp: TP) -> bool:
     return True
 
 
-class BulkRestoringTableManager(TableManager):
+class BulkRestoringTableManager(TableManagerHooks):
     """Faust's table manager with :class:`BulkRestoringRecovery` as its recovery service."""
 
-    @property
-    def recovery(self) -> Recovery:
-        if self._recovery is None:
-            self._recovery = BulkRestoringRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
-        return self._recovery
+    recovery_class = BulkRestoringRecovery
 
 
 def register_settings(app: faust.App, settings: Settings) -> None:

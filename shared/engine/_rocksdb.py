@@ -40,7 +40,7 @@ from faust.stores.rocksdb import RocksDBOptions
 from faust.stores.rocksdb import Store as FaustRocksDBStore
 from faust.types import TP, EventT
 
-from shared.engine._internals import FAUST_OFFSET_KEY
+from shared.engine._faust import FAUST_OFFSET_KEY, store_partition_db
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -270,10 +270,10 @@ class SharedMemoryStore(FaustRocksDBStore):
         self.rocksdb_options = SharedMemoryOptions(**(self.options or {}), use_rocksdict=True)
 
     def persisted_offset(self, tp: TP) -> int | None:
-        return persisted_offset(self._db_for_partition(tp.partition))
+        return persisted_offset(store_partition_db(self, tp.partition))
 
     def set_persisted_offset(self, tp: TP, offset: int) -> None:
-        set_persisted_offset(self._db_for_partition(tp.partition), offset)
+        set_persisted_offset(store_partition_db(self, tp.partition), offset)
 
     def apply_changelog_batch(
         self, batch: Iterable[EventT[Any]], to_key: Callable[[Any], Any], to_value: Callable[[Any], Any]
@@ -286,7 +286,7 @@ class SharedMemoryStore(FaustRocksDBStore):
             msg = event.message
             write = writes.get(msg.partition)
             if write is None:
-                write = writes[msg.partition] = PartitionWrite(self._db_for_partition(msg.partition))
+                write = writes[msg.partition] = PartitionWrite(store_partition_db(self, msg.partition))
             write.apply(cast(bytes, msg.key), msg.value)
             offsets[msg.partition] = max(msg.offset, offsets.get(msg.partition, msg.offset))
         for partition, write in writes.items():

@@ -34,7 +34,7 @@ import faust
 from aiokafka.errors import IllegalStateError
 from faust.types import TP
 
-from shared.engine._internals import recovery_done, tps_with_unacked_messages
+from shared.engine._faust import recovery_done, tps_with_unacked_messages
 from shared.metrics import TRAILING_HOLES_REREAD
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The versions of Faust and aiokafka the engine is built for.
 
 The engine replaces parts of Faust's consumer and reads private state of Faust and
-aiokafka (see ``_consumer.py`` and ``_internals.py``). Those parts change between
+aiokafka (all of them in ``_faust.py``). Those parts change between
 releases without notice, so a worker refuses to start on any other version rather
 than fail later in a way that loses or repeats records.
 """

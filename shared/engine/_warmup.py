@@ -44,14 +44,13 @@ import faust
 import httpx
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
-from faust.assignor import PartitionAssignor
 from faust.assignor.client_assignment import ClientAssignment, ClientMetadata
 from faust.assignor.cluster_assignment import ClusterAssignment
 from faust.assignor.copartitioned_assignor import CopartitionedAssignor
 
 from shared.engine._copies import lag_without_copy, local_copy
 from shared.engine._coverage import MetadataChase
-from shared.engine._internals import AnyTable, member_urls, recovery_done, request_rejoin
+from shared.engine._faust import AnyTable, AssignorHooks, member_urls, recovery_done, request_rejoin
 from shared.engine._loops import run_every
 from shared.settings import Settings
 
@@ -142,7 +141,7 @@ class StatefleetClientMetadata(ClientMetadata, serializer="json", include_metada
     warmups: Mapping[str, List[int]] | None = None  # noqa: UP006 (changelog topic -> partitions)
 
 
-class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class is untyped at its base
+class WarmupAssignor(AssignorHooks):
     """Faust's partition assignor with warm-up copies (see the module docs).
 
     ``caught_up`` is what this member reports at its next join (kept current by
@@ -166,9 +165,8 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
 
     # -- a member --------------------------------------------------------------------------
 
-    @property
-    def _metadata(self) -> ClientMetadata:
-        base = super()._metadata
+    def join_metadata(self) -> ClientMetadata:
+        base = super().join_metadata()
         if not self.enabled:
             return base
         return StatefleetClientMetadata(
@@ -183,33 +181,33 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
 
     def on_assignment(self, assignment: ConsumerProtocolMemberMetadata) -> None:
         super().on_assignment(assignment)
-        raw = json.loads(self._decompress(assignment.user_data))
+        raw = json.loads(self.decompress(assignment.user_data))
         self.warmups = {topic: sorted(parts) for topic, parts in (raw.get("warmups") or {}).items() if parts}
         self.assigned_at = time.monotonic()
 
     # -- the leader ------------------------------------------------------------------------
 
-    def _perform_assignment(
+    def perform_assignment(
         self, cluster: ClusterMetadata, member_metadata: Mapping[str, ConsumerProtocolMemberMetadata]
     ) -> MutableMapping[str, ConsumerProtocolMemberAssignment]:
         # Faust's own _perform_assignment (faust-streaming 0.15), with the two warm-up steps
         # around its CopartitionedAssignor and the warm-ups added to each member's assignment.
         cluster_assignment = ClusterAssignment()
-        clients_metadata = {member: self._get_client_metadata(m) for member, m in member_metadata.items()}
+        clients_metadata = {member: self.client_metadata(m) for member, m in member_metadata.items()}
         subscriptions = {member: cast(list[str], m.subscription) for member, m in member_metadata.items()}
         for member in member_metadata:
             cluster_assignment.add_client(member, subscriptions[member], clients_metadata[member])
-        groups = self._get_copartitioned_groups(cluster_assignment.topics(), cluster, subscriptions)
+        groups = self.copartitioned_groups(cluster_assignment.topics(), cluster, subscriptions)
         # Faust skips a topic the cluster metadata does not show yet: nobody would own it until
         # the next rebalance, which only a metadata change minutes later would bring.
         self.metadata_chase.start(t for t in cluster_assignment.topics() if not cluster.partitions_for_topic(t))
-        self._update_member_urls(clients_metadata)
+        self.remember_member_urls(clients_metadata)
         assignments: MutableMapping[str, ClientAssignment] = {
             member: ClientAssignment(actives={}, standbys={}) for member in member_metadata
         }
         topic_to_group_id: dict[str, int] = {}
         partitions_by_topic: dict[str, int] = {}
-        changelogs = set(self._table_manager.changelog_topics)
+        changelogs = self.changelog_topics
         warmups: dict[str, dict[str, list[int]]] = defaultdict(dict)
         self.last_moves, self.last_holds = [], {}
         for group_id, (num_partitions, topic_groups) in enumerate(sorted(groups.items())):
@@ -237,11 +235,11 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
                     assignments[member].add_copartitioned_assignment(copartitioned)
         self.last_holds = dict(warmups)
         self._log_assignment(clients_metadata)
-        assignments = self._global_table_standby_assignments(assignments, partitions_by_topic)
+        assignments = self.with_global_table_standbys(assignments, partitions_by_topic)
         return self._with_warmups(
             assignments,
-            self._get_changelog_distribution(assignments),
-            self._get_external_topic_distribution(assignments),
+            self.changelog_distribution_of(assignments),
+            self.external_distribution_of(assignments),
             topic_to_group_id,
             warmups,
         )
@@ -295,11 +293,11 @@ class WarmupAssignor(PartitionAssignor):  # type: ignore[misc]  # Faust's class 
         return {
             member: ConsumerProtocolMemberAssignment(
                 self.version,
-                sorted(assignment.kafka_protocol_assignment(self._table_manager)),
-                self._compress(
+                self.kafka_assignment(assignment),
+                self.compress(
                     StatefleetClientMetadata(
                         assignment=assignment,
-                        url=self._member_urls[member],
+                        url=self.member_url(member),
                         changelog_distribution=changelog_distribution,
                         external_topic_distribution=external_topic_distribution,
                         topic_groups=topic_groups,

@@ -191,7 +191,7 @@ class TopologyDriver:
         engine.instance = DriverInstance(engine.app, engine.instance.url)
         if engine.transactions is not None:
             engine.transactions = MemoryTransactions(settings, producer)
-        for registration in engine._handlers:
+        for registration in engine.registrations:
             if registration.order is not None:
                 registration.order.backfill = backfill
         #: Per input partition, the offset of the next record to hand to its handler.
@@ -260,16 +260,16 @@ class TopologyDriver:
         raise RuntimeError(f"handlers still sending to each other after {MAX_ROUNDS} rounds")
 
     def _pending(self) -> Iterator[tuple[str, int, list[InRecord]]]:
-        handled = self.engine._by_topic
         for (topic, partition), log in list(self.topics.logs.items()):
             position = self.positions.get((topic, partition), 0)
-            if topic in handled and position < len(log):
+            if self.engine.registration_for(topic) is not None and position < len(log):
                 yield topic, partition, log[position:]
 
     async def _deliver(self, topic: str, partition: int, records: list[InRecord]) -> InputBatch | None:
         """What the engine does with a fetched batch (``Engine._deliver``), without the consumer."""
         engine = self.engine
-        registration = engine._by_topic[topic]
+        registration = engine.registration_for(topic)
+        assert registration is not None, f"{topic!r} has no handler"
         order = registration.order
         ordered = await order.batch_records(records) if order is not None else None
         if ordered is not None and not ordered.records:

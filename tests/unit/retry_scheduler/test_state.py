@@ -53,7 +53,7 @@ from services.retry_scheduler.state import (
     split_due_key,
 )
 from shared.dead_letters import parse_dead_letter
-from shared.engine._internals import FAUST_OFFSET_KEY
+from shared.engine._faust import FAUST_OFFSET_KEY
 from shared.engine._rocksdb import open_partition_db, set_persisted_offset
 
 dues = st.integers(min_value=0, max_value=MAX_DUE_MS)

@@ -27,7 +27,7 @@ from services.validator.state import (
 )
 from shared import codecs
 from shared.accounts import AccountChange
-from shared.engine._internals import FAUST_OFFSET_KEY
+from shared.engine._faust import FAUST_OFFSET_KEY
 
 
 def test_state_round_trips_with_history_order() -> None:

@@ -14,7 +14,7 @@ from aiokafka import TopicPartition
 from faust.types import TP
 from rocksdict import Rdict
 
-from shared.engine._internals import FAUST_OFFSET_KEY
+from shared.engine._faust import FAUST_OFFSET_KEY
 from shared.engine._partitioning import partition_for
 from shared.engine._restore import ChangelogReader, restore_changelog
 from shared.engine._rocksdb import engine_family, open_partition_db

@@ -7,7 +7,7 @@ import uuid
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from shared.engine._metadata import track_used_topics
+from shared.engine._faust import track_used_topics
 from tests.support.kafka import create_topics
 
 

@@ -13,7 +13,7 @@ import pytest
 from shared.engine import DeadLetterRoute, Engine, InputBatch, Table
 from shared.engine._batch import StagedView
 from shared.engine._durable import SortedView, next_offset_key
-from shared.engine._internals import FAUST_OFFSET_KEY
+from shared.engine._faust import FAUST_OFFSET_KEY
 from shared.engine._producer import Outgoing, Retry
 from shared.engine._rocksdb import engine_family, is_engine_key
 from shared.engine.testing import MemoryProducer, TopologyDriver

@@ -24,7 +24,7 @@ from shared.engine._durable import (
     next_offset_key,
     ordered_rows,
 )
-from shared.engine._internals import FAUST_OFFSET_KEY
+from shared.engine._faust import FAUST_OFFSET_KEY
 from shared.engine._rocksdb import engine_family, is_engine_key, open_partition_db
 
 

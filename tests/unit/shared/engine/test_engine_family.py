@@ -15,7 +15,7 @@ from rocksdict import Options, Rdict
 
 from shared.engine._app import create_app
 from shared.engine._durable import DurableTable, next_offset_key
-from shared.engine._internals import FAUST_OFFSET_KEY
+from shared.engine._faust import FAUST_OFFSET_KEY
 from shared.engine._restore import write_batch
 from shared.engine._rocksdb import ENGINE_FAMILY, SharedMemoryStore, engine_family, open_partition_db, persisted_offset
 from shared.settings import Settings

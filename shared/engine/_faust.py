@@ -1,0 +1,524 @@
+"""Faust and aiokafka as the engine uses them: the one module that reaches into their private parts.
+
+Faust does not expose a table partition's RocksDB handle, the map from changelog partition
+to owning instance, its consumer's group coordinator, or the steps of its consumer, recovery,
+assignor and worker that the engine replaces (the batch hand-over, the offsets it commits,
+bulk restore, warm-up assignment). aiokafka does not expose its client's metadata tracking or
+a request to one broker. Everything of theirs that is private is reached here and only here,
+as plain functions and as ``*Hooks`` base classes that turn each private step the engine
+overrides into a public method whose default is Faust's own step. If an upgrade of Faust or
+aiokafka moves one of them, this is the only module to change (``_versions`` pins the
+versions it was written against; ruff's SLF001 is off for this module alone).
+
+What it offers, by concern:
+
+* tables and stores: a partition's RocksDB database, its rows in key order;
+* assignment: owned partitions, the owner of each, the group's members;
+* recovery: done or not, and what the consumer holds for a changelog partition;
+* group membership: the coordinator (heartbeats, rejoin), a request to one broker;
+* the consumer, recovery, table manager, assignor, app and worker hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, MutableMapping
+from typing import Any, TextIO, cast
+
+import faust
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.client import AIOKafkaClient
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
+from faust.assignor import PartitionAssignor
+from faust.assignor.client_assignment import ClientAssignment, ClientMetadata
+from faust.tables.manager import TableManager
+from faust.tables.recovery import Recovery
+from faust.transport.drivers import aiokafka as aiokafka_driver
+from faust.types import TP, ConsumerT, TableT
+from rocksdict import Rdict
+
+log = logging.getLogger(__name__)
+
+AnyTable = TableT[Any, Any]
+
+#: Faust keeps each partition's committed offset under this key (in the partition database's
+#: engine family, see :mod:`shared.engine._rocksdb`).
+FAUST_OFFSET_KEY = b"__faust\x00offset__"
+
+
+def partition_db(table: AnyTable, partition: int) -> Rdict:
+    """The RocksDB database (rocksdict) holding one partition of a table."""
+    return store_partition_db(cast(Any, table).data, partition)
+
+
+def store_partition_db(store: Any, partition: int) -> Rdict:
+    """The RocksDB database (rocksdict) of one partition of a table's RocksDB store (opened if need be)."""
+    return cast(Rdict, store._db_for_partition(partition))
+
+
+def partition_items(
+    table: AnyTable, partition: int, from_key: bytes | None = None, backwards: bool = False
+) -> Iterator[tuple[bytes, bytes]]:
+    """A partition's rows (its default column family: the service's rows) in key order (or
+    reverse), from ``from_key``."""
+    db = partition_db(table, partition)
+    items = db.items(from_key=from_key, backwards=backwards) if from_key is not None else db.items(backwards=backwards)
+    for key, value in items:
+        yield cast(bytes, key), cast(bytes, value)
+
+
+def active_partitions(app: faust.App, table: AnyTable) -> set[int]:
+    """Changelog partitions of ``table`` this instance currently owns as active."""
+    topic = table.changelog_topic.get_topic_name()
+    return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topic}
+
+
+def _tps_url(app: faust.App) -> dict[TP, str]:
+    return cast(dict[TP, str], cast(Any, app.assignor)._tps_url)
+
+
+def partition_owner_url(app: faust.App, table: AnyTable, partition: int) -> str | None:
+    """Canonical URL of the instance that owns ``partition`` of ``table`` as active, if known."""
+    topic = table.changelog_topic.get_topic_name()
+    url = _tps_url(app).get(TP(topic, partition))
+    return str(url).rstrip("/") if url else None
+
+
+def all_owner_urls(app: faust.App, table: AnyTable) -> set[str]:
+    """Every instance URL that owns at least one active partition of ``table``."""
+    topic = table.changelog_topic.get_topic_name()
+    return {str(url).rstrip("/") for tp, url in _tps_url(app).items() if tp.topic == topic}
+
+
+def recovery_done(app: faust.App) -> bool:
+    """True once table recovery after the last rebalance has finished."""
+    recovery = cast(Any, app.tables).recovery
+    return bool(recovery.completed.is_set()) and not recovery.in_recovery and not app.rebalancing
+
+
+def tps_with_unacked_messages(app: faust.App) -> set[TP]:
+    """The partitions with a record handed to a stream and not yet acknowledged by its stream."""
+    return {message.tp for message in list(cast(Any, app.consumer)._unacked_messages)}
+
+
+# -- Fleet view (GET /instance): what this instance owns and how far behind it is -------------------
+
+
+#: A topic partition as the fleet view gives it: (topic, partition), a plain tuple.
+Partition = tuple[str, int]
+
+
+def assigned_partitions(app: faust.App) -> tuple[set[Partition], set[Partition]]:
+    """(active, standby) topic partitions Faust's assignor gave this instance at the last rebalance."""
+    assignor = cast(Any, app.assignor)
+    return _plain(assignor.assigned_actives()), _plain(assignor.assigned_standbys())
+
+
+def _plain(tps: Iterable[TP]) -> set[Partition]:
+    return {(tp.topic, tp.partition) for tp in tps}
+
+
+def changelog_topics(app: faust.App) -> set[str]:
+    """The changelog topic of every table of ``app``."""
+    return {table.changelog_topic.get_topic_name() for table in app.tables.values()}
+
+
+def known_instance_urls(app: faust.App) -> set[str]:
+    """Canonical URLs of every instance the last assignment gave changelog partitions to."""
+    distribution = cast(Any, app.assignor).changelog_distribution or {}
+    return {str(url).rstrip("/") for url in distribution}
+
+
+def input_lag(app: faust.App, tps: set[Partition]) -> dict[Partition, int | None]:
+    """Records of each partition not yet committed: the consumer's last seen high watermark
+    minus its committed offset (None until the consumer has fetched from the partition).
+
+    Reads what the consumer already knows; it asks the broker nothing. Faust keeps a
+    committed offset of 0 as None, so None counts as 0.
+    """
+    consumer = cast(Any, app.consumer)
+    committed: dict[TP, int | None] = consumer._committed_offset
+    out: dict[Partition, int | None] = {}
+    for topic, partition in tps:
+        tp = TP(topic, partition)
+        try:
+            highwater = consumer.highwater(tp)
+        except Exception:  # not started, or the partition was just revoked
+            highwater = None
+        out[(topic, partition)] = None if highwater is None else max(0, int(highwater) - int(committed.get(tp) or 0))
+    return out
+
+
+def member_urls(app: faust.App) -> set[str]:
+    """Canonical URLs of every instance the last assignment gave active partitions to, of tables
+    or of other topics (the assignor publishes both maps to every member)."""
+    assignor = cast(Any, app.assignor)
+    distributions = (assignor.changelog_distribution or {}, assignor.external_topic_distribution or {})
+    return {str(url).rstrip("/") for distribution in distributions for url in distribution}
+
+
+def consumer_coordinator(app: faust.App) -> Any | None:
+    """The worker consumer's aiokafka group coordinator, which lives on the consumer thread's
+    loop (None before the consumer has started)."""
+    try:
+        return cast(Any, app.consumer)._thread._ensure_consumer()._coordinator
+    except Exception as exc:  # not started, or stopping
+        log.debug("no group coordinator: %r", exc)
+        return None
+
+
+def request_rejoin(app: faust.App) -> bool:
+    """Have the worker's consumer rejoin its group now (False if it has not started).
+
+    aiokafka's group coordinator runs on the consumer thread's loop, so the request is
+    handed to that loop."""
+    coordinator = consumer_coordinator(app)
+    if coordinator is None:
+        return False
+    try:
+        cast(Any, app.consumer)._thread.thread_loop.call_soon_threadsafe(coordinator.request_rejoin)
+    except Exception as exc:  # stopping
+        log.debug("no rejoin: %r", exc)
+        return False
+    return True
+
+
+def print_thread_loop_tasks(app: faust.App, file: TextIO) -> None:
+    """Write the stack of every task on the consumer thread's event loop (aiokafka's group
+    coordinator, its fetcher, and the calls Faust hands to that thread) to ``file``."""
+    try:
+        loop = cast(Any, app.consumer)._thread.thread_loop
+    except Exception as exc:  # not started
+        print(f"no consumer thread loop: {exc!r}", file=file)
+        return
+    for attempt in range(3):  # the set of tasks may change while it is read from this thread
+        try:
+            tasks = list(asyncio.all_tasks(loop))
+            break
+        except RuntimeError:
+            if attempt == 2:
+                print("the consumer thread's tasks could not be listed", file=file)
+                return
+    print(f"CONSUMER THREAD LOOP: {len(tasks)} TASKS", file=file)
+    for task in tasks:
+        print(f"  TASK {task!r}", file=file)
+        task.print_stack(file=file)
+    file.flush()
+
+
+# -- aiokafka: clients, brokers, metadata -------------------------------------------------------
+
+
+def kafka_client(consumer: AIOKafkaConsumer) -> AIOKafkaClient:
+    """The cluster client of an aiokafka consumer (metadata, requests to brokers)."""
+    return cast(AIOKafkaClient, consumer._client)
+
+
+def coordinator_client(coordinator: Any) -> AIOKafkaClient:
+    """The cluster client of an aiokafka group coordinator."""
+    return cast(AIOKafkaClient, coordinator._client)
+
+
+async def send_to_broker(admin: Any, request: Any, node_id: int) -> Any:
+    """Send one request to broker ``node_id`` through an aiokafka admin client and return its answer
+    (for the group requests aiokafka's admin client has no method for: LeaveGroup)."""
+    return await admin._send_request(request, node_id)
+
+
+_original_wait_on_metadata = AIOKafkaClient._wait_on_metadata
+
+
+async def _wait_on_metadata_tracking(self: AIOKafkaClient, topic: str) -> Any:
+    # Tracking a topic that already has metadata needs no refresh now; the periodic and
+    # forced refreshes include it from here on.
+    self._topics.add(topic)
+    return await _original_wait_on_metadata(self, topic)
+
+
+def track_used_topics() -> None:
+    """Keep cluster metadata for every topic a Kafka client of this process has used (idempotent).
+
+    aiokafka's client refreshes metadata for all topics until it tracks a topic, and from
+    then on only for the topics it tracks. It tracks a topic only when a send finds no
+    metadata for it. So a topic first seen in an all-topics refresh (a changelog created
+    before the worker started, the inbox, the parking lot) is used without being tracked;
+    the first send to a topic created later switches the client to tracked topics only,
+    and the next refresh drops the untracked ones from its metadata. Records for them
+    still queued then have a partition without a known leader: the sender keeps asking
+    for the same metadata and the records wait until the request timeout (20 minutes in
+    Faust), with no error logged. A handler awaiting their acknowledgement (a changelog
+    write, a flush before redelivery) stops processing meanwhile. Here every send tracks
+    its topic, so the refresh keeps it.
+    """
+    AIOKafkaClient._wait_on_metadata = _wait_on_metadata_tracking  # type: ignore[method-assign]
+
+
+def consumer_partition_state(app: faust.App, tp: TP) -> str:
+    """What the worker's consumer holds for ``tp``: its position and pauses (aiokafka's and
+    Faust's) and Faust's read offset, for a log line about a recovery that does not move."""
+    consumer = cast(Any, app.consumer)
+    kafka_consumer = consumer._thread._ensure_consumer()
+    assignment = kafka_consumer._subscription.subscription.assignment
+    ktp = KafkaTopicPartition(tp.topic, tp.partition)
+    if assignment is None or ktp not in assignment.tps:
+        return "not assigned to the consumer"
+    partition = assignment.state_value(ktp)
+    position = partition.position if partition.has_valid_position else None
+    return (
+        f"consumer position {position}, paused {partition.paused}, "
+        f"Faust paused {tp in consumer._paused_partitions}, read offset {consumer._read_offset.get(tp)}"
+    )
+
+
+# -- hooks: Faust's private steps the engine replaces, under public names ------------------------
+#
+# Each ``*Hooks`` class overrides the private steps of one Faust class and calls a public method
+# in their place, whose default is Faust's own step; the engine's subclasses override the public
+# method (and call ``super()`` for Faust's behaviour). The engine's classes define no method
+# with a private name of Faust's (a unit test checks it).
+
+
+class ConsumerThreadHooks(aiokafka_driver.AIOKafkaConsumerThread):
+    """Faust's consumer thread (it runs aiokafka's consumer and group coordinator on a loop of
+    its own), with the aiokafka consumer it creates and its coordinator reachable."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        return self.configure_client(super()._create_worker_consumer(transport))
+
+    def configure_client(self, client: AIOKafkaConsumer) -> AIOKafkaConsumer:
+        """Adjust the worker's aiokafka consumer before it starts (Faust's: as created)."""
+        return client
+
+    @property
+    def coordinator(self) -> Any | None:
+        """aiokafka's group coordinator of the worker's consumer (None without a group)."""
+        return self._ensure_consumer()._coordinator
+
+    def wrap_heartbeat(self, wrap: Callable[[Callable[[], Awaitable[bool]]], Callable[[], Awaitable[bool]]]) -> None:
+        """Replace the coordinator's heartbeat (True: the coordinator knows this member) with
+        ``wrap(heartbeat)``; the coordinator's heartbeat loop and :meth:`heartbeat` then call it."""
+        coordinator = self.coordinator
+        if coordinator is not None:
+            coordinator._do_heartbeat = wrap(coordinator._do_heartbeat)
+
+    def heartbeat(self) -> Coroutine[Any, Any, bool]:
+        """One heartbeat (a coroutine for the consumer thread's loop): True when the coordinator
+        knows this member and its generation."""
+        return cast(Coroutine[Any, Any, bool], self.coordinator._do_heartbeat())  # type: ignore[union-attr]
+
+
+def set_fetch_options(client: AIOKafkaConsumer, *, fetch_max_wait_ms: int, isolation_level: str) -> None:
+    """Set the fetch wait and isolation level of an aiokafka consumer that has not started (its
+    fetcher reads them when it starts; aiokafka takes them only as constructor arguments,
+    which Faust fills in itself)."""
+    client._fetch_max_wait_ms = fetch_max_wait_ms
+    client._isolation_level = isolation_level
+
+
+class ConsumerHooks(aiokafka_driver.Consumer):
+    """Faust's aiokafka consumer, with the steps the engine replaces under public names."""
+
+    #: The consumer thread class (Faust's :class:`ConsumerThreadHooks` unless a subclass says so).
+    thread_class: type[ConsumerThreadHooks] = ConsumerThreadHooks
+
+    def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
+        return self.thread_class(self, loop=self.loop, beacon=self.beacon)
+
+    async def _drain_messages(self, fetcher: Any) -> None:
+        await self.drain_fetched(fetcher)
+
+    def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
+        return self.partitions_to_commit(topics)
+
+    def _new_offset(self, tp: TP) -> int | None:
+        return self.offset_to_commit(tp)
+
+    async def _seek(self, partition: TP, offset: int) -> None:
+        await self.seek_partition(partition, offset)
+
+    # -- the steps, Faust's by default ------------------------------------------------------
+
+    async def drain_fetched(self, fetcher: Any) -> None:
+        """The fetch loop: take fetched records and hand them on until the consumer stops."""
+        await super()._drain_messages(fetcher)
+
+    def partitions_to_commit(self, topics: Any = None) -> Iterator[TP]:
+        """The partitions the periodic commit looks at (of ``topics``, when given)."""
+        return super()._filter_tps_with_pending_acks(topics)
+
+    def offset_to_commit(self, tp: TP) -> int | None:
+        """The offset to commit for ``tp`` now (None: nothing new)."""
+        return super()._new_offset(tp)
+
+    async def seek_partition(self, partition: TP, offset: int) -> None:
+        """Move the fetch position of ``partition`` to ``offset``."""
+        await super()._seek(partition, offset)
+
+    # -- Faust's per-record state and steps, for a fetch loop of one's own ----------------
+
+    @property
+    def thread(self) -> ConsumerThreadHooks:
+        return cast(ConsumerThreadHooks, self._thread)
+
+    def stopped(self, fetcher: Any) -> Callable[[], bool]:
+        """A check of whether this consumer or ``fetcher`` (Faust's fetcher service) has stopped."""
+        consumer_stopped, fetcher_stopped = self._stopped.is_set, fetcher._stopped.is_set
+        return lambda: consumer_stopped() or fetcher_stopped()
+
+    async def next_records(self, wait_s: float) -> tuple[Mapping[TP, list[Any]] | None, set[TP] | None]:
+        """The next fetched records per partition, and the partitions active meanwhile."""
+        return await self._wait_next_records(wait_s)
+
+    @property
+    def read_offsets(self) -> MutableMapping[TP, int | None]:
+        """Per partition, the offset of the last record handed on (Faust's acknowledgement bookkeeping)."""
+        return self._read_offset
+
+    @property
+    def buffered_partitions(self) -> set[TP]:
+        return self._buffered_partitions
+
+    def to_message(self, tp: TP, record: Any) -> Any:
+        """Faust's message for a fetched aiokafka record."""
+        return self._to_message(tp, record)
+
+    async def add_gap(self, tp: TP, offset_from: int, offset_to: int) -> None:
+        """Note offsets that held no record, so the committed offset can move past them."""
+        await self._add_gap(tp, offset_from, offset_to)
+
+
+class RecoveryHooks(Recovery):
+    """Faust's table recovery service, with its reads of changelog offsets under public names."""
+
+    async def _build_highwaters(self, consumer: ConsumerT, tps: set[TP], destination: Any, title: str) -> None:
+        await self.build_highwaters(consumer, tps, destination, title)
+
+    async def _build_offsets(self, consumer: ConsumerT, tps: set[TP], destination: Any, title: str) -> None:
+        await self.build_offsets(consumer, tps, destination, title)
+
+    async def build_highwaters(self, consumer: ConsumerT, tps: set[TP], destination: Any, title: str) -> None:
+        """Read the end offsets of changelog partitions ``tps`` into ``destination`` (Faust
+        reads the actives' ``title="active"`` first, then the standbys')."""
+        await super()._build_highwaters(consumer, tps, destination, title)
+
+    async def build_offsets(self, consumer: ConsumerT, tps: set[TP], destination: Any, title: str) -> None:
+        """Read the earliest offsets of changelog partitions ``tps`` into ``destination``."""
+        await super()._build_offsets(consumer, tps, destination, title)
+
+
+class TableManagerHooks(TableManager):
+    """Faust's table manager, with the class of its recovery service to choose."""
+
+    recovery_class: type[Recovery] = Recovery
+
+    @property
+    def recovery(self) -> Recovery:
+        if self._recovery is None:
+            self._recovery = self.recovery_class(self.app, self, beacon=self.beacon, loop=self.loop)
+        return self._recovery
+
+
+class AssignorHooks(PartitionAssignor):  # type: ignore[misc]  # Faust's class is untyped at its base
+    """Faust's partition assignor, with the steps of its assignment under public names (a
+    leader's assignment is Faust's ``_perform_assignment`` written out from these steps)."""
+
+    @property
+    def _metadata(self) -> ClientMetadata:
+        return self.join_metadata()
+
+    def _perform_assignment(
+        self, cluster: ClusterMetadata, member_metadata: MutableMapping[str, ConsumerProtocolMemberMetadata]
+    ) -> MutableMapping[str, ConsumerProtocolMemberAssignment]:
+        return self.perform_assignment(cluster, member_metadata)
+
+    def join_metadata(self) -> ClientMetadata:
+        """What this member tells the leader when it joins (Faust's: its assignment and URL)."""
+        return super()._metadata
+
+    def perform_assignment(
+        self, cluster: ClusterMetadata, member_metadata: MutableMapping[str, ConsumerProtocolMemberMetadata]
+    ) -> MutableMapping[str, ConsumerProtocolMemberAssignment]:
+        """The leader's assignment of every member."""
+        return super()._perform_assignment(cluster, member_metadata)
+
+    # -- Faust's steps of an assignment --------------------------------------------------
+
+    def client_metadata(self, metadata: ConsumerProtocolMemberMetadata) -> ClientMetadata:
+        """A member's join metadata, decoded."""
+        return self._get_client_metadata(metadata)
+
+    def copartitioned_groups(
+        self, topics: set[str], cluster: ClusterMetadata, subscriptions: MutableMapping[str, list[str]]
+    ) -> Mapping[int, Any]:
+        """Partition count → groups of topics assigned together."""
+        return cast(Mapping[int, Any], self._get_copartitioned_groups(topics, cluster, subscriptions))
+
+    def remember_member_urls(self, clients_metadata: MutableMapping[str, ClientMetadata]) -> None:
+        self._update_member_urls(clients_metadata)
+
+    def member_url(self, member: str) -> str:
+        return self._member_urls[member]
+
+    @property
+    def changelog_topics(self) -> set[str]:
+        return set(self._table_manager.changelog_topics)
+
+    def with_global_table_standbys(
+        self, assignments: MutableMapping[str, ClientAssignment], partitions_by_topic: Mapping[str, int]
+    ) -> MutableMapping[str, ClientAssignment]:
+        return self._global_table_standby_assignments(assignments, partitions_by_topic)
+
+    def changelog_distribution_of(self, assignments: MutableMapping[str, ClientAssignment]) -> Any:
+        return self._get_changelog_distribution(assignments)
+
+    def external_distribution_of(self, assignments: MutableMapping[str, ClientAssignment]) -> Any:
+        return self._get_external_topic_distribution(assignments)
+
+    def kafka_assignment(self, assignment: ClientAssignment) -> list[Any]:
+        """A member's assignment as the Kafka protocol carries it."""
+        return sorted(assignment.kafka_protocol_assignment(self._table_manager))
+
+    def compress(self, data: bytes) -> bytes:
+        return self._compress(data)
+
+    def decompress(self, data: bytes) -> bytes:
+        return self._decompress(data)
+
+
+class AppHooks(faust.App):
+    """A Faust app whose consumer is of :attr:`consumer_class`."""
+
+    consumer_class: type[ConsumerHooks] = ConsumerHooks
+
+    def _new_consumer(self) -> Any:
+        transport = self.transport
+        return self.consumer_class(
+            transport,
+            callback=self.topics.on_message,
+            on_partitions_revoked=self._on_partitions_revoked,
+            on_partitions_assigned=self._on_partitions_assigned,
+            beacon=self.beacon,
+            loop=transport.loop,
+        )
+
+
+class WorkerHooks(faust.Worker):
+    """Faust's worker, with a step before it stops on a signal and one after its stack dump."""
+
+    async def _stop_on_signal(self, signal: Any) -> None:
+        await self.before_stop_on_signal()
+        await super()._stop_on_signal(signal)
+
+    async def _cry(self) -> None:
+        await super()._cry()
+        self.after_stack_dump()
+
+    async def before_stop_on_signal(self) -> None:
+        """Runs first when SIGTERM or SIGINT stops the worker."""
+
+    def after_stack_dump(self) -> None:
+        """Runs after the stack dump of SIGUSR1 (mode writes every thread's stack and the tasks
+        of the main loop)."""
