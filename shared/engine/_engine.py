@@ -83,10 +83,10 @@ class Engine:
         self.service = service
         self.settings = settings
         self.default_port = default_port
-        self.app: faust.App = create_app(service, settings, default_port, app_class=_EngineApp)
+        self._app: faust.App = create_app(service, settings, default_port, app_class=_EngineApp)
         #: The running worker as the HTTP API sees it.
-        self.instance = Instance(self.app, settings.url_for(default_port))
-        track_copies(self.app, settings)
+        self.instance = Instance(self._app, settings.url_for(default_port))
+        track_copies(self._app, settings)
         self.backfill = Backfill(settings)
         self._by_topic: dict[str, _Registration] = {}
         self._handlers: list[_Registration] = []
@@ -97,7 +97,7 @@ class Engine:
             (BatchConsumer,),
             {"deliver": staticmethod(self._deliver), "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms},
         )
-        self.app.consumer_class = consumer_class  # type: ignore[attr-defined]
+        self._app.consumer_class = consumer_class  # type: ignore[attr-defined]
         self._consumer_class = consumer_class
         self._trailing_holes: TrailingHoleWatch | None = None
         self.producer = BatchProducer(settings, client_id=f"{service}-{settings.instance_id}")
@@ -106,32 +106,32 @@ class Engine:
         self.batch_producer = BatchProducer(
             settings,
             client_id=f"{service}-{settings.instance_id}-batches",
-            gate=lambda: cast(BatchConsumer, self.app.consumer).may_write(),
+            gate=lambda: cast(BatchConsumer, self._app.consumer).may_write(),
         )
         self.transactions: PartitionTransactions | None = None
         if exactly_once(settings):
             self._exactly_once(consumer_class)
-        self.app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
+        self._app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
         # Peers watched, and a dead one's group member removed, so its partitions move at once.
         self.peer_watch: PeerWatch | None = None
         if settings.peer_watch:
-            self.peer_watch = PeerWatch(self.app, service, app_id(service, settings), settings.url_for(default_port), settings)
-            self.app.task(self.peer_watch.run)
+            self.peer_watch = PeerWatch(self._app, service, app_id(service, settings), settings.url_for(default_port), settings)
+            self._app.task(self.peer_watch.run)
         # Copies measured for the next join, and warm-ups taken over once caught up.
         self.warmup_watch: WarmupWatch | None = None
         if settings.warmups:
-            self.warmup_watch = WarmupWatch(self.app, settings, settings.url_for(default_port))
-            self.app.task(self.warmup_watch.run)
+            self.warmup_watch = WarmupWatch(self._app, settings, settings.url_for(default_port))
+            self._app.task(self.warmup_watch.run)
         # The engine's own clients connect as the worker starts: each one's first metadata
         # fetch covers every topic of the cluster, which is better paid before the first batch.
-        self.app.task(self._start_clients)
+        self._app.task(self._start_clients)
 
     async def _start_clients(self) -> None:
         freeze_startup_objects()
         await self.producer.start()
         if self.transactions is None:
             await self.batch_producer.start()
-        await start_tracking(self.app)
+        await start_tracking(self._app)
         if any(reg.order is not None for reg in self._handlers):
             await self.backfill.start()
 
@@ -145,7 +145,7 @@ class Engine:
         await self.producer.stop()
         await self.batch_producer.stop()
         await self.backfill.stop()
-        await stop_tracking(self.app)
+        await stop_tracking(self._app)
 
     def _exactly_once(self, consumer_class: type[BatchConsumer]) -> None:
         """Batches commit as transactions of one producer per input partition (see
@@ -174,11 +174,11 @@ class Engine:
 
     def serve(self, api: FastAPI) -> None:
         """Serve ``api`` with uvicorn on the worker's event loop, once the worker runs."""
-        serve_api(self.app, api, self.settings, self.default_port)
+        serve_api(self._app, api, self.settings, self.default_port)
 
     def run(self) -> None:
         """Run the worker in this process until SIGTERM/SIGINT."""
-        run_worker(self.app, self.service, self.settings)
+        run_worker(self._app, self.service, self.settings)
 
     # -- declaring a service -------------------------------------------------------------
 
@@ -189,8 +189,8 @@ class Engine:
         run, and its rows of a batch can be rebuilt by the handler when lost (a cache of what
         was last sent, say): until its first batch, a partition resumes from the handler's other
         tables rather than from the log start (see :meth:`OrderedInput.next_offset`)."""
-        table = self.app.Table(name, partitions=partitions or self.settings.topic_partitions, key_type=bytes, value_type=bytes)
-        return DurableTable(self.app, table, added_later=added_later)
+        table = self._app.Table(name, partitions=partitions or self.settings.topic_partitions, key_type=bytes, value_type=bytes)
+        return DurableTable(self._app, table, added_later=added_later)
 
     def handler(
         self,
@@ -214,20 +214,20 @@ class Engine:
             for topic in topics:
                 if topic in self._by_topic:
                     raise ValueError(f"topic {topic!r} already has the handler {self._by_topic[topic].name!r}")
-            channel = self.app.topic(
+            channel = self._app.topic(
                 *topics,
                 key_type=bytes,
                 value_type=bytes,
                 partitions=internal_partitions,
                 internal=internal_partitions is not None,
             )
-            self.app.topics.add(channel)
+            self._app.topics.add(channel)
             reg = _Registration(
                 name=f"{self.service}.{name}",
                 stream=name,
                 topics=tuple(topics),
                 handle=fn,
-                order=OrderedInput(self.app, offsets, self.backfill, read_committed=True) if offsets is not None else None,
+                order=OrderedInput(self._app, offsets, self.backfill, read_committed=True) if offsets is not None else None,
                 dead_letters=dead_letters,
             )
             self._handlers.append(reg)
@@ -236,7 +236,7 @@ class Engine:
                 if internal_partitions is not None:
                     self._internal_topics[topic] = internal_partitions
             self._consumer_class.batch_topics = frozenset(self._by_topic)
-            cast(_EngineApp, self.app).input_topics = frozenset(self._by_topic)
+            cast(_EngineApp, self._app).input_topics = frozenset(self._by_topic)
             self._consumer_class.lanes = self._lanes()
             return fn
 
@@ -247,7 +247,7 @@ class Engine:
         its tables' changelogs (see :func:`changelog_topic_specs`), to create before the worker starts."""
         return [
             *(TopicSpec(topic, partitions) for topic, partitions in self._internal_topics.items()),
-            *changelog_topic_specs(self.app, self.settings),
+            *changelog_topic_specs(self._app, self.settings),
         ]
 
     @property
@@ -302,7 +302,7 @@ class Engine:
     def watch_trailing_holes(self) -> None:
         """Look for input records skipped at a partition's end (see :mod:`shared.engine._trailing_holes`)."""
         self._trailing_holes = TrailingHoleWatch(
-            self.app,
+            self._app,
             self.service,
             {topic: reg.order for topic, reg in self._by_topic.items() if reg.order is not None},
             self.settings.trailing_hole_check_s,
@@ -315,7 +315,7 @@ class Engine:
         crash the whole worker over it, and what a timer does (publish, send ticks) is done
         again by its next run, while a crash stops every partition (the broker away for a
         moment was enough)."""
-        timer: Callable[[Callable[[], Awaitable[None]]], Any] = self.app.timer(interval_s, name=f"{self.service}.{name}")
+        timer: Callable[[Callable[[], Awaitable[None]]], Any] = self._app.timer(interval_s, name=f"{self.service}.{name}")
 
         def register(fn: Callable[[], Awaitable[None]]) -> Any:
             async def run() -> None:
@@ -404,7 +404,7 @@ class Engine:
                 reg.name,
                 self.transactions,
                 int(fetched[-1].offset) + 1,
-                member=cast(BatchConsumer, self.app.consumer).ensure_member,
+                member=cast(BatchConsumer, self._app.consumer).ensure_member,
             )
         except NotAMember:
             raise  # nothing more of the batch is written; the consumer fetches it again
@@ -421,6 +421,11 @@ class Engine:
                 fetched[0].offset,
                 fetched[-1].offset,
             )
-            await self.app.crash(exc)
+            await self._app.crash(exc)
             raise
         observe(self.service, reg.stream, batch, started)
+
+
+def faust_app(engine: Engine) -> faust.App:
+    """The Faust app an engine runs (for the topology driver, which runs its handlers without it)."""
+    return engine._app  # noqa: SLF001 (this module's own class)

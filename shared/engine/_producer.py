@@ -48,7 +48,7 @@ class Outgoing:
     timestamp_ms: int | None = None  # None: now
 
 
-def _too_large(record: Outgoing) -> str | None:
+def record_too_large(record: Outgoing) -> str | None:
     """Why ``record`` cannot fit in one record batch, or ``None`` (a close upper estimate of its size)."""
     size = len(record.key or b"") + len(record.value or b"") + 64
     size += sum(len(name) + len(value) + 8 for name, value in record.headers or ())
@@ -173,7 +173,7 @@ class BatchProducer:
                 topic_errors[topic] = None
             except Exception as exc:  # unknown topic, authorisation, timeout
                 topic_errors[topic] = f"topic {topic!r} is not available: {type(exc).__name__}: {exc}".rstrip(": ")
-        return [topic_errors[record.topic] or _too_large(record) for record in records]
+        return [topic_errors[record.topic] or record_too_large(record) for record in records]
 
     async def send(self, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None) -> dict[tuple[str, int], int]:
         """Send ``records`` (in order per partition) and wait for every acknowledgement; returns the

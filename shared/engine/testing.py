@@ -24,17 +24,26 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import TypeVar
+from typing import TypedDict, TypeVar, Unpack
 
 from shared.engine._batch import Headers, InputBatch, commit
 from shared.engine._durable import Backfill, DurableTable, InRecord, next_offset_key, state_items
-from shared.engine._engine import Engine
+from shared.engine._engine import Engine, faust_app
 from shared.engine._instance import Instance
 from shared.engine._partitioning import partition_for
-from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, Retry, _too_large
+from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, Retry, record_too_large
 from shared.settings import Settings
 
 T = TypeVar("T")
+
+
+class RecordFields(TypedDict, total=False):
+    """A record's fields besides its topic, key and value, as :meth:`TopologyDriver.send` takes them."""
+
+    headers: Headers
+    partition: int | None
+    timestamp_ms: int | None
+
 
 #: Rounds of :meth:`TopologyDriver.process` after which handlers that keep sending to each
 #: other are taken for a loop.
@@ -96,7 +105,7 @@ class MemoryProducer(BatchProducer):
         return [None] * len(records)
 
     async def unsendable(self, records: Sequence[Outgoing], timeout_s: float) -> list[str | None]:
-        return [_too_large(record) for record in records]
+        return [record_too_large(record) for record in records]
 
 
 class MemoryTransactions(PartitionTransactions):
@@ -188,7 +197,7 @@ class TopologyDriver:
         backfill = MemoryBackfill(settings, self.topics)
         engine.producer = producer
         engine.backfill = backfill
-        engine.instance = DriverInstance(engine.app, engine.instance.url)
+        engine.instance = DriverInstance(faust_app(engine), engine.instance.url)
         if engine.transactions is not None:
             engine.transactions = MemoryTransactions(settings, producer)
         for registration in engine.registrations:
@@ -200,32 +209,14 @@ class TopologyDriver:
 
     # -- input -----------------------------------------------------------------------------------
 
-    def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        headers: Headers = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-    ) -> InRecord:
+    def send(self, topic: str, key: bytes | None, value: bytes | None, **fields: Unpack[RecordFields]) -> InRecord:
         """Append a record to ``topic`` without handing it over yet: records sent before one
         :meth:`process` reach their handler as one batch per partition."""
-        return self.topics.append(Outgoing(topic, key, value, headers, partition, timestamp_ms))
+        return self.topics.append(Outgoing(topic, key, value, **fields))
 
-    def pipe(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        *,
-        headers: Headers = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-    ) -> InRecord:
+    def pipe(self, topic: str, key: bytes | None, value: bytes | None, **fields: Unpack[RecordFields]) -> InRecord:
         """:meth:`send` a record, then :meth:`process` it and all that follows from it."""
-        record = self.send(topic, key, value, headers=headers, partition=partition, timestamp_ms=timestamp_ms)
+        record = self.send(topic, key, value, **fields)
         self.process()
         return record
 
@@ -292,8 +283,8 @@ class TopologyDriver:
 
     def table(self, name: str) -> TableView:
         """The service's table ``name`` (as declared with ``Engine.table``)."""
-        faust_table = self.engine.app.tables[name]
-        durable = DurableTable(self.engine.app, faust_table)
+        faust_table = faust_app(self.engine).tables[name]
+        durable = DurableTable(faust_app(self.engine), faust_table)
         return TableView(durable, faust_table.partitions or self.engine.settings.topic_partitions)
 
     def changelog(self, name: str) -> list[InRecord]:
