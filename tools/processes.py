@@ -47,9 +47,19 @@ def exited(pid: int) -> bool:
     """Whether ``pid`` is gone or only its exit status is left; a child of this process is
     collected on the way (a process started, then stopped or killed, stays a zombie until then
     and answers signal 0)."""
+    if _collect(pid):
+        return True
+    state = process_state(pid)
+    if state == "zombie":
+        # It may have finished exiting since the first look: a child of ours is collected now.
+        _collect(pid)
+        return True
+    return state is None
+
+
+def _collect(pid: int) -> bool:
+    """Collect the exit status of ``pid`` if it is a child of this process that has exited."""
     try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return True
-    except ChildProcessError:
-        pass  # not our child, or collected already: its parent collects it
-    return process_state(pid) in (None, "zombie")
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:  # not our child, or collected already: its parent collects it
+        return False
