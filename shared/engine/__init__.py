@@ -20,6 +20,7 @@ Tools, benchmarks and Spark jobs use plain Kafka clients with the same connectio
 those are in :mod:`shared.engine.clients`.
 """
 
+from shared.engine._access import BrokerAccessDenied
 from shared.engine._admin import TopicSpec, ensure_topics
 from shared.engine._app import app_id
 from shared.engine._batch import DeadLetterRoute, InputBatch
@@ -34,6 +35,7 @@ from shared.engine._producer import Outgoing
 from shared.engine._rocksdb import SharedMemoryOptions
 
 __all__ = [
+    "BrokerAccessDenied",
     "Copy",
     "DeadLetterRoute",
     "Engine",
