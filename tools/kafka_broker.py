@@ -32,10 +32,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tools.processes import exited
+
+if TYPE_CHECKING:
+    from tools.kafka_acls import Acl
 
 REPO = Path(__file__).resolve().parent.parent
 BROKER_SRC = REPO / "broker"
@@ -349,10 +354,14 @@ def grant(layout: BrokerLayout, topic_prefix: str = "") -> None:
     from tools.kafka_acls import SERVICES, fleet_acls
 
     passwords = credentials(layout)
-    lines = [f"user {user} {passwords[user]}" for user in SERVICES]
-    lines += [acl.spec_line() for acl in fleet_acls(topic_prefix)]
-    _apply_security_spec(layout, lines)
+    apply_security(layout, {user: passwords[user] for user in SERVICES}, fleet_acls(topic_prefix))
     _log(f"granted {', '.join(SERVICES)} their ACLs for topic prefix {topic_prefix!r}")
+
+
+def apply_security(layout: BrokerLayout, users: dict[str, str], acls: Sequence[Acl]) -> None:
+    """Create or update the SCRAM ``users`` (name: password) and add ``acls``, as the admin."""
+    lines = [f"user {user} {password}" for user, password in users.items()]
+    _apply_security_spec(layout, [*lines, *(acl.spec_line() for acl in acls)])
 
 
 def _apply_security_spec(layout: BrokerLayout, lines: list[str]) -> None:

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Sequence
 from typing import Any
 
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
     AuthenticationFailedError,
+    ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
     KafkaError,
     SaslAuthenticationFailed,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
     UnsupportedSaslMechanismError,
     for_code,
 )
@@ -90,8 +91,50 @@ async def refusal(settings: Settings, conn_kwargs: dict[str, Any]) -> BrokerAcce
 
 
 def grant_hint(settings: Settings, resource: str, operations: str) -> str:
-    principal = f"User:{settings.kafka_sasl_username}" if settings.kafka_sasl_username else "this client's principal"
+    return _grant(settings.kafka_sasl_username, resource, operations)
+
+
+def _grant(user: str | None, resource: str, operations: str) -> str:
+    principal = f"User:{user}" if user else "this client's principal"
     return f"grant {principal} {operations} on {resource} (docs/security.md lists each service's ACLs)"
+
+
+#: Starts the note :func:`explain_denial` adds to the exception it explains.
+DENIAL_NOTE = "what to grant: "
+
+
+def explain_denial(exc: BaseException, user: str | None, app_id: str, *, reading: bool) -> str | None:
+    """What to grant, when ``exc`` is the brokers refusing a running worker for want of an ACL
+    (one revoked since the start-up checks, or one they cannot check: writing a topic, reading
+    one the user may only see); ``reading``: it came out of a fetch, not a send. Else None, and
+    None too for an exception explained already (a failed batch goes on up the fetch loop).
+    The explanation is added to the exception as a note, so its traceback says it as well."""
+    if any(note.startswith(DENIAL_NOTE) for note in getattr(exc, "__notes__", ())):
+        return None
+    denial = _denial(exc, user, app_id, reading=reading)
+    if denial is not None:
+        exc.add_note(DENIAL_NOTE + denial)
+    return denial
+
+
+def _denial(exc: BaseException, user: str | None, app_id: str, *, reading: bool) -> str | None:
+    as_user = f"user {user!r}" if user else "this client"
+    if isinstance(exc, TopicAuthorizationFailedError):
+        topics = exc.args[0] if exc.args else "?"
+        names = topics if isinstance(topics, str) else ", ".join(sorted(topics))
+        operation = "READ" if reading else "WRITE"
+        return f"{as_user} is not authorized to {operation} topic {names}: " + _grant(user, f"topic {names}", operation)
+    if isinstance(exc, GroupAuthorizationFailedError):
+        return f"{as_user} is not authorized to use consumer group {app_id}: " + _grant(
+            user, f"group {app_id}", "READ and DESCRIBE"
+        )
+    if isinstance(exc, TransactionalIdAuthorizationFailed):
+        return f"{as_user} is not authorized to use its transactional ids ({app_id}.*, exactly_once): " + _grant(
+            user, f"transactional ids with the prefix {app_id}.", "WRITE and DESCRIBE"
+        )
+    if isinstance(exc, ClusterAuthorizationFailedError):
+        return f"{as_user} is not authorized to write idempotently: " + _grant(user, "the cluster", "IDEMPOTENT_WRITE")
+    return None
 
 
 def check_created(settings: Settings, response: Any) -> list[str]:
@@ -127,10 +170,12 @@ async def check_group(settings: Settings, admin: Any, group: str) -> None:
         raise BrokerAccessDenied(f"{who(settings)} is not authorized to join consumer group {group!r}: {hint}")
 
 
-def check_visible(settings: Settings, topics: Sequence[str], visible: set[str]) -> None:
-    """Raise :class:`BrokerAccessDenied` naming those of ``topics`` (which exist: their creation
-    said so) that the metadata still hides from this client, for want of an ACL."""
-    hidden = [topic for topic in topics if topic not in visible]
+def check_visible(settings: Settings, described: list[dict[str, Any]]) -> None:
+    """Raise :class:`BrokerAccessDenied` naming the topics whose metadata (``described``: topics
+    that exist, their creation said so) the brokers refuse this client for want of an ACL.
+    Asked by name, a topic not visible for want of time (just created elsewhere) is
+    "unknown", not "unauthorized"."""
+    hidden = [d["topic"] for d in described if d["error_code"] and for_code(d["error_code"]) is TopicAuthorizationFailedError]
     if hidden:
         names = ", ".join(hidden)
         raise BrokerAccessDenied(

@@ -57,7 +57,7 @@ async def ensure_topics_async(settings: Settings, specs: list[TopicSpec], group:
                 existed = []
             if existed:
                 # Created meanwhile by another instance, or there all along but hidden from this user.
-                check_visible(settings, existed, set(await admin.list_topics()))
+                check_visible(settings, await admin.describe_topics(existed))
         if group is not None:
             await check_group(settings, admin, group)
         present = [s for s in specs if s.name in existing]

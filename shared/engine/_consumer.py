@@ -53,6 +53,7 @@ from aiokafka.protocol.group import JoinGroupRequest
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
+from shared.engine._access import explain_denial
 from shared.engine._clients import ISOLATION_LEVEL
 
 log = logging.getLogger(__name__)
@@ -261,6 +262,9 @@ class BatchConsumer(aiokafka_driver.Consumer):
             raise
         except Exception as exc:
             log.exception("the consumer's fetch loop failed: %r", exc)
+            user = getattr(self.app.conf.broker_credentials, "username", None)
+            if (denial := explain_denial(exc, user, self.app.conf.id, reading=True)) is not None:
+                log.error("%s cannot go on: %s", self.app.conf.id, denial)
             raise
 
     def _may_deliver(self, tp: TP, active: set[TP] | None, generation: int) -> bool:

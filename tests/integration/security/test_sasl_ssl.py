@@ -4,7 +4,8 @@ each service connecting as its own user with only the ACLs tools/kafka_acls.py g
 - every service works: a command accepted by the validator becomes an event, the tallies
   count it, the retry scheduler redelivers a dead letter to the retry topic it names;
 - a wrong password, or a user without the ACLs, stops the worker at start-up with a
-  message that says what is wrong and what to change.
+  message that says what is wrong and what to change; so does a user that may see an input
+  but not read it, at its first fetch.
 
 The secure broker runs beside the plaintext one, on its own home and port
 (``STATEFLEET_SECURE_BROKER_*``, see tools/kafka_broker.py); the test stops it if it started it.
@@ -28,6 +29,7 @@ from tests.integration.retry_scheduler.helpers import letter_headers
 from tests.support.kafka import Record, produce, read_all
 from tests.support.services import ServiceProcess, free_port, wait_for
 from tools import kafka_broker
+from tools.kafka_acls import service_acls
 
 #: How long a worker refused by the broker may take to exit (Python and Faust imports included).
 REFUSED_EXIT_S = 60.0
@@ -148,7 +150,7 @@ def refused_start(broker: SecureBroker, module: str, user: str, tmp: Path, **ext
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail(f"{module} as {user} did not exit within {REFUSED_EXIT_S}s; log:\n{proc.log_tail()}")
-    return code, proc.log_tail()
+    return code, proc.log_path.read_text(errors="replace")
 
 
 def test_a_wrong_password_stops_the_worker_with_what_to_check(secure_broker: SecureBroker, tmp_path: Path) -> None:
@@ -165,3 +167,25 @@ def test_a_user_without_the_acls_stops_the_worker_with_what_to_grant(secure_brok
     changelog = secure_broker.topic("statefleet-tallies-memberships-changelog")
     assert "error: tallies cannot start: user 'validator' is not authorized to see or create topics " in log, log
     assert changelog in log and "grant User:validator DESCRIBE and CREATE" in log, log
+
+
+def test_a_user_that_may_not_read_an_input_stops_the_worker_with_what_to_grant(
+    secure_broker: SecureBroker, tmp_path: Path
+) -> None:
+    # It may see ``logins`` (the start-up checks pass), not read it: the first fetch says so.
+    # Topics and a group of its own: the group of the tallies killed above waits out their session.
+    b, user, prefix = secure_broker, "tallies_without_logins", f"t{uuid.uuid4().hex[:10]}."
+    logins = f"{prefix}logins"
+    acls = [a for a in service_acls("tallies", prefix, user=user) if (a.name, a.operation) != (logins, "READ")]
+    kafka_broker.apply_security(b.layout, {user: "tallies-without-logins-pw"}, acls)
+    code, log = refused_start(
+        b,
+        "tallies",
+        "tallies",
+        tmp_path,
+        STATEFLEET_TOPIC_PREFIX=prefix,
+        STATEFLEET_KAFKA_SASL_USERNAME=user,
+        STATEFLEET_KAFKA_SASL_PASSWORD="tallies-without-logins-pw",
+    )
+    assert code != 0, log
+    assert f"cannot go on: user '{user}' is not authorized to READ topic {logins}: grant User:{user} READ" in log, log
