@@ -57,10 +57,12 @@ class BrokerLayout:
     controller_port: int = 9093
     #: One SASL_SSL listener (SCRAM-SHA-512) with ACLs, instead of PLAINTEXT for all.
     secure: bool = False
+    #: Where the jars are, when not under ``home`` (the secure broker runs the plaintext one's).
+    libs_dir: Path | None = None
 
     @property
     def libs(self) -> Path:
-        return self.home / "libs"
+        return self.libs_dir or self.home / "libs"
 
     @property
     def data(self) -> Path:
@@ -109,7 +111,8 @@ def secure_layout() -> BrokerLayout:
     home = Path(os.environ.get("STATEFLEET_SECURE_BROKER_HOME", REPO / ".local" / "broker-secure"))
     port = int(os.environ.get("STATEFLEET_SECURE_BROKER_PORT", "9096"))
     controller_port = int(os.environ.get("STATEFLEET_SECURE_BROKER_CONTROLLER_PORT", str(port + 1)))
-    return BrokerLayout(home=home, port=port, controller_port=controller_port, secure=True)
+    # The same jars as the plaintext broker: resolved once for both.
+    return BrokerLayout(home=home, port=port, controller_port=controller_port, secure=True, libs_dir=default_layout().libs)
 
 
 def _log(msg: str) -> None:

@@ -76,6 +76,8 @@ def start_service(broker: SecureBroker, module: str, user: str, tmp: Path, **ext
         "STATEFLEET_DATA_DIR": str(tmp / "data"),
         "STATEFLEET_INSTANCE_ID": "a",
         "STATEFLEET_STANDBY_REPLICAS": "0",
+        # Fewer partitions: fewer changelog partitions to restore and transactional producers to start.
+        "STATEFLEET_TOPIC_PARTITIONS": "2",
         "STATEFLEET_PROCESSING_GUARANTEE": "exactly_once",
         **extra,
     }
