@@ -12,6 +12,11 @@ Every service:
 
 The retry scheduler writes to whichever retry topic a dead letter names, so it gets every
 topic whose name starts with ``<prefix>retry``.
+
+Spark jobs get a user each too (:data:`JOBS`): the activation join reads ``account-events``
+and ``logins``, and reads and writes ``activations`` (its sink looks up what a re-run batch
+wrote already). Spark's consumers assign partitions and commit nothing to Kafka, so they need
+no group.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from shared.topics import TopicNames
 ADMIN_USER = "admin"
 #: The services that connect to Kafka; each connects as the user of its own name.
 SERVICES = ("validator", "tallies", "retry_scheduler")
+#: The Spark jobs granted a user of their own (of the job's name).
+JOBS = ("activation_join",)
 #: The one resource name of the cluster resource.
 CLUSTER = "kafka-cluster"
 
@@ -96,6 +103,21 @@ def service_acls(service: str, topic_prefix: str = "", user: str | None = None) 
     return acls
 
 
+def job_acls(job: str, topic_prefix: str = "", user: str | None = None) -> list[Acl]:
+    principal = f"User:{user or job}"
+    t = TopicNames(prefix=topic_prefix)
+    if job != "activation_join":
+        raise ValueError(f"unknown job {job!r}: one of {', '.join(JOBS)}")
+    reads, writes = (t.account_events, t.logins, t.activations), (t.activations,)
+    acls = [Acl(principal, "TOPIC", "LITERAL", topic, op) for topic in reads for op in ("DESCRIBE", "CREATE", "READ")]
+    acls += [Acl(principal, "TOPIC", "LITERAL", topic, "WRITE") for topic in writes]
+    acls.append(Acl(principal, "CLUSTER", "LITERAL", CLUSTER, "IDEMPOTENT_WRITE"))
+    return acls
+
+
 def fleet_acls(topic_prefix: str = "") -> list[Acl]:
-    """Every service's ACLs, for topics and groups named with ``topic_prefix``."""
-    return [a for service in SERVICES for a in service_acls(service, topic_prefix)]
+    """Every service's and job's ACLs, for topics and groups named with ``topic_prefix``."""
+    return [
+        *(a for service in SERVICES for a in service_acls(service, topic_prefix)),
+        *(a for job in JOBS for a in job_acls(job, topic_prefix)),
+    ]

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,48 +24,14 @@ import pytest
 
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import letter_headers
-from tests.support.kafka import Record, produce, read_all
+from tests.integration.security.conftest import SecureBroker
+from tests.support.kafka import Record, produce
 from tests.support.services import ServiceProcess, free_port, wait_for
 from tools import kafka_broker
 from tools.kafka_acls import service_acls
 
 #: How long a worker refused by the broker may take to exit (Python and Faust imports included).
 REFUSED_EXIT_S = 60.0
-
-
-@dataclass(frozen=True)
-class SecureBroker:
-    layout: kafka_broker.BrokerLayout
-    prefix: str
-
-    def env(self, user: str) -> dict[str, str]:
-        return {**kafka_broker.client_env(self.layout, user), "STATEFLEET_TOPIC_PREFIX": self.prefix}
-
-    def topic(self, base: str) -> str:
-        return self.prefix + base
-
-    @property
-    def admin(self) -> dict[str, Any]:
-        """The tooling's connection: the admin, above ACLs."""
-        return kafka_broker.admin_kwargs(self.layout)
-
-    def read(self, topic: str) -> list[Record]:
-        """The committed records of ``topic``, read as the admin."""
-        return read_all(topic, isolation_level="read_committed", connection=self.admin)
-
-
-@pytest.fixture(scope="module")
-def secure_broker() -> Iterator[SecureBroker]:
-    layout = kafka_broker.secure_layout()
-    was_running = kafka_broker.is_ready(layout) if layout.pid_file.exists() else False
-    kafka_broker.start(layout)
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    kafka_broker.grant(layout, prefix)
-    try:
-        yield SecureBroker(layout, prefix)
-    finally:
-        if not was_running:
-            kafka_broker.stop(layout)
 
 
 def start_service(broker: SecureBroker, module: str, user: str, tmp: Path, **extra: str) -> ServiceProcess:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tools.kafka_acls import Acl, fleet_acls, service_acls
+from tools.kafka_acls import Acl, fleet_acls, job_acls, service_acls
 
 
 def grants(acls: list[Acl]) -> set[tuple[str, str, str, str]]:
@@ -40,3 +40,12 @@ def test_no_service_is_granted_anything_on_the_cluster_but_idempotent_writes() -
     cluster = {a.operation for a in fleet_acls() if a.resource_type == "CLUSTER"}
     assert cluster == {"IDEMPOTENT_WRITE"}
     assert all(a.principal != "User:admin" for a in fleet_acls())
+
+
+def test_the_activation_join_reads_its_inputs_and_writes_only_activations() -> None:
+    g = grants(job_acls("activation_join", "p."))
+    reads = {name for kind, _, name, op in g if kind == "TOPIC" and op == "READ"}
+    writes = {name for kind, _, name, op in g if kind == "TOPIC" and op == "WRITE"}
+    assert reads == {"p.account-events", "p.logins", "p.activations"}  # its sink reads back what it wrote
+    assert writes == {"p.activations"}
+    assert not any(kind == "GROUP" for kind, _, _, _ in g)  # Spark's consumers assign, commit nothing
