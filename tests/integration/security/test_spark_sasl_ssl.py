@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import SparkSession
 
 from shared.settings import Settings
 from spark_jobs import activation_join as aj
@@ -27,11 +28,14 @@ T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    # One session per process: a session the Spark job tests started is theirs to stop.
+    existing = SparkSession.getActiveSession()
     session = build_session(
         "tests-sasl", small_spark_settings(tmp_path_factory.mktemp("spark")), conf={"spark.default.parallelism": "2"}
     )
     yield session
-    session.stop()
+    if existing is None:
+        session.stop()
 
 
 def job_settings(broker: SecureBroker, user: str) -> Settings:
