@@ -25,6 +25,7 @@ import base64
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -294,6 +295,7 @@ def credentials(layout: BrokerLayout) -> dict[str, str]:
 
 
 def _store_password(layout: BrokerLayout) -> str:
+    """The keystores' password: the admin's, which guards the broker anyway (one secret fewer)."""
     return credentials(layout)[ADMIN_USER]
 
 
@@ -582,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             grant(layout, args.topic_prefix)
         elif args.action == "env":
             for name, value in client_env(layout, args.user).items():
-                print(f"export {name}={value}")
+                print(f"export {name}={shlex.quote(value)}")
         elif args.action == "stop":
             stop(layout)
         elif args.action == "jars":
