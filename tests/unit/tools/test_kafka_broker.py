@@ -87,7 +87,8 @@ def test_the_secure_broker_config_has_one_sasl_ssl_listener_and_acls(tmp_path: P
     assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
     assert props["allow.everyone.if.no.acl.found"] == "false"
     assert props["super.users"] == "User:admin"
-    assert props["ssl.keystore.location"] == f"{tmp_path}/tls/broker.p12"
+    assert props["ssl.keystore.location"] == f"{tmp_path}/tls/broker-keystore.pem"
+    assert props["ssl.truststore.location"] == f"{tmp_path}/tls/ca.pem"
     admin_password = kafka_broker.credentials(layout)["admin"]
     assert f'username="admin" password="{admin_password}"' in props["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
     assert "@" not in config.replace("@ADMIN", "")  # every placeholder filled in
