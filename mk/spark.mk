@@ -21,7 +21,7 @@ replay-dead-letters: broker ## Replay parked messages (ARGS="--error-class X --s
 	$(PY) -m spark_jobs.replay_dead_letters $(ARGS)
 
 .PHONY: test-spark
-test-spark: broker ## Spark job tests (unit and on the real broker)
-	$(VENV)/bin/pytest -q -m spark tests/unit/spark_jobs tests/integration/spark_jobs
+test-spark: broker ## Spark job tests (unit, on the real broker, and on the secure broker over SASL_SSL)
+	$(VENV)/bin/pytest -q -m spark tests/unit/spark_jobs tests/integration/spark_jobs tests/integration/security
 
 test-extra:: test-spark

@@ -6,7 +6,7 @@ from typing import Protocol
 
 from fastapi import APIRouter, FastAPI
 
-from shared.engine import Engine, TopicSpec, ensure_topics
+from shared.engine import BrokerAccessDenied, Engine, TopicSpec, app_id, ensure_topics
 from shared.http.api import create_api
 from shared.http.context import ServiceContext
 from shared.settings import Settings, UnsafeSettings
@@ -48,6 +48,12 @@ def serve_http(
 
 
 def run(service: StreamService, name: str, settings: Settings) -> None:
-    """Create the service's topics if missing, then run its worker until SIGTERM."""
-    ensure_topics(settings, service.topic_specs())
+    """Create the service's topics if missing, then run its worker until SIGTERM.
+
+    Exits, saying what is wrong and what to change, when the brokers refuse the service's
+    credentials or its user lacks an ACL it needs: the worker would not get further."""
+    try:
+        ensure_topics(settings, service.topic_specs(), group=app_id(name, settings))
+    except BrokerAccessDenied as exc:
+        raise SystemExit(f"error: {name} cannot start: {exc}") from None
     service.engine.run()

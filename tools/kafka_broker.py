@@ -8,14 +8,24 @@ finds a running broker and returns, ``stop`` on a stopped broker does nothing.
 Used by ``make broker`` / ``make down`` and by the pytest fixture, so tests and
 local runs start the broker through the same code.
 
-    python -m tools.kafka_broker start|stop|status|jars
+With ``--secure`` the same commands run a second broker, under ``.local/broker-secure`` on
+port 9096 (``STATEFLEET_SECURE_BROKER_HOME``, ``STATEFLEET_SECURE_BROKER_PORT``), whose one
+client listener is SASL_SSL: SCRAM-SHA-512 users, a certificate from a CA made for it (openssl), and
+ACLs (StandardAuthorizer) that let each service's user do only what that service does
+(see ``tools/kafka_acls.py`` and docs/security.md). ``env --secure --user U`` prints the
+settings a client connects with as U.
+
+    python -m tools.kafka_broker [--secure] start|stop|status|jars|grant|env
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
+import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -23,10 +33,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tools.processes import exited
+
+if TYPE_CHECKING:
+    from tools.kafka_acls import Acl
 
 REPO = Path(__file__).resolve().parent.parent
 BROKER_SRC = REPO / "broker"
@@ -41,10 +56,14 @@ class BrokerLayout:
     home: Path
     port: int = 9092
     controller_port: int = 9093
+    #: One SASL_SSL listener (SCRAM-SHA-512) with ACLs, instead of PLAINTEXT for all.
+    secure: bool = False
+    #: Where the jars are, when not under ``home`` (the secure broker runs the plaintext one's).
+    libs_dir: Path | None = None
 
     @property
     def libs(self) -> Path:
-        return self.home / "libs"
+        return self.libs_dir or self.home / "libs"
 
     @property
     def data(self) -> Path:
@@ -66,12 +85,35 @@ class BrokerLayout:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def tls_dir(self) -> Path:
+        return self.home / "tls"
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA certificate (PEM) clients trust the broker's certificate with."""
+        return self.tls_dir / "ca.pem"
+
+    @property
+    def credentials_file(self) -> Path:
+        """The password of every SCRAM user, made at the first start (JSON, mode 600)."""
+        return self.home / "credentials.json"
+
 
 def default_layout() -> BrokerLayout:
     home = Path(os.environ.get("STATEFLEET_BROKER_HOME", REPO / ".local" / "broker"))
     port = int(os.environ.get("STATEFLEET_BROKER_PORT", "9092"))
     controller_port = int(os.environ.get("STATEFLEET_BROKER_CONTROLLER_PORT", str(port + 1)))
     return BrokerLayout(home=home, port=port, controller_port=controller_port)
+
+
+def secure_layout() -> BrokerLayout:
+    """The secure broker's own home and ports, so that it runs beside the plaintext one."""
+    home = Path(os.environ.get("STATEFLEET_SECURE_BROKER_HOME", REPO / ".local" / "broker-secure"))
+    port = int(os.environ.get("STATEFLEET_SECURE_BROKER_PORT", "9096"))
+    controller_port = int(os.environ.get("STATEFLEET_SECURE_BROKER_CONTROLLER_PORT", str(port + 1)))
+    # The same jars as the plaintext broker: resolved once for both.
+    return BrokerLayout(home=home, port=port, controller_port=controller_port, secure=True, libs_dir=default_layout().libs)
 
 
 def _log(msg: str) -> None:
@@ -197,12 +239,172 @@ def _java_cmd(layout: BrokerLayout, main_class: str, *args: str) -> list[str]:
 
 def write_config(layout: BrokerLayout) -> None:
     text = (BROKER_SRC / "server.properties.template").read_text()
+    if layout.secure:
+        text = _with_properties(text, (BROKER_SRC / "secure.properties.template").read_text())
+        text = (
+            text.replace("@TLS_DIR@", str(layout.tls_dir))
+            .replace("@ADMIN_USER@", ADMIN_USER)
+            .replace("@ADMIN_PASSWORD@", credentials(layout)[ADMIN_USER])
+        )
     text = (
         text.replace("@LOG_DIR@", str(layout.data))
         .replace("@PORT@", str(layout.port))
         .replace("@CONTROLLER_PORT@", str(layout.controller_port))
     )
     layout.config.write_text(text)
+    if layout.secure:
+        layout.config.chmod(0o600)  # it holds the admin's password
+
+
+def _with_properties(base: str, overrides: str) -> str:
+    """``base`` with each property ``overrides`` sets replaced in place (or appended)."""
+
+    def key(line: str) -> str | None:
+        text = line.strip()
+        return text.split("=", 1)[0].strip() if text and not text.startswith("#") and "=" in text else None
+
+    new = {k: line for line in overrides.splitlines() if (k := key(line)) is not None}
+    out = [new.get(k, line) if (k := key(line)) is not None else line for line in base.splitlines()]
+    replaced = {key(line) for line in base.splitlines()} & set(new)
+    out += [line for line in overrides.splitlines() if key(line) not in replaced]
+    return "\n".join(out) + "\n"
+
+
+# -- the secure broker's certificates, users and ACLs ----------------------------------------
+
+#: The SCRAM user the tooling (and the broker itself, between its listeners) connects as.
+ADMIN_USER = "admin"
+
+
+def credentials(layout: BrokerLayout) -> dict[str, str]:
+    """Every SCRAM user's password (made once, kept in the broker's home)."""
+    from tools.kafka_acls import JOBS, SERVICES
+
+    try:
+        known: dict[str, str] = json.loads(layout.credentials_file.read_text())
+    except FileNotFoundError:
+        known = {}
+    wanted = {ADMIN_USER, *SERVICES, *JOBS}
+    if not wanted <= set(known):
+        known = {**{user: secrets.token_urlsafe(24) for user in sorted(wanted)}, **known}
+        layout.home.mkdir(parents=True, exist_ok=True)
+        layout.credentials_file.touch(mode=0o600)
+        layout.credentials_file.write_text(json.dumps(known, indent=2) + "\n")
+    return known
+
+
+def _openssl(*args: str) -> None:
+    proc = subprocess.run(["openssl", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BrokerError(f"openssl {args[0]} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+#: The broker certificate's extensions: valid for the addresses clients and the broker itself dial.
+BROKER_CERT_EXTENSIONS = """\
+basicConstraints=CA:FALSE
+subjectAltName=DNS:localhost,IP:127.0.0.1
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth,clientAuth
+"""
+
+
+def make_certificates(layout: BrokerLayout) -> None:
+    """A CA of this broker's own, and the broker's key and certificate for 127.0.0.1 and
+    localhost signed by it (once), all PEM: ``ca.pem`` is what clients (and the broker, as a
+    client of itself) trust; ``broker-keystore.pem`` holds the broker's key and chain.
+
+    openssl, not keytool: each keytool call starts a JVM, nine of them took 13 s on a busy
+    machine; Kafka reads PEM key and trust stores as well as PKCS12 ones."""
+    tls = layout.tls_dir
+    keystore = tls / "broker-keystore.pem"
+    if keystore.exists() and layout.ca_file.exists():
+        return
+    if shutil.which("openssl") is None:
+        raise BrokerError("openssl is required to make the secure broker's certificates: install it (apt-get install openssl)")
+    _log(f"making a CA and the broker's certificate in {tls}")
+    if tls.exists():
+        shutil.rmtree(tls)
+    tls.mkdir(parents=True)
+    tls.chmod(0o700)  # the keys are not encrypted: the folder is what guards them
+    ca_key, key, csr, cert = tls / "ca.key", tls / "broker.key", tls / "broker.csr", tls / "broker.pem"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(layout.ca_file),
+             "-days", "3650", "-subj", "/CN=statefleet local CA",
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", "/CN=localhost")
+    extensions = tls / "broker.ext"
+    extensions.write_text(BROKER_CERT_EXTENSIONS)
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(layout.ca_file), "-CAkey", str(ca_key), "-CAcreateserial",
+             "-out", str(cert), "-days", "3650", "-extfile", str(extensions))  # fmt: skip
+    # Kafka's PEM key store: the (PKCS#8) key, then the chain from the broker's certificate up.
+    keystore.write_text(key.read_text() + cert.read_text() + layout.ca_file.read_text())
+
+
+def client_env(layout: BrokerLayout, user: str = ADMIN_USER) -> dict[str, str]:
+    """The settings (``STATEFLEET_`` variables) a client connects to the secure broker with as ``user``."""
+    passwords = credentials(layout)
+    if user not in passwords:
+        raise BrokerError(f"the secure broker has no user {user!r}; its users: {', '.join(sorted(passwords))}")
+    return {
+        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": layout.bootstrap,
+        "STATEFLEET_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "STATEFLEET_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "STATEFLEET_KAFKA_SASL_USERNAME": user,
+        "STATEFLEET_KAFKA_SASL_PASSWORD": passwords[user],
+        "STATEFLEET_KAFKA_SSL_CAFILE": str(layout.ca_file),
+    }
+
+
+def grant(layout: BrokerLayout, topic_prefix: str = "") -> None:
+    """Create (or update) every service's and job's SCRAM user, and its ACLs for topics and
+    groups named with ``topic_prefix``. Granting what exists already changes nothing."""
+    from tools.kafka_acls import JOBS, SERVICES, fleet_acls
+
+    passwords = credentials(layout)
+    apply_security(layout, {user: passwords[user] for user in (*SERVICES, *JOBS)}, fleet_acls(topic_prefix))
+    _log(f"granted {', '.join((*SERVICES, *JOBS))} their ACLs for topic prefix {topic_prefix!r}")
+
+
+def apply_security(layout: BrokerLayout, users: dict[str, str], acls: Sequence[Acl]) -> None:
+    """Create or update the SCRAM ``users`` (name: password) and add ``acls``, as the admin."""
+    lines = [f"user {user} {password}" for user, password in users.items()]
+    _apply_security_spec(layout, [*lines, *(acl.spec_line() for acl in acls)])
+
+
+def _apply_security_spec(layout: BrokerLayout, lines: list[str]) -> None:
+    """Apply ``lines`` (users and ACLs, see broker/SecuritySetup.java) as the admin."""
+    client = layout.home / "admin-client.properties"
+    spec = layout.home / "security-spec.txt"
+    client.touch(mode=0o600)
+    client.write_text(
+        "\n".join(
+            [
+                f"bootstrap.servers={layout.bootstrap}",
+                "security.protocol=SASL_SSL",
+                "sasl.mechanism=SCRAM-SHA-512",
+                "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f'username="{ADMIN_USER}" password="{credentials(layout)[ADMIN_USER]}";',
+                "ssl.truststore.type=PEM",
+                f"ssl.truststore.location={layout.ca_file}",
+            ]
+        )
+        + "\n"
+    )
+    spec.touch(mode=0o600)
+    spec.write_text("\n".join(lines) + "\n")
+    cmd = [
+        "java",
+        "-Xmx256m",
+        f"-Dlog4j2.configurationFile={BROKER_SRC / 'log4j2.properties'}",
+        "-cp",
+        f"{layout.libs}/*",
+        str(BROKER_SRC / "SecuritySetup.java"),
+        str(client),
+        str(spec),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    spec.unlink(missing_ok=True)
+    if proc.returncode != 0:
+        raise BrokerError(f"applying users and ACLs failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
 def new_cluster_id() -> str:
@@ -224,8 +426,12 @@ def format_storage(layout: BrokerLayout) -> None:
     layout.data.mkdir(parents=True, exist_ok=True)
     cid = new_cluster_id()
     _log(f"formatting KRaft storage in {layout.data} (cluster id {cid})")
+    scram: list[str] = []
+    if layout.secure:
+        # The admin exists from the start: the broker itself connects as it between its listeners.
+        scram = ["--add-scram", f"SCRAM-SHA-512=[name={ADMIN_USER},password={credentials(layout)[ADMIN_USER]}]"]
     proc = subprocess.run(
-        _java_cmd(layout, "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(layout.config), "--standalone"),
+        _java_cmd(layout, "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(layout.config), "--standalone", *scram),
         capture_output=True,
         text=True,
     )
@@ -266,7 +472,7 @@ def is_ready(layout: BrokerLayout, timeout: float = 5.0) -> bool:
     async def probe() -> bool:
         from shared.engine.clients import PlainAdmin
 
-        admin = PlainAdmin(bootstrap_servers=layout.bootstrap, request_timeout_ms=int(timeout * 1000))
+        admin = PlainAdmin(**admin_kwargs(layout), request_timeout_ms=int(timeout * 1000))
         try:
             await asyncio.wait_for(admin.start(), timeout)
             await asyncio.wait_for(admin.list_topics(), timeout)
@@ -279,6 +485,26 @@ def is_ready(layout: BrokerLayout, timeout: float = 5.0) -> bool:
     return asyncio.run(probe())
 
 
+def admin_kwargs(layout: BrokerLayout) -> dict[str, object]:
+    """How the tooling's clients reach the broker: as the admin, on the secure one."""
+    if not layout.secure:
+        return {"bootstrap_servers": layout.bootstrap}
+    from shared.engine.clients import client_kwargs
+    from shared.settings import Settings
+
+    env = client_env(layout)
+    return client_kwargs(
+        Settings(
+            kafka_bootstrap_servers=env["STATEFLEET_KAFKA_BOOTSTRAP_SERVERS"],
+            kafka_security_protocol="SASL_SSL",
+            kafka_sasl_mechanism=env["STATEFLEET_KAFKA_SASL_MECHANISM"],
+            kafka_sasl_username=env["STATEFLEET_KAFKA_SASL_USERNAME"],
+            kafka_sasl_password=env["STATEFLEET_KAFKA_SASL_PASSWORD"],
+            kafka_ssl_cafile=env["STATEFLEET_KAFKA_SSL_CAFILE"],
+        )
+    )
+
+
 def start(layout: BrokerLayout | None = None, wait_s: float = 90.0) -> BrokerLayout:
     layout = layout or default_layout()
     layout.home.mkdir(parents=True, exist_ok=True)
@@ -286,9 +512,12 @@ def start(layout: BrokerLayout | None = None, wait_s: float = 90.0) -> BrokerLay
         _log(f"already running on {layout.bootstrap} (pid {_pid(layout)})")
         return layout
     if _pid(layout) is None and port_open(layout.port):
-        raise BrokerError(f"port {layout.port} is taken by another process: stop it or set STATEFLEET_BROKER_PORT")
+        variable = "STATEFLEET_SECURE_BROKER_PORT" if layout.secure else "STATEFLEET_BROKER_PORT"
+        raise BrokerError(f"port {layout.port} is taken by another process: stop it or set {variable}")
     if _pid(layout) is None:
         resolve_jars(layout)
+        if layout.secure:
+            make_certificates(layout)
         write_config(layout)
         format_storage(layout)
         _log(f"starting Kafka on {layout.bootstrap}; log: {layout.log_file}")
@@ -333,12 +562,28 @@ def stop(layout: BrokerLayout | None = None, wait_s: float = 60.0) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["start", "stop", "status", "jars"])
+    parser.add_argument("action", choices=["start", "stop", "status", "jars", "grant", "env"])
+    parser.add_argument("--secure", action="store_true", help="the SASL_SSL broker with ACLs (its own home and port)")
+    parser.add_argument(
+        "--topic-prefix",
+        default=os.environ.get("STATEFLEET_TOPIC_PREFIX", ""),
+        help="with --secure, start and grant: the topic prefix the services' ACLs are for",
+    )
+    parser.add_argument("--user", default=ADMIN_USER, help="with --secure, env: the user to print the settings of")
     args = parser.parse_args(argv)
-    layout = default_layout()
+    layout = secure_layout() if args.secure else default_layout()
     try:
+        if args.action in ("grant", "env") and not layout.secure:
+            raise BrokerError(f"{args.action} is for the secure broker: add --secure")
         if args.action == "start":
             start(layout)
+            if layout.secure:
+                grant(layout, args.topic_prefix)
+        elif args.action == "grant":
+            grant(layout, args.topic_prefix)
+        elif args.action == "env":
+            for name, value in client_env(layout, args.user).items():
+                print(f"export {name}={shlex.quote(value)}")
         elif args.action == "stop":
             stop(layout)
         elif args.action == "jars":

@@ -25,6 +25,7 @@ the group coordinator) are reached from one module, ``_faust.py``; the rest of t
 uses its functions and its ``*Hooks`` base classes.
 """
 
+from shared.engine._access import BrokerAccessDenied
 from shared.engine._admin import TopicSpec, ensure_topics
 from shared.engine._app import app_id
 from shared.engine._batch import DeadLetterRoute, InputBatch
@@ -39,6 +40,7 @@ from shared.engine._producer import Outgoing
 from shared.engine._rocksdb import SharedMemoryOptions
 
 __all__ = [
+    "BrokerAccessDenied",
     "Copy",
     "DeadLetterRoute",
     "Engine",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from shared.engine._access import check_created, check_group, check_visible
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.settings import Settings
 
@@ -38,18 +39,27 @@ class TopicSpec:
         return NewTopic(self.name, self.partitions, replication, topic_configs=config)
 
 
-async def ensure_topics_async(settings: Settings, specs: list[TopicSpec]) -> None:
-    """Create what is missing of ``specs``, waiting for the brokers to answer if they do not yet."""
-    admin = await started_when_reachable(lambda: _Admin(**client_kwargs(settings)), "topic creation")
+async def ensure_topics_async(settings: Settings, specs: list[TopicSpec], group: str | None = None) -> None:
+    """Create what is missing of ``specs``, waiting for the brokers to answer if they do not yet.
+
+    Raises :class:`~shared.engine._access.BrokerAccessDenied` when the brokers refuse these
+    settings' credentials, or the ACLs deny the topics (or consumer ``group``) to their user."""
+    admin = await started_when_reachable(lambda: _Admin(**client_kwargs(settings)), "topic creation", settings)
     try:
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
         if missing:
             try:
-                await admin.create_topics([s.new_topic(settings.topic_replication_factor) for s in missing])
-                log.info("created topics %s", ", ".join(s.name for s in missing))
+                response = await admin.create_topics([s.new_topic(settings.topic_replication_factor) for s in missing])
+                existed = check_created(settings, response)
+                log.info("created topics %s", ", ".join(s.name for s in missing if s.name not in existed))
             except TopicAlreadyExistsError:
-                pass
+                existed = []
+            if existed:
+                # Created meanwhile by another instance, or there all along but hidden from this user.
+                check_visible(settings, await admin.describe_topics(existed))
+        if group is not None:
+            await check_group(settings, admin, group)
         present = [s for s in specs if s.name in existing]
         if present:
             described = await admin.describe_topics([s.name for s in present])
@@ -66,5 +76,5 @@ async def ensure_topics_async(settings: Settings, specs: list[TopicSpec]) -> Non
         await admin.close()
 
 
-def ensure_topics(settings: Settings, specs: list[TopicSpec]) -> None:
-    asyncio.run(ensure_topics_async(settings, specs))
+def ensure_topics(settings: Settings, specs: list[TopicSpec], group: str | None = None) -> None:
+    asyncio.run(ensure_topics_async(settings, specs, group))

@@ -76,13 +76,19 @@ class _Startable(Protocol):
 C = TypeVar("C", bound=_Startable)
 
 
-async def started_when_reachable(make: Callable[[], C], what: str) -> C:
+async def started_when_reachable(make: Callable[[], C], what: str, settings: Settings | None = None) -> C:
     """A client made by ``make`` and started, once the brokers answer.
 
     A worker's clients start while it runs (its producer after recovery, a read-back consumer),
     and a broker restarting at that moment must not take the worker down with it: the batch
     that needs the client waits, uncommitted, and goes on once the broker is back. Each failed
-    attempt is logged, with the addresses tried."""
+    attempt is logged, with the addresses tried.
+
+    With ``settings`` (the client's), a broker that answers but refuses them (credentials,
+    certificate) raises :class:`~shared.engine._access.BrokerAccessDenied` instead: waiting
+    would not change that."""
+    from shared.engine._access import refusal
+
     delay = BROKER_RETRY_FIRST_S
     while True:
         client = make()
@@ -92,6 +98,8 @@ async def started_when_reachable(make: Callable[[], C], what: str) -> C:
         except KafkaConnectionError as exc:
             with contextlib.suppress(Exception):
                 await client.stop()
+            if settings is not None and (refused := await refusal(settings, client_kwargs(settings))) is not None:
+                raise refused from exc
             log.warning("%s: no broker answers yet (%s); trying again in %.1fs", what, exc, delay)
         await asyncio.sleep(delay)
         delay = min(delay * 2, BROKER_RETRY_MAX_S)

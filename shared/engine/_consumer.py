@@ -53,6 +53,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.protocol.group import JoinGroupRequest
 from faust.types import TP
 
+from shared.engine._access import explain_denial
 from shared.engine._clients import ISOLATION_LEVEL
 from shared.engine._faust import ConsumerHooks, ConsumerThreadHooks, set_fetch_options
 
@@ -254,6 +255,9 @@ class BatchConsumer(ConsumerHooks):
             raise
         except Exception as exc:
             log.exception("the consumer's fetch loop failed: %r", exc)
+            user = getattr(self.app.conf.broker_credentials, "username", None)
+            if (denial := explain_denial(exc, user, self.app.conf.id, reading=True)) is not None:
+                log.error("%s cannot go on: %s", self.app.conf.id, denial)
             raise
 
     def _may_deliver(self, tp: TP, active: set[TP] | None, generation: int) -> bool:

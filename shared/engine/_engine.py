@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from faust.exceptions import ProducerSendError
 from faust.types import TP
 
+from shared.engine._access import explain_denial
 from shared.engine._admin import TopicSpec
 from shared.engine._app import app_id, changelog_topic_specs, create_app, run_worker, serve_api
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
@@ -421,6 +422,9 @@ class Engine:
                 fetched[0].offset,
                 fetched[-1].offset,
             )
+            denial = explain_denial(exc, self.settings.kafka_sasl_username, app_id(self.service, self.settings), reading=False)
+            if denial is not None:
+                log.error("%s cannot go on: %s", self.service, denial)
             await self._app.crash(exc)
             raise
         observe(self.service, reg.stream, batch, started)

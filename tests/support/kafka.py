@@ -62,10 +62,15 @@ def create_topics(
 
 
 def produce(
-    topic: str, records: Iterable[tuple[bytes | str | None, bytes | None]], headers: list[tuple[str, bytes]] | None = None
+    topic: str,
+    records: Iterable[tuple[bytes | str | None, bytes | None]],
+    headers: list[tuple[str, bytes]] | None = None,
+    connection: dict[str, Any] | None = None,
 ) -> None:
+    """Send ``records``; ``connection``: the client's connection arguments, when not to the plaintext broker."""
+
     async def run() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, linger_ms=5)
+        producer = AIOKafkaProducer(**(connection or {"bootstrap_servers": BOOTSTRAP}), linger_ms=5)
         await producer.start()
         try:
             for key, value in records:
@@ -140,13 +145,19 @@ async def _read_until(
     return out
 
 
-def read_all(topic: str, timeout: float = 10.0, isolation_level: str = "read_uncommitted") -> list[Record]:
+def read_all(
+    topic: str, timeout: float = 10.0, isolation_level: str = "read_uncommitted", connection: dict[str, Any] | None = None
+) -> list[Record]:
     """Every record of ``topic`` from the beginning to its current end offsets (with
-    ``read_committed``: the committed records up to the last stable offsets)."""
+    ``read_committed``: the committed records up to the last stable offsets); ``connection``:
+    the client's connection arguments, when not to the plaintext broker."""
 
     async def run() -> list[Record]:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=BOOTSTRAP, enable_auto_commit=False, auto_offset_reset="earliest", isolation_level=isolation_level
+            **(connection or {"bootstrap_servers": BOOTSTRAP}),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level=isolation_level,
         )
         await consumer.start()
         try:

@@ -66,3 +66,35 @@ def test_a_broker_this_process_started_and_killed_is_not_running(tmp_path: Path)
         child.kill()
         with contextlib.suppress(ChildProcessError):
             child.wait()
+
+
+def test_the_plaintext_broker_config_is_the_template_as_it_was(tmp_path: Path) -> None:
+    layout = kafka_broker.BrokerLayout(home=tmp_path, port=19001, controller_port=19002)
+    kafka_broker.write_config(layout)
+    config = layout.config.read_text()
+    assert "listeners=PLAINTEXT://127.0.0.1:19001,CONTROLLER://127.0.0.1:19002\n" in config
+    assert "authorizer" not in config and "sasl" not in config
+
+
+def test_the_secure_broker_config_has_one_sasl_ssl_listener_and_acls(tmp_path: Path) -> None:
+    layout = kafka_broker.BrokerLayout(home=tmp_path, port=19001, controller_port=19002, secure=True)
+    kafka_broker.write_config(layout)
+    config = layout.config.read_text()
+    props = dict(line.split("=", 1) for line in config.splitlines() if line and not line.startswith("#"))
+    assert props["listeners"] == "SASL_SSL://127.0.0.1:19001,CONTROLLER://127.0.0.1:19002"
+    assert props["advertised.listeners"] == "SASL_SSL://127.0.0.1:19001"
+    assert props["listener.security.protocol.map"] == "CONTROLLER:SASL_PLAINTEXT,SASL_SSL:SASL_SSL"
+    assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["super.users"] == "User:admin"
+    assert props["ssl.keystore.location"] == f"{tmp_path}/tls/broker-keystore.pem"
+    assert props["ssl.truststore.location"] == f"{tmp_path}/tls/ca.pem"
+    admin_password = kafka_broker.credentials(layout)["admin"]
+    assert f'username="admin" password="{admin_password}"' in props["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
+    assert "@" not in config.replace("@ADMIN", "")  # every placeholder filled in
+    assert config.count("\nlisteners=") == 1  # replaced in place, not repeated
+    # Its passwords are made once and kept from everyone else.
+    assert kafka_broker.credentials(layout) == kafka_broker.credentials(layout)
+    assert set(kafka_broker.credentials(layout)) == {"admin", "validator", "tallies", "retry_scheduler", "activation_join"}
+    assert layout.credentials_file.stat().st_mode & 0o077 == 0
+    assert layout.config.stat().st_mode & 0o077 == 0
