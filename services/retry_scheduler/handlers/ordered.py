@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import struct
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from services.retry_scheduler.domain import merge_headers
 from services.retry_scheduler.entries import Decided, Entry, decode_decided, decode_entry, encode_entry
@@ -47,7 +47,8 @@ from shared.topics import TopicNames
 log = logging.getLogger(__name__)
 
 #: What an operator may do with a lane (POST /ordered-keys/{action}).
-LANE_ACTIONS = ("replay-head", "skip-head", "park-key")
+LaneAction = Literal["replay-head", "skip-head", "park-key"]
+LANE_ACTIONS: tuple[str, ...] = get_args(LaneAction)
 PARKED_WITH_KEY = "its key was parked by an operator (ordered retries)"
 
 _LANE_LENGTH = struct.Struct(">I")

@@ -269,3 +269,17 @@ def test_a_held_letter_out_of_attempts_is_parked_when_its_turn_comes_and_holds_t
     assert parked_reason(scheduler, "d2") is not None
     assert redelivered(scheduler) == ["d1"]  # d3 waits behind the parked d2
     assert blocked_keys(scheduler)[-1] == (LANE, "d2", None)
+
+
+def test_a_blocked_keys_view_names_its_head_its_state_and_its_held_records(scheduler: Scheduler) -> None:
+    service, _ = scheduler
+    assert service.stats.lane_view(LANE, 10) is None
+    fail(scheduler, "d1", due_now=True)
+    defer(scheduler, "d2", behind="d1")
+    defer(scheduler, "d3", behind="d1")
+    assert service.stats.lane_view(LANE, 1) == {"head": "d1", "head_status": "scheduled", "held": 2, "held_ids": ["d2"]}
+    tick(scheduler)
+    assert service.stats.lane_view(LANE, 10) == {"head": "d1", "head_status": "away", "held": 2, "held_ids": ["d2", "d3"]}
+    ack(scheduler, "d1")
+    fail(scheduler, "d2", attempt=3)
+    assert service.stats.lane_view(LANE, 10) == {"head": "d2", "head_status": "parked", "held": 1, "held_ids": ["d3"]}
