@@ -143,11 +143,14 @@ class OrderedLanes:
         raw_index = batch.read(state.index, id_key(letter.id))
         if raw_index is not None and is_held_key(raw_index):
             DUPLICATES.labels("held").inc()  # already held behind the head
+            self._taken_in(batch, lane, current, letter.id)
             return
         if current is not None and current.head == letter.id:
             await state.store_decided(batch, letter)  # the head's next attempt (or a copy of one)
+            self._taken_in(batch, lane, current, letter.id)
             return
         if raw_index is not None and self._done_at_or_after(raw_index, letter.attempt):
+            self._taken_in(batch, lane, current, letter.id)
             return
         if current is None:
             if deferred and not letter.parked:  # nothing to wait for: it is the head, redelivered at once
@@ -228,6 +231,14 @@ class OrderedLanes:
     def _write_lane(self, batch: InputBatch, lane: bytes, row: Lane, *, last_taken: str | None) -> None:
         batch.write(self.state.index, lane_row_key(lane), encode_lane(row))
         self._publish(batch, lane, row.head, last_taken=last_taken)
+
+    def _taken_in(self, batch: InputBatch, lane: bytes, current: Lane | None, dlq_id: str) -> None:
+        """Tell the letter's writer it was taken in, though it changed nothing (the head's next
+        attempt, or a copy): a writer keeps the key blocked until it has seen its last letter taken in."""
+        if current is not None:
+            self._publish(batch, lane, current.head, last_taken=dlq_id)
+        else:
+            batch.send(self.blocked_keys_topic, lane, None, headers=[(LAST_TAKEN, dlq_id.encode())])
 
     def _publish(self, batch: InputBatch, lane: bytes, head: str, *, last_taken: str | None) -> None:
         """The lane's head on the compacted blocked-keys topic (sent with this batch's commit)."""
