@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from shared.dead_letters import ID, ORIGINAL_TOPIC, dead_letter_for, header_items
-from shared.engine.clients import KafkaTopicPartition, PlainConsumer, PlainProducer, client_kwargs
+from shared.engine.clients import KafkaTopicPartition, PlainConsumer, PlainProducer, client_kwargs, refresh_metadata
 from shared.ordered_retries import DEFERRED_ATTEMPT, HELD_BEHIND, LAST_TAKEN, BlockedKeys, header, lane_key
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
@@ -213,8 +213,10 @@ class OrderedRetryConsumer:
             await producer.send(out.topic, out.value, key=out.key, headers=out.headers)
 
     async def _assign_blocked_keys(self, blocked: Any) -> None:
-        await blocked.topics()  # the cluster's metadata, so the topic's partitions are known
-        partitions = blocked.partitions_for_topic(self.topics.retry_blocked_keys) or set()
+        await refresh_metadata(blocked)  # a topic created since the client started becomes known
+        partitions = blocked.partitions_for_topic(self.topics.retry_blocked_keys)
+        if not partitions:  # without it no key is ever known blocked: refuse rather than lose order
+            raise RuntimeError(f"topic {self.topics.retry_blocked_keys!r} does not exist: start the retry scheduler first")
         tps = [KafkaTopicPartition(self.topics.retry_blocked_keys, p) for p in sorted(partitions)]
         blocked.assign(tps)
         await blocked.seek_to_beginning(*tps)
