@@ -9,14 +9,22 @@ import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from shared.ordered_retries import lane_key
+from shared import dead_letters as dl
+from shared.ordered_retries import HELD_BEHIND, lane_key
 from shared.retry_client import ConsumedRecord, OrderedRetryConsumer
 from shared.settings import Settings
-from tests.integration.retry_scheduler.helpers import Scheduler, scheduler_env, start_scheduler
+from tests.integration.retry_scheduler.helpers import (
+    Scheduler,
+    letter_headers,
+    new_id,
+    records_for,
+    scheduler_env,
+    send_letter,
+    start_scheduler,
+)
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import wait_for
 
@@ -26,9 +34,10 @@ pytestmark = pytest.mark.integration
 PORT = 19531
 
 
-@pytest.fixture
-def ordered_scheduler(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Scheduler]:
+@pytest.fixture(scope="module")
+def ordered_scheduler(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
     prefix = f"t{uuid.uuid4().hex[:10]}."
+    tmp_path = tmp_path_factory.mktemp("ordered")
     names = ["dead-letters", "retry", "parking-lot", "retry-acks", "orders", "retry-orders"]
     create_topics([prefix + n for n in names])
     create_topics([f"{prefix}retry-blocked-keys"], compacted=[f"{prefix}retry-blocked-keys"])
@@ -93,3 +102,32 @@ def test_a_keys_records_are_processed_in_order_through_failures(ordered_schedule
     assert consumer.processed.index(b"j-2") < consumer.processed.index(b"k-2")  # the other key did not wait
     blocked = [r for r in read_all(f"{s.prefix}retry-blocked-keys") if r.key == lane]
     assert blocked and blocked[-1].value is None
+
+
+def test_an_operator_sees_a_parked_head_and_skips_it_to_release_the_next(ordered_scheduler: Scheduler) -> None:
+    s = ordered_scheduler
+    origin, retry_topic = f"{s.prefix}orders", f"{s.prefix}retry-orders"
+    head, held = new_id("head"), new_id("held")
+    # Out of attempts (4): parked at once, and the key's head.
+    send_letter(s, b"p", b"p-1", letter_headers(head, retry_topic, attempt=4, origin=origin))
+    deferred = [*letter_headers(held, retry_topic, attempt=0, origin=origin), (HELD_BEHIND, head.encode())]
+    send_letter(s, b"p", b"p-2", deferred)
+
+    def lane() -> dict[str, object]:
+        response = s.get("/ordered-keys", origin_topic=origin, key="p")
+        return response.json() if response.status_code == 200 else {}
+
+    wait_for(lambda: lane().get("held") == 1, timeout=30, message="the second record held")
+    assert lane() == {"head": head, "head_status": "parked", "held": 1, "held_ids": [held]}
+    query = f"?origin_topic={origin}&key=p"
+    assert s.admin("POST", f"/ordered-keys/skip-head{query}", token=None).status_code == 401
+    skipped = s.admin("POST", f"/ordered-keys/skip-head{query}")
+    assert skipped.status_code == 200 and skipped.json() == {"status": "skipped", "head": held, "skipped": head, "parked": None}
+    wait_for(lambda: len(records_for(retry_topic, held)) == 1, timeout=30, message="the held record redelivered")
+    [released] = records_for(retry_topic, held)
+    assert released.value == b"p-2" and dict(released.headers)[dl.ATTEMPT] == b"0"
+    assert s.get("/retries/stats").json()["parked"] == 0  # skipped: dropped from the parked, never redelivered
+    assert s.admin("POST", f"/ordered-keys/replay-head{query}").status_code == 409  # the new head is out, not parked
+    produce(f"{s.prefix}retry-acks", [(lane_key(origin, b"p"), held.encode())])
+    wait_for(lambda: s.get("/ordered-keys", origin_topic=origin, key="p").status_code == 404, timeout=30, message="key free")
+    assert records_for(retry_topic, head) == []
