@@ -229,23 +229,29 @@ def is_held_key(value: bytes) -> bool:
 @dataclass(frozen=True, slots=True)
 class Lane:
     """A blocked (origin topic, key): its head's ``dlq.id``, and its held records, numbered
-    ``next_held`` (the next to release) up to ``end_held`` (exclusive; the next to append)."""
+    ``next_held`` (the next to release) up to ``end_held`` (exclusive; the next to append).
+    ``parking``: an operator's park-key is under way (it goes on in records of its own), so
+    nothing is released meanwhile."""
 
     head: str
     next_held: int = 0
     end_held: int = 0
+    parking: bool = False
 
     @property
     def held(self) -> int:
         return self.end_held - self.next_held
 
 
+_LANE_HEAD = struct.Struct(">QQ?")
+
+
 def encode_lane(lane: Lane) -> bytes:
-    return b"".join((_SEQUENCE.pack(lane.next_held), _SEQUENCE.pack(lane.end_held), lane.head.encode()))
+    return _LANE_HEAD.pack(lane.next_held, lane.end_held, lane.parking) + lane.head.encode()
 
 
 def decode_lane(raw: bytes) -> Lane:
-    if len(raw) < 2 * _SEQUENCE.size:
+    if len(raw) < _LANE_HEAD.size:
         raise ValueError(f"not a lane: {raw[:40]!r}")
-    next_held, end_held = _SEQUENCE.unpack_from(raw)[0], _SEQUENCE.unpack_from(raw, _SEQUENCE.size)[0]
-    return Lane(raw[2 * _SEQUENCE.size :].decode(), next_held, end_held)
+    next_held, end_held, parking = _LANE_HEAD.unpack_from(raw)
+    return Lane(raw[_LANE_HEAD.size :].decode(), next_held, end_held, parking)

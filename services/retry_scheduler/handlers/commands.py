@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from base64 import b64decode, b64encode
 from typing import Any
 
 import orjson
@@ -20,7 +19,7 @@ import orjson
 from services.retry_scheduler.entries import Replayed
 from services.retry_scheduler.handlers.inbox_state import InboxState, now_ms
 from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_GROUP, KIND_LANE, KIND_REPLAY, KIND_UNPARK
-from services.retry_scheduler.handlers.ordered import OrderedLanes
+from services.retry_scheduler.handlers.ordered import OrderedLanes, lane_command_body, lane_of_command
 from services.retry_scheduler.handlers.parking import Parking
 from services.retry_scheduler.metrics import CANCELLED
 from services.retry_scheduler.scans import GroupFilter
@@ -73,8 +72,7 @@ class HttpCommands:
     async def request_lane(self, lane: bytes, action: str, timeout_s: float) -> dict[str, Any]:
         """Send a command on an ordered lane to the lane's partition and wait for the handler's answer."""
         partition = partition_for(lane, self.engine.settings.topic_partitions)
-        body = {"lane": b64encode(lane).decode(), "action": action}
-        return await self._ask(lane, KIND_LANE, body, partition, timeout_s, {"status": "accepted"})
+        return await self._ask(lane, KIND_LANE, lane_command_body(lane, action), partition, timeout_s, {"status": "accepted"})
 
     async def _ask(
         self, key: bytes | None, kind: bytes, body: dict[str, Any], partition: int, timeout_s: float, accepted: dict[str, Any]
@@ -106,8 +104,7 @@ class HttpCommands:
         self._answer(batch, body, await self.parking.group_action(batch, body))
 
     async def lane_command(self, batch: InputBatch, body: dict[str, Any]) -> None:
-        lane = b64decode(body["lane"], validate=True)
-        self._answer(batch, body, await self.ordered.command(batch, lane, str(body["action"])))
+        self._answer(batch, body, await self.ordered.command(batch, lane_of_command(body), str(body["action"])))
 
     async def _replay_or_cancel(self, batch: InputBatch, kind: bytes, dlq_id: str) -> dict[str, Any]:
         state = self.state

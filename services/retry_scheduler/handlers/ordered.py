@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import logging
 import struct
+from base64 import b64decode, b64encode
 from dataclasses import replace
 from typing import Any, Literal, get_args
+
+import orjson
 
 from services.retry_scheduler.domain import merge_headers
 from services.retry_scheduler.entries import Decided, Entry, decode_decided, decode_entry, encode_entry
 from services.retry_scheduler.handlers.inbox_state import InboxState, now_ms
-from services.retry_scheduler.handlers.kinds import KIND_ACK, KIND_ORDERED
+from services.retry_scheduler.handlers.kinds import KIND_ACK, KIND_LANE, KIND_ORDERED
 from services.retry_scheduler.handlers.parking import Parking
 from services.retry_scheduler.metrics import CANCELLED, DUPLICATES, ORDERED
 from services.retry_scheduler.state import (
@@ -50,6 +53,9 @@ log = logging.getLogger(__name__)
 LaneAction = Literal["replay-head", "skip-head", "park-key"]
 LANE_ACTIONS: tuple[str, ...] = get_args(LaneAction)
 PARKED_WITH_KEY = "its key was parked by an operator (ordered retries)"
+#: Most held records one park-key record parks; the rest follow in a record of its own, so the
+#: partition's other work is not held up (as a group action of the parked).
+PARK_CHUNK = 500
 
 _LANE_LENGTH = struct.Struct(">I")
 
@@ -101,6 +107,15 @@ def decode_ordered_letter(raw: bytes) -> tuple[bytes, bool, Decided]:
     if not rest:
         raise ValueError("truncated ordered letter")
     return lane, rest[:1] == b"\x01", decode_decided(rest[1:])
+
+
+def lane_command_body(lane: bytes, action: str) -> dict[str, Any]:
+    """The JSON body of a :data:`~services.retry_scheduler.handlers.kinds.KIND_LANE` record."""
+    return {"lane": b64encode(lane).decode(), "action": action}
+
+
+def lane_of_command(body: dict[str, Any]) -> bytes:
+    return b64decode(body["lane"], validate=True)
 
 
 def ack_record(lane: bytes, dlq_id: str) -> bytes:
@@ -169,7 +184,7 @@ class OrderedLanes:
         hk = held_key(lane, current.end_held)
         batch.write(state.index, hk, encode_entry(held_behind(entry, current.head)))
         batch.write(state.index, id_key(letter.id), hk)
-        self._write_lane(batch, lane, Lane(current.head, current.next_held, current.end_held + 1), last_taken=letter.id)
+        self._write_lane(batch, lane, replace(current, end_held=current.end_held + 1), last_taken=letter.id)
         ORDERED.labels("held").inc()
 
     @staticmethod
@@ -186,7 +201,7 @@ class OrderedLanes:
     async def ack(self, batch: InputBatch, lane: bytes, dlq_id: str) -> None:
         """The consumer processed ``dlq_id``: if it is the lane's head and away, release the next."""
         current = self.lane(batch, lane)
-        if current is None or current.head != dlq_id or self.head_status(batch, dlq_id) != "away":
+        if current is None or current.parking or current.head != dlq_id or self.head_status(batch, dlq_id) != "away":
             ORDERED.labels("ack-ignored").inc()  # a late copy, or the head failed again meanwhile
             return
         await self.release_next(batch, lane, current)
@@ -255,6 +270,8 @@ class OrderedLanes:
         if current is None:
             return {"status": "not_found"}
         status = self.head_status(batch, current.head)
+        if current.parking and action != "park-key":
+            return {"status": "parking", "head": current.head}
         if action == "replay-head":
             if status != "parked":
                 return {"status": "not_parked", "head": current.head, "head_status": status}
@@ -289,7 +306,9 @@ class OrderedLanes:
         state.totals["cancelled"] += 1
 
     async def _park_key(self, batch: InputBatch, lane: bytes, current: Lane, status: str) -> dict[str, Any]:
-        """Park a scheduled head and every held record; the key is free again."""
+        """Park a scheduled head and every held record (at most :data:`PARK_CHUNK` per inbox
+        record, the rest in records of its own); then the key is free. Records taken in
+        meanwhile are held, then parked with the rest."""
         state = self.state
         now = now_ms()
         parked = 0
@@ -300,7 +319,8 @@ class OrderedLanes:
             state.finish(batch, key, entry, done=None)
             await state.park(batch, entry.parked(now, PARKED_WITH_KEY, entry.max_attempts))
             parked += 1
-        for sequence in range(current.next_held, current.end_held):
+        stop = min(current.end_held, current.next_held + PARK_CHUNK)
+        for sequence in range(current.next_held, stop):
             hk = held_key(lane, sequence)
             raw = batch.read(state.index, hk)
             if raw is None:
@@ -310,7 +330,12 @@ class OrderedLanes:
             batch.write(state.index, id_key(entry.id), None)
             await state.park(batch, entry.parked(now, PARKED_WITH_KEY, entry.max_attempts))
             parked += 1
+        if stop < current.end_held:
+            batch.write(state.index, lane_row_key(lane), encode_lane(Lane(current.head, stop, current.end_held, parking=True)))
+            follow = orjson.dumps(lane_command_body(lane, "park-key"))
+            batch.send(batch.topic, lane, KIND_LANE + follow, partition=batch.partition)
+            return {"status": "parked", "head": current.head, "parked": parked, "continuing": True}
         batch.write(state.index, lane_row_key(lane), None)
         batch.send(self.blocked_keys_topic, lane, None)
         log.info("parked an ordered key: %d records (head %s was %s)", parked, current.head, status)
-        return {"status": "parked", "head": current.head, "parked": parked}
+        return {"status": "parked", "head": current.head, "parked": parked, "continuing": False}

@@ -61,7 +61,8 @@ class LaneCommandOut(BaseModel):
     status: str = Field(description="redelivered, skipped, parked, or accepted (applied asynchronously)")
     head: str | None = Field(None, description="The head acted on; after skip-head, the new head (null: the key is free)")
     skipped: str | None = None
-    parked: int | None = Field(None, description="park-key: records parked")
+    parked: int | None = Field(None, description="park-key: records parked (in this first round)")
+    continuing: bool | None = Field(None, description="park-key: more held records than one round parks; the rest follow")
 
 
 @router.get(
@@ -85,7 +86,9 @@ async def get_lane(lane: ReadLane, ctx: Ctx) -> Any:
     responses={
         202: {"model": LaneCommandOut, "description": "Accepted; applied shortly"},
         **AUTH,
-        **error_responses(404, 409, 422, _404="The key is not blocked", _409="replay-head: the head is not parked"),
+        **error_responses(
+            404, 409, 422, _404="The key is not blocked", _409="The head is not parked, or the key is being parked"
+        ),
         **COMMAND_BUSY,
     },
 )
@@ -94,6 +97,8 @@ async def act_on_lane(action: LaneActionPath, lane: CommandLane, ctx: Ctx) -> An
     status = result.get("status")
     if status == "not_found":
         raise NotFound("the key is not blocked")
+    if status == "parking":
+        raise Conflict("the key is being parked")
     if status == "not_parked":
         raise Conflict(f"the head {result.get('head')!r} is {result.get('head_status')}, not parked")
     if status == "failed":

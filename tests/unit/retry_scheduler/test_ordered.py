@@ -33,10 +33,13 @@ LANE = lane_key(ORDERED_TOPIC, KEY)
 Scheduler = tuple[RetrySchedulerService, TopologyDriver]
 
 
-@pytest.fixture
-def scheduler(tmp_path: Path) -> Iterator[Scheduler]:
+@pytest.fixture(params=["at_least_once", "exactly_once"])
+def scheduler(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Scheduler]:
+    """Under either guarantee: exactly once, redeliveries and blocked-keys records go out in the
+    inbox batch's transaction; at least once, redeliveries are sent at once."""
     service = RetrySchedulerService(
         Settings(
+            processing_guarantee=request.param,
             data_dir=tmp_path,
             topic_partitions=PARTITIONS,
             retry_max_attempts=3,
@@ -283,3 +286,36 @@ def test_a_blocked_keys_view_names_its_head_its_state_and_its_held_records(sched
     ack(scheduler, "d1")
     fail(scheduler, "d2", attempt=3)
     assert service.stats.lane_view(LANE, 10) == {"head": "d2", "head_status": "parked", "held": 1, "held_ids": ["d3"]}
+
+
+def test_without_ordered_topics_nothing_changes(tmp_path: Path) -> None:
+    service = RetrySchedulerService(Settings(data_dir=tmp_path, topic_partitions=PARTITIONS))
+    assert service.acks is None  # retry-acks is not read
+    assert {t.name for t in service.topic_specs()}.isdisjoint({"retry-acks", "retry-blocked-keys"})
+    with TopologyDriver(service.engine) as driver:
+        headers = [*headers_of("d1", attempt=1, failed_at=now_ms()), (HELD_BEHIND, b"d0")]
+        driver.pipe(service.topics.dead_letters, KEY, b"v", headers=headers)
+        [routed] = driver.outputs(service.inbox_topic_name)
+        assert routed.value is not None and routed.value[:1] == KIND_DECIDED
+        assert routed.partition == partition_for(b"d1", PARTITIONS)
+        entry = service.stats.scheduled_entry("d1")
+        assert entry is not None and entry.attempt == 1  # scheduled by its id with its backoff, as ever
+
+
+def test_parking_a_key_with_many_held_records_goes_on_in_rounds_and_holds_nothing_back(
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service, driver = scheduler
+    monkeypatch.setattr(service.ordered, "max_held", 10)
+    monkeypatch.setattr("services.retry_scheduler.handlers.ordered.PARK_CHUNK", 2)
+    fail(scheduler, "d1", due_now=True)
+    tick(scheduler)  # d1 is out
+    for n in range(2, 7):
+        defer(scheduler, f"d{n}", behind="d1")
+    lane_command(scheduler, "park-key")  # the driver hands over the follow-up rounds too
+    rounds = [r for r in driver.outputs(service.inbox_topic_name) if r.value is not None and r.value[:1] == KIND_LANE]
+    assert len(rounds) == 3  # 5 held records, 2 per round
+    assert [parked_reason(scheduler, f"d{n}") is not None for n in range(2, 7)] == [True] * 5
+    assert service.stats.lane_view(LANE, 10) is None and blocked_keys(scheduler)[-1] == (LANE, None, None)
+    ack(scheduler, "d1")
+    assert redelivered(scheduler) == ["d1"]
