@@ -173,6 +173,8 @@ class OrderedLanes:
                 await self._deliver_now(batch, letter.id, letter.stored, letter.counted_as)
             elif await state.store_decided(batch, letter):
                 self._write_lane(batch, lane, Lane(letter.id), last_taken=letter.id)
+            else:  # a copy of an attempt already stored
+                self._taken_in(batch, lane, None, letter.id)
             return
         entry = decode_entry(letter.stored)
         if current.held >= self.max_held:

@@ -12,7 +12,7 @@ from services.retry_scheduler.entries import Entry, decode_entry
 from services.retry_scheduler.handlers.inbox_state import InboxState
 from services.retry_scheduler.handlers.ticks import Ticks
 from services.retry_scheduler.metrics import STORED
-from services.retry_scheduler.scans import first_due_key
+from services.retry_scheduler.scans import LaneCounts, count_lanes, first_due_key
 from services.retry_scheduler.state import Done, decode_index, decode_lane, held_key, id_key, lane_row_key
 from shared.engine import Engine, partition_for
 
@@ -90,6 +90,15 @@ class Stats:
             if held_raw is not None:
                 held_ids.append(decode_entry(held_raw).id)
         return {"head": row.head, "head_status": head_status, "held": row.held, "held_ids": held_ids}
+
+    def lane_counts(self, partitions: set[int]) -> LaneCounts:
+        """Blocked keys of ordered topics and their held records, in these partitions."""
+        total = LaneCounts()
+        for p in partitions:
+            counts = count_lanes(self.state.index.view(p))
+            total.blocked_keys += counts.blocked_keys
+            total.held += counts.held
+        return total
 
     def oldest_due(self, partitions: set[int]) -> int | None:
         oldest: int | None = None

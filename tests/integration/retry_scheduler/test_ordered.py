@@ -119,6 +119,8 @@ def test_an_operator_sees_a_parked_head_and_skips_it_to_release_the_next(ordered
 
     wait_for(lambda: lane().get("held") == 1, timeout=30, message="the second record held")
     assert lane() == {"head": head, "head_status": "parked", "held": 1, "held_ids": [held]}
+    stats = s.get("/retries/stats").json()
+    assert (stats["blocked_keys"], stats["held"], stats["parked"]) == (1, 1, 1)
     query = f"?origin_topic={origin}&key=p"
     assert s.admin("POST", f"/ordered-keys/skip-head{query}", token=None).status_code == 401
     skipped = s.admin("POST", f"/ordered-keys/skip-head{query}")

@@ -281,6 +281,8 @@ def test_a_blocked_keys_view_names_its_head_its_state_and_its_held_records(sched
     defer(scheduler, "d2", behind="d1")
     defer(scheduler, "d3", behind="d1")
     assert service.stats.lane_view(LANE, 1) == {"head": "d1", "head_status": "scheduled", "held": 2, "held_ids": ["d2"]}
+    counts = service.stats.lane_counts(set(range(PARTITIONS)))
+    assert (counts.blocked_keys, counts.held) == (1, 2)
     tick(scheduler)
     assert service.stats.lane_view(LANE, 10) == {"head": "d1", "head_status": "away", "held": 2, "held_ids": ["d2", "d3"]}
     ack(scheduler, "d1")
