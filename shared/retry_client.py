@@ -14,7 +14,8 @@ records in order through failures.
 
 :class:`OrderedRecords` is the bookkeeping, without Kafka; :class:`OrderedRetryConsumer` runs it
 on the engine's plain clients. Offsets are committed after the letters and acknowledgements of
-the records before them are acknowledged by the brokers (at least once).
+the records before them are acknowledged by the brokers (at least once), and never past a
+record whose letter the scheduler has not taken in yet.
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ class OrderedRecords:
         self.topics = topics
         self.topic = topic
         self.retry_topic = retry_topic
+        #: Per input partition, the offsets of records whose letters the scheduler has not taken
+        #: in yet, with their lanes: their offsets are not committed, so that a consumer that
+        #: starts after a crash reads them again and blocks their keys again, rather than
+        #: overtaking a letter the blocked-keys topic does not show yet.
+        self.letters_in_flight: dict[tuple[str, int], dict[int, bytes]] = {}
         self.blocked = blocked if blocked is not None else BlockedKeys()
 
     async def handle(self, record: ConsumedRecord, handler: Handler) -> Outgoing | None:
@@ -105,6 +111,16 @@ class OrderedRecords:
             return
         last = header(header_items(headers), LAST_TAKEN)
         self.blocked.apply(key, value.decode() if value is not None else None, last.decode() if last else None)
+        if key not in self.blocked.in_flight:  # every letter of the lane taken in: their records may be committed
+            for offsets in self.letters_in_flight.values():
+                for offset in [o for o, lane in offsets.items() if lane == key]:
+                    del offsets[offset]
+
+    def commit_offset(self, topic: str, partition: int, next_offset: int) -> int:
+        """The offset to commit in an input partition read up to ``next_offset``: that of the first
+        record whose letter is not taken in yet, if any."""
+        offsets = self.letters_in_flight.get((topic, partition))
+        return min(offsets, default=next_offset) if offsets else next_offset
 
     def must_wait(self, record: ConsumedRecord) -> bool:
         """A record of the topic whose key is blocked: deferred rather than processed. A
@@ -147,6 +163,7 @@ class OrderedRecords:
     def _letter(self, lane: bytes | None, dlq_id: str, headers: list[tuple[str, bytes]], record: ConsumedRecord) -> Outgoing:
         if lane is not None:
             self.blocked.wrote(lane, dlq_id)
+            self.letters_in_flight.setdefault((record.topic, record.partition), {})[record.offset] = lane
         return Outgoing(self.topics.dead_letters, record.key, record.value, headers)
 
     def acknowledgement(self, record: ConsumedRecord) -> Outgoing | None:
@@ -169,6 +186,9 @@ class OrderedRetryConsumer:
         self.handler = handler
         self.group_id = group_id
         self._assignment: frozenset[Any] = frozenset()
+        #: Per input partition, the offset after the last record handled, and the offset committed.
+        self._read_up_to: dict[Any, int] = {}
+        self._committed: dict[Any, int] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         kwargs = client_kwargs(self.settings)
@@ -195,17 +215,27 @@ class OrderedRetryConsumer:
                     await self._read_blocked_keys(blocked, to_end=True)
                 else:
                     await self._read_blocked_keys(blocked, to_end=False)
-                if not fetched:
-                    continue
-                for records in fetched.values():
+                for tp, records in fetched.items():
                     for record in records:
                         await self._handle(producer, record)
+                    self._read_up_to[tp] = records[-1].offset + 1
                 await producer.flush()  # every letter and acknowledgement acknowledged before the commit
-                await consumer.commit()
+                await self._commit(consumer, assignment)
         finally:
             await consumer.stop()
             await blocked.stop()
             await producer.stop()
+
+    async def _commit(self, consumer: Any, assignment: frozenset[Any]) -> None:
+        """Commit what changed: records read, or letters the scheduler has taken in since."""
+        offsets = {}
+        for tp, next_offset in self._read_up_to.items():
+            offset = self.records.commit_offset(tp.topic, tp.partition, next_offset)
+            if tp in assignment and self._committed.get(tp) != offset:
+                offsets[tp] = offset
+        if offsets:
+            await consumer.commit(offsets)
+            self._committed.update(offsets)
 
     async def _handle(self, producer: Any, record: ConsumedRecord) -> None:
         out = await self.records.handle(record, self.handler)

@@ -25,7 +25,7 @@ from tests.integration.retry_scheduler.helpers import (
     send_letter,
     start_scheduler,
 )
-from tests.support.kafka import create_topics, produce, read_all
+from tests.support.kafka import create_topics, produce, read_all, unconsumed
 from tests.support.services import wait_for
 
 pytestmark = pytest.mark.integration
@@ -96,6 +96,12 @@ def test_a_keys_records_are_processed_in_order_through_failures(ordered_schedule
             lambda: s.get("/ordered-keys", origin_topic=f"{s.prefix}orders", key="k").status_code == 404,
             timeout=30,
             message="the key free again",
+        )
+        # Committed past every record once the scheduler took their letters in (and not before).
+        wait_for(
+            lambda: unconsumed(f"{s.prefix}users", [f"{s.prefix}orders", f"{s.prefix}retry-orders"]) == 0,
+            timeout=30,
+            message="every record committed",
         )
     assert [v for v in consumer.processed if v.startswith(b"k")] == [b"k-1", b"k-2", b"k-3", b"k-4"]
     assert [v for v in consumer.processed if v.startswith(b"j")] == [b"j-1", b"j-2"]

@@ -85,3 +85,18 @@ def test_a_released_deferred_record_that_fails_counts_its_first_attempt_under_it
     letter = records.failed(released, TimeoutError("slow"))
     assert header(letter.headers, dl.ID) == b"d2" and header(letter.headers, dl.ATTEMPT) == b"1"
     assert header(letter.headers, HELD_BEHIND) is None  # a failure, not a deferred record
+
+
+def test_a_record_is_committed_only_once_the_scheduler_took_its_letter_in() -> None:
+    records = OrderedRecords(TopicNames(), TOPIC, RETRY)
+    first = header(records.failed(Rec(TOPIC, 10), ValueError("boom")).headers, dl.ID)
+    deferred = records.deferred(Rec(TOPIC, 11))
+    records.failed(Rec(TOPIC, 12, key=b"other"), ValueError("boom"))
+    assert records.commit_offset(TOPIC, 0, 20) == 10 and first is not None
+    records.blocked_keys_record(LANE, first, [(LAST_TAKEN, first)])  # taken in, but the deferred one is not yet
+    assert records.commit_offset(TOPIC, 0, 20) == 10
+    last = header(deferred.headers, dl.ID)
+    assert last is not None
+    records.blocked_keys_record(LANE, first, [(LAST_TAKEN, last)])
+    assert records.commit_offset(TOPIC, 0, 20) == 12  # the other key's letter is still on its way
+    assert records.commit_offset(TOPIC, 1, 20) == 20
