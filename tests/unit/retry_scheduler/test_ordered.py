@@ -321,3 +321,18 @@ def test_parking_a_key_with_many_held_records_goes_on_in_rounds_and_holds_nothin
     assert service.stats.lane_view(LANE, 10) is None and blocked_keys(scheduler)[-1] == (LANE, None, None)
     ack(scheduler, "d1")
     assert redelivered(scheduler) == ["d1"]
+
+
+def test_an_acknowledgement_without_a_lane_or_an_id_is_ignored(scheduler: Scheduler) -> None:
+    service, driver = scheduler
+    fail(scheduler, "d1", due_now=True)
+    defer(scheduler, "d2", behind="d1")
+    tick(scheduler)
+    inbox_before = len(driver.outputs(service.inbox_topic_name))
+    driver.pipe(service.topics.retry_acks, None, b"d1")
+    driver.pipe(service.topics.retry_acks, b"no separator", b"d1")
+    driver.pipe(service.topics.retry_acks, LANE, None)
+    assert len(driver.outputs(service.inbox_topic_name)) == inbox_before  # none forwarded
+    assert redelivered(scheduler) == ["d1"]
+    ack(scheduler, "d1")
+    assert redelivered(scheduler) == ["d1", "d2"]
