@@ -1,6 +1,7 @@
 """Hop 2: ``process_inbox``, the only handler that changes state.
 
-Per inbox partition it handles, in order: dead letters (:meth:`Inbox.ingest`: schedule, or
+Per inbox partition it handles, in order: dead letters
+(:meth:`~services.retry_scheduler.handlers.inbox_state.InboxState.store_decided`: schedule, or
 park when out of attempts), ticks (:mod:`~services.retry_scheduler.handlers.ticks`), and
 replay / cancel / unpark commands sent by the HTTP API, for one message or for a group of
 parked ones (:mod:`~services.retry_scheduler.handlers.commands`), and, for ordered topics,
@@ -62,10 +63,10 @@ class Inbox:
             kind = value[:1] if isinstance(value, bytes) else b""
             try:
                 if kind == KIND_DECIDED:
-                    await self.ingest(batch, decode_decided(value[1:]))  # type: ignore[index]
+                    await self.state.store_decided(batch, decode_decided(value[1:]))  # type: ignore[index]
                 elif kind == KIND_LETTER:
                     entry = self.routing.decide_fate(decode_entry(value[1:]), now_ms())  # type: ignore[index]
-                    await self.ingest(batch, Decided.of(entry))
+                    await self.state.store_decided(batch, Decided.of(entry))
                 elif kind == KIND_TICK:
                     await self.ticks.tick(batch)
                 elif kind in COMMANDS:
@@ -84,7 +85,3 @@ class Inbox:
                 log.warning(
                     "ignoring malformed inbox record at %s[%s]@%s: %s", record.topic, record.partition, record.offset, exc
                 )
-
-    async def ingest(self, batch: InputBatch, letter: Decided) -> bool:
-        """Store a decided dead letter, unless that attempt of its id is already stored or done."""
-        return await self.state.store_decided(batch, letter)
