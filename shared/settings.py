@@ -187,6 +187,12 @@ class Settings(BaseSettings):
     retry_jitter: Literal["full", "equal", "none"] = "equal"
     retry_policy_overrides: str = Field("", description="JSON: per origin topic / error class overrides")
     retry_batch_limit: int = Field(5000, ge=1, description="Most entries redelivered per partition per tick")
+    retry_ordered_topics: str = Field(
+        "", description="Comma-separated origin topics whose dead letters keep per-key order (ordered retries); empty: none"
+    )
+    retry_ordered_max_held: int = Field(
+        1000, ge=0, description="Most records of one key held behind its head in ordered mode; later ones are parked"
+    )
 
     # Operator console (services.console; it listens on STATEFLEET_HTTP_PORT, default 8000)
     console_validator_url: str = Field(

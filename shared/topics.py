@@ -15,6 +15,8 @@ PROGRAM_TALLIES = "program-tallies"
 DEAD_LETTERS = "dead-letters"
 RETRY = "retry"
 PARKING_LOT = "parking-lot"
+RETRY_ACKS = "retry-acks"
+RETRY_BLOCKED_KEYS = "retry-blocked-keys"
 ACTIVATIONS = "activations"
 
 
@@ -60,6 +62,16 @@ class TopicNames:
     @property
     def parking_lot(self) -> str:
         return self.name(PARKING_LOT)
+
+    @property
+    def retry_acks(self) -> str:
+        """Ordered retries: consumers acknowledge a redelivered head's success here."""
+        return self.name(RETRY_ACKS)
+
+    @property
+    def retry_blocked_keys(self) -> str:
+        """Ordered retries: compacted, the keys with a dead letter scheduled or parked and their head."""
+        return self.name(RETRY_BLOCKED_KEYS)
 
     @property
     def activations(self) -> str:

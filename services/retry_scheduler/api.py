@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from services.retry_scheduler.routes import parked, scheduled
+from services.retry_scheduler.routes import ordered, parked, scheduled
 
 # One flat router, its routes in the order declared: a path is answered by its first full
 # match, as in one module (include_router would nest each part as a router of its own).
 router = APIRouter()
-for part in (scheduled, parked):
+for part in (scheduled, parked, ordered):
     router.routes.extend(part.router.routes)

@@ -16,15 +16,20 @@ what is due), :mod:`~services.retry_scheduler.handlers.parking` (replaying and c
 parked messages), :mod:`~services.retry_scheduler.handlers.commands` (the HTTP API's
 commands, sent through the inbox and answered once committed) and
 :mod:`~services.retry_scheduler.handlers.stats` (what the API reads, and the counts
-rebuilt after a recovery).
+rebuilt after a recovery). For the origin topics in ``STATEFLEET_RETRY_ORDERED_TOPICS``,
+:mod:`~services.retry_scheduler.handlers.ordered` keeps per-key order (letters placed by
+lane, held records, release on the consumers' acknowledgements, which
+:mod:`~services.retry_scheduler.handlers.acks` forwards to the inbox).
 """
 
 from __future__ import annotations
 
 from services.retry_scheduler import DEFAULT_PORT, SERVICE
+from services.retry_scheduler.handlers.acks import Acks
 from services.retry_scheduler.handlers.commands import HttpCommands
 from services.retry_scheduler.handlers.inbox import Inbox
 from services.retry_scheduler.handlers.inbox_state import InboxState
+from services.retry_scheduler.handlers.ordered import OrderedLanes
 from services.retry_scheduler.handlers.parking import Parking
 from services.retry_scheduler.handlers.routing import Routing
 from services.retry_scheduler.handlers.stats import Stats
@@ -45,17 +50,26 @@ class RetrySchedulerService:
         self.routing = routing = Routing(engine, settings, self.topics, inbox_topic)
         self.ticks = ticks = Ticks(engine, settings, state, inbox_topic)
         self.parking = parking = Parking(state, inbox_topic)
-        self.commands = commands = HttpCommands(engine, state, parking, inbox_topic)
-        self.inbox = Inbox(engine, state, routing, ticks, commands, inbox_topic, settings.topic_partitions)
+        self.ordered = ordered = OrderedLanes(settings, self.topics, state, parking)
+        self.commands = commands = HttpCommands(engine, state, parking, ordered, inbox_topic)
+        self.inbox = Inbox(engine, state, routing, ticks, commands, ordered, inbox_topic, settings.topic_partitions)
+        # Acknowledgements are read only where ordered retries are on: unordered, nothing changes.
+        self.acks = Acks(engine, settings, self.topics, inbox_topic) if routing.ordered_topics else None
         self.stats = Stats(engine, state, ticks)
         engine.watch_trailing_holes()
 
     def topic_specs(self) -> list[TopicSpec]:
         n = self.settings.topic_partitions
+        ordered = (
+            [TopicSpec(self.topics.retry_acks, n), TopicSpec(self.topics.retry_blocked_keys, n, compacted=True)]
+            if self.acks is not None
+            else []
+        )
         return [
             TopicSpec(self.topics.dead_letters, n),
             TopicSpec(self.topics.retry, n),
             TopicSpec(self.topics.parking_lot, n),
+            *ordered,
             # Before the worker starts: a table written before Faust's own creation of its
             # changelog shows in the client's metadata fails with PartitionsMismatch.
             *self.engine.internal_topic_specs(),

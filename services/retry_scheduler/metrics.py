@@ -36,3 +36,9 @@ LATENESS_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
 STORED = Gauge("statefleet_retry_stored", "Messages held by this instance", ["table"], registry=REGISTRY)
+ORDERED = Counter(
+    "statefleet_retry_ordered_total",
+    "Ordered retries: records held behind a head, released, parked past the cap, acknowledgements ignored",
+    ["event"],
+    registry=REGISTRY,
+)

@@ -164,6 +164,8 @@ class TickOut(BaseModel):
 class StatsOut(BaseModel):
     scheduled: int = Field(description="Messages waiting for their next delivery")
     parked: int = Field(description="Messages in the parked table")
+    blocked_keys: int = Field(0, description="Ordered retries: keys whose later records wait behind a head")
+    held: int = Field(0, description="Ordered retries: records held behind their key's head")
     by_origin_topic: dict[str, int] = Field(description="Scheduled messages per origin topic")
     by_error_class: dict[str, int] = Field(description="Scheduled messages per error class")
     parked_by_origin_topic: dict[str, int]

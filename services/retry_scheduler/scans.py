@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from services.retry_scheduler.entries import classify
-from services.retry_scheduler.state import ID_PREFIX, due_of, is_due_key
+from services.retry_scheduler.state import ID_PREFIX, LANE_PREFIX, decode_lane, due_of, is_due_key
 from shared.engine import OrderedRows
 
 # -- scans -----------------------------------------------------------------------------------------
@@ -134,6 +134,29 @@ def scan_ids(db: OrderedRows, *, after: bytes | None, limit: int, origin_topic: 
         origin_topic=origin_topic,
         budget=budget,
     )
+
+
+@dataclass
+class LaneCounts:
+    """Blocked keys of ordered topics in a partition, and the records held behind their heads."""
+
+    blocked_keys: int = 0
+    held: int = 0
+
+
+def count_lanes(db: OrderedRows) -> LaneCounts:
+    """The lane rows of an ``index`` partition (one per blocked key: few, next to each other)."""
+    counts = LaneCounts()
+    it = db.iter()
+    it.seek(LANE_PREFIX)
+    while it.valid():
+        key = bytes(it.key())
+        if not key.startswith(LANE_PREFIX):
+            break
+        counts.blocked_keys += 1
+        counts.held += decode_lane(bytes(it.value())).held
+        it.next()
+    return counts
 
 
 # -- parked groups -------------------------------------------------------------------------------

@@ -199,3 +199,59 @@ class Counts:
             "by_error_class": dict(by_class),
             "parked_by_origin_topic": dict(parked_by_topic),
         }
+
+
+# -- ordered retries: lanes and held records ---------------------------------------------------------
+
+#: ``index`` rows of ordered retries (see :mod:`shared.ordered_retries`), apart from ``#`` and ``%``:
+#: ``@`` + lane key → the lane (:class:`Lane`); ``^`` + lane key length + lane key + sequence
+#: number → a held record (an encoded entry). A held record's id row (``#`` + ``dlq.id``) holds
+#: its held key, which is neither a due key nor a done marker: the id is taken in, not scheduled.
+LANE_PREFIX = b"@"
+HELD_PREFIX = b"^"
+_LANE_LENGTH = struct.Struct(">I")
+_SEQUENCE = struct.Struct(">Q")
+
+
+def lane_row_key(lane: bytes) -> bytes:
+    return LANE_PREFIX + lane
+
+
+def held_key(lane: bytes, sequence: int) -> bytes:
+    """The length first, so that no lane's keys are a prefix of another's."""
+    return HELD_PREFIX + _LANE_LENGTH.pack(len(lane)) + lane + _SEQUENCE.pack(sequence)
+
+
+def is_held_key(value: bytes) -> bool:
+    return value[:1] == HELD_PREFIX
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """A blocked (origin topic, key): its head's ``dlq.id``, and its held records, numbered
+    ``next_held`` (the next to release) up to ``end_held`` (exclusive; the next to append).
+    ``parking``: an operator's park-key is under way (it goes on in records of its own), so
+    nothing is released meanwhile."""
+
+    head: str
+    next_held: int = 0
+    end_held: int = 0
+    parking: bool = False
+
+    @property
+    def held(self) -> int:
+        return self.end_held - self.next_held
+
+
+_LANE_HEAD = struct.Struct(">QQ?")
+
+
+def encode_lane(lane: Lane) -> bytes:
+    return _LANE_HEAD.pack(lane.next_held, lane.end_held, lane.parking) + lane.head.encode()
+
+
+def decode_lane(raw: bytes) -> Lane:
+    if len(raw) < _LANE_HEAD.size:
+        raise ValueError(f"not a lane: {raw[:40]!r}")
+    next_held, end_held, parking = _LANE_HEAD.unpack_from(raw)
+    return Lane(raw[_LANE_HEAD.size :].decode(), next_held, end_held, parking)

@@ -18,12 +18,13 @@ import orjson
 
 from services.retry_scheduler.entries import Replayed
 from services.retry_scheduler.handlers.inbox_state import InboxState, now_ms
-from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_GROUP, KIND_REPLAY, KIND_UNPARK
+from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_GROUP, KIND_LANE, KIND_REPLAY, KIND_UNPARK
+from services.retry_scheduler.handlers.ordered import OrderedLanes, lane_command_body, lane_of_command
 from services.retry_scheduler.handlers.parking import Parking
 from services.retry_scheduler.metrics import CANCELLED
 from services.retry_scheduler.scans import GroupFilter
 from services.retry_scheduler.state import DONE_CANCELLED, DONE_REDELIVERED, Done, id_key
-from shared.engine import Engine, InputBatch
+from shared.engine import Engine, InputBatch, partition_for
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +33,11 @@ REPLAYED_NOW = "replay"
 
 
 class HttpCommands:
-    def __init__(self, engine: Engine, state: InboxState, parking: Parking, inbox_topic: str) -> None:
+    def __init__(self, engine: Engine, state: InboxState, parking: Parking, ordered: OrderedLanes, inbox_topic: str) -> None:
         self.engine = engine
         self.state = state
         self.parking = parking
+        self.ordered = ordered
         self.inbox_topic = inbox_topic
         self.waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
@@ -67,6 +69,11 @@ class HttpCommands:
             {"partition": partition, "status": "accepted"},
         )
 
+    async def request_lane(self, lane: bytes, action: str, timeout_s: float) -> dict[str, Any]:
+        """Send a command on an ordered lane to the lane's partition and wait for the handler's answer."""
+        partition = partition_for(lane, self.engine.settings.topic_partitions)
+        return await self._ask(lane, KIND_LANE, lane_command_body(lane, action), partition, timeout_s, {"status": "accepted"})
+
     async def _ask(
         self, key: bytes | None, kind: bytes, body: dict[str, Any], partition: int, timeout_s: float, accepted: dict[str, Any]
     ) -> dict[str, Any]:
@@ -95,6 +102,9 @@ class HttpCommands:
 
     async def group_command(self, batch: InputBatch, body: dict[str, Any]) -> None:
         self._answer(batch, body, await self.parking.group_action(batch, body))
+
+    async def lane_command(self, batch: InputBatch, body: dict[str, Any]) -> None:
+        self._answer(batch, body, await self.ordered.command(batch, lane_of_command(body), str(body["action"])))
 
     async def _replay_or_cancel(self, batch: InputBatch, kind: bytes, dlq_id: str) -> dict[str, Any]:
         state = self.state

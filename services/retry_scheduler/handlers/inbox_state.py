@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import orjson
 
 from services.retry_scheduler.domain import MAX_DUE_MS
-from services.retry_scheduler.entries import Entry, Replayed, decode_entry, decode_history, encode_entry, encode_history
-from services.retry_scheduler.metrics import LATENESS_SECONDS, PARKED, REDELIVERED, REDELIVERY_FAILED
+from services.retry_scheduler.entries import Decided, Entry, Replayed, decode_entry, decode_history, encode_entry, encode_history
+from services.retry_scheduler.metrics import DUPLICATES, LATENESS_SECONDS, PARKED, REDELIVERED, REDELIVERY_FAILED, SCHEDULED
 from services.retry_scheduler.state import (
+    DONE_KINDS,
     DONE_MEMORY_MS,
     DONE_UNPARKED,
     Counts,
@@ -166,6 +167,52 @@ class InboxState:
         expiry = self._expiry_batch.pop(batch.partition, None)
         if expiry is not None and expiry.ids:
             batch.write(self.expiry, expiry.key, orjson.dumps(expiry.ids))
+
+    async def store_decided(self, batch: InputBatch, letter: Decided) -> bool:
+        """Store a decided dead letter (schedule or park it), unless that attempt of its id is
+        already stored or done; whether it was stored."""
+        dlq_id = letter.id
+        idk = id_key(dlq_id)
+        current = self.index_state(batch, idk)
+        if isinstance(current, Done):
+            if letter.attempt <= current.attempt:
+                DUPLICATES.labels(DONE_KINDS[current.kind]).inc()  # that attempt is already done
+                return False
+        elif current is not None:
+            current_key, _, current_entry = current
+            if current_entry.attempt > letter.attempt:
+                DUPLICATES.labels("stale").inc()
+                return False
+            if current_entry.attempt == letter.attempt:
+                DUPLICATES.labels("scheduled").inc()  # the same dead letter again: already scheduled
+                return False
+            self.finish(batch, current_key, current_entry, done=None)
+        if letter.parked:
+            parked_raw = batch.read(self.parked, idk)
+            if parked_raw is not None and decode_entry(parked_raw).attempt > letter.attempt:
+                DUPLICATES.labels("stale").inc()
+                return False
+        stored = letter.stored
+        if isinstance(current, Done):  # back after a redelivery: it takes its history along
+            stored = self.carry_history(batch, dlq_id, stored)
+        if letter.parked:
+            await self.park(batch, decode_entry(stored))
+            return True
+        self.schedule_at(batch, letter.due_at, dlq_id, stored, letter.counted_as)
+        return True
+
+    def schedule_at(self, batch: InputBatch, due_at: int, dlq_id: str, stored: bytes, counted_as: tuple[str, str]) -> None:
+        """Write an entry to the schedule under its due time, and its id's index row."""
+        partition = batch.partition
+        key = due_key(due_at, dlq_id)
+        batch.write(self.schedule, key, stored)
+        batch.write(self.index, id_key(dlq_id), key)
+        self.counts.add("scheduled", partition, counted_as)
+        low = self.low_water.get(partition)
+        if low is not None and key < low:
+            self.low_water[partition] = key
+        SCHEDULED.inc()
+        self.totals["scheduled"] += 1
 
     # -- parking ----------------------------------------------------------------------------------------
 

@@ -13,3 +13,8 @@ KIND_CANCEL = b"C"
 KIND_UNPARK = b"U"
 COMMANDS = (KIND_REPLAY, KIND_CANCEL, KIND_UNPARK)
 KIND_GROUP = b"G"  # replay or cancel the parked messages of a group in one partition
+# Ordered retries (handlers/ordered.py): a dead letter of an ordered topic, placed by its lane;
+# a consumer's acknowledgement of a head; an operator's command on a lane.
+KIND_ORDERED = b"O"
+KIND_ACK = b"A"
+KIND_LANE = b"K"

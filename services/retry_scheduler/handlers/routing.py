@@ -17,10 +17,12 @@ from services.retry_scheduler.domain import Park, PolicyBook, build_policy_book,
 from services.retry_scheduler.entries import Decided, Entry, encode_decided, entry_from_letter
 from services.retry_scheduler.handlers.inbox_state import now_ms
 from services.retry_scheduler.handlers.kinds import KIND_DECIDED
+from services.retry_scheduler.handlers.ordered import deferred_entry, is_deferred, ordered_letter_record
 from services.retry_scheduler.metrics import PARKED
 from shared import dead_letters
 from shared.engine import Engine, InputBatch, partition_for
 from shared.engine import Record as InRecord
+from shared.ordered_retries import is_ordered, lane_key, ordered_topics
 from shared.settings import Settings
 from shared.topics import TopicNames
 
@@ -42,6 +44,7 @@ class Routing:
         )
         # Redelivering to these would feed the message straight back into the scheduler.
         self.looping_topics = frozenset({topics.dead_letters, inbox_topic})
+        self.ordered_topics = ordered_topics(settings.retry_ordered_topics)
         engine.handler(topics.dead_letters, name="dead-letters", offsets=None)(self.route)
 
     async def route(self, batch: InputBatch) -> None:
@@ -59,14 +62,35 @@ class Routing:
                     timestamp_ms=record.timestamp or None,
                     default_retry_topic=self.topics.retry,
                 )
-                entry = self.decide_fate(entry_from_letter(letter, raw_headers, received_at), received_at)
-                encoded = KIND_DECIDED + encode_decided(Decided.of(entry))
+                entry = entry_from_letter(letter, raw_headers, received_at)
+                lane = self.lane_of(entry)
+                if lane is None:
+                    encoded = KIND_DECIDED + encode_decided(Decided.of(self.decide_fate(entry, received_at)))
+                else:
+                    encoded = self._ordered(lane, entry, is_deferred(raw_headers), received_at)
             except Exception as exc:  # never expected: parsing is lenient; keep the message anyway
                 log.exception("unreadable dead letter at %s[%s]@%s", record.topic, record.partition, record.offset)
                 self._park_unreadable(batch, record, exc)
                 continue
-            partition = partition_for(letter.id, self.settings.topic_partitions)
+            # Ordered: every letter of a lane in one partition, whatever its id.
+            partition = partition_for(letter.id if lane is None else lane, self.settings.topic_partitions)
             batch.send(self.inbox_topic, letter.id.encode(), encoded, partition=partition)
+
+    def lane_of(self, entry: Entry) -> bytes | None:
+        """The lane of a dead letter of an ordered topic; ``None`` in unordered mode."""
+        if entry.key is None or not is_ordered(self.ordered_topics, entry.origin_topic, entry.key, self.settings.topic_prefix):
+            return None
+        return lane_key(entry.origin_topic, entry.key)
+
+    def _ordered(self, lane: bytes, entry: Entry, deferred: bool, now: int) -> bytes:
+        """The inbox record of an ordered topic's dead letter. A deferred record has no backoff of
+        its own: it waits for its head, or, with none, is redelivered at once."""
+        if deferred:
+            entry = deferred_entry(entry)
+        entry = self.decide_fate(entry, now)
+        if deferred and entry.parked_at is None:
+            entry = entry.scheduled(now, entry.max_attempts)
+        return ordered_letter_record(lane, deferred, encode_decided(Decided.of(entry)))
 
     def _park_unreadable(self, batch: InputBatch, record: InRecord, exc: Exception) -> None:
         """Publish a dead letter that cannot be read to the parking lot as it came, with the reason."""

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from services.retry_scheduler.entries import Entry, decode_entry
 from services.retry_scheduler.handlers.inbox_state import InboxState
 from services.retry_scheduler.handlers.ticks import Ticks
 from services.retry_scheduler.metrics import STORED
-from services.retry_scheduler.scans import first_due_key
-from services.retry_scheduler.state import Done, decode_index, id_key
-from shared.engine import Engine
+from services.retry_scheduler.scans import LaneCounts, count_lanes, first_due_key
+from services.retry_scheduler.state import Done, decode_index, decode_lane, held_key, id_key, lane_row_key
+from shared.engine import Engine, partition_for
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,39 @@ class Stats:
     def parked_entry(self, dlq_id: str) -> Entry | None:
         raw = self.state.parked.get(self.state.partition_of(dlq_id), id_key(dlq_id))
         return decode_entry(raw) if raw is not None else None
+
+    def lane_view(self, lane: bytes, held_listed: int) -> dict[str, Any] | None:
+        """For HTTP reads: an ordered lane's head, its state, and its held records (the first
+        ``held_listed`` ids); ``None`` when the key is not blocked."""
+        state = self.state
+        partition = partition_for(lane, self.engine.settings.topic_partitions)
+        raw = state.index.get(partition, lane_row_key(lane))
+        if raw is None:
+            return None
+        row = decode_lane(raw)
+        head_index = state.index.get(partition, id_key(row.head))  # in the lane's partition, not the id's
+        scheduled = decode_index(head_index) if head_index is not None else None
+        if isinstance(scheduled, bytes) and state.schedule.get(partition, scheduled) is not None:
+            head_status = "scheduled"
+        elif state.parked.get(partition, id_key(row.head)) is not None:
+            head_status = "parked"
+        else:
+            head_status = "away"
+        held_ids = []
+        for sequence in range(row.next_held, min(row.end_held, row.next_held + held_listed)):
+            held_raw = state.index.get(partition, held_key(lane, sequence))
+            if held_raw is not None:
+                held_ids.append(decode_entry(held_raw).id)
+        return {"head": row.head, "head_status": head_status, "held": row.held, "held_ids": held_ids}
+
+    def lane_counts(self, partitions: set[int]) -> LaneCounts:
+        """Blocked keys of ordered topics and their held records, in these partitions."""
+        total = LaneCounts()
+        for p in partitions:
+            counts = count_lanes(self.state.index.view(p))
+            total.blocked_keys += counts.blocked_keys
+            total.held += counts.held
+        return total
 
     def oldest_due(self, partitions: set[int]) -> int | None:
         oldest: int | None = None

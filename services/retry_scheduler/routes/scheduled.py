@@ -57,8 +57,11 @@ async def retry_stats(request: Request, ctx: Ctx) -> Any:
     async def local() -> dict[str, Any]:
         owned = svc.stats.owned()
         svc.stats.update_gauges()
+        lanes = svc.stats.lane_counts(owned)
         return {
             **svc.state.counts.totals(owned),
+            "blocked_keys": lanes.blocked_keys,
+            "held": lanes.held,
             "oldest_due_at": svc.stats.oldest_due(owned),
             "redelivered_total": svc.state.totals["redelivered"],
             "parked_total": svc.state.totals["parked"],
@@ -74,6 +77,8 @@ async def retry_stats(request: Request, ctx: Ctx) -> Any:
     out: dict[str, Any] = {
         "scheduled": 0,
         "parked": 0,
+        "blocked_keys": 0,
+        "held": 0,
         "by_origin_topic": {},
         "by_error_class": {},
         "parked_by_origin_topic": {},
@@ -89,6 +94,8 @@ async def retry_stats(request: Request, ctx: Ctx) -> Any:
     for page in pages:
         for name in ("scheduled", "parked", "redelivered_total", "parked_total"):
             out[name] += int(page[name])
+        for name in ("blocked_keys", "held"):  # absent from an instance of an earlier version
+            out[name] += int(page.get(name, 0))
         for name in ("by_origin_topic", "by_error_class", "parked_by_origin_topic"):
             for k, v in page[name].items():
                 out[name][k] = out[name].get(k, 0) + int(v)

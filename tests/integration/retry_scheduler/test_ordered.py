@@ -1,0 +1,142 @@
+"""Ordered retries on the real broker: a user's consumer on the client module
+(shared.retry_client) fails twice on one record of a key; the scheduler holds that key's later
+records behind it and releases them one at a time on the consumer's acknowledgements, so the
+key's records are processed in their order while another key goes on; then the key is free."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from shared import dead_letters as dl
+from shared.ordered_retries import HELD_BEHIND, lane_key
+from shared.retry_client import ConsumedRecord, OrderedRetryConsumer
+from shared.settings import Settings
+from tests.integration.retry_scheduler.helpers import (
+    Scheduler,
+    letter_headers,
+    new_id,
+    records_for,
+    scheduler_env,
+    send_letter,
+    start_scheduler,
+)
+from tests.support.kafka import create_topics, produce, read_all, unconsumed
+from tests.support.services import wait_for
+
+pytestmark = pytest.mark.integration
+
+#: The scheduler's HTTP port (this test's range).
+PORT = 19531
+
+
+@pytest.fixture(scope="module")
+def ordered_scheduler(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    tmp_path = tmp_path_factory.mktemp("ordered")
+    names = ["dead-letters", "retry", "parking-lot", "retry-acks", "orders", "retry-orders"]
+    create_topics([prefix + n for n in names])
+    create_topics([f"{prefix}retry-blocked-keys"], compacted=[f"{prefix}retry-blocked-keys"])
+    env = {**scheduler_env(kafka_bootstrap, prefix, tmp_path / "data"), "STATEFLEET_RETRY_ORDERED_TOPICS": "orders"}
+    proc = start_scheduler(env, tmp_path, port=PORT)
+    yield Scheduler(proc, prefix)
+    proc.kill()
+
+
+class RunningConsumer:
+    """An :class:`OrderedRetryConsumer` on a thread of its own, with a handler that fails on
+    the values given (as many times as given) and records what it processed."""
+
+    def __init__(self, settings: Settings, failing: dict[bytes, int]) -> None:
+        prefix = settings.topic_prefix
+        self.failing = failing
+        self.processed: list[bytes] = []
+        self.consumer = OrderedRetryConsumer(
+            settings, topic=f"{prefix}orders", retry_topic=f"{prefix}retry-orders", group_id=f"{prefix}users", handler=self.handle
+        )
+        self.running = threading.Event()
+        self.thread = threading.Thread(target=asyncio.run, args=(self._run(),), daemon=True)
+
+    async def handle(self, record: ConsumedRecord) -> None:
+        value = record.value or b""
+        if self.failing.get(value, 0):
+            self.failing[value] -= 1
+            raise ConnectionError("downstream unavailable")
+        self.processed.append(value)
+
+    async def _run(self) -> None:
+        self.stop, self.loop = asyncio.Event(), asyncio.get_running_loop()
+        self.running.set()
+        await self.consumer.run(self.stop)
+
+    def __enter__(self) -> RunningConsumer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.running.wait(timeout=10):
+            self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(timeout=30)
+
+
+def test_a_keys_records_are_processed_in_order_through_failures(ordered_scheduler: Scheduler, kafka_bootstrap: str) -> None:
+    s = ordered_scheduler
+    settings = Settings(kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=s.prefix)
+    records = [(b"k", b"k-1"), (b"k", b"k-2"), (b"j", b"j-1"), (b"k", b"k-3"), (b"k", b"k-4"), (b"j", b"j-2")]
+    with RunningConsumer(settings, failing={b"k-2": 2}) as consumer:
+        for key, value in records:
+            produce(f"{s.prefix}orders", [(key, value)])
+        wait_for(lambda: len(consumer.processed) == len(records), timeout=60, message="every record processed")
+        lane = lane_key(f"{s.prefix}orders", b"k")
+        wait_for(
+            lambda: s.get("/ordered-keys", origin_topic=f"{s.prefix}orders", key="k").status_code == 404,
+            timeout=30,
+            message="the key free again",
+        )
+        # Committed past every record once the scheduler took their letters in (and not before).
+        wait_for(
+            lambda: unconsumed(f"{s.prefix}users", [f"{s.prefix}orders", f"{s.prefix}retry-orders"]) == 0,
+            timeout=30,
+            message="every record committed",
+        )
+    assert [v for v in consumer.processed if v.startswith(b"k")] == [b"k-1", b"k-2", b"k-3", b"k-4"]
+    assert [v for v in consumer.processed if v.startswith(b"j")] == [b"j-1", b"j-2"]
+    assert consumer.processed.index(b"j-2") < consumer.processed.index(b"k-2")  # the other key did not wait
+    blocked = [r for r in read_all(f"{s.prefix}retry-blocked-keys") if r.key == lane]
+    assert blocked and blocked[-1].value is None
+
+
+def test_an_operator_sees_a_parked_head_and_skips_it_to_release_the_next(ordered_scheduler: Scheduler) -> None:
+    s = ordered_scheduler
+    origin, retry_topic = f"{s.prefix}orders", f"{s.prefix}retry-orders"
+    head, held = new_id("head"), new_id("held")
+    # Out of attempts (4): parked at once, and the key's head.
+    send_letter(s, b"p", b"p-1", letter_headers(head, retry_topic, attempt=4, origin=origin))
+    deferred = [*letter_headers(held, retry_topic, attempt=0, origin=origin), (HELD_BEHIND, head.encode())]
+    send_letter(s, b"p", b"p-2", deferred)
+
+    def lane() -> dict[str, object]:
+        response = s.get("/ordered-keys", origin_topic=origin, key="p")
+        return response.json() if response.status_code == 200 else {}
+
+    wait_for(lambda: lane().get("held") == 1, timeout=30, message="the second record held")
+    assert lane() == {"head": head, "head_status": "parked", "held": 1, "held_ids": [held]}
+    stats = s.get("/retries/stats").json()
+    assert (stats["blocked_keys"], stats["held"], stats["parked"]) == (1, 1, 1)
+    query = f"?origin_topic={origin}&key=p"
+    assert s.admin("POST", f"/ordered-keys/skip-head{query}", token=None).status_code == 401
+    skipped = s.admin("POST", f"/ordered-keys/skip-head{query}")
+    assert skipped.status_code == 200
+    assert skipped.json() == {"status": "skipped", "head": held, "skipped": head, "parked": None, "continuing": None}
+    wait_for(lambda: len(records_for(retry_topic, held)) == 1, timeout=30, message="the held record redelivered")
+    [released] = records_for(retry_topic, held)
+    assert released.value == b"p-2" and dict(released.headers)[dl.ATTEMPT] == b"0"
+    assert s.get("/retries/stats").json()["parked"] == 0  # skipped: dropped from the parked, never redelivered
+    assert s.admin("POST", f"/ordered-keys/replay-head{query}").status_code == 409  # the new head is out, not parked
+    produce(f"{s.prefix}retry-acks", [(lane_key(origin, b"p"), held.encode())])
+    wait_for(lambda: s.get("/ordered-keys", origin_topic=origin, key="p").status_code == 404, timeout=30, message="key free")
+    assert records_for(retry_topic, head) == []

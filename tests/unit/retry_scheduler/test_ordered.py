@@ -1,0 +1,338 @@
+"""Ordered retries on the in-memory topology driver: dead letters of an ordered topic are placed
+by their lane (origin topic, key); later records of a blocked key are held behind its head and
+released one at a time, in order, each on the acknowledgement of the one before; a parked head
+keeps them held until an operator replays it, skips it or parks the key; past the cap they are
+parked; every change of a lane's head is published on the blocked-keys topic."""
+
+from __future__ import annotations
+
+import time
+from base64 import b64encode
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from services.retry_scheduler.app import RetrySchedulerService
+from services.retry_scheduler.handlers.kinds import KIND_DECIDED, KIND_LANE, KIND_ORDERED
+from shared import dead_letters as dl
+from shared.engine import Record, partition_for
+from shared.engine.testing import TopologyDriver
+from shared.ordered_retries import HELD_BEHIND, LAST_TAKEN, header, lane_key
+from shared.settings import Settings
+
+PARTITIONS = 4
+RETRY_TOPIC = "retry-orders"
+ORDERED_TOPIC = "orders"
+HOUR_MS = 3_600_000
+MAX_HELD = 2
+KEY = b"customer-7"
+LANE = lane_key(ORDERED_TOPIC, KEY)
+
+Scheduler = tuple[RetrySchedulerService, TopologyDriver]
+
+
+@pytest.fixture(params=["at_least_once", "exactly_once"])
+def scheduler(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Scheduler]:
+    """Under either guarantee: exactly once, redeliveries and blocked-keys records go out in the
+    inbox batch's transaction; at least once, redeliveries are sent at once."""
+    service = RetrySchedulerService(
+        Settings(
+            processing_guarantee=request.param,
+            data_dir=tmp_path,
+            topic_partitions=PARTITIONS,
+            retry_max_attempts=3,
+            retry_base_delay_ms=HOUR_MS,
+            retry_max_delay_ms=HOUR_MS,
+            retry_jitter="none",
+            retry_ordered_topics=f"{ORDERED_TOPIC}, other",
+            retry_ordered_max_held=MAX_HELD,
+        )
+    )
+    with TopologyDriver(service.engine) as driver:
+        yield service, driver
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def headers_of(dlq_id: str, *, attempt: int, failed_at: int, origin: str = ORDERED_TOPIC) -> list[tuple[str, bytes]]:
+    return [
+        (name, str(value).encode())
+        for name, value in {
+            dl.ID: dlq_id,
+            dl.ORIGINAL_TOPIC: origin,
+            dl.ORIGINAL_PARTITION: 0,
+            dl.ORIGINAL_OFFSET: 7,
+            dl.RETRY_TOPIC: RETRY_TOPIC,
+            dl.ATTEMPT: attempt,
+            dl.ERROR_CLASS: "Boom",
+            dl.ERROR_MESSAGE: "it broke",
+            dl.FIRST_FAILED_AT: failed_at,
+            dl.FAILED_AT: failed_at,
+        }.items()
+    ]
+
+
+def fail(s: Scheduler, dlq_id: str, *, attempt: int = 1, due_now: bool = False, key: bytes = KEY) -> None:
+    """A consumer's failure of a record: a dead letter (due at once with ``due_now``)."""
+    service, driver = s
+    failed_at = now_ms() - (2 * HOUR_MS if due_now else 0)
+    driver.pipe(
+        service.topics.dead_letters, key, dlq_id.encode(), headers=headers_of(dlq_id, attempt=attempt, failed_at=failed_at)
+    )
+
+
+def defer(s: Scheduler, dlq_id: str, behind: str, *, key: bytes = KEY) -> None:
+    """A record its consumer did not process because the key was blocked."""
+    service, driver = s
+    headers = [*headers_of(dlq_id, attempt=0, failed_at=now_ms()), (HELD_BEHIND, behind.encode())]
+    driver.pipe(service.topics.dead_letters, key, dlq_id.encode(), headers=headers)
+
+
+def ack(s: Scheduler, dlq_id: str) -> None:
+    service, driver = s
+    driver.pipe(service.topics.retry_acks, LANE, dlq_id.encode())
+
+
+def tick(s: Scheduler) -> None:
+    service, driver = s
+    for partition in range(PARTITIONS):
+        driver.run(service.ticks.ticker.send(partition))
+    driver.process()
+
+
+def lane_command(s: Scheduler, action: str) -> None:
+    service, driver = s
+    body = orjson.dumps({"lane": b64encode(LANE).decode(), "action": action})
+    driver.pipe(service.inbox_topic_name, LANE, KIND_LANE + body, partition=partition_for(LANE, PARTITIONS))
+
+
+def redelivered(s: Scheduler) -> list[str]:
+    """The ``dlq.id`` of every redelivery so far, in order."""
+    return [r.value.decode() for r in s[1].outputs(RETRY_TOPIC) if r.value is not None]
+
+
+def blocked_keys(s: Scheduler) -> list[tuple[bytes | None, str | None, str | None]]:
+    """(key, head, last taken in) of every blocked-keys record so far."""
+    out = []
+    for r in s[1].outputs(s[0].topics.retry_blocked_keys):
+        last = header(r.headers, LAST_TAKEN)
+        out.append((r.key, r.value.decode() if r.value is not None else None, last.decode() if last else None))
+    return out
+
+
+def parked_reason(s: Scheduler, dlq_id: str) -> str | None:
+    driver = s[1]
+    for partition in range(PARTITIONS):
+        raw = driver.table("parked").get(b"#" + dlq_id.encode(), partition=partition)
+        if raw is not None:
+            return str(orjson.loads(raw)["pr"])
+    return None
+
+
+def test_letters_of_an_ordered_topic_are_placed_by_their_lane_and_others_by_their_id(scheduler: Scheduler) -> None:
+    service, driver = scheduler
+    for dlq_id in ("a1", "a2", "a3"):
+        fail(scheduler, dlq_id)
+    driver.pipe(
+        service.topics.dead_letters, KEY, b"v", headers=headers_of("u1", attempt=1, failed_at=now_ms(), origin="unordered")
+    )
+    inbox: list[Record] = driver.outputs(service.inbox_topic_name)
+    ordered = [r for r in inbox if r.value is not None and r.value[:1] == KIND_ORDERED]
+    assert [r.key for r in ordered] == [b"a1", b"a2", b"a3"]
+    assert {r.partition for r in ordered} == {partition_for(LANE, PARTITIONS)}
+    [unordered] = [r for r in inbox if r.value is not None and r.value[:1] == KIND_DECIDED]
+    assert unordered.partition == partition_for(b"u1", PARTITIONS)
+
+
+def test_later_records_of_a_blocked_key_are_held_without_a_backoff_of_their_own(scheduler: Scheduler) -> None:
+    fail(scheduler, "d1", due_now=True)
+    defer(scheduler, "d2", behind="d1")
+    fail(scheduler, "d3", due_now=True)  # a failure of a later record (its consumer did not know yet): held too
+    assert blocked_keys(scheduler) == [(LANE, "d1", "d1"), (LANE, "d1", "d2"), (LANE, "d1", "d3")]
+    tick(scheduler)
+    assert redelivered(scheduler) == ["d1"]  # d3 was due as well, but waits behind d1
+    tick(scheduler)
+    assert redelivered(scheduler) == ["d1"]
+
+
+def test_held_records_are_released_one_at_a_time_in_order_on_acknowledgement(scheduler: Scheduler) -> None:
+    driver = scheduler[1]
+    fail(scheduler, "d1", due_now=True)
+    defer(scheduler, "d2", behind="d1")
+    defer(scheduler, "d3", behind="d1")
+    ack(scheduler, "d1")  # not redelivered yet: a stray acknowledgement releases nothing
+    assert redelivered(scheduler) == []
+    tick(scheduler)
+    ack(scheduler, "d3")  # not the head
+    assert redelivered(scheduler) == ["d1"]
+    ack(scheduler, "d1")
+    assert redelivered(scheduler) == ["d1", "d2"]
+    released = driver.outputs(RETRY_TOPIC)[-1]
+    assert header(released.headers, HELD_BEHIND) == b"d1" and header(released.headers, dl.ATTEMPT) == b"0"
+    ack(scheduler, "d1")  # a copy of the first acknowledgement
+    assert redelivered(scheduler) == ["d1", "d2"]
+    ack(scheduler, "d2")
+    ack(scheduler, "d3")
+    assert redelivered(scheduler) == ["d1", "d2", "d3"]
+    assert blocked_keys(scheduler)[-3:] == [(LANE, "d2", None), (LANE, "d3", None), (LANE, None, None)]
+    tick(scheduler)
+    assert redelivered(scheduler) == ["d1", "d2", "d3"]
+
+
+def test_a_released_record_that_fails_is_the_head_and_waits_its_backoff(scheduler: Scheduler) -> None:
+    service, _ = scheduler
+    fail(scheduler, "d1", due_now=True)
+    defer(scheduler, "d2", behind="d1")
+    defer(scheduler, "d3", behind="d1")
+    tick(scheduler)
+    ack(scheduler, "d1")
+    fail(scheduler, "d2", attempt=1)  # its first real failure: newer than the deferred attempt 0
+    entry = service.stats.scheduled_entry("d2")
+    assert entry is not None and entry.attempt == 1
+    ack(scheduler, "d2")  # ignored: d2 is scheduled, not out
+    assert redelivered(scheduler) == ["d1", "d2"]
+
+
+def test_a_deferred_record_of_a_free_key_is_redelivered_at_once_as_the_head(scheduler: Scheduler) -> None:
+    defer(scheduler, "d1", behind="gone")
+    assert redelivered(scheduler) == ["d1"]
+    assert blocked_keys(scheduler) == [(LANE, "d1", "d1")]
+    defer(scheduler, "d1", behind="gone")  # a copy: its writer is told it was taken in, nothing else
+    assert redelivered(scheduler) == ["d1"] and blocked_keys(scheduler)[-1] == (LANE, "d1", "d1")
+    ack(scheduler, "d1")
+    assert blocked_keys(scheduler)[-1] == (LANE, None, None)
+    defer(scheduler, "d1", behind="gone")  # a copy read after the key was free: not made head again
+    assert redelivered(scheduler) == ["d1"] and blocked_keys(scheduler)[-1] == (LANE, None, "d1")
+
+
+def test_a_parked_head_keeps_the_rest_held_until_it_is_replayed(scheduler: Scheduler) -> None:
+    fail(scheduler, "d1", attempt=3)  # out of attempts: parked, and still the head
+    defer(scheduler, "d2", behind="d1")
+    assert parked_reason(scheduler, "d1") is not None
+    tick(scheduler)
+    assert redelivered(scheduler) == []
+    lane_command(scheduler, "replay-head")
+    assert redelivered(scheduler) == ["d1"] and parked_reason(scheduler, "d1") is None
+    ack(scheduler, "d1")
+    assert redelivered(scheduler) == ["d1", "d2"]
+
+
+def test_skipping_a_parked_head_releases_the_next(scheduler: Scheduler) -> None:
+    fail(scheduler, "d1", attempt=3)
+    defer(scheduler, "d2", behind="d1")
+    lane_command(scheduler, "skip-head")
+    assert parked_reason(scheduler, "d1") is None  # dropped, never redelivered
+    assert redelivered(scheduler) == ["d2"]
+    assert blocked_keys(scheduler)[-1] == (LANE, "d2", None)
+
+
+def test_parking_a_key_parks_its_head_and_held_records_and_frees_it(scheduler: Scheduler) -> None:
+    service, _ = scheduler
+    fail(scheduler, "d1")
+    defer(scheduler, "d2", behind="d1")
+    defer(scheduler, "d3", behind="d1")
+    lane_command(scheduler, "park-key")
+    assert [parked_reason(scheduler, d) for d in ("d1", "d2", "d3")] == [
+        "its key was parked by an operator (ordered retries)"
+    ] * 3
+    assert service.stats.scheduled_entry("d1") is None
+    assert blocked_keys(scheduler)[-1] == (LANE, None, None)
+    tick(scheduler)
+    assert redelivered(scheduler) == []
+    defer(scheduler, "d4", behind="d1")  # the key is free: a later record is not held
+    assert redelivered(scheduler) == ["d4"]
+
+
+def test_past_the_cap_later_records_are_parked_with_the_reason(scheduler: Scheduler) -> None:
+    fail(scheduler, "d1", due_now=True)
+    for dlq_id in ("d2", "d3", "d4"):
+        defer(scheduler, dlq_id, behind="d1")
+    reason = parked_reason(scheduler, "d4")
+    assert reason is not None and "cap" in reason
+    assert blocked_keys(scheduler)[-1] == (LANE, "d1", "d4")  # taken in, so its writer stops waiting for it
+    tick(scheduler)
+    ack(scheduler, "d1")
+    ack(scheduler, "d2")
+    ack(scheduler, "d3")
+    assert redelivered(scheduler) == ["d1", "d2", "d3"]
+    assert blocked_keys(scheduler)[-1] == (LANE, None, None)
+
+
+def test_a_held_letter_out_of_attempts_is_parked_when_its_turn_comes_and_holds_the_rest(scheduler: Scheduler) -> None:
+    fail(scheduler, "d1", due_now=True)
+    fail(scheduler, "d2", attempt=3)  # out of attempts, behind d1
+    defer(scheduler, "d3", behind="d1")
+    assert parked_reason(scheduler, "d2") is None  # held, not parked before its turn
+    tick(scheduler)
+    ack(scheduler, "d1")
+    assert parked_reason(scheduler, "d2") is not None
+    assert redelivered(scheduler) == ["d1"]  # d3 waits behind the parked d2
+    assert blocked_keys(scheduler)[-1] == (LANE, "d2", None)
+
+
+def test_a_blocked_keys_view_names_its_head_its_state_and_its_held_records(scheduler: Scheduler) -> None:
+    service, _ = scheduler
+    assert service.stats.lane_view(LANE, 10) is None
+    fail(scheduler, "d1", due_now=True)
+    defer(scheduler, "d2", behind="d1")
+    defer(scheduler, "d3", behind="d1")
+    assert service.stats.lane_view(LANE, 1) == {"head": "d1", "head_status": "scheduled", "held": 2, "held_ids": ["d2"]}
+    counts = service.stats.lane_counts(set(range(PARTITIONS)))
+    assert (counts.blocked_keys, counts.held) == (1, 2)
+    tick(scheduler)
+    assert service.stats.lane_view(LANE, 10) == {"head": "d1", "head_status": "away", "held": 2, "held_ids": ["d2", "d3"]}
+    ack(scheduler, "d1")
+    fail(scheduler, "d2", attempt=3)
+    assert service.stats.lane_view(LANE, 10) == {"head": "d2", "head_status": "parked", "held": 1, "held_ids": ["d3"]}
+
+
+def test_without_ordered_topics_nothing_changes(tmp_path: Path) -> None:
+    service = RetrySchedulerService(Settings(data_dir=tmp_path, topic_partitions=PARTITIONS))
+    assert service.acks is None  # retry-acks is not read
+    assert {t.name for t in service.topic_specs()}.isdisjoint({"retry-acks", "retry-blocked-keys"})
+    with TopologyDriver(service.engine) as driver:
+        headers = [*headers_of("d1", attempt=1, failed_at=now_ms()), (HELD_BEHIND, b"d0")]
+        driver.pipe(service.topics.dead_letters, KEY, b"v", headers=headers)
+        [routed] = driver.outputs(service.inbox_topic_name)
+        assert routed.value is not None and routed.value[:1] == KIND_DECIDED
+        assert routed.partition == partition_for(b"d1", PARTITIONS)
+        entry = service.stats.scheduled_entry("d1")
+        assert entry is not None and entry.attempt == 1  # scheduled by its id with its backoff, as ever
+
+
+def test_parking_a_key_with_many_held_records_goes_on_in_rounds_and_holds_nothing_back(
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service, driver = scheduler
+    monkeypatch.setattr(service.ordered, "max_held", 10)
+    monkeypatch.setattr("services.retry_scheduler.handlers.ordered.PARK_CHUNK", 2)
+    fail(scheduler, "d1", due_now=True)
+    tick(scheduler)  # d1 is out
+    for n in range(2, 7):
+        defer(scheduler, f"d{n}", behind="d1")
+    lane_command(scheduler, "park-key")  # the driver hands over the follow-up rounds too
+    rounds = [r for r in driver.outputs(service.inbox_topic_name) if r.value is not None and r.value[:1] == KIND_LANE]
+    assert len(rounds) == 3  # 5 held records, 2 per round
+    assert [parked_reason(scheduler, f"d{n}") is not None for n in range(2, 7)] == [True] * 5
+    assert service.stats.lane_view(LANE, 10) is None and blocked_keys(scheduler)[-1] == (LANE, None, None)
+    ack(scheduler, "d1")
+    assert redelivered(scheduler) == ["d1"]
+
+
+def test_an_acknowledgement_without_a_lane_or_an_id_is_ignored(scheduler: Scheduler) -> None:
+    service, driver = scheduler
+    fail(scheduler, "d1", due_now=True)
+    defer(scheduler, "d2", behind="d1")
+    tick(scheduler)
+    inbox_before = len(driver.outputs(service.inbox_topic_name))
+    driver.pipe(service.topics.retry_acks, None, b"d1")
+    driver.pipe(service.topics.retry_acks, b"no separator", b"d1")
+    driver.pipe(service.topics.retry_acks, LANE, None)
+    assert len(driver.outputs(service.inbox_topic_name)) == inbox_before  # none forwarded
+    assert redelivered(scheduler) == ["d1"]
+    ack(scheduler, "d1")
+    assert redelivered(scheduler) == ["d1", "d2"]
