@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from shared.dead_letters import ID, ORIGINAL_TOPIC, dead_letter_for, header_items
+from shared.dead_letters import ID, ORIGINAL_TOPIC, DeadLetter, dead_letter_for, header_items
 from shared.engine.clients import KafkaTopicPartition, PlainConsumer, PlainProducer, client_kwargs, refresh_metadata
 from shared.ordered_retries import DEFERRED_ATTEMPT, HELD_BEHIND, LAST_TAKEN, BlockedKeys, header, lane_key
 from shared.settings import Settings
@@ -132,23 +132,18 @@ class OrderedRecords:
         """The dead letter of a record that waits behind its key's head; its key stays blocked."""
         lane = self.lane_of(record)
         head = self.blocked.head_of(lane) if lane is not None else None
-        letter = dead_letter_for(
-            record.key,
-            record.value,
-            header_items(record.headers),
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            error=RuntimeError(f"held behind {head}"),
-            retry_topic=self.retry_topic,
-        )
+        letter = self._dead_letter(record, RuntimeError(f"held behind {head}"))
         letter = replace(letter, attempt=DEFERRED_ATTEMPT, error_class=DEFERRED_ERROR_CLASS)
         return self._letter(lane, letter.id, [*letter.headers(), (HELD_BEHIND, (head or "").encode())], record)
 
     def failed(self, record: ConsumedRecord, error: BaseException) -> Outgoing:
         """The dead letter of a record the handler failed on (a redelivery's counts one more
         attempt and keeps its id); its key is blocked from now on."""
-        letter = dead_letter_for(
+        letter = self._dead_letter(record, error)
+        return self._letter(self.lane_of(record), letter.id, letter.headers(), record)
+
+    def _dead_letter(self, record: ConsumedRecord, error: BaseException) -> DeadLetter:
+        return dead_letter_for(
             record.key,
             record.value,
             header_items(record.headers),
@@ -158,7 +153,6 @@ class OrderedRecords:
             error=error,
             retry_topic=self.retry_topic,
         )
-        return self._letter(self.lane_of(record), letter.id, letter.headers(), record)
 
     def _letter(self, lane: bytes | None, dlq_id: str, headers: list[tuple[str, bytes]], record: ConsumedRecord) -> Outgoing:
         if lane is not None:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
-from shared import dead_letters as dl
 from shared.engine import partition_for
 from shared.engine.testing import TopologyDriver
 from shared.settings import Settings
+from tests.unit.retry_scheduler.letters import letter_headers
 
 PARTITIONS = 4
 RETRY_TOPIC = "retry-orders"
@@ -35,24 +35,6 @@ def scheduler(tmp_path: Path) -> Iterator[tuple[RetrySchedulerService, TopologyD
     )
     with TopologyDriver(service.engine) as driver:
         yield service, driver
-
-
-def letter_headers(dlq_id: str, *, attempt: int, failed_at: int) -> list[tuple[str, bytes]]:
-    return [
-        (name, str(value).encode())
-        for name, value in {
-            dl.ID: dlq_id,
-            dl.ORIGINAL_TOPIC: "orders",
-            dl.ORIGINAL_PARTITION: 0,
-            dl.ORIGINAL_OFFSET: 7,
-            dl.RETRY_TOPIC: RETRY_TOPIC,
-            dl.ATTEMPT: attempt,
-            dl.ERROR_CLASS: "Boom",
-            dl.ERROR_MESSAGE: "it broke",
-            dl.FIRST_FAILED_AT: failed_at,
-            dl.FAILED_AT: failed_at,
-        }.items()
-    ]
 
 
 def send_letter(

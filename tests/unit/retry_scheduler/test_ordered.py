@@ -21,6 +21,7 @@ from shared.engine import Record, partition_for
 from shared.engine.testing import TopologyDriver
 from shared.ordered_retries import HELD_BEHIND, LAST_TAKEN, header, lane_key
 from shared.settings import Settings
+from tests.unit.retry_scheduler.letters import letter_headers
 
 PARTITIONS = 4
 RETRY_TOPIC = "retry-orders"
@@ -59,21 +60,7 @@ def now_ms() -> int:
 
 
 def headers_of(dlq_id: str, *, attempt: int, failed_at: int, origin: str = ORDERED_TOPIC) -> list[tuple[str, bytes]]:
-    return [
-        (name, str(value).encode())
-        for name, value in {
-            dl.ID: dlq_id,
-            dl.ORIGINAL_TOPIC: origin,
-            dl.ORIGINAL_PARTITION: 0,
-            dl.ORIGINAL_OFFSET: 7,
-            dl.RETRY_TOPIC: RETRY_TOPIC,
-            dl.ATTEMPT: attempt,
-            dl.ERROR_CLASS: "Boom",
-            dl.ERROR_MESSAGE: "it broke",
-            dl.FIRST_FAILED_AT: failed_at,
-            dl.FAILED_AT: failed_at,
-        }.items()
-    ]
+    return letter_headers(dlq_id, attempt=attempt, failed_at=failed_at, origin=origin, retry_topic=RETRY_TOPIC)
 
 
 def fail(s: Scheduler, dlq_id: str, *, attempt: int = 1, due_now: bool = False, key: bytes = KEY) -> None:
