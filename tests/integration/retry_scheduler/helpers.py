@@ -19,6 +19,7 @@ import orjson
 
 from shared import dead_letters as dl
 from shared.engine import partition_for
+from tests.support.dead_letters import letter_headers as letter_headers  # re-exported for the tests here
 from tests.support.kafka import Record, create_topics, produce, read_all
 from tests.support.services import ServiceProcess, free_port, wait_for
 
@@ -76,37 +77,6 @@ class Scheduler:
     def admin(self, method: str, path: str, token: str | None = TOKEN) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
         return httpx.request(method, self.url + path, headers=headers, timeout=10)
-
-
-def letter_headers(
-    dlq_id: str,
-    retry_topic: str,
-    *,
-    attempt: int = 1,
-    origin: str = "orders",
-    error: str = "Boom",
-    failed_at: int | None = None,
-    extra: list[tuple[str, bytes]] | None = None,
-) -> list[tuple[str, bytes]]:
-    at = failed_at if failed_at is not None else int(time.time() * 1000)
-    return [
-        *(extra or []),
-        *[
-            (k, str(v).encode())
-            for k, v in {
-                dl.ID: dlq_id,
-                dl.ORIGINAL_TOPIC: origin,
-                dl.ORIGINAL_PARTITION: 0,
-                dl.ORIGINAL_OFFSET: 7,
-                dl.RETRY_TOPIC: retry_topic,
-                dl.ATTEMPT: attempt,
-                dl.ERROR_CLASS: error,
-                dl.ERROR_MESSAGE: "it broke",
-                dl.FIRST_FAILED_AT: at,
-                dl.FAILED_AT: at,
-            }.items()
-        ],
-    ]
 
 
 def send_letter(s: Scheduler, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:

@@ -14,7 +14,7 @@ from services.retry_scheduler.app import RetrySchedulerService
 from shared.engine import partition_for
 from shared.engine.testing import TopologyDriver
 from shared.settings import Settings
-from tests.unit.retry_scheduler.letters import letter_headers
+from tests.support.dead_letters import letter_headers
 
 PARTITIONS = 4
 RETRY_TOPIC = "retry-orders"
@@ -40,7 +40,7 @@ def scheduler(tmp_path: Path) -> Iterator[tuple[RetrySchedulerService, TopologyD
 def send_letter(
     service: RetrySchedulerService, driver: TopologyDriver, dlq_id: str, *, attempt: int = 1, failed_at: int | None = None
 ) -> list[tuple[str, bytes]]:
-    headers = letter_headers(dlq_id, attempt=attempt, failed_at=int(time.time() * 1000) if failed_at is None else failed_at)
+    headers = letter_headers(dlq_id, RETRY_TOPIC, attempt=attempt, failed_at=failed_at)
     driver.pipe(service.topics.dead_letters, b"key", b"\xffvalue", headers=headers)
     return headers
 

@@ -21,7 +21,7 @@ from shared.engine import Record, partition_for
 from shared.engine.testing import TopologyDriver
 from shared.ordered_retries import HELD_BEHIND, LAST_TAKEN, header, lane_key
 from shared.settings import Settings
-from tests.unit.retry_scheduler.letters import letter_headers
+from tests.support.dead_letters import letter_headers
 
 PARTITIONS = 4
 RETRY_TOPIC = "retry-orders"
@@ -60,7 +60,7 @@ def now_ms() -> int:
 
 
 def headers_of(dlq_id: str, *, attempt: int, failed_at: int, origin: str = ORDERED_TOPIC) -> list[tuple[str, bytes]]:
-    return letter_headers(dlq_id, attempt=attempt, failed_at=failed_at, origin=origin, retry_topic=RETRY_TOPIC)
+    return letter_headers(dlq_id, RETRY_TOPIC, attempt=attempt, failed_at=failed_at, origin=origin)
 
 
 def fail(s: Scheduler, dlq_id: str, *, attempt: int = 1, due_now: bool = False, key: bytes = KEY) -> None:
