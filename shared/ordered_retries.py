@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from shared.dead_letters import DLQ_PREFIX
+from shared.topics import configured_name
 
 #: On a deferred dead letter: the head it waits behind (as the writer knew it). On a
 #: redelivered held record: the head it waited behind in the scheduler.
@@ -63,11 +64,7 @@ def is_ordered(topics: frozenset[str], origin_topic: str, key: bytes | None, top
     """Whether a record of ``origin_topic`` keeps per-key order; a record without a key never
     does (it has no key to keep order by). Topics match with or without the prefix, as the
     retry policy's overrides do."""
-    if key is None or not topics:
-        return False
-    if origin_topic in topics:
-        return True
-    return bool(topic_prefix) and origin_topic.startswith(topic_prefix) and origin_topic[len(topic_prefix) :] in topics
+    return key is not None and bool(topics) and configured_name(origin_topic, topics, topic_prefix) is not None
 
 
 def header(headers: Iterable[tuple[str, bytes]], name: str) -> bytes | None:

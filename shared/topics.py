@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 from shared.settings import Settings
@@ -84,3 +85,14 @@ class TopicNames:
 
 def topic_names(settings: Settings) -> TopicNames:
     return TopicNames(prefix=settings.topic_prefix)
+
+
+def configured_name(topic: str, names: Container[str], prefix: str = "") -> str | None:
+    """The name in ``names`` that a setting gives ``topic`` by: the topic's own name, or the
+    name without the topic prefix (settings such as per-topic policies and ordered topics list
+    topics either way). None when neither is listed."""
+    if topic in names:
+        return topic
+    if prefix and topic.startswith(prefix) and topic[len(prefix) :] in names:
+        return topic[len(prefix) :]
+    return None

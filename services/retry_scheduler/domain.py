@@ -40,6 +40,7 @@ from typing import Any, Literal
 import orjson
 
 from shared.accounts import InvalidEvent
+from shared.topics import configured_name
 
 Jitter = Literal["full", "equal", "none"]
 JITTERS: tuple[Jitter, ...] = ("full", "equal", "none")
@@ -160,9 +161,8 @@ class PolicyBook:
 
     def _resolve(self, origin_topic: str, error_class: str) -> Policy:
         policy = self.default
-        topic_override = self.by_origin_topic.get(origin_topic)
-        if topic_override is None and self.topic_prefix and origin_topic.startswith(self.topic_prefix):
-            topic_override = self.by_origin_topic.get(origin_topic[len(self.topic_prefix) :])
+        name = configured_name(origin_topic, self.by_origin_topic, self.topic_prefix)
+        topic_override = self.by_origin_topic[name] if name is not None else None
         if topic_override:
             policy = replace(policy, **topic_override)
         class_override = self.by_error_class.get(error_class)
