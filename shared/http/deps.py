@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
@@ -13,8 +14,8 @@ from fastapi.routing import APIRoute
 
 from shared.engine import Table
 from shared.http.context import ServiceContext
-from shared.http.errors import Unauthorized
-from shared.http.forwarding import answer_here, max_lag_param
+from shared.http.errors import Unauthorized, Unprocessable
+from shared.http.forwarding import PARTITION_ASKED, AnsweredElsewhere, answer_here, ask_about_partition, max_lag_param
 
 
 def get_context(request: Request) -> ServiceContext:
@@ -86,6 +87,79 @@ def owned_key(
         return await answered_here(request, ctx, owned)
 
     return Dependency(read if reads else change)
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A route's key and the partition it answers for: where the key was found, or its home
+    partition where no partition holds it."""
+
+    key: str
+    partition: int
+
+
+#: The partitions a key may be in, its home partition (where it usually is) first.
+PlacesOf = Callable[[ServiceContext, str], Sequence[int]]
+#: Whether this instance's copy of a partition holds anything of a key.
+HoldsKey = Callable[[ServiceContext, str, int], bool]
+
+
+def located_key(key: KeyOfPath, table: TableOf, places: PlacesOf, holds: HoldsKey, *, reads: bool = True) -> Dependency:
+    """As :func:`owned_key`, for a key that may be in any of several partitions of ``table``.
+
+    The partitions ``places`` lists are asked in turn, each where :func:`owned_key` would ask
+    (here, through ``holds``, or forwarded with ``X-Statefleet-Partition``), until one holds
+    the key: it answers. Where none does, the home partition answers (its 404 can say what it
+    knows of the key). A request that names its partition in ``X-Statefleet-Partition`` is
+    asked of that partition alone. With one place, this is :func:`owned_key`.
+    """
+
+    async def located(request: Request, ctx: Ctx, owned: str) -> Located:
+        candidates = places(ctx, owned)
+        if not _query_valid(request):
+            return Located(owned, candidates[0])  # the route refuses it
+        asked = _partition_asked(request, ctx)
+        if asked is not None:
+            candidates = [asked]
+        home = candidates[0]
+        home_answer: AnsweredElsewhere | None = None
+        for partition in candidates:
+            if len(candidates) > 1:
+                ask_about_partition(request, partition)
+            try:
+                await answer_here(ctx, request, table(ctx), partition)
+            except AnsweredElsewhere as elsewhere:
+                if elsewhere.response.status_code != 404 or len(candidates) == 1:
+                    raise
+                if partition == home:
+                    home_answer = elsewhere
+                continue
+            if len(candidates) == 1 or holds(ctx, owned, partition):
+                return Located(owned, partition)
+        if home_answer is not None:
+            raise home_answer
+        # The home partition is answered here: once more, so that its answer says where it read from.
+        ask_about_partition(request, home)
+        await answer_here(ctx, request, table(ctx), home)
+        return Located(owned, home)
+
+    async def read(request: Request, ctx: Ctx, max_lag: MaxLag, owned: str = Depends(key)) -> Located:
+        return await located(request, ctx, owned)
+
+    async def change(request: Request, ctx: Ctx, owned: str = Depends(key)) -> Located:
+        return await located(request, ctx, owned)
+
+    return Dependency(read if reads else change)
+
+
+def _partition_asked(request: Request, ctx: ServiceContext) -> int | None:
+    raw = request.headers.get(PARTITION_ASKED)
+    if raw is None:
+        return None
+    n = ctx.settings.topic_partitions
+    if not raw.isdigit() or int(raw) >= n:
+        raise Unprocessable(f"{PARTITION_ASKED} must be a partition number from 0 to {n - 1}; got {raw!r}")
+    return int(raw)
 
 
 def _query_valid(request: Request) -> bool:

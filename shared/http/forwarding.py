@@ -15,6 +15,8 @@ Changes (anything but GET and HEAD) go to the active owner only, never to a copy
 
 A route for one key declares it with ``shared.http.deps.owned_key``, which runs :func:`route`
 before the route's body (raising :class:`AnsweredElsewhere` with another instance's answer).
+A key that may be in any of several partitions (``shared.http.deps.located_key``) is asked of
+each in turn, forwarded with ``X-Statefleet-Partition`` naming the one asked about.
 
 A list is gathered from every instance that owns partitions of the table and merged by
 the caller. Forwarded requests carry ``X-Statefleet-Forwarded-By``; an instance that
@@ -50,6 +52,9 @@ SOURCE = "X-Statefleet-Source"
 LAG = "X-Statefleet-Lag-Records"
 #: Sent to a peer: answer from your own copy of the partition, do not forward.
 READ_COPY = "X-Statefleet-Read-Copy"
+#: The one partition a forwarded request asks about, for a key whose partition the key alone
+#: does not tell (see ``shared.http.deps.located_key``).
+PARTITION_ASKED = "X-Statefleet-Partition"
 MAX_LAG_PARAM = "max_lag"
 LOCAL_SCOPE_PARAM = "scope"
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"}
@@ -358,9 +363,17 @@ class OwnerDidNotAnswer(Exception):
     """The owning instance could not be reached or did not answer in time."""
 
 
+def ask_about_partition(request: Request, partition: int) -> None:
+    """Forward ``request`` from now on as a question about ``partition`` alone."""
+    request.state.partition_asked = partition
+
+
 def _forward_headers(ctx: ServiceContext, request: Request) -> dict[str, str]:
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS | {PARTITION_ASKED.lower()}}
     headers[FORWARDED_BY] = ctx.url
+    asked = getattr(request.state, "partition_asked", None)
+    if asked is not None:
+        headers[PARTITION_ASKED] = str(asked)
     return headers
 
 

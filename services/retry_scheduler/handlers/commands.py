@@ -43,20 +43,13 @@ class HttpCommands:
 
     # -- the API's side ------------------------------------------------------------------------------
 
-    async def request(self, kind: bytes, dlq_id: str, timeout_s: float) -> dict[str, Any]:
-        """Send a command to the partition of ``dlq_id`` and wait for the handler's answer.
+    async def request(self, kind: bytes, dlq_id: str, partition: int, timeout_s: float) -> dict[str, Any]:
+        """Send a command on ``dlq_id`` to its partition and wait for the handler's answer.
 
         ``{"status": "accepted"}`` when the answer does not come within ``timeout_s`` (the
         partition moved meanwhile): the command is still applied, by the new owner.
         """
-        return await self._ask(
-            dlq_id.encode(),
-            kind,
-            {"id": dlq_id},
-            self.state.partition_of(dlq_id),
-            timeout_s,
-            {"id": dlq_id, "status": "accepted"},
-        )
+        return await self._ask(dlq_id.encode(), kind, {"id": dlq_id}, partition, timeout_s, {"id": dlq_id, "status": "accepted"})
 
     async def request_group(self, partition: int, action: str, flt: GroupFilter, timeout_s: float) -> dict[str, Any]:
         """Send a group command to ``partition`` and wait for the handler's answer (as :meth:`request`)."""
@@ -112,6 +105,12 @@ class HttpCommands:
         if current is None or isinstance(current, Done) or kind not in (KIND_REPLAY, KIND_CANCEL):
             return {"id": dlq_id, "status": "not_found"}
         key, raw, entry = current
+        lane = self.ordered.lane_headed_by(batch, entry) if kind == KIND_CANCEL else None
+        if lane is not None:
+            # A key's head cancelled: the records held behind it must not wait for an
+            # acknowledgement that will never come, so the next is released, as skip-head does.
+            await self.ordered.command(batch, lane, "skip-head")
+            return {"id": dlq_id, "status": "cancelled", "attempt": entry.attempt}
         if kind == KIND_CANCEL:
             state.finish(batch, key, entry, done=DONE_CANCELLED)
             state.write_expiry(batch)

@@ -43,7 +43,7 @@ from services.retry_scheduler.state import (
 )
 from shared.dead_letters import ATTEMPT
 from shared.engine import InputBatch
-from shared.ordered_retries import DEFERRED_ATTEMPT, HELD_BEHIND, LAST_TAKEN, header
+from shared.ordered_retries import DEFERRED_ATTEMPT, HELD_BEHIND, LAST_TAKEN, header, lane_key
 from shared.settings import Settings
 from shared.topics import TopicNames
 
@@ -140,6 +140,14 @@ class OrderedLanes:
     def lane(self, batch: InputBatch, lane: bytes) -> Lane | None:
         raw = batch.read(self.state.index, lane_row_key(lane))
         return decode_lane(raw) if raw is not None else None
+
+    def lane_headed_by(self, batch: InputBatch, entry: Entry) -> bytes | None:
+        """The lane whose head ``entry`` is, or ``None`` (not of an ordered topic, or not a head)."""
+        if entry.key is None:
+            return None
+        lane = lane_key(entry.origin_topic, entry.key)
+        current = self.lane(batch, lane)
+        return lane if current is not None and current.head == entry.id else None
 
     def head_status(self, batch: InputBatch, head: str) -> str:
         """``scheduled``, ``parked`` or ``away`` (redelivered, its outcome not known yet)."""

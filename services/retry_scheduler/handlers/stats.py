@@ -13,7 +13,7 @@ from services.retry_scheduler.handlers.inbox_state import InboxState
 from services.retry_scheduler.handlers.ticks import Ticks
 from services.retry_scheduler.metrics import STORED
 from services.retry_scheduler.scans import LaneCounts, count_lanes, first_due_key
-from services.retry_scheduler.state import Done, decode_index, decode_lane, held_key, id_key, lane_row_key
+from services.retry_scheduler.state import Done, decode_index, decode_lane, held_key, id_key, is_held_key, lane_row_key
 from shared.engine import Engine, partition_for
 
 log = logging.getLogger(__name__)
@@ -47,25 +47,41 @@ class Stats:
         STORED.labels("schedule").set(totals["scheduled"])
         STORED.labels("parked").set(totals["parked"])
 
-    def index_entry(self, dlq_id: str) -> Entry | Done | None:
-        """For HTTP reads: the scheduled entry of an id, its done marker, or nothing."""
-        partition = self.state.partition_of(dlq_id)
-        raw_index = self.state.index.get(partition, id_key(dlq_id))
+    def index_entry(self, dlq_id: str, partition: int | None = None) -> Entry | Done | None:
+        """For HTTP reads: the scheduled entry of an id, its done marker, or nothing, in
+        ``partition`` (by default the id's own; a letter of an ordered topic is in its key's)."""
+        p = self.state.partition_of(dlq_id) if partition is None else partition
+        raw_index = self.state.index.get(p, id_key(dlq_id))
         if raw_index is None:
             return None
         index = decode_index(raw_index)
         if isinstance(index, Done):
             return index
-        raw = self.state.schedule.get(partition, index)
+        raw = self.state.schedule.get(p, index)
         return decode_entry(raw) if raw is not None else None
 
-    def scheduled_entry(self, dlq_id: str) -> Entry | None:
-        found = self.index_entry(dlq_id)
+    def scheduled_entry(self, dlq_id: str, partition: int | None = None) -> Entry | None:
+        found = self.index_entry(dlq_id, partition)
         return found if isinstance(found, Entry) else None
 
-    def parked_entry(self, dlq_id: str) -> Entry | None:
-        raw = self.state.parked.get(self.state.partition_of(dlq_id), id_key(dlq_id))
+    def parked_entry(self, dlq_id: str, partition: int | None = None) -> Entry | None:
+        p = self.state.partition_of(dlq_id) if partition is None else partition
+        raw = self.state.parked.get(p, id_key(dlq_id))
         return decode_entry(raw) if raw is not None else None
+
+    def held_entry(self, dlq_id: str, partition: int) -> Entry | None:
+        """A record held behind its key's head (ordered retries), as it will be redelivered."""
+        raw_index = self.state.index.get(partition, id_key(dlq_id))
+        if raw_index is None or not is_held_key(raw_index):
+            return None
+        raw = self.state.index.get(partition, raw_index)
+        return decode_entry(raw) if raw is not None else None
+
+    def knows(self, dlq_id: str, partition: int) -> bool:
+        """Whether this instance's copy of ``partition`` holds anything of the id: scheduled,
+        held, parked, or a done marker."""
+        key = id_key(dlq_id)
+        return self.state.index.get(partition, key) is not None or self.state.parked.get(partition, key) is not None
 
     def lane_view(self, lane: bytes, held_listed: int) -> dict[str, Any] | None:
         """For HTTP reads: an ordered lane's head, its state, and its held records (the first

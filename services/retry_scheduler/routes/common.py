@@ -12,7 +12,7 @@ from services.retry_scheduler.app import RetrySchedulerService
 from services.retry_scheduler.models import CommandOut
 from shared.engine import Table
 from shared.http.context import ServiceContext
-from shared.http.deps import owned_key
+from shared.http.deps import Located, located_key
 from shared.http.errors import NotFound, Unavailable, error_responses
 from shared.http.pagination import CursorParam
 
@@ -49,26 +49,36 @@ async def _dlq_id(dlq_id: DlqId) -> str:
     return dlq_id
 
 
-def _partition_of(ctx: ServiceContext, dlq_id: str) -> int:
-    return service_of(ctx).state.partition_of(dlq_id)
+def _places_of(ctx: ServiceContext, dlq_id: str) -> list[int]:
+    """Where a message may be: its id's partition, and with ordered retries on, every other
+    (a dead letter of an ordered topic lives in its key's partition, which its id does not tell)."""
+    svc = service_of(ctx)
+    home = svc.state.partition_of(dlq_id)
+    if not svc.routing.ordered_topics:
+        return [home]
+    return [home, *(p for p in range(ctx.settings.topic_partitions) if p != home)]
+
+
+def _holds(ctx: ServiceContext, dlq_id: str, partition: int) -> bool:
+    return service_of(ctx).stats.knows(dlq_id, partition)
 
 
 def _schedule(ctx: ServiceContext) -> Table:
     return service_of(ctx).state.schedule
 
 
-#: A dlq.id this instance answers a read of (the owner of its partition of the schedule, or a copy).
-ReadId = Annotated[str, owned_key(_dlq_id, _schedule, _partition_of)]
-#: A dlq.id this instance applies a command to (the active owner of its partition of the schedule).
-CommandId = Annotated[str, owned_key(_dlq_id, _schedule, _partition_of, reads=False)]
+#: A dlq.id this instance answers a read of (the owner of the partition it is in, or a copy).
+ReadId = Annotated[Located, located_key(_dlq_id, _schedule, _places_of, _holds)]
+#: A dlq.id this instance applies a command to (the active owner of the partition it is in).
+CommandId = Annotated[Located, located_key(_dlq_id, _schedule, _places_of, _holds, reads=False)]
 
 
-async def command_on(ctx: ServiceContext, kind: bytes, dlq_id: str, *, held: bool, what: str) -> Any:
-    """Send command ``kind`` for the message through the inbox and answer as its handler did;
-    404 unless the message is ``what`` it must be (``held``)."""
+async def command_on(ctx: ServiceContext, kind: bytes, letter: Located, *, held: bool, what: str) -> Any:
+    """Send command ``kind`` for the message through the inbox of its partition and answer as
+    its handler did; 404 unless the message is ``what`` it must be (``held``)."""
     if not held:
-        raise NotFound(f"no {what} message with dlq.id {dlq_id!r}")
-    result = await service_of(ctx).commands.request(kind, dlq_id, ctx.settings.forward_timeout_s)
+        raise NotFound(f"no {what} message with dlq.id {letter.key!r}")
+    result = await service_of(ctx).commands.request(kind, letter.key, letter.partition, ctx.settings.forward_timeout_s)
     status = result.get("status")
     if status == "not_found":
         raise NotFound(f"no such message with dlq.id {result['id']!r}")

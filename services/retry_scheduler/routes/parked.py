@@ -98,11 +98,11 @@ async def list_parked(
     summary="One parked message",
     responses=error_responses(404, 422, 503, _404="Not parked"),
 )
-async def get_parked(dlq_id: ReadId, ctx: Ctx) -> Any:
+async def get_parked(letter: ReadId, ctx: Ctx) -> Any:
     svc = service_of(ctx)
-    entry = svc.stats.parked_entry(dlq_id)
+    entry = svc.stats.parked_entry(letter.key, letter.partition)
     if entry is None:
-        raise NotFound(f"no parked message with dlq.id {dlq_id!r}")
+        raise NotFound(f"no parked message with dlq.id {letter.key!r}")
     return entry_json(entry, with_value=True)
 
 
@@ -113,9 +113,9 @@ async def get_parked(dlq_id: ReadId, ctx: Ctx) -> Any:
     summary="Redeliver a parked message to its retry topic (dlq.attempt unchanged) and unpark it",
     responses=command_responses("Not parked"),
 )
-async def replay_parked(dlq_id: CommandId, ctx: Ctx) -> Any:
-    held = service_of(ctx).stats.parked_entry(dlq_id) is not None
-    return await command_on(ctx, KIND_UNPARK, dlq_id, held=held, what="parked")
+async def replay_parked(letter: CommandId, ctx: Ctx) -> Any:
+    held = service_of(ctx).stats.parked_entry(letter.key, letter.partition) is not None
+    return await command_on(ctx, KIND_UNPARK, letter, held=held, what="parked")
 
 
 # -- parked groups -----------------------------------------------------------------------------------

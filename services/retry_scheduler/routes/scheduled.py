@@ -40,6 +40,7 @@ from services.retry_scheduler.state import Done, split_due_key
 from shared.http.deps import Admin, Ctx
 from shared.http.errors import NotFound, error_responses
 from shared.http.forwarding import READS_STATE, gather, gather_owners, is_local_scope, local_scope_partitions
+from shared.ordered_retries import HELD_BEHIND, header
 
 router = APIRouter(tags=["retries"])
 
@@ -177,12 +178,17 @@ _GET_RETRY: Responses = error_responses(404, 422, 503, _404="Not scheduled (neve
     responses=_GET_RETRY,
     summary='One scheduled message, any id (GET /retries/stats answers the stats, this the id "stats")',
 )
-async def get_retry(dlq_id: ReadId, ctx: Ctx) -> Any:
+async def get_retry(letter: ReadId, ctx: Ctx) -> Any:
     svc = service_of(ctx)
-    state = svc.stats.index_entry(dlq_id)
+    dlq_id, partition = letter.key, letter.partition
+    state = svc.stats.index_entry(dlq_id, partition)
     if isinstance(state, Entry):
         return entry_json(state, with_value=True)
-    if svc.stats.parked_entry(dlq_id) is not None:
+    held = svc.stats.held_entry(dlq_id, partition)
+    if held is not None:
+        head = (header(held.headers, HELD_BEHIND) or b"").decode(errors="replace")
+        hint = f" (ordered retries: it waits behind {head!r}, the head of its key; GET /ordered-keys?origin_topic=&key=)"
+    elif svc.stats.parked_entry(dlq_id, partition) is not None:
         hint = " (it is parked: GET /parked/{id})"
     elif isinstance(state, Done):
         hint = f" (attempt {state.attempt} was {state.what})"
@@ -198,9 +204,9 @@ async def get_retry(dlq_id: ReadId, ctx: Ctx) -> Any:
     summary="Redeliver a scheduled message now",
     responses=command_responses("Not scheduled"),
 )
-async def replay_retry(dlq_id: CommandId, ctx: Ctx) -> Any:
-    held = service_of(ctx).stats.scheduled_entry(dlq_id) is not None
-    return await command_on(ctx, KIND_REPLAY, dlq_id, held=held, what="scheduled")
+async def replay_retry(letter: CommandId, ctx: Ctx) -> Any:
+    held = service_of(ctx).stats.scheduled_entry(letter.key, letter.partition) is not None
+    return await command_on(ctx, KIND_REPLAY, letter, held=held, what="scheduled")
 
 
 @router.delete(
@@ -210,6 +216,6 @@ async def replay_retry(dlq_id: CommandId, ctx: Ctx) -> Any:
     summary="Cancel a scheduled message (it is not redelivered)",
     responses=command_responses("Not scheduled"),
 )
-async def cancel_retry(dlq_id: CommandId, ctx: Ctx) -> Any:
-    held = service_of(ctx).stats.scheduled_entry(dlq_id) is not None
-    return await command_on(ctx, KIND_CANCEL, dlq_id, held=held, what="scheduled")
+async def cancel_retry(letter: CommandId, ctx: Ctx) -> Any:
+    held = service_of(ctx).stats.scheduled_entry(letter.key, letter.partition) is not None
+    return await command_on(ctx, KIND_CANCEL, letter, held=held, what="scheduled")

@@ -13,10 +13,12 @@ from collections.abc import Iterator
 import pytest
 
 from shared import dead_letters as dl
+from shared.engine import partition_for
 from shared.ordered_retries import HELD_BEHIND, lane_key
 from shared.retry_client import ConsumedRecord, OrderedRetryConsumer
 from shared.settings import Settings
 from tests.integration.retry_scheduler.helpers import (
+    PARTITIONS,
     Scheduler,
     letter_headers,
     new_id,
@@ -38,10 +40,11 @@ PORT = 19531
 def ordered_scheduler(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
     prefix = f"t{uuid.uuid4().hex[:10]}."
     tmp_path = tmp_path_factory.mktemp("ordered")
-    names = ["dead-letters", "retry", "parking-lot", "retry-acks", "orders", "retry-orders"]
+    names = ["dead-letters", "retry", "parking-lot", "retry-acks", "orders", "slow", "retry-orders"]
     create_topics([prefix + n for n in names])
     create_topics([f"{prefix}retry-blocked-keys"], compacted=[f"{prefix}retry-blocked-keys"])
-    env = {**scheduler_env(kafka_bootstrap, prefix, tmp_path / "data"), "STATEFLEET_RETRY_ORDERED_TOPICS": "orders"}
+    # "slow" waits ten minutes between attempts (the helpers' policy override): a head that stays scheduled.
+    env = {**scheduler_env(kafka_bootstrap, prefix, tmp_path / "data"), "STATEFLEET_RETRY_ORDERED_TOPICS": "orders,slow"}
     proc = start_scheduler(env, tmp_path, port=PORT)
     yield Scheduler(proc, prefix)
     proc.kill()
@@ -140,3 +143,44 @@ def test_an_operator_sees_a_parked_head_and_skips_it_to_release_the_next(ordered
     produce(f"{s.prefix}retry-acks", [(lane_key(origin, b"p"), held.encode())])
     wait_for(lambda: s.get("/ordered-keys", origin_topic=origin, key="p").status_code == 404, timeout=30, message="key free")
     assert records_for(retry_topic, head) == []
+
+
+def id_away_from(lane: bytes, label: str) -> str:
+    """A new id whose own partition is not its lane's: found only where the lane is."""
+    while partition_for((dlq_id := new_id(label)).encode(), PARTITIONS) == partition_for(lane, PARTITIONS):
+        pass
+    return dlq_id
+
+
+def test_calls_by_id_find_a_letter_of_an_ordered_topic_in_its_keys_partition(ordered_scheduler: Scheduler) -> None:
+    s = ordered_scheduler
+    retry_topic = f"{s.prefix}retry-orders"
+    slow, orders = f"{s.prefix}slow", f"{s.prefix}orders"
+
+    # A scheduled head (ten minutes away) with a record held behind it.
+    head, held = id_away_from(lane_key(slow, b"c"), "head"), new_id("held")
+    send_letter(s, b"c", b"c-1", letter_headers(head, retry_topic, attempt=1, origin=slow))
+    send_letter(s, b"c", b"c-2", [*letter_headers(held, retry_topic, attempt=0, origin=slow), (HELD_BEHIND, head.encode())])
+    wait_for(
+        lambda: s.get(f"/retries/{held}").status_code == 404 and head in s.get(f"/retries/{held}").text,
+        timeout=30,
+        message="the second record held behind the head",
+    )
+    assert "waits behind" in s.get(f"/retries/{held}").json()["detail"]
+    got = s.get(f"/retries/{head}")
+    assert got.status_code == 200 and got.json()["id"] == head and got.json()["attempt"] == 1
+    cancelled = s.admin("DELETE", f"/retries/{head}")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    wait_for(lambda: len(records_for(retry_topic, held)) == 1, timeout=30, message="the held record released")
+    assert records_for(retry_topic, head) == [] and "cancelled" in s.get(f"/retries/{head}").json()["detail"]
+
+    # A parked head, replayed by its id.
+    parked = id_away_from(lane_key(orders, b"d"), "parked")
+    send_letter(s, b"d", b"d-1", letter_headers(parked, retry_topic, attempt=4, origin=orders))
+    wait_for(lambda: s.get(f"/parked/{parked}").status_code == 200, timeout=30, message="the head parked, found by its id")
+    assert s.get(f"/parked/{parked}").json()["attempt"] == 4
+    replayed = s.admin("POST", f"/parked/{parked}/replay")
+    assert replayed.status_code == 200 and replayed.json()["status"] == "redelivered"
+    wait_for(lambda: len(records_for(retry_topic, parked)) == 1, timeout=30, message="the parked head redelivered")
+    assert s.get("/ordered-keys", origin_topic=orders, key="d").json()["head_status"] == "away"
+    assert s.get(f"/parked/{new_id('nowhere')}").status_code == 404

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
-from services.retry_scheduler.handlers.kinds import KIND_DECIDED, KIND_LANE, KIND_ORDERED
+from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_DECIDED, KIND_LANE, KIND_ORDERED
 from shared import dead_letters as dl
 from shared.engine import Record, partition_for
 from shared.engine.testing import TopologyDriver
@@ -323,3 +323,31 @@ def test_an_acknowledgement_without_a_lane_or_an_id_is_ignored(scheduler: Schedu
     assert redelivered(scheduler) == ["d1"]
     ack(scheduler, "d1")
     assert redelivered(scheduler) == ["d1", "d2"]
+
+
+def test_cancelling_a_scheduled_head_by_its_id_releases_the_next_as_skip_head_does(scheduler: Scheduler) -> None:
+    service, driver = scheduler
+    fail(scheduler, "d1")  # scheduled an hour from now
+    defer(scheduler, "d2", behind="d1")
+    body = orjson.dumps({"id": "d1", "req": "r1"})
+    driver.pipe(service.inbox_topic_name, b"d1", KIND_CANCEL + body, partition=partition_for(LANE, PARTITIONS))
+    assert service.stats.scheduled_entry("d1", partition_for(LANE, PARTITIONS)) is None
+    assert redelivered(scheduler) == ["d2"], "the held record is released, not left behind a head that never comes back"
+    assert blocked_keys(scheduler)[-1] == (LANE, "d2", None)
+    tick(scheduler)
+    assert redelivered(scheduler) == ["d2"]
+
+
+def test_a_letter_of_an_ordered_topic_is_read_in_its_keys_partition_and_a_held_one_says_so(scheduler: Scheduler) -> None:
+    service = scheduler[0]
+    lane_partition = partition_for(LANE, PARTITIONS)
+    far = next(f"d{i}" for i in range(100) if partition_for(f"d{i}".encode(), PARTITIONS) != lane_partition)
+    fail(scheduler, far)
+    defer(scheduler, "held", behind=far)
+    assert service.stats.scheduled_entry(far) is None, "not in its id's own partition"
+    assert service.stats.knows(far, lane_partition) and not service.stats.knows(far, partition_for(far.encode(), PARTITIONS))
+    entry = service.stats.scheduled_entry(far, lane_partition)
+    assert entry is not None and entry.id == far
+    held = service.stats.held_entry("held", lane_partition)
+    assert held is not None and header(held.headers, HELD_BEHIND) == far.encode()
+    assert service.stats.scheduled_entry("held", lane_partition) is None
