@@ -150,7 +150,7 @@ def scheduler(request: httpx.Request, calls: list[httpx.Request]) -> httpx.Respo
 
 
 #: The blocked keys the fake scheduler holds: (origin topic, key) -> GET /ordered-keys's answer.
-LANES = {
+LANES: dict[tuple[str, str], dict[str, Any]] = {
     ("ledger", "acct-1"): {"head": "h1", "head_status": "parked", "held": 2, "held_ids": ["h2", "h3"]},
     ("ledger", "acct-away"): {"head": "h9", "head_status": "away", "held": 0, "held_ids": []},
 }
@@ -162,7 +162,7 @@ def ordered_keys(request: httpx.Request) -> httpx.Response:
     path, params = request.url.path, request.url.params
     if path == "/ordered-keys/blocked":
         listed = ("head", "head_status", "held")  # the list names no held ids
-        items = [
+        items: list[dict[str, Any]] = [
             {"origin_topic": t, "key": k, "key_base64": base64.b64encode(k.encode()).decode(), **{f: lane[f] for f in listed}}
             for (t, k), lane in LANES.items()
         ]
