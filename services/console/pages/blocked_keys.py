@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
-from services.console.clients import ServiceClient, UpstreamError
+from services.console.clients import ServiceClient, UpstreamError, path_id
 from services.console.pages.common import PAGE_LIMIT, clean, clients_of, form_data, page, query_string, refused, result, token_of
 from services.console.pages.messages import explain_refusal
 
@@ -51,13 +51,23 @@ def key_page(origin_topic: str, key: str) -> str:
     return f"/blocked-keys/key?{query_string(origin_topic=origin_topic, key=key)}"
 
 
-def head_page(head: str, status: str) -> str | None:
-    """The console page of a head, where it has one (an away head is not stored: none)."""
-    if status == "parked":
-        return f"/parked/message?{query_string(id=head)}"
-    if status == "scheduled":
-        return f"/retries/message?{query_string(id=head)}"
-    return None
+#: Where a head's message is read by id (API path) and shown (console page), by the head's status;
+#: an away head is not stored, so it has neither.
+_HEAD_PAGES = {"parked": ("/parked/{id}", "/parked/message"), "scheduled": ("/scheduled/{id}", "/retries/message")}
+
+
+async def head_page(client: ServiceClient, head: str, status: str) -> str | None:
+    """The console page of a head, when the scheduler reads its message by id. A head is kept in
+    its key's partition, and reads by id look in the id's (docs/retry_scheduler.md, "Left to
+    do"): a link to a page that would answer 404 is left out."""
+    if status not in _HEAD_PAGES:
+        return None
+    api_path, console_path = _HEAD_PAGES[status]
+    try:
+        found = await client.get_or_none(api_path.format(id=path_id(head)))
+    except UpstreamError:
+        return None
+    return f"{console_path}?{query_string(id=head)}" if found is not None else None
 
 
 async def lane_of(client: ServiceClient, origin_topic: str, key: str) -> dict[str, Any] | None:
@@ -107,7 +117,8 @@ async def blocked_key(request: Request, origin_topic: OriginTopic, key: Original
             error=f"The key is not blocked (any more): nothing of {origin_topic} with this key waits in the retry scheduler.",
             **context,
         )
-    context.update(lane=lane, held_shown=lane["held_ids"][:HELD_SHOWN], head_href=head_page(lane["head"], lane["head_status"]))
+    head_href = await head_page(client, lane["head"], lane["head_status"])
+    context.update(lane=lane, held_shown=lane["held_ids"][:HELD_SHOWN], head_href=head_href)
     return page(request, "blocked_key.html", **context)
 
 

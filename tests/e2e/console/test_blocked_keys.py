@@ -74,6 +74,8 @@ def confirm(page: Page, button: str, yes: str) -> None:
     """Press an action's button on a key's page, then confirm it on the confirmation page."""
     page.get_by_role("button", name=button).click()
     expect(page.locator("#what")).to_be_visible()
+    assert_fits(page, f"the confirmation of {button}")
+    screenshot(page, f"laptop-blocked-key-confirm-{button.rstrip('…').lower().replace(' ', '-')}")
     page.get_by_role("button", name=yes).click()
 
 
@@ -128,6 +130,7 @@ def test_an_operator_replays_skips_and_parks_blocked_keys(fleet: Fleet, laptop: 
     expect(laptop.get_by_role("button", name="Replay head…")).to_have_count(0)
     laptop.goto(f"/blocked-keys/confirm?{urlencode({'action': 'replay-head', 'origin_topic': ORIGIN, 'key': key_a})}")
     expect(laptop.locator("#error")).to_contain_text(f"Only a parked head is replayed; the head {head_a} is away")
+    screenshot(laptop, "laptop-blocked-key-refused")
     laptop.goto(f"/blocked-keys/key?{urlencode({'origin_topic': ORIGIN, 'key': key_a})}")
     confirm(laptop, "Skip head…", "Yes, skip head")
     expect(laptop.locator("#result")).to_contain_text(f"The next record, {head_a}.h1, was redelivered and is the head now")
@@ -140,11 +143,14 @@ def test_an_operator_replays_skips_and_parks_blocked_keys(fleet: Fleet, laptop: 
 
     # B: reached from its parked head's message page; park the whole key.
     laptop.goto(f"/parked/message?{urlencode({'id': head_b})}")
+    assert_fits(laptop, "a parked head's message page")
+    screenshot(laptop, "laptop-parked-head")
     laptop.locator("#heads-key").get_by_role("link", name="Open its key").click()
     expect(laptop.locator("h1")).to_contain_text(key_b)
     confirm(laptop, "Park key…", "Yes, park key")
     expect(laptop.locator("#result")).to_contain_text("2 record(s) parked; the key is free")
     assert_fits(laptop, "a key action's result")
+    screenshot(laptop, "laptop-blocked-key-parked")
     assert lane(fleet, key_b) is None
     assert listed_keys(fleet) == [key_a]
     assert {head_b, f"{head_b}.h1", f"{head_b}.h2"} <= parked_ids(fleet)

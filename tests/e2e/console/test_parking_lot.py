@@ -165,6 +165,8 @@ def test_no_console_page_scrolls_sideways_at_1366x768(fleet: Fleet, laptop: Page
     screenshot(laptop, "laptop-retries")
     laptop.goto("/blocked-keys")
     screenshot(laptop, "laptop-blocked-keys-long")
+    laptop.goto(f"/blocked-keys/key?{urlencode(blocked_key)}")
+    screenshot(laptop, "laptop-blocked-key-long")
     enter_token(laptop)
     look_at_all("with the admin token")
     # What a row cuts short is its tooltip, whole.

@@ -153,6 +153,8 @@ def scheduler(request: httpx.Request, calls: list[httpx.Request]) -> httpx.Respo
 LANES: dict[tuple[str, str], dict[str, Any]] = {
     ("ledger", "acct-1"): {"head": "h1", "head_status": "parked", "held": 2, "held_ids": ["h2", "h3"]},
     ("ledger", "acct-away"): {"head": "h9", "head_status": "away", "held": 0, "held_ids": []},
+    # parked, but GET /parked/h5 does not find it (by id, the scheduler looks in the id's partition)
+    ("ledger", "acct-5"): {"head": "h5", "head_status": "parked", "held": 1, "held_ids": ["h6"]},
 }
 
 
@@ -504,6 +506,8 @@ def test_blocked_keys_are_listed_and_a_key_shows_its_head_and_held_records(conso
     ]
     away = console.get("/blocked-keys/key", params={"origin_topic": "ledger", "key": "acct-away"})
     assert 'data-action="replay-head"' not in away.text and 'data-action="skip-head"' in away.text
+    unread = console.get("/blocked-keys/key", params={"origin_topic": "ledger", "key": "acct-5"})
+    assert "/parked/message?id=h5" not in unread.text and "not read by id yet" in unread.text
     gone = console.get("/blocked-keys/key", params={"origin_topic": "ledger", "key": "free"})
     assert gone.status_code == 404 and "not blocked (any more)" in gone.text
 
