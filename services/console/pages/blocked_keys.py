@@ -23,28 +23,41 @@ LaneAction = Literal["replay-head", "skip-head", "park-key"]
 OriginTopic = Annotated[str, Query(min_length=1, max_length=249)]
 OriginalKey = Annotated[str, Query(min_length=1, max_length=4096)]
 
-#: What each action does, said on its confirmation page, and its button and result titles.
-_ACTIONS: dict[str, tuple[str, str, str]] = {
-    # action -> (label, what it does, result title)
-    "replay-head": (
-        "Replay head",
-        "Redeliver the parked head {head} to its retry topic (its attempt unchanged) and unpark it. "
-        "The {held} held record(s) wait until its consumer acknowledges it.",
-        "Head replayed",
-    ),
-    "skip-head": (
-        "Skip head",
-        "Drop the head {head}: it is never redelivered. The next held record is redelivered at once and "
-        "becomes the head ({held} held); with none held the key is free.",
-        "Head skipped",
-    ),
-    "park-key": (
-        "Park key",
-        "Park the whole key: its head if it is scheduled, and all {held} held record(s), go to the parking lot; "
-        "then the key is free and its later records are processed again.",
-        "Key parked",
-    ),
+#: Each action's button label and result title.
+_ACTIONS: dict[str, tuple[str, str]] = {
+    "replay-head": ("Replay head", "Head replayed"),
+    "skip-head": ("Skip head", "Head skipped"),
+    "park-key": ("Park key", "Key parked"),
 }
+
+#: What parking a key does with its head, by the head's status (its held records are parked alike).
+_PARKED_HEAD = {
+    "scheduled": "its head {head} goes to the parking lot, with",
+    "parked": "its head {head} stays in the parking lot, and",
+    "away": "its head {head} is out (redelivered) and is let go, and",
+}
+
+
+def records(n: int) -> str:
+    return f"{n:,} record{'' if n == 1 else 's'}"
+
+
+def what_it_does(action: str, lane: dict[str, Any]) -> str:
+    """What ``action`` does to the key as it is now, said on its confirmation page."""
+    head, held = lane["head"], int(lane["held"])
+    if action == "replay-head":
+        return (
+            f"Redeliver the parked head {head} to its retry topic (its attempt unchanged) and unpark it. "
+            f"The {records(held)} held behind it wait until its consumer acknowledges it."
+        )
+    if action == "skip-head":
+        after = "the next held record is redelivered at once and becomes the head" if held else "nothing is held: the key is free"
+        return f"Drop the head {head}: it is never redelivered. Then {after}."
+    parked_head = _PARKED_HEAD.get(lane["head_status"], "its head {head} is let go, and").format(head=head)
+    return (
+        f"Park the whole key: {parked_head} the {records(held)} held behind it go to the parking lot. "
+        "Then the key is free and its later records are processed again."
+    )
 
 
 def key_page(origin_topic: str, key: str) -> str:
@@ -131,7 +144,7 @@ async def confirm(request: Request, action: LaneAction, origin_topic: OriginTopi
         lane = await lane_of(client, origin_topic, key)
     except UpstreamError as exc:
         return page(request, "lane_confirm.html", status_code=refused(exc), error=explain_refusal(exc), **context)
-    label, what, _ = _ACTIONS[action]
+    context["label"] = _ACTIONS[action][0]
     if lane is None:
         return page(request, "lane_confirm.html", status_code=404, error="The key is not blocked (any more).", **context)
     if action == "replay-head" and lane["head_status"] != "parked":
@@ -142,7 +155,7 @@ async def confirm(request: Request, action: LaneAction, origin_topic: OriginTopi
             error=f"Only a parked head is replayed; the head {lane['head']} is {lane['head_status']}.",
             **context,
         )
-    context.update(label=label, what=what.format(head=lane["head"], held=lane["held"]), lane=lane)
+    context.update(what=what_it_does(action, lane), lane=lane)
     return page(request, "lane_confirm.html", **context)
 
 
@@ -160,6 +173,7 @@ async def act(request: Request) -> HTMLResponse:
             status_code=400,
         )
     back = key_page(origin_topic, key)
+    named = f"Key {key} of {origin_topic}: "
     client = clients_of(request).retry_scheduler
     try:
         answer = await client.call(
@@ -170,7 +184,7 @@ async def act(request: Request) -> HTMLResponse:
             request,
             title=f"{_ACTIONS[action][0]} refused",
             ok=False,
-            text=_lane_refusal(exc),
+            text=named + _lane_refusal(exc),
             back=back,
             status_code=refused(exc),
         )
@@ -186,11 +200,12 @@ async def act(request: Request) -> HTMLResponse:
         if not new_head:
             back = "/blocked-keys"
     else:
-        text = f"{body.get('parked', 0)} record(s) parked; the key is free."
+        moved = records(int(body.get("parked") or 0))
+        text = f"{moved} moved to the parking lot; the key is free."
         if body.get("continuing"):
-            text = f"{body.get('parked', 0)} record(s) parked so far; the rest follow in rounds, then the key is free."
+            text = f"{moved} moved to the parking lot so far; the rest follow in rounds, then the key is free."
         back = "/blocked-keys"
-    return result(request, title=_ACTIONS[action][2], ok=True, text=text, back=back)
+    return result(request, title=_ACTIONS[action][1], ok=True, text=named + text, back=back)
 
 
 def _lane_refusal(exc: UpstreamError) -> str:

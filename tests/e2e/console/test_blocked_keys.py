@@ -148,7 +148,8 @@ def test_an_operator_replays_skips_and_parks_blocked_keys(fleet: Fleet, laptop: 
     laptop.locator("#heads-key").get_by_role("link", name="Open its key").click()
     expect(laptop.locator("h1")).to_contain_text(key_b)
     confirm(laptop, "Park key…", "Yes, park key")
-    expect(laptop.locator("#result")).to_contain_text("2 record(s) parked; the key is free")
+    parked_text = f"Key {key_b} of {ORIGIN}: 2 records moved to the parking lot; the key is free"
+    expect(laptop.locator("#result")).to_contain_text(parked_text)
     assert_fits(laptop, "a key action's result")
     screenshot(laptop, "laptop-blocked-key-parked")
     assert lane(fleet, key_b) is None

@@ -517,6 +517,8 @@ def test_a_key_action_is_confirmed_first_and_refusals_are_readable(console: Test
     console.cookies.set(TOKEN_COOKIE, TOKEN)
     confirm = console.get("/blocked-keys/confirm", params={"action": "skip-head", **key})
     assert confirm.status_code == 200 and 'action="/blocked-keys/act"' in confirm.text and "Drop the head h1" in confirm.text
+    park = console.get("/blocked-keys/confirm", params={"action": "park-key", **key})
+    assert "its head h1 stays in the parking lot, and the 2 records held behind it go to the parking lot" in park.text
     assert not [c for c in calls if c.method != "GET"], "showing the confirmation changes nothing"
     away = {"origin_topic": "ledger", "key": "acct-away"}
     not_parked = console.get("/blocked-keys/confirm", params={"action": "replay-head", **away})

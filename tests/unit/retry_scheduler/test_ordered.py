@@ -23,6 +23,7 @@ from services.retry_scheduler.state import decode_lane, lane_row_key
 from shared import dead_letters as dl
 from shared.engine import Record, partition_for
 from shared.engine.testing import TopologyDriver
+from shared.http.pagination import InvalidCursor, encode_cursor
 from shared.ordered_retries import HELD_BEHIND, LAST_TAKEN, header, lane_key
 from shared.settings import Settings
 from tests.support.dead_letters import letter_headers
@@ -376,3 +377,6 @@ def test_a_page_of_blocked_keys_resumes_after_its_cursor(scheduler: Scheduler) -
         found += [key[1:] for key, _ in scan.items]
     assert sorted(found) == lanes[2:]
     assert decode_blocked_cursor(None) is None
+    for other in (encode_cursor("not hex", "ordered-keys"), encode_cursor(lanes[0].hex(), "parked"), "bm8tY29sb24"):
+        with pytest.raises(InvalidCursor):
+            decode_blocked_cursor(other)
