@@ -52,6 +52,9 @@ def what_it_does(action: str, lane: dict[str, Any]) -> str:
         )
     if action == "skip-head":
         after = "the next held record is redelivered at once and becomes the head" if held else "nothing is held: the key is free"
+        if lane["head_status"] == "away":
+            out = "it is out (redelivered), and its acknowledgement no longer counts"
+            return f"Stop waiting for the head {head}: {out}. Then {after}."
         return f"Drop the head {head}: it is never redelivered. Then {after}."
     parked_head = _PARKED_HEAD.get(lane["head_status"], "its head {head} is let go, and").format(head=head)
     return (

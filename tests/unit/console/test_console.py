@@ -521,6 +521,8 @@ def test_a_key_action_is_confirmed_first_and_refusals_are_readable(console: Test
     assert "its head h1 stays in the parking lot, and the 2 records held behind it go to the parking lot" in park.text
     assert not [c for c in calls if c.method != "GET"], "showing the confirmation changes nothing"
     away = {"origin_topic": "ledger", "key": "acct-away"}
+    skip_away = console.get("/blocked-keys/confirm", params={"action": "skip-head", **away})
+    assert "Stop waiting for the head h9: it is out (redelivered)" in skip_away.text and "Then nothing is held" in skip_away.text
     not_parked = console.get("/blocked-keys/confirm", params={"action": "replay-head", **away})
     assert not_parked.status_code == 409 and "Only a parked head is replayed" in not_parked.text
 
