@@ -170,6 +170,9 @@ def ordered_keys(request: httpx.Request) -> httpx.Response:
         ]
         not_text = {"origin_topic": "ledger", "key": None, "key_base64": "//4=", "head": "h7", "head_status": "parked", "held": 1}
         items.append(not_text)
+        if params.get("origin_topic") == "paged":  # two pages, the second after the cursor "c1"
+            first = params.get("cursor") is None
+            return httpx.Response(200, json={"items": items[:1] if first else items[1:], "next_cursor": "c1" if first else None})
         return httpx.Response(200, json={"items": items, "next_cursor": None})
     lane = LANES.get((params.get("origin_topic", ""), params.get("key", "")))
     if lane is None:
@@ -510,6 +513,14 @@ def test_blocked_keys_are_listed_and_a_key_shows_its_head_and_held_records(conso
     assert "/parked/message?id=h5" not in unread.text and "not read by id yet" in unread.text
     gone = console.get("/blocked-keys/key", params={"origin_topic": "ledger", "key": "free"})
     assert gone.status_code == 404 and "not blocked (any more)" in gone.text
+
+
+def test_blocked_keys_are_paged_through_the_api_cursor(console: TestClient, calls: list[httpx.Request]) -> None:
+    first = console.get("/blocked-keys", params={"origin_topic": "paged"})
+    assert 'href="/blocked-keys?origin_topic=paged&amp;cursor=c1" rel="next"' in first.text and "acct-away" not in first.text
+    second = console.get("/blocked-keys", params={"origin_topic": "paged", "cursor": "c1"})
+    assert "acct-away" in second.text and 'rel="next"' not in second.text and "First page" in second.text
+    assert calls[-1].url.params["cursor"] == "c1" and calls[-1].url.params["origin_topic"] == "paged"
 
 
 def test_a_key_action_is_confirmed_first_and_refusals_are_readable(console: TestClient, calls: list[httpx.Request]) -> None:
