@@ -179,7 +179,8 @@ class StatsOut(BaseModel):
     policy: dict[str, Any] = Field(description="The default policy and the overrides in force")
 
 
-def _text(data: bytes | None) -> str | None:
+def key_text(data: bytes | None) -> str | None:
+    """A key as UTF-8 text; ``None`` when there is none or it is not valid UTF-8."""
     if data is None:
         return None
     try:
@@ -195,7 +196,7 @@ def _b64(data: bytes | None) -> str | None:
 def entry_json(e: Entry, *, with_value: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": e.id,
-        "key": _text(e.key),
+        "key": key_text(e.key),
         "key_base64": _b64(e.key),
         "value_bytes": None if e.value is None else len(e.value),
         "attempt": e.attempt,

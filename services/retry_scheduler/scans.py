@@ -1,6 +1,7 @@
 """Reads of a partition's rows in key order: what is due (ticks), pages of scheduled and
-parked messages (GET /retries, GET /parking-lot), and the parked messages a group filter
-covers (GET /parking-lot/groups, group replay and cancel)."""
+parked messages (GET /retries, GET /parked), the blocked keys of ordered retries (GET
+/ordered-keys/blocked), and the parked messages a group filter covers (GET /parked-groups,
+group replay and cancel)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 import orjson
 
 from services.retry_scheduler.entries import classify
-from services.retry_scheduler.state import ID_PREFIX, LANE_PREFIX, decode_lane, due_of, is_due_key
+from services.retry_scheduler.state import ID_PREFIX, LANE_PREFIX, decode_lane, due_of, is_due_key, lane_row_key
 from shared.engine import OrderedRows
+from shared.ordered_retries import lane_key
 
 # -- scans -----------------------------------------------------------------------------------------
 
@@ -132,6 +134,27 @@ def scan_ids(db: OrderedRows, *, after: bytes | None, limit: int, origin_topic: 
         after=after,
         limit=limit,
         origin_topic=origin_topic,
+        budget=budget,
+    )
+
+
+def lanes_prefix(origin_topic: str | None) -> bytes:
+    """The prefix every lane row of ``origin_topic`` starts with (all lane rows: ``None``). A lane
+    key starts with its topic and a NUL, so one topic's lanes are next to each other."""
+    return LANE_PREFIX if origin_topic is None else lane_row_key(lane_key(origin_topic, b""))
+
+
+def scan_lanes(db: OrderedRows, *, after: bytes | None, limit: int, origin_topic: str | None, budget: int) -> PageScan:
+    """Lane rows of an ``index`` partition (one per blocked key) in lane key order after ``after``
+    (a lane row key, exclusive), only those of ``origin_topic`` when given."""
+    prefix = lanes_prefix(origin_topic)
+    return _scan(
+        db,
+        seek=max(after, prefix) if after is not None else prefix,
+        in_range=lambda key: key.startswith(prefix),
+        after=after,
+        limit=limit,
+        origin_topic=None,  # the seek and the range already keep to the topic's lanes
         budget=budget,
     )
 

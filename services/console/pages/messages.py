@@ -232,7 +232,24 @@ async def parked_message(request: Request, id: Annotated[str, Query(min_length=1
         return page(
             request, "message.html", status_code=refused(exc), nav="parked", kind="parked", item=None, dlq_id=id, error=str(exc)
         )
-    return page(request, "message.html", nav="parked", kind="parked", item=item, dlq_id=id)
+    return page(request, "message.html", nav="parked", kind="parked", item=item, dlq_id=id, heads=await headed_key(client, item))
+
+
+async def headed_key(client: ServiceClient, item: dict[str, Any]) -> str | None:
+    """The console page of the blocked key a parked message is the head of (ordered retries), or
+    None. Only the retry scheduler knows which topics are ordered: a key it does not hold
+    blocked (any key of a topic that is not ordered) answers 404. The link is an aid, so a
+    refusal leaves it out rather than failing the message's page."""
+    if item.get("key") is None:
+        return None  # no key, or not UTF-8 text: /ordered-keys names keys as text
+    params = {"origin_topic": item["origin_topic"], "key": item["key"]}
+    try:
+        lane = await client.get_or_none("/ordered-keys", params=params)
+    except UpstreamError:
+        return None
+    if lane is None or lane.get("head") != item.get("id"):
+        return None
+    return f"/blocked-keys/key?{query_string(**params)}"
 
 
 _ACTIONS: dict[tuple[str, str], tuple[str, str, str]] = {

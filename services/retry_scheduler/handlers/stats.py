@@ -83,6 +83,18 @@ class Stats:
         key = id_key(dlq_id)
         return self.state.index.get(partition, key) is not None or self.state.parked.get(partition, key) is not None
 
+    def head_status(self, partition: int, head: str) -> str:
+        """For HTTP reads: ``scheduled``, ``parked`` or ``away`` (redelivered, not acknowledged yet),
+        read from the lane's ``partition`` (a head is kept there, not in its id's partition)."""
+        state = self.state
+        head_index = state.index.get(partition, id_key(head))
+        scheduled = decode_index(head_index) if head_index is not None else None
+        if isinstance(scheduled, bytes) and state.schedule.get(partition, scheduled) is not None:
+            return "scheduled"
+        if state.parked.get(partition, id_key(head)) is not None:
+            return "parked"
+        return "away"
+
     def lane_view(self, lane: bytes, held_listed: int) -> dict[str, Any] | None:
         """For HTTP reads: an ordered lane's head, its state, and its held records (the first
         ``held_listed`` ids); ``None`` when the key is not blocked."""
@@ -92,20 +104,12 @@ class Stats:
         if raw is None:
             return None
         row = decode_lane(raw)
-        head_index = state.index.get(partition, id_key(row.head))  # in the lane's partition, not the id's
-        scheduled = decode_index(head_index) if head_index is not None else None
-        if isinstance(scheduled, bytes) and state.schedule.get(partition, scheduled) is not None:
-            head_status = "scheduled"
-        elif state.parked.get(partition, id_key(row.head)) is not None:
-            head_status = "parked"
-        else:
-            head_status = "away"
         held_ids = []
         for sequence in range(row.next_held, min(row.end_held, row.next_held + held_listed)):
             held_raw = state.index.get(partition, held_key(lane, sequence))
             if held_raw is not None:
                 held_ids.append(decode_entry(held_raw).id)
-        return {"head": row.head, "head_status": head_status, "held": row.held, "held_ids": held_ids}
+        return {"head": row.head, "head_status": self.head_status(partition, row.head), "held": row.held, "held_ids": held_ids}
 
     def lane_counts(self, partitions: set[int]) -> LaneCounts:
         """Blocked keys of ordered topics and their held records, in these partitions."""

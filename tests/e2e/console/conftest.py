@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.e2e.console.realistic import ORDERED_ORIGIN
 from tests.support.kafka import create_topics
 from tests.support.services import REPO, ServiceProcess
 
@@ -63,6 +64,8 @@ def fleet(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         # page looks; the second failure parks it.
         "STATEFLEET_RETRY_MAX_ATTEMPTS": "2",
         "STATEFLEET_RETRY_BASE_DELAY_MS": "600000",
+        # Ordered retries for one topic of the tests' own: other origin topics are unchanged.
+        "STATEFLEET_RETRY_ORDERED_TOPICS": ORDERED_ORIGIN,
     }
     off_loop(create_topics, [f"{prefix}retry"], partitions=4)
     services = {

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaProducer
 
 from shared import dead_letters as dl
+from shared.engine import partition_for
+from shared.ordered_retries import DEFERRED_ATTEMPT, HELD_BEHIND, lane_key
 
 ORIGINS = ("payments.settlement-requests", "orders", "inventory.reservations.v2-eu-west-1-primary-region-replicated-stream")
 ERRORS = ("TimeoutError", "com.example.payments.gateway.client.UpstreamUnavailableException$RetryBudgetExhausted", "KeyError")
@@ -55,6 +57,50 @@ def letters(run: str, retry_topic: str, *, count: int, attempt: int, start: int 
             )
         )
     return out
+
+
+#: The origin topic the console tests' retry scheduler keeps per-key order for (ordered retries).
+ORDERED_ORIGIN = "ledger.postings"
+
+
+def id_outside_lane_partition(base: str, key: bytes, partitions: int) -> str:
+    """``base`` with a suffix that puts the id's own partition elsewhere than its lane's, where a
+    letter of an ordered topic is kept: its message page opens only because reads by id look for
+    it in every partition."""
+    lane = partition_for(lane_key(ORDERED_ORIGIN, key), partitions)
+    return next(f"{base}-{n}" for n in range(1000) if partition_for(f"{base}-{n}", partitions) != lane)
+
+
+def blocked_key(
+    head_id: str, key: bytes, retry_topic: str, *, held: int, head_attempt: int, error_class: str = ERRORS[1]
+) -> list[dl.DeadLetter]:
+    """A key of :data:`ORDERED_ORIGIN` blocked behind a head that fails at ``head_attempt`` (the
+    fleet's last attempt parks it at once), then ``held`` records its consumer deferred behind it
+    (``dlq.held.behind``, attempt 0: they have not failed), ids ``<head_id>.h<n>``."""
+    now = dl.now_ms()
+
+    def letter(dlq_id: str, n: int, attempt: int, other: list[tuple[str, bytes]]) -> dl.DeadLetter:
+        return dl.DeadLetter(
+            id=dlq_id,
+            key=key,
+            value=b'{"posting": ' + str(n).encode() + b', "amount": "40.00"}',
+            original_topic=ORDERED_ORIGIN,
+            original_partition=3,
+            original_offset=5_550_000 + n,
+            retry_topic=retry_topic,
+            attempt=attempt,
+            error_class=error_class,
+            error_message=trace(error_class, n) if attempt else "",
+            first_failed_at=now,
+            failed_at=now,
+            other_headers=other,
+        )
+
+    deferred = [(HELD_BEHIND, head_id.encode())]
+    return [
+        letter(head_id, 0, head_attempt, []),
+        *(letter(f"{head_id}.h{n}", n, DEFERRED_ATTEMPT, deferred) for n in range(1, held + 1)),
+    ]
 
 
 def send(bootstrap: str, topic: str, batch: Iterable[dl.DeadLetter]) -> None:

@@ -86,15 +86,30 @@ def test_no_console_page_scrolls_sideways_at_1366x768(fleet: Fleet, laptop: Page
     retry = fleet.topic("retry")
     parked = realistic.letters(run, retry, count=27, attempt=PARKED_ATTEMPT)
     scheduled = realistic.letters(run, retry, count=12, attempt=SCHEDULED_ATTEMPT, start=1000)
-    send(fleet, parked + scheduled)
+    # Blocked keys of the ordered topic: long keys, each behind a parked head with records held.
+    blocked = [f"customer-{n:06d}-{run}-{'k' * 90}" for n in range(10)]
+    ordered = [
+        letter
+        for n, key in enumerate(blocked)
+        for letter in realistic.blocked_key(
+            realistic.long_id(run, 5000 + n), key.encode(), retry, held=2, head_attempt=PARKED_ATTEMPT
+        )
+    ]
+    send(fleet, parked + scheduled + ordered)
+
+    def held_behind(key: str) -> int | None:
+        return (api(fleet, "/ordered-keys", origin_topic=realistic.ORDERED_ORIGIN, key=key) or {}).get("held")
+
     wait_for(
         lambda: (
             all(api(fleet, f"/parked/{quote(m.id, safe='')}") for m in parked[-3:])
             and all(api(fleet, f"/scheduled/{quote(m.id, safe='')}") for m in scheduled[-3:])
+            and all(held_behind(k) == 2 for k in blocked)
         ),
         timeout=60,
         message="the realistic dead letters stored",
     )
+    blocked_key = {"origin_topic": realistic.ORDERED_ORIGIN, "key": blocked[0]}
     long_id, long_class = parked[0].id, realistic.ERRORS[1]
     long_topic = realistic.ORIGINS[2]
     pages = {
@@ -111,6 +126,12 @@ def test_no_console_page_scrolls_sideways_at_1366x768(fleet: Fleet, laptop: Page
         "/parked/replay-all": [f"/parked/replay-all?{urlencode({'origin_topic': long_topic})}"],
         "/parked/group": [
             f"/parked/group?{urlencode({'action': 'cancel', 'origin_topic': long_topic, 'error_class': long_class})}"
+        ],
+        "/blocked-keys": ["/blocked-keys", f"/blocked-keys?{urlencode({'origin_topic': realistic.ORDERED_ORIGIN})}"],
+        "/blocked-keys/key": [f"/blocked-keys/key?{urlencode(blocked_key)}"],
+        "/blocked-keys/confirm": [
+            f"/blocked-keys/confirm?{urlencode({'action': action, **blocked_key})}"
+            for action in ("replay-head", "skip-head", "park-key")
         ],
         "/tallies": ["/tallies"],
         "/programs/{program_id:path}": [f"/programs/{'program-' * 40}"],
@@ -130,7 +151,8 @@ def test_no_console_page_scrolls_sideways_at_1366x768(fleet: Fleet, laptop: Page
             for url in urls:
                 laptop.goto(url)
                 assert_fits(laptop, f"{url} ({session})")
-        for url, table in (("/parked", "#parked"), ("/parked", "#groups"), ("/retries", "#retries")):
+        tables = (("/parked", "#parked"), ("/parked", "#groups"), ("/retries", "#retries"), ("/blocked-keys", "#blocked"))
+        for url, table in tables:
             laptop.goto(url)
             heights = laptop.locator(f"{table} tbody tr").evaluate_all("rows => rows.map(r => r.offsetHeight)")
             assert len(heights) >= 9, f"{url} {table} shows {len(heights)} rows"
@@ -141,6 +163,10 @@ def test_no_console_page_scrolls_sideways_at_1366x768(fleet: Fleet, laptop: Page
     screenshot(laptop, "laptop-parked")
     laptop.goto("/retries")
     screenshot(laptop, "laptop-retries")
+    laptop.goto("/blocked-keys")
+    screenshot(laptop, "laptop-blocked-keys-long")
+    laptop.goto(f"/blocked-keys/key?{urlencode(blocked_key)}")
+    screenshot(laptop, "laptop-blocked-key-long")
     enter_token(laptop)
     look_at_all("with the admin token")
     # What a row cuts short is its tooltip, whole.

@@ -128,6 +128,11 @@ def test_an_operator_sees_a_parked_head_and_skips_it_to_release_the_next(ordered
 
     wait_for(lambda: lane().get("held") == 1, timeout=30, message="the second record held")
     assert lane() == {"head": head, "head_status": "parked", "held": 1, "held_ids": [held]}
+    listed = s.get("/ordered-keys/blocked", origin_topic=origin).json()
+    assert listed == {
+        "items": [{"origin_topic": origin, "key": "p", "key_base64": "cA==", "head": head, "head_status": "parked", "held": 1}],
+        "next_cursor": None,
+    }
     stats = s.get("/retries/stats").json()
     assert (stats["blocked_keys"], stats["held"], stats["parked"]) == (1, 1, 1)
     query = f"?origin_topic={origin}&key=p"

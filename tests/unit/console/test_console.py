@@ -51,6 +51,8 @@ def entry(dlq_id: str, **over: Any) -> dict[str, Any]:
 STATS = {
     "scheduled": 1,
     "parked": 1,
+    "blocked_keys": 3,
+    "held": 3,
     "by_origin_topic": {"orders": 1},
     "by_error_class": {"Boom": 1},
     "parked_by_origin_topic": {"orders": 1},
@@ -133,12 +135,57 @@ def scheduler(request: httpx.Request, calls: list[httpx.Request]) -> httpx.Respo
         if not out["dry_run"]:
             out.update(done=2, failed=1, accepted_partitions=[3])
         return httpx.Response(200, json=out)
+    if path.startswith("/ordered-keys"):
+        return ordered_keys(request)
+    if path in ("/parked/h1", "/parked/h2"):  # of a blocked key: h1 its head, h2 not
+        dlq_id = path.rsplit("/", 1)[1]
+        parked = entry(dlq_id, origin_topic="ledger", key="acct-1", parked_at=1, parked_reason="max", value_base64="e30=")
+        return httpx.Response(200, json=parked)
     if path == "/retries":
         cursor = request.url.params.get("cursor")
         if cursor is None:
             return httpx.Response(200, json={"items": [entry("a1", attempt=1), entry("a2", attempt=2)], "next_cursor": "c1"})
         return httpx.Response(200, json={"items": [entry("a3", attempt=2)], "next_cursor": None})
     return httpx.Response(404, json={"error": "not_found", "detail": f"no {path}"})
+
+
+#: The blocked keys the fake scheduler holds: (origin topic, key) -> GET /ordered-keys's answer.
+LANES: dict[tuple[str, str], dict[str, Any]] = {
+    ("ledger", "acct-1"): {"head": "h1", "head_status": "parked", "held": 2, "held_ids": ["h2", "h3"]},
+    ("ledger", "acct-away"): {"head": "h9", "head_status": "away", "held": 0, "held_ids": []},
+    # parked, but GET /parked/h5 does not find it (by id, the scheduler looks in the id's partition)
+    ("ledger", "acct-5"): {"head": "h5", "head_status": "parked", "held": 1, "held_ids": ["h6"]},
+}
+
+
+def ordered_keys(request: httpx.Request) -> httpx.Response:
+    """The fake scheduler's ordered-keys calls: acct-1 acts, acct-away refuses a replay (409),
+    parking a key finds no owner (503)."""
+    path, params = request.url.path, request.url.params
+    if path == "/ordered-keys/blocked":
+        listed = ("head", "head_status", "held")  # the list names no held ids
+        items: list[dict[str, Any]] = [
+            {"origin_topic": t, "key": k, "key_base64": base64.b64encode(k.encode()).decode(), **{f: lane[f] for f in listed}}
+            for (t, k), lane in LANES.items()
+        ]
+        not_text = {"origin_topic": "ledger", "key": None, "key_base64": "//4=", "head": "h7", "head_status": "parked", "held": 1}
+        items.append(not_text)
+        if params.get("origin_topic") == "paged":  # two pages, the second after the cursor "c1"
+            first = params.get("cursor") is None
+            return httpx.Response(200, json={"items": items[:1] if first else items[1:], "next_cursor": "c1" if first else None})
+        return httpx.Response(200, json={"items": items, "next_cursor": None})
+    lane = LANES.get((params.get("origin_topic", ""), params.get("key", "")))
+    if lane is None:
+        return httpx.Response(404, json={"error": "not_found", "detail": "the key is not blocked"})
+    if path == "/ordered-keys":
+        return httpx.Response(200, json=lane)
+    if path == "/ordered-keys/replay-head" and lane["head_status"] != "parked":
+        return httpx.Response(409, json={"error": "conflict", "detail": f"the head {lane['head']!r} is away, not parked"})
+    if path == "/ordered-keys/replay-head":
+        return httpx.Response(200, json={"status": "redelivered", "head": lane["head"]})
+    if path == "/ordered-keys/skip-head":
+        return httpx.Response(200, json={"status": "skipped", "skipped": lane["head"], "head": "h2"})
+    return httpx.Response(503, json={"error": "unavailable", "detail": "no instance owns partition 2 yet; retry shortly"})
 
 
 @pytest.fixture
@@ -445,3 +492,70 @@ async def test_the_fleet_poll_reads_unowned_inputs_and_calls_the_service_degrade
         [tallies] = (await monitor.poll()).services
     assert tallies.instances[0].unowned_inputs == ["t.logins"]
     assert tallies.state == "degraded"
+
+
+def test_blocked_keys_are_listed_and_a_key_shows_its_head_and_held_records(console: TestClient) -> None:
+    listing = console.get("/blocked-keys")
+    assert listing.status_code == 200
+    assert 'href="/blocked-keys/key?origin_topic=ledger&amp;key=acct-1"' in listing.text
+    assert "0xfffe" in listing.text and "not UTF-8 text" in listing.text  # shown, but not linked: no call names it
+    key = console.get("/blocked-keys/key", params={"origin_topic": "ledger", "key": "acct-1"})
+    assert key.status_code == 200
+    assert 'href="/parked/message?id=h1"' in key.text and "h2" in key.text and "h3" in key.text
+    assert [b for b in ("replay-head", "skip-head", "park-key") if f'data-action="{b}" disabled' in key.text] == [
+        "replay-head",
+        "skip-head",
+        "park-key",
+    ]
+    away = console.get("/blocked-keys/key", params={"origin_topic": "ledger", "key": "acct-away"})
+    assert 'data-action="replay-head"' not in away.text and 'data-action="skip-head"' in away.text
+    moved_on = console.get("/blocked-keys/key", params={"origin_topic": "ledger", "key": "acct-5"})
+    assert "/parked/message?id=h5" not in moved_on.text and "h5" in moved_on.text  # its message gone meanwhile: no link
+    gone = console.get("/blocked-keys/key", params={"origin_topic": "ledger", "key": "free"})
+    assert gone.status_code == 404 and "not blocked (any more)" in gone.text
+
+
+def test_blocked_keys_are_paged_through_the_api_cursor(console: TestClient, calls: list[httpx.Request]) -> None:
+    first = console.get("/blocked-keys", params={"origin_topic": "paged"})
+    assert 'href="/blocked-keys?origin_topic=paged&amp;cursor=c1" rel="next"' in first.text and "acct-away" not in first.text
+    second = console.get("/blocked-keys", params={"origin_topic": "paged", "cursor": "c1"})
+    assert "acct-away" in second.text and 'rel="next"' not in second.text and "First page" in second.text
+    assert calls[-1].url.params["cursor"] == "c1" and calls[-1].url.params["origin_topic"] == "paged"
+
+
+def test_a_key_action_is_confirmed_first_and_refusals_are_readable(console: TestClient, calls: list[httpx.Request]) -> None:
+    key = {"origin_topic": "ledger", "key": "acct-1"}
+    console.cookies.set(TOKEN_COOKIE, TOKEN)
+    confirm = console.get("/blocked-keys/confirm", params={"action": "skip-head", **key})
+    assert confirm.status_code == 200 and 'action="/blocked-keys/act"' in confirm.text and "Drop the head h1" in confirm.text
+    park = console.get("/blocked-keys/confirm", params={"action": "park-key", **key})
+    assert "its head h1 stays in the parking lot, and the 2 records held behind it go to the parking lot" in park.text
+    assert not [c for c in calls if c.method != "GET"], "showing the confirmation changes nothing"
+    away = {"origin_topic": "ledger", "key": "acct-away"}
+    skip_away = console.get("/blocked-keys/confirm", params={"action": "skip-head", **away})
+    assert "Stop waiting for the head h9: it is out (redelivered)" in skip_away.text and "Then nothing is held" in skip_away.text
+    not_parked = console.get("/blocked-keys/confirm", params={"action": "replay-head", **away})
+    assert not_parked.status_code == 409 and "Only a parked head is replayed" in not_parked.text
+
+    skipped = console.post("/blocked-keys/act", data={"action": "skip-head", **key})
+    assert skipped.status_code == 200 and "h2, was redelivered and is the head now" in skipped.text
+    assert calls[-1].url.path == "/ordered-keys/skip-head" and calls[-1].url.params["key"] == "acct-1"
+    assert calls[-1].headers["authorization"] == f"Bearer {TOKEN}"
+    replayed = console.post("/blocked-keys/act", data={"action": "replay-head", **key})
+    assert replayed.status_code == 200 and "The head h1 was redelivered" in replayed.text
+    refused = console.post("/blocked-keys/act", data={"action": "replay-head", **away})
+    assert refused.status_code == 409 and "is away, not parked" in refused.text and "reload it" in refused.text
+    busy = console.post("/blocked-keys/act", data={"action": "park-key", **key})
+    assert busy.status_code == 503 and "no instance owns partition 2" in busy.text and "Traceback" not in busy.text
+    gone = console.post("/blocked-keys/act", data={"action": "park-key", "origin_topic": "ledger", "key": "free"})
+    assert gone.status_code == 404 and "not blocked any more" in gone.text
+    console.cookies.clear()
+    unauthorized = console.post("/blocked-keys/act", data={"action": "park-key", **key})
+    assert unauthorized.status_code == 401 and "Enter the admin token" in unauthorized.text
+
+
+def test_a_parked_head_of_a_blocked_key_links_to_its_key(console: TestClient) -> None:
+    head = console.get("/parked/message", params={"id": "h1"})
+    assert head.status_code == 200 and 'href="/blocked-keys/key?origin_topic=ledger&amp;key=acct-1"' in head.text
+    other = console.get("/parked/message", params={"id": "h2"})
+    assert other.status_code == 200 and 'id="heads-key"' not in other.text

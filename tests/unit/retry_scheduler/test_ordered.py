@@ -16,9 +16,14 @@ import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
 from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_DECIDED, KIND_LANE, KIND_ORDERED
+from services.retry_scheduler.routes.ordered import blocked_cursor, blocked_key_json, blocked_sort, decode_blocked_cursor
+from services.retry_scheduler.routes.pages import merge_pages
+from services.retry_scheduler.scans import scan_lanes
+from services.retry_scheduler.state import decode_lane, lane_row_key
 from shared import dead_letters as dl
 from shared.engine import Record, partition_for
 from shared.engine.testing import TopologyDriver
+from shared.http.pagination import InvalidCursor, encode_cursor
 from shared.ordered_retries import HELD_BEHIND, LAST_TAKEN, header, lane_key
 from shared.settings import Settings
 from tests.support.dead_letters import letter_headers
@@ -351,3 +356,55 @@ def test_a_letter_of_an_ordered_topic_is_read_in_its_keys_partition_and_a_held_o
     held = service.stats.held_entry("held", lane_partition)
     assert held is not None and header(held.headers, HELD_BEHIND) == far.encode()
     assert service.stats.scheduled_entry("held", lane_partition) is None
+
+
+def blocked_listed(service: RetrySchedulerService, origin_topic: str | None = None) -> list[dict[str, object]]:
+    """What GET /ordered-keys/blocked lists of every partition, merged as the route merges them."""
+    items = []
+    for p in range(PARTITIONS):
+        scan = scan_lanes(service.state.index.view(p), after=None, limit=100, origin_topic=origin_topic, budget=1000)
+        assert scan.exhausted
+        items += [blocked_key_json(key[1:], raw, service.stats.head_status(p, decode_lane(raw).head)) for key, raw in scan.items]
+    merged, _ = merge_pages([{"items": items}], 100, blocked_sort, bytes.fromhex)
+    return merged
+
+
+def test_blocked_keys_are_listed_by_origin_topic_and_key_with_their_head_and_held_count(scheduler: Scheduler) -> None:
+    service, driver = scheduler
+    fail(scheduler, "d1", attempt=3)  # parked head of customer-7
+    defer(scheduler, "d2", behind="d1")
+    fail(scheduler, "e1", due_now=True, key=b"customer-3")  # scheduled head, nothing held
+    not_text = b"\xff\xfe-7"
+    driver.pipe(
+        service.topics.dead_letters, not_text, b"o1", headers=headers_of("o1", attempt=1, failed_at=now_ms(), origin="other")
+    )
+    fields = ("origin_topic", "key", "key_base64", "head", "head_status", "held")
+    assert [tuple(i[f] for f in fields) for i in blocked_listed(service)] == [
+        ("orders", "customer-3", "Y3VzdG9tZXItMw==", "e1", "scheduled", 0),
+        ("orders", "customer-7", "Y3VzdG9tZXItNw==", "d1", "parked", 1),
+        ("other", None, "//4tNw==", "o1", "scheduled", 0),  # not UTF-8: its bytes only
+    ]
+    assert [i["head"] for i in blocked_listed(service, "other")] == ["o1"]
+    assert blocked_listed(service, "order") == []  # a topic's name, not a prefix of it
+    tick(scheduler)
+    assert [i["head_status"] for i in blocked_listed(service, "orders")] == ["away", "parked"]
+    lane_command(scheduler, "park-key")
+    assert [i["key"] for i in blocked_listed(service, "orders")] == ["customer-3"]
+
+
+def test_a_page_of_blocked_keys_resumes_after_its_cursor(scheduler: Scheduler) -> None:
+    service, _ = scheduler
+    for n in range(5):
+        fail(scheduler, f"k{n}", key=f"key-{n}".encode())
+    lanes = sorted(lane_key(ORDERED_TOPIC, f"key-{n}".encode()) for n in range(5))
+    after = decode_blocked_cursor(blocked_cursor(lanes[1]))
+    assert after == lanes[1]
+    found = []
+    for p in range(PARTITIONS):
+        scan = scan_lanes(service.state.index.view(p), after=lane_row_key(after), limit=10, origin_topic=None, budget=1000)
+        found += [key[1:] for key, _ in scan.items]
+    assert sorted(found) == lanes[2:]
+    assert decode_blocked_cursor(None) is None
+    for other in (encode_cursor("not hex", "ordered-keys"), encode_cursor(lanes[0].hex(), "parked"), "bm8tY29sb24"):
+        with pytest.raises(InvalidCursor):
+            decode_blocked_cursor(other)
