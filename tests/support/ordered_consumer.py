@@ -10,6 +10,9 @@ that the test decides it when it produces the record and a restarted consumer fa
 - ``"until:NAME"``: while the file NAME does not exist in ``--control-dir`` (the test creates it);
 - ``"always"``: every time.
 
+Each record takes ``--work-ms`` of the handler's time (a handler that does some work), so that
+a SIGKILL lands in the middle of a fetched batch rather than between two.
+
 A record processed is written to ``--output`` (key: the record's key; value: JSON ``{"key",
 "seq", "attempt"}``) and acknowledged by the broker before the handler returns, so the output's
 order per key is the order in which the consumer processed that key's records.
@@ -64,12 +67,14 @@ def must_fail(fails: str | None, attempts: int, control_dir: Path) -> bool:
 class OutputHandler:
     """The user's handler: fail as the record asks, else write (key, seq) to the output topic."""
 
-    def __init__(self, producer: PlainProducer, output_topic: str, control_dir: Path) -> None:
+    def __init__(self, producer: PlainProducer, output_topic: str, control_dir: Path, work_s: float) -> None:
         self.producer = producer
         self.output_topic = output_topic
         self.control_dir = control_dir
+        self.work_s = work_s
 
     async def __call__(self, record: ConsumedRecord) -> None:
+        await asyncio.sleep(self.work_s)
         body = orjson.loads(record.value or b"{}")
         attempts = failed_attempts(record)
         if must_fail(body.get("fails"), attempts, self.control_dir):
@@ -92,7 +97,7 @@ async def run(args: argparse.Namespace) -> None:
             topic=args.topic,
             retry_topic=args.retry_topic,
             group_id=args.group,
-            handler=OutputHandler(producer, args.output, Path(args.control_dir)),
+            handler=OutputHandler(producer, args.output, Path(args.control_dir), args.work_ms / 1000),
         )
         await consumer.run(stop)
     finally:
@@ -106,6 +111,7 @@ def main() -> None:
     parser.add_argument("--group", required=True)
     parser.add_argument("--output", required=True)
     parser.add_argument("--control-dir", required=True)
+    parser.add_argument("--work-ms", type=float, default=0.0)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(run(parser.parse_args()))
 

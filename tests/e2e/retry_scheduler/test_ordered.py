@@ -28,8 +28,11 @@ from tests.support.services import ServiceProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 
-#: Records of each key per wave (three waves).
-WAVE = 10
+#: Records of each key per wave (four waves).
+WAVE = 8
+#: The handler's time per record: a wave's records take a while, and the SIGKILL during wave 3
+#: finds the consumer in the middle of a batch, some of its letters not taken in yet.
+WORK_MS = 15
 #: Keys whose records never fail: they must go on while other keys are blocked.
 STEADY = ("steady-1", "steady-2")
 #: Its record RETRIED_SEQ fails its first 2 attempts, then succeeds on a redelivery after backoff.
@@ -42,7 +45,7 @@ SKIPPED, SKIPPED_SEQ = "skipped", 4
 KEYS = (*STEADY, RETRIED, PARKED, SKIPPED)
 FAILS = {
     (RETRIED, RETRIED_SEQ): "first:2",
-    (RETRIED, 2 * WAVE + 1): "first:1",  # once more after the consumer's restart
+    (RETRIED, 3 * WAVE + 1): "first:1",  # once more after the consumer's restart
     (PARKED, PARKED_SEQ): f"until:{HEAL}",
     (SKIPPED, SKIPPED_SEQ): "always",
 }
@@ -128,7 +131,7 @@ def fleet(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Fleet]:
     consumer_env = {"STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "STATEFLEET_TOPIC_PREFIX": prefix}
     args = (
         *("--topic", f"{prefix}orders", "--retry-topic", f"{prefix}retry-orders", "--group", f"{prefix}users"),
-        *("--output", f"{prefix}processed", "--control-dir", str(tmp_path / "control")),
+        *("--output", f"{prefix}processed", "--control-dir", str(tmp_path / "control"), "--work-ms", str(WORK_MS)),
     )
     try:
         yield Fleet(prefix, scheduler, consumer_env, args, tmp_path)
@@ -205,29 +208,32 @@ def test_a_keys_records_come_out_in_order_through_failures_a_replay_a_skip_and_a
             assert seqs_of(fleet.processed(), key) == set(range(seq))
 
         # PARKED's cause is fixed and an operator replays its head: its held records follow, one
-        # at a time. The consumer is SIGKILLed while they do (SKIPPED is blocked with records held
-        # all along), wave 3 arrives while it is down, and it restarts in the same group.
+        # at a time. Meanwhile wave 3 comes, and the consumer is SIGKILLed while it processes it
+        # (SKIPPED is blocked with records held all along); wave 4 arrives while it is down, and
+        # it restarts in the same group.
         parked_head = fleet.lane_of(PARKED)["head"]
         (fleet.log_dir / "control" / HEAL).touch()
         replayed = fleet.lane_command("replay-head", PARKED)
         assert replayed.status_code == 200 and replayed.json()["status"] == "redelivered", replayed.text
         wait_for(
-            lambda: seqs_of(fleet.processed(), PARKED) >= set(range(PARKED_SEQ + 3)),
+            lambda: seqs_of(fleet.processed(), PARKED) >= set(range(PARKED_SEQ + 2)),
             timeout=30,
-            message="the replayed head and the first records behind it processed",
+            message="the replayed head and the first record behind it processed",
         )
-        consumer.kill()
         produce_wave(fleet, range(2 * WAVE, 3 * WAVE))
+        wait_for(lambda: any(seq >= 2 * WAVE for _, seq, _ in fleet.processed()), timeout=30, message="wave 3 under way")
+        consumer.kill()
+        produce_wave(fleet, range(3 * WAVE, 4 * WAVE))
         consumer = fleet.start_consumer()
         wait_for(
-            lambda: fleet.processed_all((*free_keys, PARKED), 3 * WAVE),
+            lambda: fleet.processed_all((*free_keys, PARKED), 4 * WAVE),
             timeout=60,
             message="every record of the free keys and of the replayed one processed after the restart",
         )
         wait_for(
-            lambda: fleet.parked_with_held(SKIPPED, 3 * WAVE - SKIPPED_SEQ - 1),
+            lambda: fleet.parked_with_held(SKIPPED, 4 * WAVE - SKIPPED_SEQ - 1),
             timeout=30,
-            message="SKIPPED's wave 3 held behind its parked head too",
+            message="SKIPPED's waves 3 and 4 held behind its parked head too",
         )
         assert seqs_of(fleet.processed(), SKIPPED) == set(range(SKIPPED_SEQ))
 
@@ -237,7 +243,7 @@ def test_a_keys_records_come_out_in_order_through_failures_a_replay_a_skip_and_a
         assert skip.status_code == 200, skip.text
         assert skip.json()["status"] == "skipped" and skip.json()["skipped"] == skipped_head
 
-        expected = {k: set(range(3 * WAVE)) - ({SKIPPED_SEQ} if k == SKIPPED else set()) for k in KEYS}
+        expected = {k: set(range(4 * WAVE)) - ({SKIPPED_SEQ} if k == SKIPPED else set()) for k in KEYS}
         processed = wait_for(
             lambda: (p := fleet.processed()) and all(seqs_of(p, k) == expected[k] for k in KEYS) and p,
             timeout=60,
@@ -264,7 +270,7 @@ def test_a_keys_records_come_out_in_order_through_failures_a_replay_a_skip_and_a
     # The records behind each head waited for it in the scheduler: redelivered naming it.
     redelivered = read_all(fleet.retry_topic)
     assert held_behind(redelivered, PARKED)[parked_head] >= 2 * WAVE - PARKED_SEQ - 1
-    assert held_behind(redelivered, SKIPPED)[skipped_head] >= 3 * WAVE - SKIPPED_SEQ - 1
+    assert held_behind(redelivered, SKIPPED)[skipped_head] >= 4 * WAVE - SKIPPED_SEQ - 1
     [retried_head] = {dict(r.headers)[dl.ID].decode() for r in redelivered if orjson.loads(r.body) == retried_body()}
     assert held_behind(redelivered, RETRIED)[retried_head] >= 1
     duplicates = len(processed) - sum(len(seqs) for seqs in expected.values())
