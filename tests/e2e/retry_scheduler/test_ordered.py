@@ -30,8 +30,8 @@ pytestmark = pytest.mark.e2e
 
 #: Records of each key per wave (four waves).
 WAVE = 8
-#: The handler's time per record: a wave's records take a while, and the SIGKILL during wave 3
-#: finds the consumer in the middle of a batch, some of its letters not taken in yet.
+#: The handler's time per record: a wave's records take a while, so the SIGKILL during wave 3
+#: usually finds records read and not committed yet (the output then shows some processed twice).
 WORK_MS = 15
 #: Keys whose records never fail: they must go on while other keys are blocked.
 STEADY = ("steady-1", "steady-2")
@@ -55,6 +55,8 @@ MAX_ATTEMPTS = 4
 
 @dataclass
 class Fleet:
+    """The scheduler and the user's consumer of one test, and what the test asks of them."""
+
     prefix: str
     scheduler: ServiceProcess
     consumer_env: dict[str, str]
@@ -261,12 +263,13 @@ def test_a_keys_records_come_out_in_order_through_failures_a_replay_a_skip_and_a
     assert skipped not in {(k, s) for k, s, _ in processed}
     assert (stats["scheduled"], stats["parked"]) == (0, 0)
     assert all(fleet.lane(key) is None for key in KEYS)
-    # The retried heads succeeded on their third and second attempts; the parked one when
-    # replayed after its 4th.
+    # The retried heads succeeded on their third and second attempts (an earlier one fails
+    # however often it is read); the parked one when replayed after its 4th (an earlier
+    # redelivery read again after the kill would succeed too, being read after the fix).
     for (key, seq), fails in FAILS.items():
         if fails.startswith("first:"):
             assert {a for k, s, a in processed if (k, s) == (key, seq)} == {int(fails.removeprefix("first:"))}
-    assert {a for k, s, a in processed if (k, s) == (PARKED, PARKED_SEQ)} == {MAX_ATTEMPTS}
+    assert MAX_ATTEMPTS in {a for k, s, a in processed if (k, s) == (PARKED, PARKED_SEQ)}
     # The records behind each head waited for it in the scheduler: redelivered naming it.
     redelivered = read_all(fleet.retry_topic)
     assert held_behind(redelivered, PARKED)[parked_head] >= 2 * WAVE - PARKED_SEQ - 1
