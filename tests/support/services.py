@@ -28,13 +28,15 @@ def free_port() -> int:
 
 @dataclass
 class ServiceProcess:
-    """One instance of ``python -m services.<module>`` (or of ``module`` itself, when dotted)."""
+    """One instance of ``python -m services.<module>`` (or of ``module`` itself, when dotted),
+    with ``args`` on its command line."""
 
     module: str
     env: dict[str, str]
     log_path: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    args: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -45,7 +47,7 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module if "." in self.module else f"services.{self.module}"],
+                [sys.executable, "-m", self.module if "." in self.module else f"services.{self.module}", *self.args],
                 cwd=REPO,
                 env=env,
                 stdout=log,
