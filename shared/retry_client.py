@@ -27,7 +27,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from shared.dead_letters import ID, ORIGINAL_TOPIC, DeadLetter, dead_letter_for, header_items
-from shared.engine.clients import KafkaTopicPartition, PlainConsumer, PlainProducer, client_kwargs, refresh_metadata
+from shared.engine.clients import (
+    ISOLATION_LEVEL,
+    KafkaTopicPartition,
+    PlainConsumer,
+    PlainProducer,
+    client_kwargs,
+    refresh_metadata,
+)
 from shared.ordered_retries import DEFERRED_ATTEMPT, HELD_BEHIND, LAST_TAKEN, BlockedKeys, header, lane_key
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
@@ -185,6 +192,8 @@ class OrderedRetryConsumer:
         self._committed: dict[Any, int] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
+        # Read committed, as the engine's own consumers do: under exactly-once the scheduler writes
+        # redeliveries and blocked keys in transactions, and an aborted one is written again.
         kwargs = client_kwargs(self.settings)
         consumer = PlainConsumer(
             self.records.topic,
@@ -192,9 +201,10 @@ class OrderedRetryConsumer:
             group_id=self.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            isolation_level=ISOLATION_LEVEL,
             **kwargs,
         )
-        blocked = PlainConsumer(enable_auto_commit=False, **kwargs)
+        blocked = PlainConsumer(enable_auto_commit=False, isolation_level=ISOLATION_LEVEL, **kwargs)
         producer = PlainProducer(acks="all", enable_idempotence=True, **kwargs)
         await producer.start()
         await blocked.start()

@@ -7,10 +7,11 @@ Like the rest of the engine, this module is where aiokafka is reached from outsi
 """
 
 from shared.engine._admin import TopicSpec, ensure_topics, ensure_topics_async
-from shared.engine._clients import client_kwargs
+from shared.engine._clients import ISOLATION_LEVEL, client_kwargs
 from shared.engine._plain import KafkaTopicPartition, PlainAdmin, PlainConsumer, PlainProducer, refresh_metadata
 
 __all__ = [
+    "ISOLATION_LEVEL",
     "KafkaTopicPartition",
     "PlainAdmin",
     "PlainConsumer",
