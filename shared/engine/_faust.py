@@ -59,6 +59,11 @@ def store_partition_db(store: Any, partition: int) -> Rdict:
     return cast(Rdict, store._db_for_partition(partition))
 
 
+def store_open_dbs(store: Any) -> dict[int, Rdict]:
+    """The partition databases a table's RocksDB store holds open now, by partition (a copy)."""
+    return dict(store._dbs)
+
+
 def partition_items(
     table: AnyTable, partition: int, from_key: bytes | None = None, backwards: bool = False
 ) -> Iterator[tuple[bytes, bytes]]:

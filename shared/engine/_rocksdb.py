@@ -38,9 +38,9 @@ import faust.stores
 import rocksdict
 from faust.stores.rocksdb import RocksDBOptions
 from faust.stores.rocksdb import Store as FaustRocksDBStore
-from faust.types import TP, EventT
+from faust.types import TP, CollectionT, EventT
 
-from shared.engine._faust import FAUST_OFFSET_KEY, store_partition_db
+from shared.engine._faust import FAUST_OFFSET_KEY, store_open_dbs, store_partition_db
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,9 @@ class SharedMemoryOptions(RocksDBOptions):
 
     def open(self, path: Path, *, read_only: bool = False) -> Any:
         access = rocksdict.AccessType.read_write() if self.ttl is None else rocksdict.AccessType.with_ttl(self.ttl)
-        return open_partition_db(path, self.as_options(), self.as_options(MIN_WRITE_BUFFER_BYTES), access_type=access)
+        db = open_partition_db(path, self.as_options(), self.as_options(MIN_WRITE_BUFFER_BYTES), access_type=access)
+        keep_engine_family(db)
+        return db
 
 
 def open_partition_db(
@@ -175,9 +177,34 @@ def is_engine_key(key: bytes) -> bool:
     return key.startswith(NEXT_OFFSET_PREFIX)
 
 
+#: The engine family of each partition database a store keeps open, by ``id`` of the database:
+#: rocksdict flushes a column family's memtable to a new SST file whenever an Rdict for it is
+#: dropped, so one taken per read flushed on every batch (2 ms each, and the files to compact).
+#: Each entry holds its database too, so an id is never taken for another's; a store drops it
+#: with the database (:meth:`SharedMemoryStore.revoke_partitions`, ``stop``, ``reset_state``).
+_engine_families: dict[int, tuple[rocksdict.Rdict, rocksdict.Rdict]] = {}
+
+
 def engine_family(db: rocksdict.Rdict) -> rocksdict.Rdict:
     """The engine family of a partition database, as a database of its own (get, put, items)."""
+    kept = _engine_families.get(id(db))
+    if kept is not None and kept[0] is db:
+        return kept[1]
+    # A database no store keeps open (a tool's, a test's): a family of its own for this use.
     return db.get_column_family(ENGINE_FAMILY)
+
+
+def keep_engine_family(db: rocksdict.Rdict) -> None:
+    """Keep ``db``'s engine family open with it, for :func:`engine_family`."""
+    _engine_families[id(db)] = (db, db.get_column_family(ENGINE_FAMILY))
+
+
+def release_engine_family(db: rocksdict.Rdict) -> None:
+    """Let go of ``db``'s kept engine family (before the database itself is let go: the family
+    holds it open)."""
+    kept = _engine_families.get(id(db))
+    if kept is not None and kept[0] is db:
+        del _engine_families[id(db)]
 
 
 def family_for(db: rocksdict.Rdict, key: bytes) -> rocksdict.Rdict:
@@ -268,6 +295,23 @@ class SharedMemoryStore(FaustRocksDBStore):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rocksdb_options = SharedMemoryOptions(**(self.options or {}), use_rocksdict=True)
+
+    def revoke_partitions(self, table: CollectionT, tps: set[TP]) -> None:
+        for tp in tps:
+            db = store_open_dbs(self).get(tp.partition)
+            if db is not None and tp.topic in table.changelog_topic.topics:
+                release_engine_family(db)
+        super().revoke_partitions(table, tps)
+
+    async def stop(self) -> None:
+        for db in store_open_dbs(self).values():
+            release_engine_family(db)
+        await super().stop()
+
+    def reset_state(self) -> None:
+        for db in store_open_dbs(self).values():
+            release_engine_family(db)
+        super().reset_state()
 
     def persisted_offset(self, tp: TP) -> int | None:
         return persisted_offset(store_partition_db(self, tp.partition))

@@ -17,7 +17,14 @@ from shared.engine._app import create_app
 from shared.engine._durable import DurableTable, next_offset_key
 from shared.engine._faust import FAUST_OFFSET_KEY
 from shared.engine._restore import write_batch
-from shared.engine._rocksdb import ENGINE_FAMILY, SharedMemoryStore, engine_family, open_partition_db, persisted_offset
+from shared.engine._rocksdb import (
+    ENGINE_FAMILY,
+    SharedMemoryStore,
+    engine_family,
+    open_partition_db,
+    persisted_offset,
+    release_engine_family,
+)
 from shared.settings import Settings
 
 SERVICE_ROWS = [(b"\x00a", b"sorts among the engine's rows"), (b"a", b"A"), (b"z", b"Z"), (b"\xff", b"last")]
@@ -35,8 +42,11 @@ def store_and_table(tmp_path: Path) -> tuple[SharedMemoryStore, DurableTable]:
 
 
 def close(store: SharedMemoryStore, partition: int) -> None:
-    """Close a partition database the store opened (Faust leaves that to the garbage collector)."""
-    cast(Any, store)._dbs.pop(partition).close()
+    """Close a partition database the store opened (Faust leaves that to the garbage collector),
+    its kept engine family first, as the store lets both go."""
+    db = cast(Any, store)._dbs.pop(partition)
+    release_engine_family(db)
+    db.close()
 
 
 def old_format_db(path: Path) -> None:
@@ -167,3 +177,24 @@ def test_the_bulk_restore_puts_each_row_into_its_family(tmp_path: Path) -> None:
         assert dict(engine_family(db).items()) == {FAUST_OFFSET_KEY: b"3", next_offset_key("in"): b"9"}
     finally:
         db.close()
+
+
+def test_reading_the_engine_rows_of_an_open_partition_writes_no_file_and_a_revoked_one_reopens(tmp_path: Path) -> None:
+    """rocksdict flushes a column family to a new SST file whenever an Rdict for it is dropped:
+    the engine family of a store's database is kept open with it, not taken per read."""
+    store, table = store_and_table(tmp_path)
+    tp = TP(table.changelog, 0)
+    store.set_persisted_offset(tp, 1)
+
+    def sst_files() -> int:
+        return len(list(store.partition_path(0).glob("*.sst")))
+
+    before = sst_files()
+    for offset in range(2, 52):  # one batch's commit and its reads of the engine rows, fifty times
+        table.apply_rows({(0, b"row"): b"%d" % offset}, {0: offset})
+        assert table.applied_offset(0) == offset and store.persisted_offset(tp) == offset
+        assert table.get(0, next_offset_key("in")) is None
+    assert sst_files() == before, "no flush per read"
+
+    store.revoke_partitions(table.table, {tp})
+    assert store.persisted_offset(tp) == 51  # opened again: the lock was let go with the database
