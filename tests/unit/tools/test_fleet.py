@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.services import free_port
+from tests.support.services import free_port, wait_for
 from tools import fleet
 from tools.processes import process_state
 
@@ -47,6 +47,10 @@ def test_an_instance_killed_a_moment_ago_is_started_again(fleet_home: Path) -> N
     assert first is not None and fleet.wait_ready(kind, 0, timeout=15)
     try:
         os.kill(first, signal.SIGKILL)  # its parent (this process) does not reap it: a zombie stays behind
+        # Until the kill takes effect the process still runs, and is rightly seen as running: the
+        # kernel clears the pending SIGKILL before it marks the process as exiting, and a loaded
+        # machine can hold it between the two. The case here starts once the kill took effect.
+        wait_for(lambda: process_state(first) != "running", timeout=15, message="the kill to take effect")
         fleet.start_instance(kind, 0)
         second = fleet._running(kind, 0)
         assert second is not None and second != first
