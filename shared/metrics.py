@@ -89,3 +89,24 @@ UNOWNED_INPUT_TOPICS = Gauge(
     ["service"],
     registry=REGISTRY,
 )
+CONSUMER_LAG = Gauge(
+    "statefleet_consumer_lag_records",
+    "Records of an input topic not processed yet: each assigned partition's high watermark as the "
+    "consumer last fetched it, minus its processed position, summed (updated every few seconds)",
+    ["service", "topic"],
+    registry=REGISTRY,
+)
+RESTORE_SECONDS = Histogram(
+    "statefleet_restore_seconds",
+    "From a partition assignment to its tables restored (the bulk restore and Faust's recovery)",
+    ["service"],
+    registry=REGISTRY,
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+RESTORED_RECORDS = Counter(
+    "statefleet_restored_records_total",
+    "Records read into local state during restores, by where from (changelog: the changelog topics; "
+    "few when the local RocksDB copy was kept)",
+    ["service", "source"],
+    registry=REGISTRY,
+)

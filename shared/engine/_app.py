@@ -101,7 +101,7 @@ def create_app(service: str, settings: Settings, default_port: int, app_class: t
     if settings.static_membership:
         conf["consumer_group_instance_id"] = f"{service}-{settings.instance_id}"
     app = app_class(app_id(service, settings), **conf)
-    register_settings(app, settings)
+    register_settings(app, settings, service)
     cast(WarmupAssignor, app.assignor).enabled = settings.warmups
     return app
 

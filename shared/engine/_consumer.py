@@ -20,6 +20,9 @@ What it owns, since Faust's bookkeeping never sees these records:
   assigned and not paused; otherwise the consumer is sent back to the batch's first
   offset, so nothing fetched is dropped (Faust itself drops such records and seeks to
   the committed offset, which a partition never committed does not have).
+* **Lag.** Every :data:`LAG_EVERY_S` it sets ``statefleet_consumer_lag_records`` per input
+  topic from what the consumer already knows (each assigned partition's high watermark as
+  last fetched, minus the last offset handed on): no request, nothing per record.
 * **Revocation.** Faust waits for ``wait_empty()`` before giving partitions up; that
   wait includes the running batch. The revoked partitions' delivered offsets are then
   committed, so a rebalance does not make the next owner re-read work already done.
@@ -46,16 +49,18 @@ import contextvars
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.protocol.group import JoinGroupRequest
 from faust.types import TP
+from mode import Service
 
 from shared.engine._access import explain_denial
 from shared.engine._clients import ISOLATION_LEVEL
 from shared.engine._faust import ConsumerHooks, ConsumerThreadHooks, set_fetch_options
+from shared.metrics import CONSUMER_LAG
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +88,29 @@ MEMBER_CONFIRM_TIMEOUT_S = 5.0
 #: another member took over meanwhile (a removal, a rebalance and a restore take longer).
 WRITE_CONFIRMED_WITHIN_S = 1.5
 
+#: How often the consumer lag gauge is set (a scrape reads what it was set to last).
+LAG_EVERY_S = 5.0
+
 #: The consumer generation the batch being delivered (in this task) was fetched in.
 _BATCH_GENERATION: contextvars.ContextVar[int] = contextvars.ContextVar("batch_generation")
+
+
+def lag_by_topic(
+    topics: Iterable[str], assigned: Iterable[TP], highwater: Callable[[TP], int | None], last_read: Callable[[TP], int | None]
+) -> dict[str, int]:
+    """Per topic of ``topics``, the records of its ``assigned`` partitions after the last one
+    read: ``highwater`` (one past the partition's last offset) minus ``last_read`` + 1, summed.
+    A partition with either unknown (not fetched yet) counts 0; so does every topic none of
+    whose partitions are assigned. Read committed, a transaction's marker at a partition's end
+    counts as one record (the consumer never reads it)."""
+    lags = dict.fromkeys(topics, 0)
+    for tp in assigned:
+        if tp.topic not in lags:
+            continue
+        end, last = highwater(tp), last_read(tp)
+        if end is not None and last is not None:
+            lags[tp.topic] += max(0, int(end) - int(last) - 1)
+    return lags
 
 
 class NotAMember(Exception):
@@ -186,6 +212,8 @@ class BatchConsumer(ConsumerHooks):
     #: included), and with the revoked ones once their running batch is over.
     on_assigned: Callable[[set[TP]], Awaitable[None]] | None = None
     on_revoked: Callable[[set[TP]], Awaitable[None]] | None = None
+    #: The ``service`` label of the consumer lag gauge (not set: no gauge).
+    service: str = ""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -421,6 +449,31 @@ class BatchConsumer(ConsumerHooks):
                     await self.add_gap(tp, read_offset + 1, offset)
                 await self.wait_first(callback(to_message(tp, record)), self.suspend_flow.wait())
                 read_offsets[tp] = offset
+
+    # -- lag ----------------------------------------------------------------------------
+
+    @Service.timer(LAG_EVERY_S)
+    async def _lag_timer(self) -> None:
+        self.record_lag()
+
+    def record_lag(self) -> None:
+        """Set the consumer lag gauge of each input topic (see :func:`lag_by_topic`)."""
+        if not self.service:
+            return
+        try:
+            assigned = self.assignment()
+        except Exception:  # the consumer thread is not running (starting or stopping)
+            return
+        read_offsets = self.read_offsets
+        for topic, lag in lag_by_topic(self.batch_topics, assigned, self._highwater, read_offsets.get).items():
+            CONSUMER_LAG.labels(self.service, topic).set(lag)
+
+    def _highwater(self, tp: TP) -> int | None:
+        try:
+            end = self.highwater(tp)
+        except Exception:  # not fetched from, or revoked meanwhile
+            return None
+        return None if end is None else int(end)
 
     # -- offsets ------------------------------------------------------------------------
 

@@ -96,7 +96,11 @@ class Engine:
         consumer_class: type[BatchConsumer] = type(
             f"{service.title()}BatchConsumer",
             (BatchConsumer,),
-            {"deliver": staticmethod(self._deliver), "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms},
+            {
+                "deliver": staticmethod(self._deliver),
+                "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms,
+                "service": service,
+            },
         )
         self._app.consumer_class = consumer_class  # type: ignore[attr-defined]
         self._consumer_class = consumer_class

@@ -30,6 +30,12 @@ it to this instance, so a failover soon after a scale-out finds a complete local
 The same plain consumer (:class:`ChangelogReader`) answers the recovery's lookups of
 changelog highwaters and earliest offsets, which Faust would send through its own
 consumer's connection, behind a fetch that may wait 1.5 s for records.
+
+Each restore is measured (:class:`RestoreTally`): from the assignment to the actives'
+recovery done (``statefleet_restore_seconds``), the changelog records read meanwhile, by
+the bulk restore and by Faust's reader (``statefleet_restored_records_total``,
+``source="changelog"``), and one INFO line saying how many partitions had a local copy. A
+restart that kept its RocksDB volume reads few records; one without reads the changelogs.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import faust
@@ -52,12 +58,15 @@ from rocksdict import Rdict
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs
 from shared.engine._faust import RecoveryHooks, TableManagerHooks, consumer_partition_state, store_partition_db
 from shared.engine._rocksdb import PartitionWrite
+from shared.metrics import RESTORE_SECONDS, RESTORED_RECORDS
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 #: Settings of each app whose table manager restores in bulk (Faust builds it from the app alone).
 _SETTINGS: weakref.WeakKeyDictionary[faust.App, Settings] = weakref.WeakKeyDictionary()
+#: The service each app runs (the ``service`` label of the restore metrics).
+_SERVICES: weakref.WeakKeyDictionary[faust.App, str] = weakref.WeakKeyDictionary()
 
 PROGRESS_EVERY_S = 5.0
 
@@ -290,6 +299,55 @@ def write_batch(target: PartitionTarget, messages: list[Any]) -> int:
     return len(messages)
 
 
+@dataclass
+class RestoreTally:
+    """One restore: from an assignment to its active partitions recovered (a rebalance that
+    comes meanwhile restarts the recovery, not the tally)."""
+
+    started: float
+    #: Changelog partitions (active and standby) being restored, and those of them that had a
+    #: local copy (a persisted offset) when the restore began.
+    partitions: set[TP] = field(default_factory=set)
+    with_local_state: set[TP] = field(default_factory=set)
+    #: Records the bulk restore wrote.
+    bulk_records: int = 0
+    #: Per active partition, the offset Faust's reader started from (after the bulk restore).
+    faust_from: dict[TP, int] = field(default_factory=dict)
+
+    def note_partitions(self, persisted: Mapping[TP, int | None]) -> None:
+        """Count partitions not seen yet in this restore, with their persisted offsets (None: no local copy)."""
+        for tp, offset in persisted.items():
+            if tp not in self.partitions:
+                self.partitions.add(tp)
+                if offset is not None:
+                    self.with_local_state.add(tp)
+
+    def faust_records(self, active_offsets: Mapping[TP, int | None]) -> int:
+        """Offsets Faust's reader moved the actives past since it started (compacted changelogs
+        can make that a little more than the records it read)."""
+        read = 0
+        for tp, start in self.faust_from.items():
+            offset = active_offsets.get(tp)
+            if offset is not None:
+                read += max(0, int(offset) - start)
+        return read
+
+    def finish(self, service: str, active_offsets: Mapping[TP, int | None], now: float) -> tuple[int, float]:
+        """Record the restore's metrics and log it; (records, seconds)."""
+        records = self.bulk_records + self.faust_records(active_offsets)
+        seconds = max(0.0, now - self.started)
+        RESTORE_SECONDS.labels(service).observe(seconds)
+        RESTORED_RECORDS.labels(service, "changelog").inc(records)
+        log.info(
+            "restored %d records from the changelog in %.1f s (%d of %d partitions had local state)",
+            records,
+            seconds,
+            len(self.with_local_state),
+            len(self.partitions),
+        )
+        return records, seconds
+
+
 class BulkRestoringRecovery(RecoveryHooks):
     """Faust's recovery service, bringing lagging partitions up to date in bulk first,
     and reading changelog offsets with a :class:`ChangelogReader`."""
@@ -308,6 +366,38 @@ class BulkRestoringRecovery(RecoveryHooks):
         await super().on_stop()
         if self._reader is not None:
             await self._reader.stop()
+
+    # -- measuring each restore (see RestoreTally) --------------------------------------
+
+    _tally: RestoreTally | None = None
+
+    async def on_rebalance(self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0) -> None:
+        if self._tally is None:
+            self._tally = RestoreTally(started=time.monotonic())
+        await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+
+    async def on_recovery_completed(self, generation_id: int = 0) -> None:
+        await super().on_recovery_completed(generation_id)
+        tally, service = self._tally, _SERVICES.get(cast(faust.App, self.app))
+        if tally is None or self.app.consumer_generation_id != generation_id:
+            return  # another rebalance came: its recovery finishes this restore
+        self._tally = None
+        if service is not None:
+            tally.finish(service, self.active_offsets, time.monotonic())
+
+    def _note_partitions(self) -> None:
+        """Before anything is read: which of the partitions to restore have a local copy."""
+        if self._tally is None:
+            return
+        persisted: dict[TP, int | None] = {}
+        for tp in self.active_tps | self.standby_tps:
+            if tp in self._tally.partitions:
+                continue
+            try:
+                persisted[tp] = cast(Any, self.tp_to_table[tp]).data.persisted_offset(tp)
+            except Exception:  # a store that keeps no offsets, or a database held elsewhere
+                persisted[tp] = None
+        self._tally.note_partitions(persisted)
 
     _stalled_at: tuple[int, ...] | None = None
 
@@ -363,13 +453,18 @@ class BulkRestoringRecovery(RecoveryHooks):
         # Faust reads the actives' highwaters first, then their offsets, then the
         # standbys': restoring just before that, both sets are known, nothing reads
         # yet, and the highwaters Faust then reads are at or past what was restored.
-        if title == "active" and reader.settings.bulk_restore:
-            await self._bulk_restore(reader)
+        if title == "active":
+            self._note_partitions()
+            if reader.settings.bulk_restore:
+                await self._bulk_restore(reader)
         await super().build_highwaters(cast(ConsumerT, reader), tps, destination, title)
 
     async def build_offsets(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
         reader = self._changelog_reader()
         await super().build_offsets(cast(ConsumerT, reader) if reader else consumer, tps, destination, title)
+        if title == "active" and self._tally is not None:
+            # Where Faust's reader starts (what the bulk restore wrote is counted already).
+            self._tally.faust_from = {tp: int(destination[tp] if destination[tp] is not None else -1) for tp in tps}
 
     async def _bulk_restore(self, reader: ChangelogReader) -> None:
         targets: dict[TopicPartition, PartitionTarget] = {}
@@ -383,7 +478,9 @@ class BulkRestoringRecovery(RecoveryHooks):
             # Faust gives this step broker_request_timeout and stops recovering for good
             # when it runs out; what the budget leaves over, Faust's reader restores.
             budget_s = 0.6 * float(self.app.conf.broker_request_timeout)
-            await reader.restore(targets, reader.settings.bulk_restore_min_lag, budget_s=budget_s)
+            result = await reader.restore(targets, reader.settings.bulk_restore_min_lag, budget_s=budget_s)
+            if self._tally is not None:
+                self._tally.bulk_records += result.records
 
 
 @dataclass
@@ -420,6 +517,9 @@ class BulkRestoringTableManager(TableManagerHooks):
     recovery_class = BulkRestoringRecovery
 
 
-def register_settings(app: faust.App, settings: Settings) -> None:
-    """Give the stores of ``app`` the settings they restore with (Kafka connection, thresholds)."""
+def register_settings(app: faust.App, settings: Settings, service: str | None = None) -> None:
+    """Give the stores of ``app`` the settings they restore with (Kafka connection, thresholds),
+    and the service its restores are measured for."""
     _SETTINGS[app] = settings
+    if service is not None:
+        _SERVICES[app] = service
