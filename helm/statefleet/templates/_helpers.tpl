@@ -228,8 +228,16 @@ imagePullSecrets:
 
 {{/* Whether the ServiceMonitor API is to be used. */}}
 {{- define "statefleet.serviceMonitorEnabled" -}}
-{{- $flag := .Values.serviceMonitor.enabled -}}
-{{- if eq (toString $flag) "true" -}}true
-{{- else if and (eq (toString $flag) "auto") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor") -}}true
+{{- include "statefleet.operatorKindEnabled" (dict "ctx" . "flag" .Values.serviceMonitor.enabled "kind" "ServiceMonitor") -}}
+{{- end -}}
+
+{{- define "statefleet.prometheusRuleEnabled" -}}
+{{- include "statefleet.operatorKindEnabled" (dict "ctx" . "flag" .Values.prometheusRule.enabled "kind" "PrometheusRule") -}}
+{{- end -}}
+
+{{/* "true" when a Prometheus operator object is wanted: flag true, or "auto" and the cluster serves monitoring.coreos.com/v1 kind. */}}
+{{- define "statefleet.operatorKindEnabled" -}}
+{{- if eq (toString .flag) "true" -}}true
+{{- else if and (eq (toString .flag) "auto") (.ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind)) -}}true
 {{- end -}}
 {{- end -}}
