@@ -116,6 +116,25 @@ def send_end_marker(s: Scheduler, key: bytes, dlq_id: str, retry_topic: str) -> 
     return marker
 
 
+@dataclass
+class OwnTopics:
+    """Topics of one test's own, and the environment of schedulers on a data dir the test may
+    keep or delete between their starts."""
+
+    dead_letters: str
+    retry: str
+    data: Path
+    env: dict[str, str]
+
+
+def own_topics(kafka_bootstrap: str, tmp_path: Path, retry_name: str) -> OwnTopics:
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    dead, retry = f"{prefix}dead-letters", f"{prefix}retry-{retry_name}"
+    create_topics([dead, retry, f"{prefix}parking-lot"])
+    data = tmp_path / "data"
+    return OwnTopics(dead, retry, data, scheduler_env(kafka_bootstrap, prefix, data))
+
+
 def start_scheduler(env: dict[str, str], log_dir: Path, instance: str = "a", port: int | None = None) -> ServiceProcess:
     proc = ServiceProcess(
         "retry_scheduler",

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from shared import dead_letters as dl
-from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env, start_scheduler, wait_for_a_tick_everywhere
-from tests.support.kafka import create_topics, produce, read_all
+from tests.integration.retry_scheduler.helpers import letter_headers, own_topics, start_scheduler, wait_for_a_tick_everywhere
+from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
 
 pytestmark = pytest.mark.integration
@@ -22,11 +22,8 @@ pytestmark = pytest.mark.integration
 def test_restore_after_deleting_the_data_dir_brings_back_only_what_was_not_redelivered(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    dead, retry = f"{prefix}dead-letters", f"{prefix}retry-restore"
-    create_topics([dead, retry, f"{prefix}parking-lot"])
-    data = tmp_path / "data"
-    env = scheduler_env(kafka_bootstrap, prefix, data)
+    topics = own_topics(kafka_bootstrap, tmp_path, "restore")
+    dead, retry, data, env = topics.dead_letters, topics.retry, topics.data, topics.env
     proc = start_scheduler(env, tmp_path)
     try:
         fast = [f"fast-{i}-{uuid.uuid4().hex[:6]}" for i in range(30)]

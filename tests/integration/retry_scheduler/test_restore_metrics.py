@@ -13,8 +13,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env, start_scheduler
-from tests.support.kafka import create_topics, produce
+from tests.integration.retry_scheduler.helpers import letter_headers, own_topics, start_scheduler
+from tests.support.kafka import produce
 from tests.support.services import ServiceProcess, wait_for
 
 pytestmark = pytest.mark.integration
@@ -49,11 +49,8 @@ def scheduled(url: str) -> int:
 
 @pytest.mark.parametrize("bulk", ["true", "false"], ids=["bulk-restore", "faust-reader"])
 def test_restores_from_the_volume_and_from_the_changelog_are_told_apart(kafka_bootstrap: str, tmp_path: Path, bulk: str) -> None:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    dead, retry = f"{prefix}dead-letters", f"{prefix}retry-metrics"
-    create_topics([dead, retry, f"{prefix}parking-lot"])
-    data = tmp_path / "data"
-    env = scheduler_env(kafka_bootstrap, prefix, data)
+    topics = own_topics(kafka_bootstrap, tmp_path, "metrics")
+    dead, retry, data, env = topics.dead_letters, topics.retry, topics.data, topics.env
     proc = start_scheduler(env, tmp_path)
     try:
         for i in range(LETTERS):
