@@ -84,3 +84,11 @@ def test_the_prometheus_rule_is_off_by_default_and_carries_the_rules_file(render
         [rule] = m.all("PrometheusRule")
         assert rule["spec"] == yaml.safe_load(RULES.read_text())
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
+
+
+def test_the_replicas_example_ships_the_rules_next_to_its_service_monitors(render):
+    m = render("replicas")
+    [rule] = m.all("PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == m.all("ServiceMonitor")[0]["metadata"]["labels"]["release"]
+    cm = m.get("ConfigMap", "sf-statefleet-dashboard")
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "Streaming"}
