@@ -90,7 +90,7 @@ test-integration: broker ## Integration and end-to-end tests on the real broker
 .PHONY: test
 test: venv broker ## The whole suite: lint, unit, integration, e2e, helm checks (what CI runs)
 	$(MAKE) lint
-	$(VENV)/bin/pytest -q -m "not spark" --ignore=tests/helm --ignore=tests/image tests
+	$(VENV)/bin/pytest -q -m "not spark" --ignore=tests/helm --ignore=tests/image --ignore=tests/kube tests
 	$(MAKE) test-extra
 
 .PHONY: bench

@@ -44,6 +44,13 @@ READ_LAG = Histogram(
     buckets=(0, 1, 10, 100, 1_000, 10_000, 100_000, 1_000_000),
     registry=REGISTRY,
 )
+#: Why a read was answered from a copy (READ_FAILOVERS' reason label).
+OWNER_DID_NOT_ANSWER = "owner did not answer"
+OWNER_UNAVAILABLE = "owner unavailable"
+NO_OWNER = "no owner"
+OWNER_SUSPECTED = "owner suspected"
+LIST_PARTITION_ORPHANED = "list partition without an answering owner"
+READ_FAILOVER_REASONS = (OWNER_DID_NOT_ANSWER, OWNER_UNAVAILABLE, NO_OWNER, OWNER_SUSPECTED, LIST_PARTITION_ORPHANED)
 READ_FAILOVERS = Counter(
     "statefleet_read_failovers_total",
     "Reads answered from a copy because the key's owner could not answer, by why",
@@ -110,3 +117,19 @@ RESTORED_RECORDS = Counter(
     ["service", "source"],
     registry=REGISTRY,
 )
+
+
+def initialise(service: str, exactly_once: bool) -> None:
+    """Creates ``service``'s series of the events that may not have happened yet, at zero:
+    a dashboard (and an alert on ``increase``) then shows 0, not "no data", and the first
+    event counts as an increase."""
+    for counter in (PEER_FAILOVERS, PEER_RESTARTS_ANNOUNCED, HTTP_FORWARDED, TRAILING_HOLES_REREAD):
+        counter.labels(service)
+    for reason in READ_FAILOVER_REASONS:
+        READ_FAILOVERS.labels(service, reason)
+    RESTORED_RECORDS.labels(service, "changelog")
+    if exactly_once:
+        for outcome in ("committed", "aborted"):
+            TRANSACTIONS.labels(service, outcome)
+        TRANSACTIONS_FENCED.labels(service)
+        TRANSACTION_COMMIT_SECONDS.labels(service)

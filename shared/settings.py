@@ -56,6 +56,13 @@ class Settings(BaseSettings):
     # Instance identity and state
     instance_id: str = Field(default_factory=socket.gethostname, description="Unique per instance; static group member id")
     data_dir: Path = Field(Path(".local/data"), description="Root of RocksDB state; each service and instance gets a subfolder")
+    data_dir_lock_wait_s: float = Field(
+        120.0,
+        ge=0,
+        description="How long a starting instance waits for its data folder's lock, held by an instance that is still "
+        "stopping (a Kubernetes pod deleted with --force can be replaced before its process is gone); then it exits "
+        "saying who holds it",
+    )
     standby_replicas: int = Field(1, ge=0, description="Standby copies of each table partition kept by other instances")
     static_membership: bool = Field(True, description="Join the consumer group with group.instance.id = service-instance_id")
     bulk_restore: bool = Field(True, description="Restore lagging table partitions with a plain consumer, not record by record")

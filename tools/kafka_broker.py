@@ -56,6 +56,9 @@ class BrokerLayout:
     home: Path
     port: int = 9092
     controller_port: int = 9093
+    #: The address both listeners bind to and advertise (a Kubernetes cluster on this machine
+    #: reaches the broker on its bridge address: ``STATEFLEET_BROKER_HOST``).
+    host: str = "127.0.0.1"
     #: One SASL_SSL listener (SCRAM-SHA-512) with ACLs, instead of PLAINTEXT for all.
     secure: bool = False
     #: Where the jars are, when not under ``home`` (the secure broker runs the plaintext one's).
@@ -83,7 +86,7 @@ class BrokerLayout:
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def tls_dir(self) -> Path:
@@ -104,7 +107,8 @@ def default_layout() -> BrokerLayout:
     home = Path(os.environ.get("STATEFLEET_BROKER_HOME", REPO / ".local" / "broker"))
     port = int(os.environ.get("STATEFLEET_BROKER_PORT", "9092"))
     controller_port = int(os.environ.get("STATEFLEET_BROKER_CONTROLLER_PORT", str(port + 1)))
-    return BrokerLayout(home=home, port=port, controller_port=controller_port)
+    host = os.environ.get("STATEFLEET_BROKER_HOST", "127.0.0.1")
+    return BrokerLayout(home=home, port=port, controller_port=controller_port, host=host)
 
 
 def secure_layout() -> BrokerLayout:
@@ -112,8 +116,11 @@ def secure_layout() -> BrokerLayout:
     home = Path(os.environ.get("STATEFLEET_SECURE_BROKER_HOME", REPO / ".local" / "broker-secure"))
     port = int(os.environ.get("STATEFLEET_SECURE_BROKER_PORT", "9096"))
     controller_port = int(os.environ.get("STATEFLEET_SECURE_BROKER_CONTROLLER_PORT", str(port + 1)))
+    host = os.environ.get("STATEFLEET_SECURE_BROKER_HOST", "127.0.0.1")
     # The same jars as the plaintext broker: resolved once for both.
-    return BrokerLayout(home=home, port=port, controller_port=controller_port, secure=True, libs_dir=default_layout().libs)
+    return BrokerLayout(
+        home=home, port=port, controller_port=controller_port, host=host, secure=True, libs_dir=default_layout().libs
+    )
 
 
 def _log(msg: str) -> None:
@@ -250,6 +257,7 @@ def write_config(layout: BrokerLayout) -> None:
         text.replace("@LOG_DIR@", str(layout.data))
         .replace("@PORT@", str(layout.port))
         .replace("@CONTROLLER_PORT@", str(layout.controller_port))
+        .replace("@HOST@", layout.host)
     )
     layout.config.write_text(text)
     if layout.secure:
@@ -302,15 +310,15 @@ def _openssl(*args: str) -> None:
 #: The broker certificate's extensions: valid for the addresses clients and the broker itself dial.
 BROKER_CERT_EXTENSIONS = """\
 basicConstraints=CA:FALSE
-subjectAltName=DNS:localhost,IP:127.0.0.1
+subjectAltName=DNS:localhost,IP:127.0.0.1@EXTRA_SAN@
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth,clientAuth
 """
 
 
 def make_certificates(layout: BrokerLayout) -> None:
-    """A CA of this broker's own, and the broker's key and certificate for 127.0.0.1 and
-    localhost signed by it (once), all PEM: ``ca.pem`` is what clients (and the broker, as a
+    """A CA of this broker's own, and the broker's key and certificate for 127.0.0.1,
+    localhost and the broker's own address, signed by it (once), all PEM: ``ca.pem`` is what clients (and the broker, as a
     client of itself) trust; ``broker-keystore.pem`` holds the broker's key and chain.
 
     openssl, not keytool: each keytool call starts a JVM, nine of them took 13 s on a busy
@@ -332,7 +340,8 @@ def make_certificates(layout: BrokerLayout) -> None:
              "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", "/CN=localhost")
     extensions = tls / "broker.ext"
-    extensions.write_text(BROKER_CERT_EXTENSIONS)
+    extra = f",IP:{layout.host}" if layout.host != "127.0.0.1" else ""
+    extensions.write_text(BROKER_CERT_EXTENSIONS.replace("@EXTRA_SAN@", extra))
     _openssl("x509", "-req", "-in", str(csr), "-CA", str(layout.ca_file), "-CAkey", str(ca_key), "-CAcreateserial",
              "-out", str(cert), "-days", "3650", "-extfile", str(extensions))  # fmt: skip
     # Kafka's PEM key store: the (PKCS#8) key, then the chain from the broker's certificate up.
@@ -461,7 +470,7 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 def is_ready(layout: BrokerLayout, timeout: float = 5.0) -> bool:
     """True when the broker answers a metadata request (not just an open port)."""
-    if not port_open(layout.port):
+    if not port_open(layout.port, layout.host):
         return False
     try:
         from shared.engine.clients import PlainAdmin  # noqa: F401
@@ -511,7 +520,7 @@ def start(layout: BrokerLayout | None = None, wait_s: float = 90.0) -> BrokerLay
     if _pid(layout) is not None and is_ready(layout):
         _log(f"already running on {layout.bootstrap} (pid {_pid(layout)})")
         return layout
-    if _pid(layout) is None and port_open(layout.port):
+    if _pid(layout) is None and port_open(layout.port, layout.host):
         variable = "STATEFLEET_SECURE_BROKER_PORT" if layout.secure else "STATEFLEET_BROKER_PORT"
         raise BrokerError(f"port {layout.port} is taken by another process: stop it or set {variable}")
     if _pid(layout) is None:

@@ -22,6 +22,7 @@ from faust.contrib.asgi import serve_asgi
 from shared.engine._admin import TopicSpec
 from shared.engine._clients import require_sasl_credentials, ssl_context
 from shared.engine._faust import WorkerHooks, print_thread_loop_tasks, track_used_topics
+from shared.engine._instance_lock import hold_data_dir
 from shared.engine._membership import ANNOUNCE_TIMEOUT_S, announce_restart
 from shared.engine._restore import BulkRestoringTableManager, register_settings
 from shared.engine._rocksdb import STORE_SCHEME, configure_rocksdb_memory
@@ -157,5 +158,6 @@ class _Worker(WorkerHooks):
 def run_worker(app: faust.App, service: str, settings: Settings) -> None:
     """Run the Faust worker in this process until SIGTERM/SIGINT."""
     log.info("starting %s (instance %s) with %s", service, settings.instance_id, env_snapshot())
+    hold_data_dir(instance_data_dir(service, settings), settings.data_dir_lock_wait_s)
     worker = _Worker(app, loglevel=settings.log_level.upper(), logging_config=dict(app.conf.logging_config))
     worker.execute_from_commandline()

@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from faust.exceptions import ProducerSendError
 from faust.types import TP
 
+from shared import metrics
 from shared.engine._access import explain_denial
 from shared.engine._admin import TopicSpec
 from shared.engine._app import app_id, changelog_topic_specs, create_app, run_worker, serve_api
@@ -81,6 +82,7 @@ class _EngineApp(AppHooks):
 class Engine:
     def __init__(self, service: str, settings: Settings, default_port: int) -> None:
         check_versions()
+        metrics.initialise(service, exactly_once=exactly_once(settings))
         self.service = service
         self.settings = settings
         self.default_port = default_port

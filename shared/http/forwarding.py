@@ -40,7 +40,17 @@ from shared.codecs import loads
 from shared.engine import Copy, Table
 from shared.http.context import ServiceContext
 from shared.http.errors import Unavailable, Unprocessable
-from shared.metrics import HTTP_FORWARDED, READ_FAILOVERS, READ_LAG, READS_SERVED
+from shared.metrics import (
+    HTTP_FORWARDED,
+    LIST_PARTITION_ORPHANED,
+    NO_OWNER,
+    OWNER_DID_NOT_ANSWER,
+    OWNER_SUSPECTED,
+    OWNER_UNAVAILABLE,
+    READ_FAILOVERS,
+    READ_LAG,
+    READS_SERVED,
+)
 
 log = logging.getLogger(__name__)
 
@@ -239,15 +249,15 @@ async def _freshest_answer(ctx: ServiceContext, request: Request, table: Table, 
         except OwnerDidNotAnswer as exc:
             ctx.suspect(owner)
             gone.add(owner)
-            READ_FAILOVERS.labels(ctx.service, "owner did not answer").inc()
+            READ_FAILOVERS.labels(ctx.service, OWNER_DID_NOT_ANSWER).inc()
             log.info("%s; answering %s from a copy", exc, request.url.path)
         else:
             if resp.status_code != 503:
                 return _Found(_lag_header(resp) or 0, resp)
             # Rebalancing or restoring: it may still hold the freshest copy, asked for below.
-            READ_FAILOVERS.labels(ctx.service, "owner unavailable").inc()
+            READ_FAILOVERS.labels(ctx.service, OWNER_UNAVAILABLE).inc()
     else:
-        READ_FAILOVERS.labels(ctx.service, "no owner" if owner is None else "owner suspected").inc()
+        READ_FAILOVERS.labels(ctx.service, NO_OWNER if owner is None else OWNER_SUSPECTED).inc()
     mine = await table.copy(partition)
     if mine is not None and mine.lag == 0:
         return _Found(0, mine)
@@ -516,7 +526,7 @@ async def _gather_partitions(
             pages.append(answer[0])
             sources.append(answer[1])
     if orphans:
-        READ_FAILOVERS.labels(ctx.service, "list partition without an answering owner").inc(len(orphans))
+        READ_FAILOVERS.labels(ctx.service, LIST_PARTITION_ORPHANED).inc(len(orphans))
     peers = _peers(ctx, table) - {ctx.url}
     for p in sorted(orphans):
         candidates: list[tuple[ReadFrom, Any]] = []

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.image.container import IMAGE, USER, Container, inspect_image, podman
+from tests.support.accounts import create_command
 from tests.support.kafka import produce, read_all
 from tests.support.services import free_port, wait_for
 
@@ -196,14 +197,7 @@ def accounts_created(validator: Container, program: str, count: int) -> list[dic
     events = []
     for n in range(count):
         account = f"acct-{uuid.uuid4().hex[:8]}"
-        body = {
-            "command_id": f"{account}-1",
-            "type": "CreateAccount",
-            "account_id": account,
-            "program_id": program,
-            "issued_at": 1_704_067_200_000 + n * 60_000,
-            "data": {"name": f"n{n}"},
-        }
+        body = create_command(account, program, f"{account}-1", 1_704_067_200_000 + n * 60_000, f"n{n}")
         response = httpx.post(validator.url + "/commands", json=body, params={"wait": "true"}, timeout=30)
         assert response.status_code == 200, response.text
         answer = response.json()

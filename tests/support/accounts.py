@@ -30,6 +30,18 @@ def event(account_id: str, program_id: str, type_: str, version: int) -> dict[st
     }
 
 
+def create_command(account_id: str, program_id: str, command_id: str, issued_at: int, name: str) -> dict[str, Any]:
+    """A CreateAccount command as clients POST it to the validator's /commands."""
+    return {
+        "command_id": command_id,
+        "type": "CreateAccount",
+        "account_id": account_id,
+        "program_id": program_id,
+        "issued_at": issued_at,
+        "data": {"name": name},
+    }
+
+
 @dataclass
 class History:
     events: list[tuple[str, bytes]] = field(default_factory=list)

@@ -1,0 +1,63 @@
+"""A real single-node Kubernetes cluster on this machine, built from the Go module proxy.
+
+    python -m tools.kube_cluster build       build the binaries into the cache (once)
+    python -m tools.kube_cluster up          build, then start the cluster (root)
+    python -m tools.kube_cluster down        stop it and restore the host (root)
+    python -m tools.kube_cluster status      what runs
+    python -m tools.kube_cluster load-image IMAGE [--tag statefleet:0.1.0]
+    python -m tools.kube_cluster env         the KUBECONFIG line to export
+
+See docs/kubernetes.md#a-cluster-on-this-machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tools.kube_cluster import _build, _network, _node
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.kube_cluster", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build the binaries into the cache")
+    sub.add_parser("up", help="start the cluster (builds first)")
+    down = sub.add_parser("down", help="stop the cluster and restore the host")
+    down.add_argument("--keep", action="store_true", help="keep the cluster's home (etcd, volumes, logs) for a later `up`")
+    sub.add_parser("status", help="what runs")
+    load = sub.add_parser("load-image", help="copy an image from the buildah store into the cluster")
+    load.add_argument("image")
+    load.add_argument("--tag", default="statefleet:0.1.0")
+    sub.add_parser("env", help="print the KUBECONFIG line to export")
+    args = parser.parse_args(argv)
+    home = _node.default_home()
+    try:
+        if args.command == "build":
+            _build.build_all()
+        elif args.command == "up":
+            _node.up(home)
+        elif args.command == "down":
+            differences = _node.down(home, wipe=not args.keep)
+            if differences:
+                print("[cluster] the host differs from before `cluster-up`:\n  " + "\n  ".join(differences), file=sys.stderr)
+                return 1
+            print("[cluster] stopped; the host's links, routes, iptables rules and sysctls are as before", file=sys.stderr)
+        elif args.command == "status":
+            for name, pid in _node.running(home).items():
+                print(f"{name:24} {'running, pid ' + str(pid) if pid else 'stopped'}")
+            problems = _network.guard_problems() if _network.bridge_exists() else ["no bridge: the cluster is down"]
+            print("network guard: " + ("in place" if not problems else "; ".join(problems)))
+            return 0 if all(_node.running(home).values()) else 1
+        elif args.command == "load-image":
+            _node.load_image(home, args.image, args.tag)
+        elif args.command == "env":
+            print(f"export KUBECONFIG={home.kubeconfig}")
+    except (_node.ClusterError, _build.BuildError, _network.NetworkError) as error:
+        print(f"[cluster] {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
