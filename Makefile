@@ -89,6 +89,7 @@ test-integration: broker ## Integration and end-to-end tests on the real broker
 
 .PHONY: test
 test: venv broker ## The whole suite: lint, unit, integration, e2e, helm checks (what CI runs)
+	$(MAKE) test-early
 	$(MAKE) lint
 	$(VENV)/bin/pytest -q -m "not spark" --ignore=tests/helm --ignore=tests/image --ignore=tests/kube tests
 	$(MAKE) test-extra
@@ -97,9 +98,12 @@ test: venv broker ## The whole suite: lint, unit, integration, e2e, helm checks 
 bench: broker ## Benchmarks against the raw aiokafka baseline; results in docs/benchmarks.md
 	$(PY) -m tools.bench $(BENCH_ARGS)
 
-# Area makefiles add targets (spark-join, backfill, helm-check, ...) and extend test-extra.
-.PHONY: test-extra
+# Area makefiles add targets (spark-join, backfill, helm-check, ...) and extend test-extra;
+# test-early starts slow preparations in the background that the suites overlap.
+.PHONY: test-extra test-early
 test-extra::
+	@true
+test-early::
 	@true
 
 -include mk/*.mk

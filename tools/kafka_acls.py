@@ -15,8 +15,11 @@ topic whose name starts with ``<prefix>retry``.
 
 Spark jobs get a user each too (:data:`JOBS`): the activation join reads ``account-events``
 and ``logins``, and reads and writes ``activations`` (its sink looks up what a re-run batch
-wrote already). Spark's consumers assign partitions and commit nothing to Kafka, so they need
-no group.
+wrote already); the tally backfill reads ``account-events`` and ``logins`` and, when asked to
+publish, writes ``program-tallies``; the archive reads ``account-events``. Spark's consumers
+assign partitions and commit nothing to Kafka, so they need no group. The chart runs every
+Spark job with one Secret (their executors share one pod template), so the user
+:data:`SPARK_USER` holds all of the jobs' grants.
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ ADMIN_USER = "admin"
 #: The services that connect to Kafka; each connects as the user of its own name.
 SERVICES = ("validator", "tallies", "retry_scheduler")
 #: The Spark jobs granted a user of their own (of the job's name).
-JOBS = ("activation_join",)
+JOBS = ("activation_join", "backfill_tallies", "archive_events")
+#: The one user of every Spark job together, as the chart's ``spark`` workload connects.
+SPARK_USER = "spark"
+#: Every user the fleet's services and jobs connect as.
+USERS = (*SERVICES, *JOBS, SPARK_USER)
 #: The one resource name of the cluster resource.
 CLUSTER = "kafka-cluster"
 
@@ -103,16 +110,31 @@ def service_acls(service: str, topic_prefix: str = "", user: str | None = None) 
     return acls
 
 
+def job_access(job: str, topic_prefix: str = "") -> ServiceAccess:
+    t = TopicNames(prefix=topic_prefix)
+    if job == "activation_join":
+        return ServiceAccess(reads=(t.account_events, t.logins, t.activations), writes=(t.activations,))
+    if job == "backfill_tallies":
+        return ServiceAccess(reads=(t.account_events, t.logins), writes=(t.program_tallies,))
+    if job == "archive_events":
+        return ServiceAccess(reads=(t.account_events,), writes=())
+    raise ValueError(f"unknown job {job!r}: one of {', '.join(JOBS)}")
+
+
 def job_acls(job: str, topic_prefix: str = "", user: str | None = None) -> list[Acl]:
     principal = f"User:{user or job}"
-    t = TopicNames(prefix=topic_prefix)
-    if job != "activation_join":
-        raise ValueError(f"unknown job {job!r}: one of {', '.join(JOBS)}")
-    reads, writes = (t.account_events, t.logins, t.activations), (t.activations,)
-    acls = [Acl(principal, "TOPIC", "LITERAL", topic, op) for topic in reads for op in ("DESCRIBE", "CREATE", "READ")]
-    acls += [Acl(principal, "TOPIC", "LITERAL", topic, "WRITE") for topic in writes]
-    acls.append(Acl(principal, "CLUSTER", "LITERAL", CLUSTER, "IDEMPOTENT_WRITE"))
-    return acls
+    access = job_access(job, topic_prefix)
+    # The jobs create the topics they read when missing (spark_jobs/kafka_io.ensure).
+    acls = [Acl(principal, "TOPIC", "LITERAL", topic, op) for topic in access.reads for op in ("DESCRIBE", "CREATE", "READ")]
+    acls += [Acl(principal, "TOPIC", "LITERAL", topic, op) for topic in access.writes for op in ("DESCRIBE", "WRITE")]
+    if access.writes:
+        acls.append(Acl(principal, "CLUSTER", "LITERAL", CLUSTER, "IDEMPOTENT_WRITE"))
+    return list(dict.fromkeys(acls))  # a topic both read and written is described once
+
+
+def spark_acls(topic_prefix: str = "") -> list[Acl]:
+    """:data:`SPARK_USER`'s ACLs: every job's, once each."""
+    return list(dict.fromkeys(a for job in JOBS for a in job_acls(job, topic_prefix, user=SPARK_USER)))
 
 
 def fleet_acls(topic_prefix: str = "") -> list[Acl]:
@@ -120,4 +142,5 @@ def fleet_acls(topic_prefix: str = "") -> list[Acl]:
     return [
         *(a for service in SERVICES for a in service_acls(service, topic_prefix)),
         *(a for job in JOBS for a in job_acls(job, topic_prefix)),
+        *spark_acls(topic_prefix),
     ]

@@ -286,13 +286,13 @@ ADMIN_USER = "admin"
 
 def credentials(layout: BrokerLayout) -> dict[str, str]:
     """Every SCRAM user's password (made once, kept in the broker's home)."""
-    from tools.kafka_acls import JOBS, SERVICES
+    from tools.kafka_acls import USERS
 
     try:
         known: dict[str, str] = json.loads(layout.credentials_file.read_text())
     except FileNotFoundError:
         known = {}
-    wanted = {ADMIN_USER, *SERVICES, *JOBS}
+    wanted = {ADMIN_USER, *USERS}
     if not wanted <= set(known):
         known = {**{user: secrets.token_urlsafe(24) for user in sorted(wanted)}, **known}
         layout.home.mkdir(parents=True, exist_ok=True)
@@ -366,11 +366,11 @@ def client_env(layout: BrokerLayout, user: str = ADMIN_USER) -> dict[str, str]:
 def grant(layout: BrokerLayout, topic_prefix: str = "") -> None:
     """Create (or update) every service's and job's SCRAM user, and its ACLs for topics and
     groups named with ``topic_prefix``. Granting what exists already changes nothing."""
-    from tools.kafka_acls import JOBS, SERVICES, fleet_acls
+    from tools.kafka_acls import USERS, fleet_acls
 
     passwords = credentials(layout)
-    apply_security(layout, {user: passwords[user] for user in (*SERVICES, *JOBS)}, fleet_acls(topic_prefix))
-    _log(f"granted {', '.join((*SERVICES, *JOBS))} their ACLs for topic prefix {topic_prefix!r}")
+    apply_security(layout, {user: passwords[user] for user in USERS}, fleet_acls(topic_prefix))
+    _log(f"granted {', '.join(USERS)} their ACLs for topic prefix {topic_prefix!r}")
 
 
 def apply_security(layout: BrokerLayout, users: dict[str, str], acls: Sequence[Acl]) -> None:

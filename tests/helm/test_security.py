@@ -97,6 +97,34 @@ def test_sasl_and_tls_credentials_come_from_the_named_secrets(render):
     assert env["STATEFLEET_KAFKA_SSL_KEYFILE"]["value"] == f"{mount['mountPath']}/tls.key"
 
 
+def test_a_workload_with_a_secret_of_its_own_connects_as_its_own_principal(render):
+    own = {"tallies": "kafka-tallies", "topics": "kafka-topics", "spark": "kafka-spark"}
+    m = render(
+        "sasl-tls",
+        sets=[f"kafka.sasl.workloadSecrets.{w}={name}" for w, name in own.items()]
+        + ["spark.mode=cluster", "spark.storage.accessModes={ReadWriteMany}"],
+    )
+
+    def workload(where: str) -> str:
+        if where.startswith("StatefulSet/"):
+            return where.removeprefix(f"StatefulSet/{RELEASE}-statefleet-")
+        return "topics" if where.startswith("Job/") else "spark"
+
+    seen = set()
+    for where, pod in m.pod_specs():
+        for c in containers(pod):
+            env = {e["name"]: e for e in c.get("env", [])}
+            if "STATEFLEET_KAFKA_SASL_USERNAME" not in env:
+                continue
+            expected = own.get(workload(where), "statefleet-kafka-scram")  # the release's Secret otherwise
+            for name in ("STATEFLEET_KAFKA_SASL_USERNAME", "STATEFLEET_KAFKA_SASL_PASSWORD"):
+                assert env[name]["valueFrom"]["secretKeyRef"]["name"] == expected, f"{where}: {name}"
+            seen.add(workload(where))
+    # Every kind of workload was looked at, the executors' pod template among them.
+    assert seen == {"tallies", "validator", "retry-scheduler", "topics", "spark"}, seen
+    assert any(where.startswith("executor template") for where, _ in m.pod_specs())
+
+
 def test_plaintext_has_no_credentials_at_all(render):
     env = {
         e["name"]
@@ -109,6 +137,8 @@ def test_every_secret_reference_is_to_a_rendered_or_named_secret(render, scenari
     m = render(scenario)
     rendered = {s["metadata"]["name"] for s in m.all("Secret")}
     named = {"statefleet-kafka-scram", "statefleet-kafka-tls", "statefleet-admin-token", "kafka-ca"}
+    # The cluster run's: one Secret per principal, and the broker's CA.
+    named |= {f"statefleet-kafka-{n}" for n in ("admin", "tallies", "validator", "retry-scheduler", "spark", "ca")}
     for where, pod in m.pod_specs():
         for c in containers(pod):
             for e in c.get("env", []):
@@ -153,3 +183,12 @@ def test_image_by_digest_and_pull_secrets(render):
         "image"
     ]
     assert default_image == "statefleet:0.1.0"
+
+
+def test_a_service_or_topic_job_that_exits_says_why_in_its_pod_status(render):
+    m = render()
+    workloads = [(w, pod) for w, pod in m.pod_specs() if w.startswith(("StatefulSet/", "Job/"))]
+    assert len(workloads) == 4, [w for w, _ in workloads]  # three services and the topic Job
+    for where, pod in workloads:
+        for c in pod["containers"]:
+            assert c["terminationMessagePolicy"] == "FallbackToLogsOnError", where

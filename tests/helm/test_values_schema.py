@@ -13,6 +13,9 @@ import yaml
 
 from tests.helm.chart import CHART, RenderError, run_helm
 
+#: The workloads that connect to Kafka, each of which may have a SASL Secret of its own.
+SASL_WORKLOADS = ("tallies", "validator", "retryScheduler", "topics", "spark")
+
 
 def reject(sets: list[str]) -> str:
     with pytest.raises(RenderError) as err:
@@ -25,7 +28,7 @@ def reject(sets: list[str]) -> str:
     [
         (["kafka.bootstrapServers="], "at '/kafka/bootstrapServers': minLength"),
         (["kafka.bootstrapServers=kafka"], "at '/kafka/bootstrapServers': 'kafka' does not match pattern"),
-        (["kafka.securityProtocol=SASL_SSL"], "at '/kafka/sasl/existingSecret': minLength: got 0, want 1"),
+        (["kafka.sasl.workloadSecrets.talies=s"], "at '/kafka/sasl/workloadSecrets': additional properties 'talies' not allowed"),
         (["kafka.securityProtocol=TLS"], "at '/kafka/securityProtocol': value must be one of"),
         (
             ["kafka.sasl.existingSecret=s", "kafka.sasl.password=hunter2"],
@@ -67,6 +70,18 @@ def test_schema_rejects_bad_values_with_the_path_and_reason(sets, expected):
         (
             ["topics.replicationFactor=1"],
             "topics.create.defaultConfigs: min.insync.replicas 2 is more than topics.replicationFactor 1",
+        ),
+        (
+            ["kafka.securityProtocol=SASL_SSL"],
+            "kafka.securityProtocol is SASL_SSL but tallies has no SASL credentials: set kafka.sasl.existingSecret",
+        ),
+        (
+            [
+                "kafka.securityProtocol=SASL_SSL",
+                *(f"kafka.sasl.workloadSecrets.{w}=kafka-{w.lower()}" for w in SASL_WORKLOADS[:-1]),
+            ],
+            "but spark has no SASL credentials: set kafka.sasl.existingSecret (every workload), "
+            "or kafka.sasl.workloadSecrets.spark",
         ),
         (["spark.mode=cluster"], "set spark.storage.accessModes to [ReadWriteMany]"),
         (["spark.join.runner=sparkApplication"], "set spark.storage.accessModes to [ReadWriteMany]"),

@@ -28,8 +28,10 @@ class CommandFailed(AssertionError):
     pass
 
 
-def run(argv: list[str], timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, "KUBECONFIG": KUBECONFIG})
+def run(argv: list[str], timeout: float = 900, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, input=stdin, env={**os.environ, "KUBECONFIG": KUBECONFIG}
+    )
     if check and result.returncode != 0:
         raise CommandFailed(
             f"{' '.join(argv[:6])} ... exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -37,8 +39,13 @@ def run(argv: list[str], timeout: float = 900, check: bool = True) -> subprocess
     return result
 
 
-def kubectl(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return run([str(_build.binary("kubectl")), *args], timeout=timeout, check=check)
+def kubectl(*args: str, timeout: float = 300, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return run([str(_build.binary("kubectl")), *args], timeout=timeout, check=check, stdin=stdin)
+
+
+def apply(namespace: str, *objects: dict[str, Any]) -> None:
+    """Create or update ``objects`` in ``namespace``, given on stdin (a Secret's data never on a command line)."""
+    kubectl("-n", namespace, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
 
 
 def kubectl_json(*args: str) -> Any:

@@ -5,16 +5,23 @@ built; traffic through the Services; a tallies pod killed with ``--force``; ever
 StatefulSet rolled by ``helm upgrade``; tallies scaled 2 → 3 → 2; a Spark CronJob run by
 hand; uninstalled. The tests run in file order and share the release; each records what it
 measured in ``.local/kube-check-results.json`` (docs/kubernetes.md quotes the figures).
+
+Kafka is the cluster's secure broker (`make cluster-up`): SASL_SSL only, with ACLs. Each
+service and the Spark jobs connect as a principal of their own, with credentials from the
+Secrets `helm/statefleet/ci/cluster-values.yaml` names, which the ``ns`` fixture creates from
+the broker's credentials; the test's own Kafka clients connect as the admin.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,7 @@ from tests.kube.cluster import (
     VALUES,
     Namespace,
     Reader,
+    apply,
     cluster_reachable,
     helm,
     is_ready,
@@ -40,6 +48,7 @@ from tests.kube.cluster import (
 from tests.support.accounts import create_command
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
+from tools import kafka_broker
 
 pytestmark = pytest.mark.kube
 
@@ -54,13 +63,53 @@ def prefix() -> str:
     return f"k{uuid.uuid4().hex[:8]}."
 
 
+#: The cluster values' Kafka Secrets (helm/statefleet/ci/cluster-values.yaml) and the broker user each holds.
+KAFKA_SECRETS = {
+    "statefleet-kafka-admin": kafka_broker.ADMIN_USER,
+    "statefleet-kafka-tallies": "tallies",
+    "statefleet-kafka-validator": "validator",
+    "statefleet-kafka-retry-scheduler": "retry_scheduler",
+    "statefleet-kafka-spark": "spark",
+}
+KAFKA_CA_SECRET = "statefleet-kafka-ca"
+
+
+def secret(name: str, data: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque", "stringData": data}
+
+
 @pytest.fixture(scope="module")
-def ns(prefix: str) -> Iterator[Namespace]:
+def broker() -> kafka_broker.BrokerLayout:
+    """The cluster's broker (make cluster-up starts it; mk/kube.mk gives its address)."""
+    layout = kafka_broker.secure_layout()
+    if not kafka_broker.is_ready(layout):
+        pytest.fail(f"the cluster's secure broker does not answer on {layout.bootstrap}: start it with `make cluster-up`")
+    return layout
+
+
+@pytest.fixture(scope="module")
+def kafka(broker: kafka_broker.BrokerLayout) -> dict[str, Any]:
+    """The test's own Kafka connection: the admin, above ACLs."""
+    return kafka_broker.admin_kwargs(broker)
+
+
+@pytest.fixture(scope="module")
+def ns(prefix: str, broker: kafka_broker.BrokerLayout) -> Iterator[Namespace]:
     reason = cluster_reachable()
     if reason is not None:
         pytest.fail(reason)
     namespace = Namespace(f"statefleet-{prefix.rstrip('.')}")
     RESULTS.unlink(missing_ok=True)  # this run's figures only
+    # What a Kafka administrator hands the release: a principal per workload with its ACLs
+    # for this fleet's topic prefix, its credentials in a Secret each, and the CA.
+    kafka_broker.grant(broker, prefix)
+    passwords = kafka_broker.credentials(broker)
+    kubectl("create", "namespace", namespace.name)
+    apply(
+        namespace.name,
+        *(secret(name, {"username": user, "password": passwords[user]}) for name, user in KAFKA_SECRETS.items()),
+        secret(KAFKA_CA_SECRET, {"ca.crt": broker.ca_file.read_text()}),
+    )
     yield namespace
     # Whatever a failed test left: the release, then the namespace with its claims.
     helm("uninstall", RELEASE, "-n", namespace.name, "--wait", check=False, timeout=300)
@@ -125,7 +174,7 @@ def tally_urls(ns: Namespace) -> list[str]:
 # -- install ---------------------------------------------------------------------------------
 
 
-def test_install_brings_every_pod_ready_and_helm_test_passes(ns: Namespace, prefix: str) -> None:
+def test_install_brings_every_pod_ready_and_helm_test_passes(ns: Namespace, prefix: str, kafka: dict[str, Any]) -> None:
     started = time.monotonic()
     helm("install", *install_args(ns, prefix), "--create-namespace", "--wait", "--wait-for-jobs", "--timeout", "8m")
     installed_s = time.monotonic() - started
@@ -136,7 +185,7 @@ def test_install_brings_every_pod_ready_and_helm_test_passes(ns: Namespace, pref
     assert f"{RELEASE}-console" in " ".join(names), names
     # The topic Job (a pre-install hook, deleted once it succeeded) created every topic.
     for topic in ("account-commands", "account-events", "dead-letters", "retry", "parking-lot", "program-tallies"):
-        assert read_all(prefix + topic) is not None
+        assert read_all(prefix + topic, connection=kafka) is not None
     # Every claim is bound to one of the cluster's volumes.
     claims = kubectl_json("-n", ns.name, "get", "pvc")["items"]
     assert claims and all(c["status"]["phase"] == "Bound" for c in claims), [c["status"] for c in claims]
@@ -146,6 +195,80 @@ def test_install_brings_every_pod_ready_and_helm_test_passes(ns: Namespace, pref
     assert tested.returncode == 0, f"helm test failed:\n{tested.stdout}\n{tested.stderr}\n{logs}"
     assert "Phase:          Succeeded" in tested.stdout, tested.stdout
     record("install", seconds=round(installed_s, 1), pods=len(pods))
+
+
+# -- credentials -----------------------------------------------------------------------------
+
+
+def test_every_workload_connects_over_sasl_ssl_as_its_own_principal(ns: Namespace) -> None:
+    workloads = {f"statefulset/{RELEASE}-{s}": f"statefleet-kafka-{s}" for s in SERVICES}
+    workloads[f"cronjob/{RELEASE}-backfill-tallies"] = "statefleet-kafka-spark"
+    for workload, expected in workloads.items():
+        obj = kubectl_json("-n", ns.name, "get", workload)
+        spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+        env = {e["name"]: e for e in spec["template"]["spec"]["containers"][0]["env"]}
+        assert env["STATEFLEET_KAFKA_SECURITY_PROTOCOL"]["value"] == "SASL_SSL", workload
+        for name in ("STATEFLEET_KAFKA_SASL_USERNAME", "STATEFLEET_KAFKA_SASL_PASSWORD"):
+            assert env[name]["valueFrom"]["secretKeyRef"]["name"] == expected, (workload, name)
+        assert env["STATEFLEET_KAFKA_SSL_CAFILE"]["value"].endswith("/ca.crt"), workload
+
+
+def start_tallies_pod_with(ns: Namespace, name: str, kafka_secret: str) -> None:
+    """A pod like a tallies pod, outside its StatefulSet and Services, connecting with ``kafka_secret``."""
+    template = ns.statefulset(f"{RELEASE}-tallies")["spec"]["template"]
+    spec = template["spec"]
+    container = spec["containers"][0]
+    for env in container["env"]:
+        ref = env.get("valueFrom", {}).get("secretKeyRef")
+        if ref and ref["name"] == "statefleet-kafka-tallies":
+            ref["name"] = kafka_secret
+    for key in ("startupProbe", "livenessProbe", "readinessProbe", "lifecycle"):
+        container.pop(key, None)
+    spec["restartPolicy"] = "Never"
+    spec["volumes"] = [*spec.get("volumes", []), {"name": "data", "emptyDir": {}}]  # not the StatefulSet's claims
+    apply(
+        ns.name,
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"check": "kafka-credentials"}}, "spec": spec},
+    )
+
+
+def exit_of(ns: Namespace, name: str, timeout: float = 180) -> dict[str, Any]:
+    def terminated() -> dict[str, Any] | None:
+        pod = ns.pod(name)
+        statuses = (pod or {}).get("status", {}).get("containerStatuses", [])
+        state: dict[str, Any] | None = statuses[0]["state"].get("terminated") if statuses else None
+        return state
+
+    state: dict[str, Any] = wait_for(terminated, timeout=timeout, interval=1, message=f"{name} to exit")
+    return state
+
+
+def test_a_wrong_password_or_a_missing_acl_stops_a_pod_with_the_reason_in_its_status(ns: Namespace) -> None:
+    """No silent hang, no restart without a reason: the container exits at start-up, and its
+    last log lines become the pod's termination message (what `kubectl describe pod` shows)."""
+    passwords = kafka_broker.credentials(kafka_broker.secure_layout())
+    apply(ns.name, secret("kafka-wrong-password", {"username": "tallies", "password": "not-" + passwords["tallies"]}))
+    start_tallies_pod_with(ns, "tallies-wrong-password", "kafka-wrong-password")
+    # The validator's principal has no ACL on logins, one of the tallies' inputs.
+    start_tallies_pod_with(ns, "tallies-as-validator", "statefleet-kafka-validator")
+    try:
+        wrong = exit_of(ns, "tallies-wrong-password")
+        assert wrong["exitCode"] != 0, wrong
+        assert "tallies cannot start: SASL authentication failed for user 'tallies'" in wrong.get("message", ""), wrong
+        denied = exit_of(ns, "tallies-as-validator")
+        assert denied["exitCode"] != 0, denied
+        message = denied.get("message", "")
+        assert "tallies cannot start: user 'validator' is not authorized" in message, denied
+        assert "grant User:validator" in message, denied  # and it says what to grant
+        record("credentials", wrong_password_exit_s=seconds_running(wrong), missing_acl_exit_s=seconds_running(denied))
+    finally:
+        kubectl("-n", ns.name, "delete", "pod", "-l", "check=kafka-credentials", "--wait=false", check=False)
+        kubectl("-n", ns.name, "delete", "secret", "kafka-wrong-password", check=False)
+
+
+def seconds_running(terminated: dict[str, Any]) -> float:
+    started, finished = (datetime.fromisoformat(terminated[k].replace("Z", "+00:00")) for k in ("startedAt", "finishedAt"))
+    return (finished - started).total_seconds()
 
 
 # -- traffic ---------------------------------------------------------------------------------
@@ -164,7 +287,7 @@ def name(host):
         return socket.gethostbyname(host)
     except OSError as error:
         return type(error).__name__
-print(json.dumps({"broker": tcp("198.18.0.1", 9092), "gateway": tcp(sys.argv[1], 443),
+print(json.dumps({"broker": tcp("198.18.0.1", 9096), "gateway": tcp(sys.argv[1], 443),
                   "public": tcp("192.0.2.10", 80), "service": name(sys.argv[2]), "outside_name": name("example.com")}))
 """
 
@@ -193,8 +316,10 @@ def test_commands_through_the_validator_give_exact_tallies(ns: Namespace, expect
     tallies_exact(ns, expected)
 
 
-def test_a_poison_message_is_parked_and_replayed_through_the_retry_scheduler(ns: Namespace, prefix: str) -> None:
-    produce(prefix + "account-commands", [(b"acct-poison", b"not json")])
+def test_a_poison_message_is_parked_and_replayed_through_the_retry_scheduler(
+    ns: Namespace, prefix: str, kafka: dict[str, Any]
+) -> None:
+    produce(prefix + "account-commands", [(b"acct-poison", b"not json")], connection=kafka)
     url = ns.service_url("retry-scheduler")
 
     def parked() -> list[dict[str, Any]]:
@@ -216,7 +341,7 @@ def test_a_poison_message_is_parked_and_replayed_through_the_retry_scheduler(ns:
         return again[0] if again else None
 
     wait_for(parked_again, timeout=90, message="the replayed poison command parked again")
-    retried = [r for r in read_all(prefix + "retry-validator") if r.key == b"acct-poison"]
+    retried = [r for r in read_all(prefix + "retry-validator", connection=kafka) if r.key == b"acct-poison"]
     assert retried, "the replay sent nothing to the validator's retry topic"
 
 
@@ -453,16 +578,20 @@ def test_prometheus_scrapes_every_service_pod_and_each_dashboard_panel_has_serie
 # -- Spark -----------------------------------------------------------------------------------
 
 
-def test_a_spark_cronjob_run_by_hand_completes(ns: Namespace) -> None:
+def test_a_spark_cronjob_run_by_hand_completes(ns: Namespace, prefix: str) -> None:
     cronjob = f"{RELEASE}-backfill-tallies"
     job = f"backfill-by-hand-{uuid.uuid4().hex[:5]}"
     started = time.monotonic()
     kubectl("-n", ns.name, "create", "job", f"--from=cronjob/{cronjob}", job)
     done = kubectl("-n", ns.name, "wait", f"job/{job}", "--for=condition=complete", "--timeout=900s", timeout=960, check=False)
-    logs = kubectl("-n", ns.name, "logs", f"job/{job}", "--tail", "60", check=False).stdout
+    logs = kubectl("-n", ns.name, "logs", f"job/{job}", check=False).stdout
     assert done.returncode == 0, f"{job} did not complete: {done.stderr}\n{logs}"
     # The connector jars are baked into the image: nothing was resolved at run time.
     assert ":: resolving dependencies ::" not in logs, logs
+    # It read the events over SASL_SSL as the `spark` principal (the test above checks its Secret).
+    read = re.search(rf"reading {re.escape(prefix)}account-events offsets (\{{.*\}})", logs)
+    assert read, logs
+    assert any(end > 0 for _, end in ast.literal_eval(read.group(1)).values()), read.group(0)
     record("spark", job=cronjob, seconds=round(time.monotonic() - started, 1))
 
 
@@ -482,8 +611,9 @@ def test_uninstall_leaves_only_the_kept_claims(ns: Namespace) -> None:
     kept_claims = {n for n in remaining if n.startswith("persistentvolumeclaim/")}
     others = set(remaining) - kept_claims
     # docs/kubernetes.md: the StatefulSets' data claims and the Spark storage claim are kept,
-    # and so is the admin token's Secret (helm.sh/resource-policy: keep).
-    assert others <= {f"secret/{RELEASE}-admin"}, others
+    # and so is the admin token's Secret (helm.sh/resource-policy: keep). The Kafka Secrets
+    # were never the release's: the fixture made them, as an administrator would.
+    assert others <= {f"secret/{RELEASE}-admin", *(f"secret/{n}" for n in (*KAFKA_SECRETS, KAFKA_CA_SECRET))}, others
     data_claims = {f"persistentvolumeclaim/data-{RELEASE}-{s}-{i}" for s in SERVICES for i in (0, 1)}
     assert data_claims <= kept_claims, kept_claims
     record("uninstall", kept=sorted(remaining))
@@ -491,4 +621,4 @@ def test_uninstall_leaves_only_the_kept_claims(ns: Namespace) -> None:
 
 def test_results_are_recorded() -> None:
     results = json.loads(RESULTS.read_text())
-    assert {"install", "kill", "upgrade", "scale", "prometheus", "spark", "uninstall"} <= set(results), results
+    assert {"install", "credentials", "kill", "upgrade", "scale", "prometheus", "spark", "uninstall"} <= set(results), results

@@ -1,6 +1,9 @@
 """A real single-node Kubernetes cluster on this machine, built from the Go module proxy.
 
     python -m tools.kube_cluster build       build the binaries into the cache (once)
+    python -m tools.kube_cluster build --background
+                                             the same in a process of its own, at the lowest
+                                             priority (make test starts it first, when needed)
     python -m tools.kube_cluster up          build, then start the cluster (root)
     python -m tools.kube_cluster down        stop it and restore the host (root)
     python -m tools.kube_cluster status      what runs
@@ -21,7 +24,10 @@ from tools.kube_cluster import _build, _network, _node
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.kube_cluster", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build the binaries into the cache")
+    build = sub.add_parser("build", help="build the binaries into the cache")
+    build.add_argument(
+        "--background", action="store_true", help="build in a process of its own at the lowest CPU and I/O priority, and return"
+    )
     sub.add_parser("up", help="start the cluster (builds first)")
     down = sub.add_parser("down", help="stop the cluster and restore the host")
     down.add_argument("--keep", action="store_true", help="keep the cluster's home (etcd, volumes, logs) for a later `up`")
@@ -33,7 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     home = _node.default_home()
     try:
-        if args.command == "build":
+        if args.command == "build" and args.background:
+            log = _build.BACKGROUND_LOG.resolve()
+            pid = _build.build_in_background(log)
+            if pid is not None:
+                names = ", ".join(c.name for c in _build.missing())
+                print(f"[cluster] building {names} in the background (pid {pid}, lowest priority; log: {log})", file=sys.stderr)
+        elif args.command == "build":
             _build.build_all()
         elif args.command == "up":
             _node.up(home)

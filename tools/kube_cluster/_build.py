@@ -11,6 +11,7 @@ wrapper module requires them and replaces each staging module with its published
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -187,12 +188,55 @@ def _build(component: Component) -> None:
     _log(f"built {component.name} {component.version} in {time.monotonic() - started:.0f}s into {component.folder}")
 
 
+def missing() -> list[Component]:
+    """The components not in the cache yet (none, on a warm machine)."""
+    return [c for c in COMPONENTS if not c.bin.is_dir()]
+
+
 def build_all() -> None:
-    """Builds each component that is not in the cache yet (nothing, on a warm machine)."""
-    for component in COMPONENTS:
-        if component.bin.is_dir():
-            continue
-        _build(component)
+    """Builds each component that is not in the cache yet (nothing, on a warm machine).
+
+    One build at a time per cache: a second one (``make cluster-up`` while the build that
+    ``make test`` started early still runs) waits for the first, then finds its work done."""
+    if not missing():
+        return
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".build.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"another build of the cluster's binaries is running (see {BACKGROUND_LOG.name} in the clone's .local): waiting")
+            started = time.monotonic()
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            _log(f"waited {time.monotonic() - started:.0f}s for it")
+        for component in missing():
+            _build(component)
+
+
+#: Where ``build_in_background`` writes its log (in the clone that started it).
+BACKGROUND_LOG = Path(".local") / "kube-build.log"
+
+
+def build_in_background(log: Path) -> int | None:
+    """Start ``build_all`` in a process of its own at the lowest CPU and I/O priority, when a
+    component is missing: the build then uses what a test run leaves idle (two cores for
+    about 17 minutes, cold). Returns its pid, or None when everything is built."""
+    if not missing():
+        return None
+    log.parent.mkdir(parents=True, exist_ok=True)
+    priority = ["nice", "-n", "19"]
+    if shutil.which("ionice"):
+        priority = ["ionice", "-c", "3", *priority]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [*priority, sys.executable, "-m", "tools.kube_cluster", "build"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return proc.pid
 
 
 def binary(name: str) -> Path:

@@ -142,10 +142,23 @@ seccompProfile:
 {{- end -}}
 
 {{/*
+The Secret with a workload's SASL credentials: its own under kafka.sasl.workloadSecrets,
+else the release's kafka.sasl.existingSecret. Call with (dict "ctx" $ "workload" "tallies").
+*/}}
+{{- define "statefleet.saslSecret" -}}
+{{- $own := get (.ctx.Values.kafka.sasl.workloadSecrets | default dict) .workload -}}
+{{- default .ctx.Values.kafka.sasl.existingSecret $own -}}
+{{- end -}}
+
+{{/*
 Environment of every container that talks to Kafka: connection, credentials
-(only as references to the named Secrets), topics, logging.
+(only as references to the named Secrets), topics, logging. Call with
+(dict "ctx" $ "workload" "tallies"): the workload (a service's key, "topics" or "spark")
+picks the SASL Secret, so that each connects as a principal of its own.
 */}}
 {{- define "statefleet.kafkaEnv" -}}
+{{- $sasl := include "statefleet.saslSecret" . -}}
+{{- with .ctx -}}
 - name: STATEFLEET_KAFKA_BOOTSTRAP_SERVERS
   value: {{ .Values.kafka.bootstrapServers | quote }}
 - name: STATEFLEET_KAFKA_SECURITY_PROTOCOL
@@ -156,12 +169,12 @@ Environment of every container that talks to Kafka: connection, credentials
 - name: STATEFLEET_KAFKA_SASL_USERNAME
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.kafka.sasl.existingSecret }}
+      name: {{ $sasl }}
       key: {{ .Values.kafka.sasl.usernameKey }}
 - name: STATEFLEET_KAFKA_SASL_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.kafka.sasl.existingSecret }}
+      name: {{ $sasl }}
       key: {{ .Values.kafka.sasl.passwordKey }}
 {{- end }}
 {{- if include "statefleet.mountsTls" . }}
@@ -184,6 +197,7 @@ Environment of every container that talks to Kafka: connection, credentials
   value: {{ .Values.logLevel | quote }}
 - name: HOME
   value: /tmp
+{{- end -}}
 {{- end -}}
 
 {{- define "statefleet.kafkaVolumes" -}}

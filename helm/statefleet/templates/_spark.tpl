@@ -129,7 +129,7 @@ Environment of a Spark driver container: call with (dict "ctx" $ "join" BOOL).
   value: {{ printf "%s pyspark-shell" (join " " $args) | quote }}
 {{- end }}
 {{ include "statefleet.spark.jobEnv" $ }}
-{{ include "statefleet.kafkaEnv" $ }}
+{{ include "statefleet.kafkaEnv" (dict "ctx" $ "workload" "spark") }}
 {{- end -}}
 
 {{/* Volumes of a Spark driver pod. */}}

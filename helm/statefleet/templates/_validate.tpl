@@ -3,6 +3,21 @@ Rules that span several values, each failing with a sentence that says what to
 change. Shapes, types, ranges and required values are in values.schema.json.
 */}}
 {{- define "statefleet.validate" -}}
+{{- if include "statefleet.usesSasl" . -}}
+{{- $workloads := list -}}
+{{- range $svc := include "statefleet.serviceCatalog" . | fromYamlArray -}}
+{{- if (include "statefleet.serviceValues" (dict "ctx" $ "key" $svc.key) | fromYaml).enabled -}}
+{{- $workloads = append $workloads $svc.key -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.topics.create.enabled -}}{{- $workloads = append $workloads "topics" -}}{{- end -}}
+{{- if include "statefleet.spark.anyJob" . -}}{{- $workloads = append $workloads "spark" -}}{{- end -}}
+{{- range $workload := $workloads -}}
+{{- if not (include "statefleet.saslSecret" (dict "ctx" $ "workload" $workload)) -}}
+{{- fail (printf "kafka.securityProtocol is %s but %s has no SASL credentials: set kafka.sasl.existingSecret (every workload), or kafka.sasl.workloadSecrets.%s (its own principal), to the name of a Secret holding the username and password" $.Values.kafka.securityProtocol $workload $workload) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if include "statefleet.spark.anyJob" . -}}
 {{- $podsElsewhere := or (eq .Values.spark.mode "cluster") (include "statefleet.spark.operator" .) -}}
 {{- if and $podsElsewhere (include "statefleet.spark.storageEnabled" .) (not (include "statefleet.spark.storageShared" .)) -}}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tools.kafka_acls import Acl, fleet_acls, job_acls, service_acls
+from tools.kafka_acls import JOBS, Acl, fleet_acls, job_acls, service_acls, spark_acls
 
 
 def grants(acls: list[Acl]) -> set[tuple[str, str, str, str]]:
@@ -49,3 +49,24 @@ def test_the_activation_join_reads_its_inputs_and_writes_only_activations() -> N
     assert reads == {"p.account-events", "p.logins", "p.activations"}  # its sink reads back what it wrote
     assert writes == {"p.activations"}
     assert not any(kind == "GROUP" for kind, _, _, _ in g)  # Spark's consumers assign, commit nothing
+
+
+def test_the_backfill_reads_its_inputs_and_may_publish_only_tallies() -> None:
+    g = grants(job_acls("backfill_tallies", "p."))
+    reads = {name for kind, _, name, op in g if kind == "TOPIC" and op == "READ"}
+    writes = {name for kind, _, name, op in g if kind == "TOPIC" and op == "WRITE"}
+    assert reads == {"p.account-events", "p.logins"}
+    assert writes == {"p.program-tallies"}  # with --publish-topic
+
+
+def test_the_archive_only_reads_events() -> None:
+    g = grants(job_acls("archive_events", "p."))
+    assert {op for kind, _, _, op in g if kind == "TOPIC"} == {"DESCRIBE", "CREATE", "READ"}
+    assert {name for _, _, name, _ in g} == {"p.account-events"}  # and nothing on the cluster
+
+
+def test_the_spark_user_holds_every_jobs_grants_and_nothing_more() -> None:
+    acls = spark_acls("p.")
+    assert {a.principal for a in acls} == {"User:spark"}
+    assert len(acls) == len(set(acls))
+    assert grants(acls) == set().union(*(grants(job_acls(job, "p.")) for job in JOBS))

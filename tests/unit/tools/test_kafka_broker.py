@@ -95,6 +95,15 @@ def test_the_secure_broker_config_has_one_sasl_ssl_listener_and_acls(tmp_path: P
     assert config.count("\nlisteners=") == 1  # replaced in place, not repeated
     # Its passwords are made once and kept from everyone else.
     assert kafka_broker.credentials(layout) == kafka_broker.credentials(layout)
-    assert set(kafka_broker.credentials(layout)) == {"admin", "validator", "tallies", "retry_scheduler", "activation_join"}
+    assert set(kafka_broker.credentials(layout)) == {
+        "admin",
+        "validator",
+        "tallies",
+        "retry_scheduler",
+        "activation_join",
+        "backfill_tallies",
+        "archive_events",
+        "spark",
+    }
     assert layout.credentials_file.stat().st_mode & 0o077 == 0
     assert layout.config.stat().st_mode & 0o077 == 0

@@ -3,11 +3,15 @@ what these machines need (docs/kubernetes.md#a-cluster-on-this-machine)."""
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
+import threading
 from pathlib import Path
 
-from tools.kube_cluster import _network, _node
+import pytest
+
+from tools.kube_cluster import _build, _network, _node
 
 BENCHMARK_RANGE = ipaddress.ip_network("198.18.0.0/15")
 
@@ -40,3 +44,41 @@ def test_settings_these_machines_need(tmp_path: Path) -> None:
     proxy = json.loads(_node._kube_proxy_config(home).read_text())
     # NodePorts on the bridge address only: kube-proxy then leaves route_localnet alone.
     assert proxy["mode"] == "iptables" and proxy["nodePortAddresses"] == [f"{_network.NODE_IP}/32"]
+
+
+def fake_components() -> list[_build.Component]:
+    return [_build.Component(name, "v1") for name in ("a", "b")]
+
+
+def test_a_second_build_waits_for_the_first_and_finds_its_work_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATEFLEET_CACHE", str(tmp_path))
+    built: list[str] = []
+
+    def build(component: _build.Component) -> None:
+        component.bin.mkdir(parents=True)
+        built.append(component.name)
+
+    monkeypatch.setattr(_build, "_build", build)
+    monkeypatch.setattr(_build, "COMPONENTS", fake_components())
+    (tmp_path / "kube").mkdir()
+    with open(tmp_path / "kube" / ".build.lock", "a+") as first:  # the build `make test` started
+        fcntl.flock(first, fcntl.LOCK_EX)
+        second = threading.Thread(target=_build.build_all)
+        second.start()
+        second.join(0.5)
+        assert second.is_alive() and built == []  # waiting, not building beside it
+        for component in _build.COMPONENTS[:1]:  # the first build finishes one component
+            component.bin.mkdir(parents=True)
+        fcntl.flock(first, fcntl.LOCK_UN)
+    second.join(10)
+    assert not second.is_alive()
+    assert built == ["b"]  # only what was still missing
+
+
+def test_nothing_starts_in_the_background_when_every_binary_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATEFLEET_CACHE", str(tmp_path))
+    monkeypatch.setattr(_build, "COMPONENTS", fake_components())
+    for component in _build.COMPONENTS:
+        component.bin.mkdir(parents=True)
+    assert _build.build_in_background(tmp_path / "build.log") is None
+    assert not (tmp_path / "build.log").exists()
