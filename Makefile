@@ -91,7 +91,7 @@ test-integration: broker ## Integration and end-to-end tests on the real broker
 test: venv broker ## The whole suite: lint, unit, integration, e2e, helm checks (what CI runs)
 	$(MAKE) test-early
 	$(MAKE) lint
-	$(VENV)/bin/pytest -q -m "not spark" --ignore=tests/helm --ignore=tests/image --ignore=tests/kube tests
+	$(VENV)/bin/pytest -q --durations=15 -m "not spark" --ignore=tests/helm --ignore=tests/image --ignore=tests/kube tests
 	$(MAKE) test-extra
 
 .PHONY: bench
