@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools import background
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TAG = "statefleet:0.1.0"
 SUITE = "bookworm"
@@ -107,6 +109,12 @@ def storage_args() -> list[str]:
         "--runroot",
         runroot,
     ]
+
+
+def build_lock() -> Path:
+    """Held while an image is built into the store: a second build waits for the first."""
+    runroot = storage_args()[storage_args().index("--runroot") + 1]
+    return Path(runroot + ".build.lock")
 
 
 def buildah(*args: str, capture: bool = False, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -259,8 +267,25 @@ def main(argv: list[str] | None = None) -> None:
         default=REPO / ".local" / "image-id",
         help="file that receives the built image's ID (make image-check runs that image)",
     )
+    parser.add_argument(
+        "--background",
+        action="store_true",
+        help="build in a process of its own at the lowest CPU and I/O priority, and return (make test starts it first)",
+    )
     args = parser.parse_args(argv)
+    if args.background:
+        if shutil.which("buildah") is not None:
+            forwarded = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--background"]
+            log_file = REPO / ".local" / "image-build.log"
+            pid = background.start_at_lowest_priority(["tools.image_build", *forwarded], log_file)
+            log(f"building {args.tag} in the background (pid {pid}, lowest priority; log: {log_file})")
+        return
     require_tools("buildah")
+    with background.exclusive(build_lock(), "image build", log):
+        build(args)
+
+
+def build(args: argparse.Namespace) -> None:
     started = time.monotonic()
     build_args = choose_bases(args.bases, args.pull_timeout)
     m2 = Path.home() / ".m2"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from tools.kube_cluster import _build, _network, _node
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     home = _node.default_home()
     try:
         if args.command == "build" and args.background:
-            log = _build.BACKGROUND_LOG.resolve()
+            log = Path(".local", "kube-build.log").resolve()
             pid = _build.build_in_background(log)
             if pid is not None:
                 names = ", ".join(c.name for c in _build.missing())

@@ -11,8 +11,6 @@ wrapper module requires them and replaces each staging module with its published
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -22,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from tools import background
 
 KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.7.3"
@@ -201,52 +201,18 @@ def build_all() -> None:
     ``make test`` started early still runs) waits for the first, then finds its work done."""
     if not missing():
         return
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".build.lock", "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _log(f"another build of the cluster's binaries is running (see {BACKGROUND_LOG.name} in the clone's .local): waiting")
-            started = time.monotonic()
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            _log(f"waited {time.monotonic() - started:.0f}s for it")
+    with background.exclusive(cache_root() / ".build.lock", "build of the cluster's binaries", _log):
         for component in missing():
             _build(component)
 
 
-#: Where ``build_in_background`` writes its log (in the clone that started it).
-BACKGROUND_LOG = Path(".local") / "kube-build.log"
-
-
 def build_in_background(log: Path) -> int | None:
-    """Start ``build_all`` in a process of its own at the lowest CPU and I/O priority, when a
-    component is missing: the build then uses what a test run leaves idle (two cores for
-    about 17 minutes, cold). Returns its pid, or None when everything is built."""
+    """Start ``build_all`` at the lowest priority (tools/background.py) when a component is
+    missing: it then uses what a test run leaves idle (two cores for about 17 minutes,
+    cold). Returns its pid, or None when everything is built."""
     if not missing():
         return None
-    log.parent.mkdir(parents=True, exist_ok=True)
-    priority = ["nice", "-n", "19"]
-    if shutil.which("ionice"):
-        priority = ["ionice", "-c", "3", *priority]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [*priority, sys.executable, "-m", "tools.kube_cluster", "build"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_lowest_autogroup_priority,
-        )
-    return proc.pid
-
-
-def _lowest_autogroup_priority() -> None:
-    """With the kernel's autogroup scheduling on, a new session is a scheduling group of its
-    own that gets an equal share of the CPU whatever its processes' nice values: the build
-    took half of the cores from the tests until its group was niced too (set after setsid)."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/autogroup").write_text("19")
+    return background.start_at_lowest_priority(["tools.kube_cluster", "build"], log)
 
 
 def binary(name: str) -> Path:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import json
-import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -84,15 +82,3 @@ def test_nothing_starts_in_the_background_when_every_binary_is_built(tmp_path: P
         component.bin.mkdir(parents=True)
     assert _build.build_in_background(tmp_path / "build.log") is None
     assert not (tmp_path / "build.log").exists()
-
-
-@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="the kernel has no autogroup scheduling")
-def test_the_background_builds_scheduling_group_is_niced_too() -> None:
-    # A new session is an autogroup of its own, which nice alone does not lower.
-    proc = subprocess.Popen(["sleep", "5"], start_new_session=True, preexec_fn=_build._lowest_autogroup_priority)
-    try:
-        time.sleep(0.2)
-        assert Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1] == "19"
-    finally:
-        proc.kill()
-        proc.wait()
