@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)
+# Builds and installs that outlive a clone (the cluster's binaries, helm, the linters): a
+# fresh clone on the same machine reuses them.
+export STATEFLEET_CACHE ?= $(HOME)/.cache/statefleet
 
 # Instances per service for `make up` (e.g. `make up TALLIES=3`).
 TALLIES ?= 1

@@ -1,7 +1,10 @@
 # The peers benchmark (tools/bench/peers): statefleet next to Kafka Streams and Quix Streams
-# on the same tally work. Its two peers are built once into .local/ (git-ignored):
+# on the same tally work. Its two peers are built once per machine into $(STATEFLEET_CACHE)
+# (see the Makefile), so that a fresh clone builds neither, and linked into .local/ where the
+# benchmark looks for them:
 #
-#   .local/bench/kstreams/   the Kafka Streams application jar and its lib/ (Maven)
+#   .local/bench/kstreams/   the Kafka Streams application jar and its lib/ (Maven), one
+#                            build per content of its sources
 #   .local/quix-venv/        Quix Streams in a virtualenv of its own, so that its pinned
 #                            dependencies never meet the project's
 #
@@ -10,29 +13,46 @@
 
 QUIXSTREAMS_VERSION ?= 3.28.1
 KSTREAMS_SRC := tools/bench/peers/kstreams
-KSTREAMS_OUT := $(CURDIR)/.local/bench/kstreams
-KSTREAMS_JAR := $(KSTREAMS_OUT)/statefleet-kstreams-tallies.jar
-QUIX_VENV := $(CURDIR)/.local/quix-venv
-QUIX_STAMP := $(QUIX_VENV)/.installed-quixstreams-$(QUIXSTREAMS_VERSION)
+KSTREAMS_SOURCES := $(KSTREAMS_SRC)/pom.xml $(sort $(shell find $(KSTREAMS_SRC)/src -type f 2>/dev/null))
+KSTREAMS_DIGEST := $(shell cat $(KSTREAMS_SOURCES) | sha256sum | cut -c1-16)
+KSTREAMS_CACHE := $(STATEFLEET_CACHE)/bench/kstreams-$(KSTREAMS_DIGEST)
+KSTREAMS_JAR := $(KSTREAMS_CACHE)/statefleet-kstreams-tallies.jar
+KSTREAMS_LINK := $(CURDIR)/.local/bench/kstreams
+QUIX_VENV := $(STATEFLEET_CACHE)/bench/quix-venv-$(QUIXSTREAMS_VERSION)
+QUIX_STAMP := $(QUIX_VENV)/.installed
+QUIX_LINK := $(CURDIR)/.local/quix-venv
 
-$(KSTREAMS_JAR): $(KSTREAMS_SRC)/pom.xml $(shell find $(KSTREAMS_SRC)/src -type f 2>/dev/null)
+# Built beside its place and moved in: a second clone building at the same time never sees
+# half a build.
+$(KSTREAMS_JAR):
 	@command -v java >/dev/null || { echo "bench-peers builds the Kafka Streams peer: install Java 17+"; exit 1; }
 	@command -v mvn >/dev/null || { echo "bench-peers builds the Kafka Streams peer with Maven: install Maven 3.8+"; exit 1; }
-	@echo "building the Kafka Streams tally into $(KSTREAMS_OUT)"
-	rm -rf $(KSTREAMS_OUT)
-	mvn -q -B -f $(KSTREAMS_SRC)/pom.xml package -Dbench.build.dir=$(KSTREAMS_OUT)
-	@touch $@
+	@echo "building the Kafka Streams tally into $(KSTREAMS_CACHE) (once per machine and source)"
+	@mkdir -p $(dir $(KSTREAMS_CACHE))
+	@work=$$(mktemp -d $(KSTREAMS_CACHE).XXXXXX) && trap 'rm -rf "$$work"' EXIT \
+		&& mvn -q -B -f $(KSTREAMS_SRC)/pom.xml package -Dbench.build.dir=$$work \
+		&& { mv -T $$work $(KSTREAMS_CACHE) 2>/dev/null || test -e $@; }
 
 $(QUIX_STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "bench-peers needs $(PYTHON) (Python 3.11+) for the Quix Streams peer"; exit 1; }
-	@echo "installing quixstreams $(QUIXSTREAMS_VERSION) into $(QUIX_VENV) (first run only)"
-	rm -rf $(QUIX_VENV)
-	env -u PYTHONPATH $(PYTHON) -m venv $(QUIX_VENV)
-	env -u PYTHONPATH $(QUIX_VENV)/bin/pip install -q --disable-pip-version-check quixstreams==$(QUIXSTREAMS_VERSION)
-	@touch $@
+	@mkdir -p $(dir $(QUIX_VENV))
+	@flock $(QUIX_VENV).lock bash -c 'test -e $@ && exit 0; \
+		echo "installing quixstreams $(QUIXSTREAMS_VERSION) into $(QUIX_VENV) (once per machine)"; \
+		rm -rf $(QUIX_VENV) \
+		&& env -u PYTHONPATH $(PYTHON) -m venv $(QUIX_VENV) \
+		&& env -u PYTHONPATH $(QUIX_VENV)/bin/pip install -q --disable-pip-version-check quixstreams==$(QUIXSTREAMS_VERSION) \
+		&& touch $@'
+
+# The links the benchmark and its smoke test find the peers by (tools/bench/peers/runner.py).
+.PHONY: bench-peers-links
+bench-peers-links: $(KSTREAMS_JAR) $(QUIX_STAMP)
+	@mkdir -p $(dir $(KSTREAMS_LINK))
+	@rm -rf $(KSTREAMS_LINK) $(QUIX_LINK)
+	@ln -sfn $(KSTREAMS_CACHE) $(KSTREAMS_LINK)
+	@ln -sfn $(QUIX_VENV) $(QUIX_LINK)
 
 .PHONY: bench-peers-build
-bench-peers-build: $(KSTREAMS_JAR) $(QUIX_STAMP) ## Build the peers benchmark's Kafka Streams jar and Quix Streams venv (.local/)
+bench-peers-build: bench-peers-links ## Build the peers benchmark's Kafka Streams jar and Quix Streams venv (once per machine)
 
 .PHONY: bench-peers
 bench-peers: broker venv bench-peers-build ## statefleet vs Kafka Streams vs Quix Streams on the same tallies (ARGS="--events N --rounds R")

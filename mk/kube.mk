@@ -11,7 +11,6 @@
 #                       `make image` built, traffic, kills, upgrade, scale, Spark, uninstall
 #   make kube-test      cluster-up, kube-check, cluster-down (part of `make test`)
 
-export STATEFLEET_CACHE ?= $(HOME)/.cache/statefleet
 KUBE_HOME ?= $(CURDIR)/.local/kube
 # The cluster's broker: the project's secure one (as a managed Kafka is), bound to the pod
 # bridge's address, beside the test brokers on 127.0.0.1.
@@ -31,11 +30,11 @@ cluster-down: ## Stop the cluster and its broker; restore the host as it was
 	$(KUBE_ENV) $(PY) -m tools.kube_cluster down
 
 .PHONY: kube-check
-kube-check: image $(HELM_STAMP) ## The chart in the running cluster: install, traffic, kills, upgrade, scale, Spark, uninstall
+kube-check: image $(HELM_LINK) ## The chart in the running cluster: install, traffic, kills, upgrade, scale, Spark, uninstall
 	@start=$$(date +%s); \
 	$(KUBE_ENV) $(PY) -m tools.kube_cluster load-image $$(cat $(IMAGE_ID_FILE)) --tag $(IMAGE) \
 	&& $(KUBE_ENV) $(KUBE_BROKER_ENV) STATEFLEET_HELM=$(HELM) KUBECONFIG=$(KUBE_HOME)/admin.kubeconfig \
-		$(VENV)/bin/pytest -q -p no:cacheprovider --timeout 1800 tests/kube \
+		$(VENV)/bin/pytest -q -p no:cacheprovider --durations=0 --timeout 1800 tests/kube \
 	&& echo "kube-check: passed in $$(( $$(date +%s) - start ))s"
 
 .PHONY: kube-test
@@ -49,6 +48,12 @@ kube-test: ## cluster-up, kube-check, cluster-down (what `make test` runs)
 kube-prebuild: venv ## Start building the cluster's missing binaries in the background (lowest CPU and I/O priority)
 	@$(PY) -m tools.kube_cluster build --background
 
-test-early:: kube-prebuild
+# The image's copy into the cluster's containerd (about 40 s of the check's time) happens
+# beside the suites too, once the image and the binaries are built; cluster-up waits for it.
+.PHONY: kube-preload
+kube-preload: venv ## Build the image and load it into the containerd of the cluster to come, in the background
+	@$(KUBE_ENV) $(PY) -m tools.kube_cluster preload --background --tag $(IMAGE) --bases $(IMAGE_BASES) --iidfile $(IMAGE_ID_FILE)
+
+test-early:: kube-prebuild kube-preload
 
 test-extra:: kube-test

@@ -419,6 +419,15 @@ class TableManagerHooks(TableManager):
 
     recovery_class: type[Recovery] = Recovery
 
+    async def on_start(self) -> None:
+        # Faust sleeps a second here first, for tables declared after the app starts. A
+        # service declares every table before, and the second delayed each start, restart
+        # and failover on its way to Ready. A table added later still fails loudly ("Too late
+        # to add tables").
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
+
     @property
     def recovery(self) -> Recovery:
         if self._recovery is None:

@@ -1,6 +1,7 @@
 """Render the chart with the helm binary that ``make helm-check`` builds, and pick objects out.
 
-helm comes from STATEFLEET_HELM (set by ``make helm-check``), .local/bin/helm, or PATH.
+helm comes from STATEFLEET_HELM (set by ``make helm-check``), .local/bin/helm (its link to the
+binary it caches per machine), or PATH.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def helm_binary() -> str:
     if not Path(candidate).exists():
         found = shutil.which("helm")
         if not found:
-            pytest.fail("helm is not installed: run `make helm-check`, which builds it into .local/bin", pytrace=False)
+            pytest.fail("helm is not installed: run `make helm-check` (it links .local/bin/helm)", pytrace=False)
         return found
     return candidate
 

@@ -8,6 +8,10 @@
     python -m tools.kube_cluster down        stop it and restore the host (root)
     python -m tools.kube_cluster status      what runs
     python -m tools.kube_cluster load-image IMAGE [--tag statefleet:0.1.0]
+    python -m tools.kube_cluster preload [--background] [--tag T] [--bases B] [--iidfile F]
+                                             build the image (as `make image`) and load it into
+                                             the containerd of a cluster not yet up (root; make
+                                             test starts it in the background)
     python -m tools.kube_cluster env         the KUBECONFIG line to export
 
 See docs/kubernetes.md#a-cluster-on-this-machine.
@@ -16,9 +20,12 @@ See docs/kubernetes.md#a-cluster-on-this-machine.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 from pathlib import Path
 
+from tools import background
 from tools.kube_cluster import _build, _network, _node
 
 
@@ -36,6 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     load = sub.add_parser("load-image", help="copy an image from the buildah store into the cluster")
     load.add_argument("image")
     load.add_argument("--tag", default="statefleet:0.1.0")
+    preload = sub.add_parser("preload", help="build the image and load it into the containerd of a cluster not yet up")
+    preload.add_argument("--tag", default="statefleet:0.1.0")
+    preload.add_argument("--bases", default="auto", help="as make image's IMAGE_BASES")
+    preload.add_argument("--iidfile", type=Path, default=Path(".local", "image-id"), help="as make image's")
+    preload.add_argument(
+        "--background", action="store_true", help="in a process of its own at the lowest CPU and I/O priority, and return"
+    )
     sub.add_parser("env", help="print the KUBECONFIG line to export")
     args = parser.parse_args(argv)
     home = _node.default_home()
@@ -64,6 +78,24 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if all(_node.running(home).values()) else 1
         elif args.command == "load-image":
             _node.load_image(home, args.image, args.tag)
+        elif args.command == "preload" and args.background:
+            if os.geteuid() != 0 or shutil.which("buildah") is None:
+                print("[cluster] no image preload: it needs root and buildah (kube-check loads the image)", file=sys.stderr)
+                return 0
+            forwarded = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--background"]
+            log = Path(".local", "kube-preload.log").resolve()
+            pid = background.start_at_lowest_priority(["tools.kube_cluster", *forwarded], log)
+            print(f"[cluster] loading {args.tag} into the cluster's containerd (pid {pid}; log: {log})", file=sys.stderr)
+        elif args.command == "preload":
+            iidfile: Path = args.iidfile.resolve()
+
+            def build_image() -> str:
+                from tools import image_build
+
+                image_build.main(["--tag", args.tag, "--bases", args.bases, "--iidfile", str(iidfile)])
+                return iidfile.read_text().strip()
+
+            _node.preload_image(home, build_image, args.tag)
         elif args.command == "env":
             print(f"export KUBECONFIG={home.kubeconfig}")
     except (_node.ClusterError, _build.BuildError, _network.NetworkError) as error:

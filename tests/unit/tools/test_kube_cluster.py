@@ -82,3 +82,40 @@ def test_nothing_starts_in_the_background_when_every_binary_is_built(tmp_path: P
         component.bin.mkdir(parents=True)
     assert _build.build_in_background(tmp_path / "build.log") is None
     assert not (tmp_path / "build.log").exists()
+
+
+@pytest.mark.parametrize("running_before", [False, True])
+def test_a_preload_waits_for_binaries_and_image_and_stops_only_the_containerd_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, running_before: bool
+) -> None:
+    home = _node.Home(tmp_path)
+    steps: list[str] = []
+    containerd_pid: list[int] = [4242] if running_before else []
+    monkeypatch.setattr(_node, "require_root", lambda: None)
+    monkeypatch.setattr(_build, "build_all", lambda: steps.append("binaries"))
+    monkeypatch.setattr(_node, "_pid", lambda home, name: containerd_pid[0] if containerd_pid else None)
+    monkeypatch.setattr(_node, "_start_containerd", lambda home, lowest_priority: steps.append(f"start low={lowest_priority}"))
+    monkeypatch.setattr(_node, "_ensure_pause_image", lambda home: steps.append("pause"))
+    monkeypatch.setattr(_node, "load_image", lambda home, image, tag: steps.append(f"load {image} as {tag}"))
+    monkeypatch.setattr(_node, "_stop", lambda home, name: steps.append(f"stop {name}"))
+
+    def build_image() -> str:
+        steps.append("image")
+        return "sha256:abc"
+
+    _node.preload_image(home, build_image, "statefleet:0.1.0")
+    loaded = ["binaries", "image", "start low=True", "pause", "load sha256:abc as statefleet:0.1.0"]
+    assert steps == (loaded if running_before else [*loaded, "stop containerd"])
+    # The lock `up` takes before it starts containerd is free again.
+    with open(tmp_path / "containerd.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_coredns_is_built_with_every_plugin_the_corefile_uses(tmp_path: Path) -> None:
+    depth, used = 0, []
+    for line in _node._corefile(_node.Home(tmp_path)).read_text().splitlines():
+        words = line.split()
+        if depth == 1 and words and words[0] != "}":
+            used.append(words[0])
+        depth += line.count("{") - line.count("}")
+    assert used and set(used) <= set(_build.COREDNS_PLUGINS), used

@@ -12,6 +12,7 @@ from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Transport
 from shared.engine import Engine
 from shared.engine._consumer import BatchConsumer
 from shared.engine._engine import _EngineApp
+from shared.engine._faust import TableManagerHooks
 from shared.engine._gc import freeze_startup_objects
 from shared.settings import Settings
 
@@ -67,3 +68,28 @@ def test_handlers_share_a_lane_exactly_when_they_write_a_common_table(tmp_path: 
     assert lanes["dead-letters"] == lanes["other"]
     distinct = {lanes["commands"], lanes["outcomes"], lanes["events"], lanes["dead-letters"]}
     assert len(distinct) == 4
+
+
+async def test_the_tables_start_at_once_without_faust_s_second_for_late_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(data_dir=str(tmp_path), topic_prefix="unit.")
+    engine = Engine("tuning", settings, 18999)
+    tables = engine._app.tables
+    assert isinstance(tables, TableManagerHooks)  # the engine's, over Faust's
+    steps: list[str] = []
+
+    async def update_channels() -> None:
+        steps.append("changelog channels")
+
+    async def start_recovery() -> None:
+        steps.append("recovery")
+
+    async def no_sleep(seconds: float) -> None:
+        raise AssertionError(f"the table manager slept {seconds}s on its way to Ready")
+
+    monkeypatch.setattr(tables, "_update_channels", update_channels)
+    monkeypatch.setattr(tables.recovery, "start", start_recovery)
+    monkeypatch.setattr(tables, "sleep", no_sleep)
+    await tables.on_start()
+    assert steps == ["changelog channels", "recovery"]
