@@ -131,6 +131,13 @@ class Settings(BaseSettings):
         description="Larger request bodies get 413. 768 KiB holds a batch of 1,000 commands of about 750 bytes, and a "
         "batch travels as one Kafka record, which the broker's default message.max.bytes (1 MB) must admit",
     )
+    http_keep_alive_s: int = Field(
+        75,
+        ge=1,
+        description="How long an idle HTTP connection stays open. Longer than the idle time of the clients and load "
+        "balancers in front (httpx keeps one 5 s, nginx 75 s): a server that closes first can do so just as a client "
+        "sends on it, and that request fails with no answer",
+    )
     forward_timeout_s: float = 5.0
     owner_read_timeout_s: float = Field(
         1.0, gt=0, description="Longest wait for the owner's answer to a read before it is answered from a copy"

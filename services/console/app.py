@@ -94,4 +94,11 @@ def main() -> None:
         settings.console_tallies_url,
         settings.console_retry_scheduler_url,
     )
-    uvicorn.run(create_app(settings), host=settings.http_host, port=port, log_level=settings.log_level.lower(), access_log=False)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.http_host,
+        port=port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        timeout_keep_alive=settings.http_keep_alive_s,
+    )

@@ -133,6 +133,7 @@ def serve_api(app: faust.App, api: FastAPI, settings: Settings, default_port: in
         host=settings.http_host,
         port=settings.port_for(default_port),
         h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
+        timeout_keep_alive=settings.http_keep_alive_s,
     )
 
 

@@ -5,6 +5,7 @@ instances answering for any key."""
 from __future__ import annotations
 
 import http.client
+import time
 import uuid
 from typing import Any
 from urllib.parse import quote
@@ -216,6 +217,23 @@ def test_a_huge_request_line_gets_a_json_4xx(shared_validator: ServiceProcess, s
         assert resp.status == 422
         assert resp.getheader("content-type") == "application/json"
         assert "error" in orjson.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_an_idle_connection_outlives_the_clients_keep_alive(shared_validator: ServiceProcess) -> None:
+    """httpx keeps an idle connection 5 s, uvicorn kept one 5 s too: a request sent as the server
+    closed it failed with "Server disconnected without sending a response". The services keep idle
+    connections 75 s, so a connection reused after 6 s idle still answers."""
+    conn = http.client.HTTPConnection("127.0.0.1", int(shared_validator.url.rsplit(":", 1)[1]), timeout=10)
+    try:
+        for pause_s in (0.0, 6.0):
+            time.sleep(pause_s)
+            conn.request("GET", "/healthz")
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 200
+            assert resp.getheader("connection") != "close"
     finally:
         conn.close()
 
