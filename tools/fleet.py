@@ -78,6 +78,20 @@ def _is_instance_of(pid: int, kind: ServiceKind) -> bool:
     return kind.module.encode() in cmdline
 
 
+def _wait_exec(pid: int, timeout: float = 5.0) -> None:
+    """Wait until ``pid`` runs its program: Popen can return while the kernel is still setting up
+    the new program, and until then /proc/<pid>/cmdline is empty, which `_is_instance_of` reads
+    as another program."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(pid):  # a zombie's cmdline is empty too
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes():
+                return
+        except OSError:
+            return  # gone already, or no procfs
+        time.sleep(0.005)
+
+
 def _recorded_pid(kind: ServiceKind, n: int) -> int | None:
     try:
         return int(_pid_file(kind, n).read_text())
@@ -147,6 +161,7 @@ def start_instance(kind: ServiceKind, n: int, extra_env: dict[str, str] | None =
             start_new_session=True,
         )
     _pid_file(kind, n).write_text(str(proc.pid))
+    _wait_exec(proc.pid)
     print(f"  {kind.name}-{n}: started pid {proc.pid} on {url(kind, n)}; log {log_path}")
 
 

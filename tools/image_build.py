@@ -113,8 +113,8 @@ def storage_args() -> list[str]:
 
 def build_lock() -> Path:
     """Held while an image is built into the store: a second build waits for the first."""
-    runroot = storage_args()[storage_args().index("--runroot") + 1]
-    return Path(runroot + ".build.lock")
+    args = storage_args()
+    return Path(args[args.index("--runroot") + 1] + ".build.lock")
 
 
 def buildah(*args: str, capture: bool = False, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -59,29 +59,29 @@ class Acl:
 
 
 @dataclass(frozen=True)
-class ServiceAccess:
-    """The topics a service reads and writes (literal names), and the prefixes it writes to."""
+class TopicAccess:
+    """The topics a service or a Spark job reads and writes (literal names), and the prefixes it writes to."""
 
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     write_prefixes: tuple[str, ...] = ()
 
 
-def service_access(service: str, topic_prefix: str = "") -> ServiceAccess:
+def service_access(service: str, topic_prefix: str = "") -> TopicAccess:
     t = TopicNames(prefix=topic_prefix)
     if service == "validator":
         # Its HTTP API writes the commands it is posted (POST /commands, /commands/batch).
-        return ServiceAccess(
+        return TopicAccess(
             reads=(t.account_commands, t.account_command_batches, t.account_events, t.service_retry(service)),
             writes=(t.account_commands, t.account_command_batches, t.account_events, t.account_rejections, t.dead_letters),
         )
     if service == "tallies":
-        return ServiceAccess(
+        return TopicAccess(
             reads=(t.account_events, t.logins, t.service_retry(service)), writes=(t.program_tallies, t.dead_letters)
         )
     if service == "retry_scheduler":
         # A dead letter names its retry topic (dlq.retry.topic): ``retry`` or ``retry-<service>``.
-        return ServiceAccess(reads=(t.dead_letters,), writes=(t.retry, t.parking_lot), write_prefixes=(t.retry,))
+        return TopicAccess(reads=(t.dead_letters,), writes=(t.retry, t.parking_lot), write_prefixes=(t.retry,))
     raise ValueError(f"unknown service {service!r}: one of {', '.join(SERVICES)}")
 
 
@@ -110,14 +110,14 @@ def service_acls(service: str, topic_prefix: str = "", user: str | None = None) 
     return acls
 
 
-def job_access(job: str, topic_prefix: str = "") -> ServiceAccess:
+def job_access(job: str, topic_prefix: str = "") -> TopicAccess:
     t = TopicNames(prefix=topic_prefix)
     if job == "activation_join":
-        return ServiceAccess(reads=(t.account_events, t.logins, t.activations), writes=(t.activations,))
+        return TopicAccess(reads=(t.account_events, t.logins, t.activations), writes=(t.activations,))
     if job == "backfill_tallies":
-        return ServiceAccess(reads=(t.account_events, t.logins), writes=(t.program_tallies,))
+        return TopicAccess(reads=(t.account_events, t.logins), writes=(t.program_tallies,))
     if job == "archive_events":
-        return ServiceAccess(reads=(t.account_events,), writes=())
+        return TopicAccess(reads=(t.account_events,), writes=())
     raise ValueError(f"unknown job {job!r}: one of {', '.join(JOBS)}")
 
 
