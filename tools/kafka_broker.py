@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import fcntl
 import json
 import os
 import secrets
@@ -517,6 +518,14 @@ def admin_kwargs(layout: BrokerLayout) -> dict[str, object]:
 def start(layout: BrokerLayout | None = None, wait_s: float = 90.0) -> BrokerLayout:
     layout = layout or default_layout()
     layout.home.mkdir(parents=True, exist_ok=True)
+    # Test workers start the broker they share at the same moment: one formats and starts it,
+    # the others find it running.
+    with open(layout.home / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start_locked(layout, wait_s)
+
+
+def _start_locked(layout: BrokerLayout, wait_s: float) -> BrokerLayout:
     if _pid(layout) is not None and is_ready(layout):
         _log(f"already running on {layout.bootstrap} (pid {_pid(layout)})")
         return layout

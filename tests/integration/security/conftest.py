@@ -37,6 +37,8 @@ class SecureBroker:
 
 @pytest.fixture(scope="module")
 def secure_broker() -> Iterator[SecureBroker]:
+    # Stops the broker it started: test modules using it must not run side by side (make test
+    # spreads the suite over processes by module, and only test_sasl_ssl.py runs there).
     layout = kafka_broker.secure_layout()
     was_running = kafka_broker.is_ready(layout) if layout.pid_file.exists() else False
     kafka_broker.start(layout)
