@@ -106,8 +106,9 @@ test-integration: broker ## Integration and end-to-end tests on the real broker
 TEST_WORKERS ?= 2
 
 .PHONY: test
-test: venv broker ## The whole suite: lint, unit, integration, e2e, helm checks (what CI runs)
+test: ## The whole suite: lint, unit, integration, e2e, helm checks (what CI runs)
 	$(MAKE) test-early
+	$(MAKE) broker
 	$(MAKE) lint
 	$(VENV)/bin/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark" \
 		--ignore=tests/helm --ignore=tests/image --ignore=tests/kube tests
@@ -118,7 +119,10 @@ bench: broker ## Benchmarks against the raw aiokafka baseline; results in docs/b
 	$(PY) -m tools.bench $(BENCH_ARGS)
 
 # Area makefiles add targets (spark-join, backfill, helm-check, ...) and extend test-extra;
-# test-early starts slow preparations in the background that the suites overlap.
+# test-early starts slow preparations in the background that the suites overlap. It comes
+# before the virtualenv: on a cold machine the builds then use the core that pip's
+# downloads leave idle. Its tools (tools/background.py, tools/image_build.py,
+# tools/kube_cluster) use only the standard library and run on $(PYTHON).
 .PHONY: test-extra test-early
 test-extra::
 	@true

@@ -31,8 +31,8 @@ image-check: image broker ## Build the image and run it like the chart: topic Jo
 # 5 min) starts with `make test`, at the lowest priority, and overlaps the suites; `make
 # image` waits for it, then finds every layer cached.
 .PHONY: image-prebuild
-image-prebuild: venv ## Start building the image in the background (lowest CPU and I/O priority)
-	@$(PY) -m tools.image_build --background --tag $(IMAGE) --bases $(IMAGE_BASES) --iidfile $(IMAGE_ID_FILE)
+image-prebuild: ## Start building the image in the background (lowest CPU and I/O priority)
+	@$(PYTHON) -m tools.image_build --background --tag $(IMAGE) --bases $(IMAGE_BASES) --iidfile $(IMAGE_ID_FILE)
 
 test-early:: image-prebuild
 

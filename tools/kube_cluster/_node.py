@@ -355,7 +355,7 @@ def _start_containerd(home: Home, lowest_priority: bool = False) -> None:
         home,
         "containerd",
         [_build.binary("containerd"), "--config", _containerd_config(home)],
-        env={"PATH": f"{_build.CONTAINERD.bin}:{os.environ.get('PATH', '')}"},
+        env={"PATH": f"{_build.GO_PROGRAMS_BUILD.bin}:{os.environ.get('PATH', '')}"},
         lowest_priority=lowest_priority,
     )
     _wait("containerd answering", lambda: _ctr(home, "version").returncode == 0, 30, home, "containerd")
@@ -669,7 +669,7 @@ def down(home: Home, wipe: bool = True) -> list[str]:
     require_root()
     if _pid(home, "containerd") is not None and _pid(home, "kubelet") is not None:
         _stop(home, "kubelet")
-    crictl = _build.CRICTL.bin / "crictl"
+    crictl = _build.GO_PROGRAMS_BUILD.bin / "crictl"
     if _pid(home, "containerd") is not None and crictl.exists():
         endpoint = f"unix://{home.containerd_socket}"
         subprocess.run([str(crictl), "-r", endpoint, "rmp", "-a", "-f"], capture_output=True, timeout=180)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -119,3 +120,30 @@ def test_coredns_is_built_with_every_plugin_the_corefile_uses(tmp_path: Path) ->
             used.append(words[0])
         depth += line.count("{") - line.count("}")
     assert used and set(used) <= set(_build.COREDNS_PLUGINS), used
+
+
+def test_every_binary_the_node_starts_is_built() -> None:
+    source = Path(_node.__file__).read_text()
+    started = set(re.findall(r'_build\.binary\("([^"]+)"\)', source))
+    assert {"etcd", "kube-apiserver", "kubelet", "containerd", "coredns", "pause"} <= started, started
+    assert started <= {*_build.GO_PROGRAMS, "pause"}, started - {*_build.GO_PROGRAMS, "pause"}
+
+
+def test_one_module_requires_every_program_and_replaces_the_staging_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staging = {"k8s.io/kubernetes": ["k8s.io/api", "k8s.io/client-go"], "go.etcd.io/etcd/server/v3": ["go.etcd.io/etcd/api/v3"]}
+    monkeypatch.setattr(_build, "_staging_replaces", lambda module, version, work: staging[module])
+    _build._write_module(tmp_path)
+    gomod = (tmp_path / "go.mod").read_text()
+    for module, version, _ in _build.GO_MODULES:
+        assert f"\t{module} {version}\n" in gomod
+    assert "\tk8s.io/client-go => k8s.io/client-go v0" + _build.KUBERNETES_VERSION[2:] + "\n" in gomod
+    assert f"\tgo.etcd.io/etcd/api/v3 => go.etcd.io/etcd/api/v3 {_build.ETCD_VERSION}\n" in gomod
+    # The module's own mains are the ones GO_PROGRAMS names.
+    local = [package for package in _build.GO_PROGRAMS.values() if package.startswith("./")]
+    assert local and all((tmp_path / package / "main.go").is_file() for package in local)
+    # The programs' recipe names the cache folder: another version builds again.
+    before = _build._programs_version()
+    monkeypatch.setattr(_build, "GO_MODULES", (*_build.GO_MODULES[:-1], ("github.com/prometheus/prometheus", "v0.1.0", None)))
+    assert _build._programs_version() != before
