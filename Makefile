@@ -108,7 +108,7 @@ TEST_WORKERS ?= 2
 .PHONY: test
 test: ## The whole suite: lint, unit, integration, e2e, helm checks (what CI runs)
 	$(MAKE) test-early
-	$(MAKE) broker
+	$(MAKE) broker test-ready
 	$(MAKE) lint
 	$(VENV)/bin/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark" \
 		--ignore=tests/helm --ignore=tests/image --ignore=tests/kube tests
@@ -122,11 +122,14 @@ bench: broker ## Benchmarks against the raw aiokafka baseline; results in docs/b
 # test-early starts slow preparations in the background that the suites overlap. It comes
 # before the virtualenv: on a cold machine the builds then use the core that pip's
 # downloads leave idle. Its tools (tools/background.py, tools/image_build.py,
-# tools/kube_cluster) use only the standard library and run on $(PYTHON).
-.PHONY: test-extra test-early
+# tools/kube_cluster) use only the standard library and run on $(PYTHON). test-ready then
+# builds what the suites need besides the virtualenv and the broker.
+.PHONY: test-extra test-early test-ready
 test-extra::
 	@true
 test-early::
+	@true
+test-ready::
 	@true
 
 -include mk/*.mk

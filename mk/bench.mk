@@ -53,4 +53,5 @@ bench-peers: broker venv bench-peers-build ## statefleet vs Kafka Streams vs Qui
 	$(PY) -m tools.bench peers $(ARGS)
 
 # `make bench` runs every area, this one included; the suite runs its smoke test.
-bench test test-integration: bench-peers-build
+bench test-integration: bench-peers-build
+test-ready:: bench-peers-build
