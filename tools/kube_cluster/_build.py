@@ -93,11 +93,14 @@ def _log(msg: str) -> None:
     print(f"[cluster] {msg}", file=sys.stderr, flush=True)
 
 
-def _go(args: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+def _go(args: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    """Runs ``go args`` and returns its output; a failure raises with what go printed (``-json``
+    commands print their error on stdout)."""
     full_env = {**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local", **(env or {})}
     result = subprocess.run([go_binary(), *args], cwd=cwd, env=full_env, capture_output=True, text=True)
     if result.returncode != 0:
-        raise BuildError(f"go {' '.join(args)} failed in {cwd}:\n{result.stderr[-4000:]}")
+        raise BuildError(f"go {' '.join(args)} failed in {cwd}:\n{(result.stdout + result.stderr)[-4000:]}")
+    return result.stdout
 
 
 @dataclass(frozen=True)
@@ -127,16 +130,7 @@ COMPONENTS = (GO_PROGRAMS_BUILD, PAUSE)
 
 def _go_mod_info(module: str, version: str, field: str, work: Path) -> Path:
     """A ``go mod download -json`` path field (``Dir``, ``GoMod``) of ``module@version``."""
-    info = subprocess.run(
-        [go_binary(), "mod", "download", "-json", f"{module}@{version}"],
-        cwd=work,
-        env={**os.environ, "GOTOOLCHAIN": "local"},
-        capture_output=True,
-        text=True,
-    )
-    if info.returncode != 0:
-        raise BuildError(f"go mod download {module}@{version} failed in {work}:\n{(info.stdout + info.stderr)[-4000:]}")
-    return Path(json.loads(info.stdout)[field])
+    return Path(json.loads(_go(["mod", "download", "-json", f"{module}@{version}"], cwd=work))[field])
 
 
 def _staging_replaces(module: str, version: str, work: Path) -> list[str]:
@@ -151,7 +145,8 @@ def _write_module(work: Path) -> None:
     (a main package of its own that imports them and sets the server's directives, the way
     CoreDNS documents builds with external plugins)."""
     work.mkdir(parents=True, exist_ok=True)
-    (work / "go.mod").write_text("module statefleet.local/cluster\n\ngo 1.26\n")
+    header = "module statefleet.local/cluster\n\ngo 1.26\n"
+    (work / "go.mod").write_text(header)  # the module the staging lookups below run in
     requires = "".join(f"\t{module} {version}\n" for module, version, _ in GO_MODULES)
     replaces = "".join(
         f"\t{name} => {name} {release}\n"
@@ -159,9 +154,7 @@ def _write_module(work: Path) -> None:
         if release is not None
         for name in _staging_replaces(module, version, work)
     )
-    (work / "go.mod").write_text(
-        f"module statefleet.local/cluster\n\ngo 1.26\n\nrequire (\n{requires})\n\nreplace (\n{replaces})\n"
-    )
+    (work / "go.mod").write_text(f"{header}\nrequire (\n{requires})\n\nreplace (\n{replaces})\n")
     (work / "etcd").mkdir()
     (work / "etcd" / "main.go").write_text(
         'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\n'
