@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiokafka.errors import KafkaError
 
+from tests.support.kafka import delete_topics_with_prefix
 from tools import kafka_broker
 
 
@@ -19,9 +22,17 @@ def kafka_bootstrap() -> Iterator[str]:
 
 
 @pytest.fixture
-def prefix() -> str:
-    """A topic and consumer-group prefix of this test's own."""
-    return f"t{uuid.uuid4().hex[:10]}."
+def prefix(kafka_bootstrap: str) -> Iterator[str]:
+    """A topic and consumer-group prefix of this test's own. Its topics are deleted once the test
+    and the fixtures that use the prefix (the service processes) are done: every Kafka client
+    start reads the metadata of all topics, so a broker that kept every test's topics (about 1,000
+    by the end of the suite) would make each later service start and test client slower."""
+    name = f"t{uuid.uuid4().hex[:10]}."
+    yield name
+    try:
+        delete_topics_with_prefix(name)
+    except KafkaError as exc:  # the test's outcome stands; only the broker keeps some topics longer
+        warnings.warn(f"could not delete the topics of prefix {name}: {exc!r}", stacklevel=1)
 
 
 @pytest.fixture

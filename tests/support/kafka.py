@@ -61,6 +61,23 @@ def create_topics(
     asyncio.run(run())
 
 
+def delete_topics_with_prefix(prefix: str) -> list[str]:
+    """Delete every topic whose name starts with ``prefix``; returns their names."""
+
+    async def run() -> list[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+        await admin.start()
+        try:
+            names = [name for name in await admin.list_topics() if name.startswith(prefix)]
+            if names:
+                await admin.delete_topics(names)
+            return names
+        finally:
+            await admin.close()
+
+    return asyncio.run(run())
+
+
 def produce(
     topic: str,
     records: Iterable[tuple[bytes | str | None, bytes | None]],
