@@ -5,31 +5,27 @@
 # against the Kubernetes schemas, lints the manifests (checkov) and the
 # Dockerfile (hadolint), and runs the pytest suite in tests/helm.
 
-HELM_VERSION ?= v3.22.0
+# helm's version is the cluster module's (tools/kube_cluster/_build.py), since helm is built from
+# that module.
+HELM_VERSION := $(shell sed -n 's/^HELM_VERSION = "\(.*\)"$$/\1/p' $(CURDIR)/tools/kube_cluster/_build.py)
 # Kubernetes version the chart is rendered and validated for (kubernetes-validate ships its schemas).
 KUBE_VERSION ?= 1.37.0
 CHECKOV_VERSION ?= 3.3.30
 HADOLINT_VERSION ?= 2.15.1
 
-# Go builds helm; the standard install location is used when go is not on PATH.
-GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
-
 # helm and the linters are cached outside the clone (STATEFLEET_CACHE, see the Makefile), so
 # that a fresh clone on the same machine builds and installs neither; .local/bin/helm links
 # to the cached binary for commands typed by hand.
-HELM := $(STATEFLEET_CACHE)/helm/$(HELM_VERSION)/helm
+HELM := $(STATEFLEET_CACHE)/kube/helm-$(HELM_VERSION)/helm
 HELM_LINK := $(CURDIR)/.local/bin/helm
 HELM_TOOLS := $(STATEFLEET_CACHE)/helm-tools/venv-checkov-$(CHECKOV_VERSION)-hadolint-$(HADOLINT_VERSION)
 HELM_TOOLS_STAMP := $(HELM_TOOLS)/.installed
 
-# helm, built from its Go module once per version; built beside its place and moved in, so
-# that two clones building at once never see half a binary.
+# helm, built once per version from the module of the cluster's Go programs (their Kubernetes
+# libraries are helm's, so each build finds most packages compiled by the other); built beside
+# its place and moved in, so that two clones building at once never see half a binary.
 $(HELM):
-	@test -x "$(GO)" || { echo "helm-check builds helm with Go: install Go 1.24 or newer (or pass GO=/path/to/go)"; exit 1; }
-	@mkdir -p $(@D)
-	@echo "building helm $(HELM_VERSION) into $(@D) (once per machine)"
-	@work=$$(mktemp -d $(@D)/.build.XXXXXX) && trap 'rm -rf "$$work"' EXIT \
-		&& GOBIN=$$work $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) && mv -f $$work/helm $@
+	@$(PYTHON) -m tools.kube_cluster build-helm $@
 
 $(HELM_LINK): $(HELM)
 	@mkdir -p $(@D)

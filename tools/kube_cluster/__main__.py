@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument(
         "--background", action="store_true", help="build in a process of its own at the lowest CPU and I/O priority, and return"
     )
+    helm = sub.add_parser("build-helm", help="build helm from the module of the cluster's programs (make helm-check's)")
+    helm.add_argument("dest", type=Path, help="the file to build it into (nothing is built when it exists)")
     sub.add_parser("up", help="start the cluster (builds first)")
     down = sub.add_parser("down", help="stop the cluster and restore the host")
     down.add_argument("--keep", action="store_true", help="keep the cluster's home (etcd, volumes, logs) for a later `up`")
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[cluster] building {names} in the background (pid {pid}, lowest priority; log: {log})", file=sys.stderr)
         elif args.command == "build":
             _build.build_all()
+        elif args.command == "build-helm":
+            _build.build_helm(args.dest.resolve())
         elif args.command == "up":
             _node.up(home)
         elif args.command == "down":

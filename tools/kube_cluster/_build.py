@@ -9,6 +9,10 @@ share most of their dependencies (k8s.io/api and client-go, grpc, protobuf, Open
 and one module picks one version of each, so each package compiles once rather than once per
 program (about 15,100 Go files to compile instead of about 26,000).
 
+helm (``make helm-check``, the cluster check) is built from the same module, on its own
+(``build_helm``): its Kubernetes libraries (client-go, apimachinery, kubectl, ...) are the
+cluster programs', so whichever of the two builds runs second finds them compiled.
+
 Kubernetes and etcd cannot be ``go install``ed: their go.mod files replace their staging
 modules with local folders, which Go refuses for a module taken from the proxy. The module
 replaces each staging module with its published release.
@@ -23,6 +27,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +43,9 @@ CRICTL_VERSION = "v1.37.0"
 #: Prometheus 3.x (its Go module is tagged v0.3xx). Debian's prometheus 2.42 is built without
 #: Kubernetes service discovery, which the cluster check scrapes the pods with.
 PROMETHEUS_VERSION = "v0.316.0"
+#: helm.mk reads this line for the path it keeps helm at.
+HELM_VERSION = "v3.22.0"
+HELM_PROGRAM = "helm.sh/helm/v3/cmd/helm"
 
 #: The plugins the cluster's Corefile uses (``_node._corefile``), in CoreDNS's own order (its
 #: plugin.cfg). A CoreDNS of these alone leaves out the cloud providers' SDKs, most of a full
@@ -65,13 +73,19 @@ GO_MODULES = (
     ("github.com/containerd/containerd/v2", CONTAINERD_VERSION, None),
     ("sigs.k8s.io/cri-tools", CRICTL_VERSION, None),
     ("github.com/prometheus/prometheus", PROMETHEUS_VERSION, None),
+    ("helm.sh/helm/v3", HELM_VERSION, None),
 )
 #: Prometheus with only its Kubernetes discovery: the other clouds' SDKs would double the build.
 #: No other module of the build uses these tags.
 GO_TAGS = "remove_all_sd,enable_kubernetes_sd"
 #: Static binaries with Go's own DNS resolver, as the projects' releases are built.
 GO_ENV = {"CGO_ENABLED": "0"}
+#: No debugging information: the linker drops it anyway (``-w`` below), so the compiler need not
+#: make it (docs/kubernetes.md has what that saves).
+GO_GCFLAGS = "all=-dwarf=false"
 GO_LDFLAGS = f"-s -w -X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}"
+#: As helm's release Makefile sets it (a build from a module other than helm's own would say "v3.22").
+HELM_LDFLAGS = f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM_VERSION}"
 
 
 class BuildError(RuntimeError):
@@ -119,7 +133,7 @@ class Component:
 
 def _programs_version() -> str:
     """Names what the Go build makes: its modules' versions, CoreDNS's plugins and the flags."""
-    recipe = repr((GO_MODULES, GO_PROGRAMS, COREDNS_PLUGINS, GO_TAGS, GO_ENV, GO_LDFLAGS))
+    recipe = repr((GO_MODULES, GO_PROGRAMS, COREDNS_PLUGINS, GO_TAGS, GO_ENV, GO_GCFLAGS, GO_LDFLAGS))
     return f"{KUBERNETES_VERSION}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
 
 
@@ -173,17 +187,62 @@ def _write_module(work: Path) -> None:
     )
 
 
-def _build_go_programs(out: Path, work: Path) -> None:
-    _write_module(work)
-    _log(f"building {', '.join(GO_PROGRAMS)} in one Go build (about 15 min on 2 cores when nothing is cached)")
+def _go_build(out: Path, work: Path, packages: Sequence[str], ldflags: str) -> None:
+    """``go build`` of ``packages`` in the module at ``work``, the executables into ``out``. Every
+    build of the module passes the same tags, environment and flags, so that the packages one
+    compiles are found in the build cache by the next."""
     _go(
-        ["build", "-p", "2", "-trimpath", "-tags", GO_TAGS, "-ldflags", GO_LDFLAGS, "-o", f"{out}/", *GO_PROGRAMS.values()],
+        [
+            "build",
+            "-p",
+            "2",
+            "-trimpath",
+            "-tags",
+            GO_TAGS,
+            "-gcflags",
+            GO_GCFLAGS,
+            "-ldflags",
+            ldflags,
+            "-o",
+            f"{out}/",
+            *packages,
+        ],
         cwd=work,
         env=GO_ENV,
     )
+
+
+def _build_go_programs(out: Path, work: Path) -> None:
+    _write_module(work)
+    _log(f"building {', '.join(GO_PROGRAMS)} in one Go build (about 15 min on 2 cores when nothing is cached)")
+    _go_build(out, work, list(GO_PROGRAMS.values()), GO_LDFLAGS)
     missing_programs = [name for name in GO_PROGRAMS if not (out / name).is_file()]
     if missing_programs:
         raise BuildError(f"the Go build in {work} made no {', '.join(missing_programs)}")
+
+
+def build_helm(dest: Path) -> None:
+    """helm ``HELM_VERSION`` into the file ``dest`` (nothing when it is there), from the module of
+    the cluster's programs. One build at a time per cache, as ``build_all``: when the cluster's
+    build runs (``make test`` starts it early), helm waits for it and then compiles only its own
+    packages; built first, it leaves the Kubernetes libraries compiled for the cluster's build."""
+    if dest.is_file():
+        return
+    with background.exclusive(cache_root() / ".build.lock", "build of the cluster's binaries or helm", _log):
+        if dest.is_file():
+            return
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".build.", dir=dest.parent))
+        try:
+            _write_module(work / "src")
+            (work / "bin").mkdir()
+            _log(f"building helm {HELM_VERSION} into {dest} (about 2.5 min on 2 cores when nothing is cached)")
+            started = time.monotonic()
+            _go_build(work / "bin", work / "src", [HELM_PROGRAM], HELM_LDFLAGS)
+            (work / "bin" / "helm").rename(dest)
+            _log(f"built helm {HELM_VERSION} in {time.monotonic() - started:.0f}s")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _build_pause(out: Path, work: Path) -> None:

@@ -7,6 +7,7 @@ import fcntl
 import ipaddress
 import json
 import re
+import subprocess
 import threading
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from tools.kube_cluster import _build, _network, _node
 
+REPO = Path(__file__).resolve().parents[3]
 BENCHMARK_RANGE = ipaddress.ip_network("198.18.0.0/15")
 
 
@@ -145,5 +147,55 @@ def test_one_module_requires_every_program_and_replaces_the_staging_modules(
     assert local and all((tmp_path / package / "main.go").is_file() for package in local)
     # The programs' recipe names the cache folder: another version builds again.
     before = _build._programs_version()
-    monkeypatch.setattr(_build, "GO_MODULES", (*_build.GO_MODULES[:-1], ("github.com/prometheus/prometheus", "v0.1.0", None)))
+    older_prometheus = tuple(
+        (module, "v0.1.0" if module == "github.com/prometheus/prometheus" else version, release)
+        for module, version, release in _build.GO_MODULES
+    )
+    monkeypatch.setattr(_build, "GO_MODULES", older_prometheus)
     assert _build._programs_version() != before
+
+
+def test_helm_is_built_from_the_programs_module_with_their_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Go build cache is shared only by builds with the same module, tags, environment and
+    compiler flags: helm's build and the programs' differ in their packages and link flags alone."""
+    monkeypatch.setenv("STATEFLEET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_build, "_write_module", lambda work: work.mkdir(parents=True))
+    builds: list[tuple[list[str], dict[str, str] | None]] = []
+
+    def go(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+        builds.append((list(args), env))
+        out = Path(args[args.index("-o") + 1])
+        for package in args[args.index("-o") + 2 :]:
+            (out / package.rsplit("/", 1)[-1]).write_text("")
+        return ""
+
+    monkeypatch.setattr(_build, "_go", go)
+    dest = tmp_path / "helm-v3" / "helm"
+    _build.build_helm(dest)
+    assert dest.is_file() and [p.name for p in dest.parent.iterdir()] == ["helm"]  # its work folder removed
+    _build.build_helm(dest)  # built: nothing to do
+    (tmp_path / "programs").mkdir()
+    _build._build_go_programs(tmp_path / "programs", tmp_path / "work")
+    assert len(builds) == 2
+    (helm_args, helm_env), (programs_args, programs_env) = builds
+
+    def compile_flags(args: list[str]) -> list[str]:
+        flags = args[: args.index("-o")]
+        del flags[flags.index("-ldflags") : flags.index("-ldflags") + 2]
+        return flags
+
+    assert compile_flags(helm_args) == compile_flags(programs_args) and helm_env == programs_env
+    assert helm_args[helm_args.index("-o") + 2 :] == [_build.HELM_PROGRAM]
+    assert f"version.version={_build.HELM_VERSION}" in helm_args[helm_args.index("-ldflags") + 1]
+
+
+def test_make_builds_the_helm_version_of_the_module() -> None:
+    probe = "print-helm-version: ; @echo $(HELM_VERSION) $(HELM)"
+    out = subprocess.run(
+        ["make", "-s", "--no-print-directory", f"--eval={probe}", "print-helm-version"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out[0] == _build.HELM_VERSION and out[1].endswith(f"/kube/helm-{_build.HELM_VERSION}/helm"), out
