@@ -367,9 +367,7 @@ def volume_of(ns: Namespace, claim: str) -> str:
     return str(pv["spec"]["hostPath"]["path"])
 
 
-def test_a_force_deleted_tallies_pod_comes_back_on_its_volume(
-    ns: Namespace, expected: dict[str, int], backfill_by_hand: SparkRun
-) -> None:
+def test_a_force_deleted_tallies_pod_comes_back_on_its_volume(ns: Namespace, expected: dict[str, int]) -> None:
     pod_name = f"{RELEASE}-tallies-0"
     old = ns.pod(pod_name)
     assert old is not None and is_ready(old)
@@ -507,17 +505,18 @@ class SparkRun:
 
 @pytest.fixture(scope="module")
 def backfill_by_hand(ns: Namespace) -> SparkRun:
-    """A run of the backfill CronJob, created by hand as docs/kubernetes.md shows. The kill
-    test asks for it first, once the commands test has written events, so that the job
-    (45-75 s, most of it the JVM's and Spark's start) runs beside the kill, the upgrade and
-    the scale; it writes only Parquet files to its own volume, nothing the services read.
-    The Spark test checks how it ended."""
+    """A run of the backfill CronJob, created by hand as docs/kubernetes.md shows. The
+    Prometheus test asks for it first, so that the job (about 45 s, most of it the JVM's
+    and Spark's start) runs while Prometheus waits for its scrapes; the Spark test checks
+    how it ended."""
     job = f"backfill-by-hand-{uuid.uuid4().hex[:5]}"
     kubectl("-n", ns.name, "create", "job", f"--from=cronjob/{RELEASE}-backfill-tallies", job)
     return SparkRun(job, time.monotonic())
 
 
-def test_prometheus_scrapes_every_service_pod_and_each_dashboard_panel_has_series(ns: Namespace, tmp_path: Path) -> None:
+def test_prometheus_scrapes_every_service_pod_and_each_dashboard_panel_has_series(
+    ns: Namespace, tmp_path: Path, backfill_by_hand: SparkRun
+) -> None:
     """Prometheus with the chart's documented scrape job (kubernetes_sd_configs on
     this cluster's API server) and its rules; then every query of the chart's Grafana
     dashboard, as Grafana would send it."""
