@@ -234,16 +234,30 @@ def _applied_next(table: AnyTable, partition: int) -> int | None:
     return offset + 1 if offset is not None else None
 
 
-async def local_copy(app: faust.App, table: AnyTable, partition: int, *, exact: bool = False) -> Copy | None:
+async def local_copy(
+    app: faust.App,
+    table: AnyTable,
+    partition: int,
+    *,
+    exact: bool = False,
+    measured: dict[tuple[str, int], Copy | None] | None = None,
+) -> Copy | None:
     """This instance's copy of ``partition`` of ``table`` with its lag, or None when it has none.
 
     The copy is that of every table co-partitioned with ``table`` (see :func:`_restored_with`):
     it answers as fresh as the least fresh of them, and as none when one of them has none. A
     copy whose database cannot be opened (still locked by a closing handle) counts as none.
+    ``measured`` keeps each table's copy for the caller's next calls: one that measures every
+    table's every partition then looks at each copy once rather than once per co-partitioned table.
     """
     copies: list[Copy] = []
     for each in _restored_with(app, table):
-        copy = await _table_copy(app, each, partition, exact=exact)
+        if measured is None:
+            copy = await _table_copy(app, each, partition, exact=exact)
+        elif (key := (each.name, partition)) in measured:
+            copy = measured[key]
+        else:
+            copy = measured[key] = await _table_copy(app, each, partition, exact=exact)
         if copy is None:
             return None
         copies.append(copy)

@@ -48,7 +48,7 @@ from faust.assignor.client_assignment import ClientAssignment, ClientMetadata
 from faust.assignor.cluster_assignment import ClusterAssignment
 from faust.assignor.copartitioned_assignor import CopartitionedAssignor
 
-from shared.engine._copies import lag_without_copy, local_copy
+from shared.engine._copies import Copy, lag_without_copy, local_copy
 from shared.engine._coverage import MetadataChase
 from shared.engine._faust import AnyTable, AssignorHooks, member_urls, recovery_done, request_rejoin
 from shared.engine._loops import run_every
@@ -402,13 +402,14 @@ class WarmupWatch:
         changelog topic -> partitions whose whole changelog is within that bound."""
         out: dict[str, list[int]] = {}
         small: dict[str, list[int]] = {}
+        measured: dict[tuple[str, int], Copy | None] = {}
         for table in list(self.app.tables.values()):
             topic = table.changelog_topic.get_topic_name()
             partitions = table.partitions or self.app.conf.topic_partitions
             caught: list[int] = []
             small[topic] = []
             for p in range(partitions):
-                copy = await local_copy(self.app, cast(AnyTable, table), p)
+                copy = await local_copy(self.app, cast(AnyTable, table), p, measured=measured)
                 whole = await lag_without_copy(self.app, cast(AnyTable, table), p)
                 if whole is not None and whole <= self.max_lag:
                     small[topic].append(p)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -12,11 +11,12 @@ from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
 from shared.http.context import ServiceContext
-from shared.http.errors import ERROR_DESCRIPTIONS, ErrorOut, ErrorResponse, error_body, install_error_handlers
-from shared.http.forwarding import LAG, MAX_LAG_PARAM, SERVED_BY, SOURCE, AnsweredElsewhere, read_from_headers
+from shared.http.errors import ERROR_DESCRIPTIONS, ErrorOut, install_error_handlers
+from shared.http.forwarding import LAG, MAX_LAG_PARAM, SERVED_BY, SOURCE, AnsweredElsewhere
 from shared.http.health import router as health_router
 from shared.http.instance import router as instance_router
 from shared.http.limits import BodySizeLimit
+from shared.http.middleware import PlainQueryValues, ServedBy
 
 
 def create_api(ctx: ServiceContext, *, title: str, description: str, version: str = "1.0.0") -> FastAPI:
@@ -30,39 +30,10 @@ def create_api(ctx: ServiceContext, *, title: str, description: str, version: st
     async def answered_elsewhere(_: Request, answer: AnsweredElsewhere) -> Response:
         return answer.response
 
+    # Outermost last: every answer, the refusals of the two inner ones included, names its instance.
     api.add_middleware(BodySizeLimit, max_bytes=ctx.settings.max_body_bytes)
-
-    @api.middleware("http")
-    async def served_by(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        response = await call_next(request)
-        if SERVED_BY not in response.headers:
-            response.headers[SERVED_BY] = ctx.url
-        # Where an answer read from this instance's state came from (a forwarded answer keeps its own).
-        for name, value in read_from_headers(request).items():
-            response.headers.setdefault(name, value)
-        return response
-
-    @api.middleware("http")
-    async def plain_query_values(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        # Query parameters are parsed leniently (pydantic reads "\r5" or " 5" as 5): a value with
-        # control characters or surrounding spaces is refused, as the schema says it must be.
-        for name, value in request.query_params.multi_items():
-            if value != value.strip() or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-                return ErrorResponse(
-                    error_body(
-                        "invalid_request",
-                        [
-                            {
-                                "loc": ["query", name],
-                                "msg": "holds control characters or surrounding spaces",
-                                "type": "value_error",
-                            }
-                        ],
-                    ),
-                    status_code=422,
-                )
-        return await call_next(request)
-
+    api.add_middleware(PlainQueryValues)
+    api.add_middleware(ServedBy, ctx=ctx)
     api.include_router(health_router)
     api.include_router(instance_router)
     _document_errors(api)

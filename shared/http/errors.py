@@ -15,10 +15,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
-#: What Starlette's ``BaseHTTPMiddleware`` raises when the client disconnected before the
-#: downstream app sent a response.
-CLIENT_GONE = "No response returned."
-
 
 class ApiError(Exception):
     """Base of the errors a handler raises on purpose; ``status`` becomes the HTTP status."""
@@ -188,11 +184,5 @@ def install_error_handlers(api: FastAPI) -> None:
 
     @api.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, RuntimeError) and str(exc) == CLIENT_GONE:
-            # Starlette's function middlewares raise this when the client hung up before the
-            # answer was ready (a peer's probe that timed out on a busy instance): nobody is
-            # there to read an answer, and nothing went wrong here.
-            log.debug("client gone before the answer to %s %s", request.method, request.url.path)
-            return ErrorResponse(error_body("client_closed_request", "the client hung up"), status_code=499)
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return ErrorResponse(error_body("internal_error", "unexpected error; see the service log"), status_code=500)

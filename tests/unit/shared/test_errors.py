@@ -1,5 +1,4 @@
-"""Unexpected errors: a 500 with a JSON body and the traceback in the log; a client that hung up
-before its answer was ready is no error of the service's, and logs no traceback."""
+"""Unexpected errors: a 500 with a JSON body and the traceback in the log."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from shared.http.api import create_api
-from shared.http.errors import CLIENT_GONE
 from shared.settings import Settings
 
 
@@ -30,10 +28,3 @@ def test_an_unexpected_error_is_a_500_with_the_traceback_logged(caplog: pytest.L
         got = api_raising(RuntimeError("kaput")).get("/boom")
     assert got.status_code == 500 and got.json()["error"] == "internal_error"
     assert [r.levelno for r in caplog.records] == [logging.ERROR] and caplog.records[0].exc_info
-
-
-def test_a_client_gone_before_its_answer_logs_no_traceback(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="shared.http.errors"):
-        got = api_raising(RuntimeError(CLIENT_GONE)).get("/boom")
-    assert got.status_code == 499 and got.json()["error"] == "client_closed_request"
-    assert [r.levelno for r in caplog.records] == [logging.DEBUG]

@@ -46,8 +46,9 @@ def test_a_worker_shutting_down_answers_with_what_it_knew() -> None:
 
 
 class FakeTable:
-    def __init__(self, partitions: int | None) -> None:
+    def __init__(self, partitions: int | None, name: str = "t") -> None:
         self.partitions = partitions
+        self.name = name
 
 
 def test_a_copy_is_as_fresh_as_the_least_fresh_of_its_co_partitioned_tables(monkeypatch: Any) -> None:
@@ -69,3 +70,23 @@ def test_a_copy_is_as_fresh_as_the_least_fresh_of_its_co_partitioned_tables(monk
     assert asyncio.run(local_copy(app, cast(Any, memberships), 3)) is None
     copies[memberships], copies[logins] = Copy("active", 0), Copy("active", 0)
     assert asyncio.run(local_copy(app, cast(Any, memberships), 3)) == Copy("active", 0)
+
+
+def test_a_measure_of_every_table_looks_at_each_copy_once(monkeypatch: Any) -> None:
+    """The warm-up check measures every partition of every table: with what was measured kept,
+    a co-partitioned table's copy is looked at once per pass, not once per table it is read with."""
+    memberships, logins = FakeTable(None, "memberships"), FakeTable(8, "last-logins")
+    app: Any = SimpleNamespace(tables={"m": memberships, "l": logins}, conf=SimpleNamespace(topic_partitions=8))
+    looked_at: list[tuple[str, int]] = []
+
+    async def table_copy(app: Any, table: FakeTable, partition: int, *, exact: bool = False) -> Copy | None:
+        looked_at.append((table.name, partition))
+        return Copy("standby", 2 if table is logins else 1)
+
+    monkeypatch.setattr(_copies, "_table_copy", table_copy)
+    measured: dict[tuple[str, int], Copy | None] = {}
+    for table in (memberships, logins):
+        for partition in (0, 1):
+            assert asyncio.run(local_copy(app, cast(Any, table), partition, measured=measured)) == Copy("standby", 2)
+    assert sorted(looked_at) == sorted({(t, p) for t in ("memberships", "last-logins") for p in (0, 1)})
+    assert len(looked_at) == 4

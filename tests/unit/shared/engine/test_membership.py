@@ -1,14 +1,17 @@
-"""The peer watch's judgement, without a broker: when a peer is gone, who removes it and when,
-what a restart announcement spares, and how a member's URL is read from its group metadata."""
+"""The peer watch's judgement, without a broker: what a probe says of a peer, when a peer is
+gone, who removes it and when, what a restart announcement spares, and how a member's URL is
+read from its group metadata."""
 
 from __future__ import annotations
 
-import httpx
+import asyncio
+import socket
+
 import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from faust.assignor.client_assignment import ClientAssignment, ClientMetadata
 
-from shared.engine._membership import Gone, PeerVerdicts, Probe, classify, member_url
+from shared.engine._membership import Gone, PeerVerdicts, Probe, ask_healthz, classify, member_url
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 
@@ -166,20 +169,12 @@ def test_a_backup_acts_a_gone_time_after_the_first_when_the_port_refuses() -> No
     assert not b.due(gone, 0.5) and not b.due(gone, 1.4) and b.due(gone, 1.5)  # A, alive, acts first
 
 
-def test_probe_outcomes_are_classified() -> None:
-    request = httpx.Request("GET", "http://b:1/healthz")
-    assert classify(None, 0.01, 0.5) is Probe.UP
-    assert classify(httpx.ConnectError("no route", request=request), 0.001, 0.5) is Probe.UNREACHABLE
-    refused = httpx.ConnectError("refused", request=request)
-    refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
-    assert classify(refused, 0.001, 0.5) is Probe.REFUSED
-    assert classify(httpx.ConnectTimeout("timed out", request=request), 0.5, 0.5) is Probe.UNREACHABLE
-    assert classify(httpx.ReadTimeout("no answer", request=request), 0.5, 0.5) is Probe.SLOW
-    assert classify(httpx.RemoteProtocolError("closed", request=request), 0.01, 0.5) is Probe.UNREACHABLE
-    assert classify(httpx.DecodingError("garbled", request=request), 0.01, 0.5) is Probe.UP  # still an answer
+def test_a_probe_far_later_than_its_timeout_says_nothing_about_the_peer() -> None:
     # Took far longer than its timeout: this instance's loop was late, the peer tells nothing.
-    assert classify(httpx.ConnectTimeout("timed out", request=request), 3.0, 0.5) is Probe.LATE
-    assert classify(None, 3.0, 0.5) is Probe.LATE
+    assert classify(Probe.UNREACHABLE, 3.0, 0.5) is Probe.LATE
+    assert classify(Probe.UP, 3.0, 0.5) is Probe.LATE
+    assert classify(Probe.UP, 0.01, 0.5) is Probe.UP
+    assert classify(Probe.SLOW, 0.5, 0.5) is Probe.SLOW
 
 
 def test_a_members_url_is_read_from_faust_metadata() -> None:
@@ -193,12 +188,51 @@ def test_a_members_url_is_read_from_faust_metadata() -> None:
     assert member_url(b"\x00") is None
 
 
-def test_a_closed_port_on_this_host_is_classified_as_refused() -> None:
-    import socket
-
+def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again at once: nothing listens there
-    with pytest.raises(httpx.ConnectError) as caught:
-        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0)
-    assert classify(caught.value, 0.01, 0.5) is Probe.REFUSED
+        return int(s.getsockname()[1])  # closed again at once: nothing listens there
+
+
+async def serve(answer: bytes | None) -> tuple[asyncio.Server, int]:
+    """A server on a free port that answers every connection with ``answer`` (None: it reads
+    and never answers; b"": it hangs up at once)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if answer is None:
+            await asyncio.sleep(5)
+        elif answer:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_a_closed_port_on_this_host_is_refused() -> None:
+    assert await ask_healthz(f"http://127.0.0.1:{closed_port()}", 0.5) is Probe.REFUSED
+
+
+async def test_a_peer_that_answers_is_up_whatever_it_answers() -> None:
+    for answer in (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", b"HTTP/1.1 503 x\r\n\r\n", b"garbled\n"):
+        server, port = await serve(answer)
+        async with server:
+            assert await ask_healthz(f"http://127.0.0.1:{port}", 0.5) is Probe.UP, answer
+
+
+async def test_a_peer_that_takes_the_connection_and_does_not_answer_is_slow() -> None:
+    server, port = await serve(None)
+    async with server:
+        assert await ask_healthz(f"http://127.0.0.1:{port}", 0.2) is Probe.SLOW
+
+
+async def test_a_peer_that_hangs_up_without_an_answer_is_unreachable() -> None:
+    server, port = await serve(b"")
+    async with server:
+        assert await ask_healthz(f"http://127.0.0.1:{port}", 0.5) is Probe.UNREACHABLE
+
+
+async def test_a_host_that_cannot_be_found_is_unreachable() -> None:
+    assert await ask_healthz("http://no-such-host.invalid:8002", 0.5) is Probe.UNREACHABLE
