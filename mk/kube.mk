@@ -57,4 +57,4 @@ kube-preload: ## Build the image and load it into the containerd of the cluster 
 
 test-early:: kube-prebuild kube-preload
 
-test-extra:: kube-test
+test-last:: kube-test

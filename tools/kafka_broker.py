@@ -230,12 +230,16 @@ def _run_maven(cmd: list[str]) -> tuple[int, list[str]]:
 
 
 def _java_cmd(layout: BrokerLayout, main_class: str, *args: str) -> list[str]:
+    """The JVM's command line: ``STATEFLEET_BROKER_HEAP`` sizes the heap, and the options in
+    ``STATEFLEET_BROKER_JAVA_OPTS`` come after the defaults, so they can override them (``make
+    test`` sets ``-XX:TieredStopAtLevel=1``; see the Makefile)."""
     heap = os.environ.get("STATEFLEET_BROKER_HEAP", "1g")
     return [
         "java",
         f"-Xmx{heap}",
         f"-Xms{heap}",
         "-XX:+UseG1GC",
+        *os.environ.get("STATEFLEET_BROKER_JAVA_OPTS", "").split(),
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={BROKER_SRC / 'log4j2.properties'}",
         "-cp",
