@@ -17,8 +17,11 @@ from shared.http.context import ServiceContext
 from shared.http.errors import Unauthorized, Unprocessable
 from shared.http.forwarding import PARTITION_ASKED, AnsweredElsewhere, answer_here, ask_about_partition, max_lag_param
 
+# The dependencies are coroutines although they do not wait: FastAPI runs a plain function
+# dependency in a worker thread, a hop for every request (peers probe /healthz 4 times a second).
 
-def get_context(request: Request) -> ServiceContext:
+
+async def get_context(request: Request) -> ServiceContext:
     ctx: ServiceContext = request.app.state.ctx
     return ctx
 
@@ -26,7 +29,7 @@ def get_context(request: Request) -> ServiceContext:
 Ctx = Annotated[ServiceContext, Depends(get_context)]
 
 
-def require_admin(ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> None:
+async def require_admin(ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> None:
     """Changing calls need ``Authorization: Bearer <STATEFLEET_ADMIN_TOKEN>``."""
     if not authorization or not authorization.startswith("Bearer "):
         raise Unauthorized()

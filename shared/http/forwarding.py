@@ -81,7 +81,7 @@ READ_RETRY_INTERVAL_S = 0.1
 RETRY_AFTER_S = 1
 
 
-def max_lag_param(
+async def max_lag_param(
     max_lag: Annotated[
         int | None,
         Query(
