@@ -1,6 +1,7 @@
 """Create the topics a service needs, with the right partitions and configs, before
 its worker starts. Existing topics are left as they are (a partition count that does
-not match is logged, since co-partitioned topics must agree)."""
+not match is logged, since co-partitioned topics must agree). And delete the topics of a
+prefix, for the tests and benchmarks that make topics of their own."""
 
 from __future__ import annotations
 
@@ -78,3 +79,17 @@ async def ensure_topics_async(settings: Settings, specs: list[TopicSpec], group:
 
 def ensure_topics(settings: Settings, specs: list[TopicSpec], group: str | None = None) -> None:
     asyncio.run(ensure_topics_async(settings, specs, group))
+
+
+async def delete_topics_with_prefix(settings: Settings, prefix: str) -> list[str]:
+    """Delete every topic whose name starts with ``prefix`` (what a test or a benchmark run
+    created under a prefix of its own); returns their names."""
+    admin = _Admin(**client_kwargs(settings))
+    await admin.start()
+    try:
+        names = sorted(name for name in await admin.list_topics() if name.startswith(prefix))
+        if names:
+            await admin.delete_topics(names)
+        return names
+    finally:
+        await admin.close()

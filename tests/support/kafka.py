@@ -12,6 +12,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from shared.engine.clients import delete_topics_with_prefix as delete_topics_of
+from shared.settings import Settings
 from tools.kafka_broker import default_layout
 
 BOOTSTRAP = default_layout().bootstrap
@@ -55,27 +57,36 @@ def create_topics(
             if new:
                 with contextlib.suppress(TopicAlreadyExistsError):
                     await admin.create_topics(new)
+                await _until_led(admin, [t.name for t in new])
         finally:
             await admin.close()
 
     asyncio.run(run())
 
 
+async def _until_led(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float = 30.0) -> None:
+    """Wait until the broker's metadata shows every partition of ``names`` with a leader: it
+    answers CreateTopics once the controller has the topics, and its metadata can be a moment
+    behind (longer while it deletes other topics), so a client started at once might not yet
+    see them."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        described = await admin.describe_topics(names)
+        missing = [
+            d["topic"]
+            for d in described
+            if d["error_code"] != 0 or not d["partitions"] or any(p["leader"] < 0 for p in d["partitions"])
+        ]
+        if not missing:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"topics created but not led in the broker's metadata after {timeout_s}s: {missing}")
+        await asyncio.sleep(0.05)
+
+
 def delete_topics_with_prefix(prefix: str) -> list[str]:
-    """Delete every topic whose name starts with ``prefix``; returns their names."""
-
-    async def run() -> list[str]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
-        await admin.start()
-        try:
-            names = [name for name in await admin.list_topics() if name.startswith(prefix)]
-            if names:
-                await admin.delete_topics(names)
-            return names
-        finally:
-            await admin.close()
-
-    return asyncio.run(run())
+    """Delete every topic of the test broker whose name starts with ``prefix``; returns their names."""
+    return asyncio.run(delete_topics_of(Settings(kafka_bootstrap_servers=BOOTSTRAP), prefix))
 
 
 def produce(

@@ -42,7 +42,6 @@ import httpx
 import orjson
 import rocksdict
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from services.retry_scheduler.domain import percentile
 from services.retry_scheduler.entries import Entry, decode_entry, encode_entry
@@ -50,7 +49,7 @@ from services.retry_scheduler.scans import scan_due
 from services.retry_scheduler.state import DONE_REDELIVERED, due_key, due_prefix, encode_done, id_key, split_due_key
 from shared import dead_letters as dl
 from shared.engine import SharedMemoryOptions, partition_for
-from shared.engine.clients import TopicSpec, ensure_topics_async, refresh_metadata
+from shared.engine.clients import TopicSpec, delete_topics_with_prefix, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
 from tools.bench.common import bootstrap, machine, stop_worker
 
@@ -285,17 +284,6 @@ async def topic_size(topic: str) -> int:
         await consumer.stop()
 
 
-async def delete_topics(prefix: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap())
-    await admin.start()
-    try:
-        mine = [t for t in await admin.list_topics() if t.startswith(prefix)]
-        if mine:
-            await admin.delete_topics(mine)
-    finally:
-        await admin.close()
-
-
 @dataclass
 class ServiceRun:
     stored: int
@@ -458,7 +446,7 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
             finally:
                 restarted = " (restarted, after the backlog)" if len(workers) > 1 else ""
                 stop_worker(workers[-1], name=f"retry_scheduler worker{restarted}")
-                asyncio.run(delete_topics(prefix))
+                asyncio.run(delete_topics_with_prefix(Settings(kafka_bootstrap_servers=bootstrap()), prefix))
 
 
 def backlog_bench(

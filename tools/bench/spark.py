@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 
-from shared.engine.clients import client_kwargs
+from shared.engine.clients import client_kwargs, delete_topics_with_prefix
 from shared.settings import Settings
 from shared.topics import topic_names
 from spark_jobs import activation_join, backfill_tallies, cli, kafka_io
@@ -113,20 +112,6 @@ async def _produce(settings: Settings, topic: str, records: Sequence[tuple[str, 
 
 def produce(settings: Settings, topic: str, records: Sequence[tuple[str, bytes]]) -> None:
     asyncio.run(_produce(settings, topic, records))
-
-
-def delete_topics(settings: Settings, prefix: str) -> None:
-    async def run() -> None:
-        admin = AIOKafkaAdminClient(**client_kwargs(settings))
-        await admin.start()
-        try:
-            names = [t for t in await admin.list_topics() if t.startswith(prefix)]
-            if names:
-                await admin.delete_topics(names)
-        finally:
-            await admin.close()
-
-    asyncio.run(run())
 
 
 @dataclass(frozen=True)
@@ -361,7 +346,7 @@ def main(argv: list[str]) -> None:
             figures["backfill"] = bench_backfill(spark, backfill_settings, spark_settings, root, args)
     finally:
         spark.stop()
-        delete_topics(settings, prefix)
+        asyncio.run(delete_topics_with_prefix(settings, prefix))
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

@@ -96,6 +96,11 @@ def cache_root() -> Path:
     return Path(os.environ.get("STATEFLEET_CACHE", Path.home() / ".cache" / "statefleet")) / "kube"
 
 
+def build_lock() -> Path:
+    """The lock that lets one build at a time use the cache: the cluster's or helm's."""
+    return cache_root() / ".build.lock"
+
+
 def go_binary() -> str:
     go = os.environ.get("GO") or shutil.which("go") or "/usr/local/go/bin/go"
     if not Path(go).exists() and shutil.which(go) is None:
@@ -228,7 +233,7 @@ def build_helm(dest: Path) -> None:
     packages; built first, it leaves the Kubernetes libraries compiled for the cluster's build."""
     if dest.is_file():
         return
-    with background.exclusive(cache_root() / ".build.lock", "build of the cluster's binaries or helm", _log):
+    with background.exclusive(build_lock(), "build of the cluster's binaries or helm", _log):
         if dest.is_file():
             return
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -280,7 +285,7 @@ def build_all() -> None:
     ``make test`` started early still runs) waits for the first, then finds its work done."""
     if not missing():
         return
-    with background.exclusive(cache_root() / ".build.lock", "build of the cluster's binaries", _log):
+    with background.exclusive(build_lock(), "build of the cluster's binaries", _log):
         for component in missing():
             _build(component)
 
