@@ -17,8 +17,8 @@ from shared.http.forwarding import SERVED_BY, read_from_headers
 
 
 class ServedBy:
-    """Every answer names the instance that served it (``X-Served-By``; an answer forwarded
-    from another instance keeps that one's), and one read from state says where it was read
+    """Every answer names the instance that served it (``X-Statefleet-Served-By``; an answer
+    forwarded from another instance keeps that one's), and one read from state says where it was read
     from (``read_from_headers``), as the handler left it on the request's state."""
 
     def __init__(self, app: ASGIApp, ctx: ServiceContext) -> None:
