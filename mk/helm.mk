@@ -22,8 +22,10 @@ HELM_TOOLS := $(STATEFLEET_CACHE)/helm-tools/venv-checkov-$(CHECKOV_VERSION)-had
 HELM_TOOLS_STAMP := $(HELM_TOOLS)/.installed
 
 # helm, built once per version from the module of the cluster's Go programs (their Kubernetes
-# libraries are helm's, so each build finds most packages compiled by the other); built beside
-# its place and moved in, so that two clones building at once never see half a binary.
+# libraries are helm's, so the programs' build finds most packages compiled); built beside its
+# place and moved in, so that two clones building at once never see half a binary. On a cold
+# machine the background build `make test` starts (kube-prebuild) makes helm first, so
+# helm-check does not wait for the cluster's programs.
 $(HELM):
 	@$(PYTHON) -m tools.kube_cluster build-helm $@
 

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             log = Path(".local", "kube-build.log").resolve()
             pid = _build.build_in_background(log)
             if pid is not None:
-                names = ", ".join(c.name for c in _build.missing())
+                names = ", ".join(_build.to_build())
                 print(f"[cluster] building {names} in the background (pid {pid}, lowest priority; log: {log})", file=sys.stderr)
         elif args.command == "build":
             _build.build_all()

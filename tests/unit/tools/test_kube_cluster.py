@@ -53,16 +53,30 @@ def fake_components() -> list[_build.Component]:
     return [_build.Component(name, "v1") for name in ("a", "b")]
 
 
-def test_a_second_build_waits_for_the_first_and_finds_its_work_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("STATEFLEET_CACHE", str(tmp_path))
+def fake_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Components "a" and "b" and helm, each "built" by making its folder or file; returns the
+    names in the order they are built."""
     built: list[str] = []
 
     def build(component: _build.Component) -> None:
         component.bin.mkdir(parents=True)
         built.append(component.name)
 
+    def build_helm(dest: Path) -> None:
+        if not dest.is_file():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text("")
+            built.append("helm")
+
     monkeypatch.setattr(_build, "_build", build)
+    monkeypatch.setattr(_build, "_build_helm", build_helm)
     monkeypatch.setattr(_build, "COMPONENTS", fake_components())
+    return built
+
+
+def test_a_second_build_waits_for_the_first_and_finds_its_work_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATEFLEET_CACHE", str(tmp_path))
+    built = fake_builds(monkeypatch)
     (tmp_path / "kube").mkdir()
     with open(tmp_path / "kube" / ".build.lock", "a+") as first:  # the build `make test` started
         fcntl.flock(first, fcntl.LOCK_EX)
@@ -70,7 +84,10 @@ def test_a_second_build_waits_for_the_first_and_finds_its_work_done(tmp_path: Pa
         second.start()
         second.join(0.5)
         assert second.is_alive() and built == []  # waiting, not building beside it
-        for component in _build.COMPONENTS[:1]:  # the first build finishes one component
+        # The first build finishes helm and one component.
+        _build.helm_binary().parent.mkdir(parents=True)
+        _build.helm_binary().write_text("")
+        for component in _build.COMPONENTS[:1]:
             component.bin.mkdir(parents=True)
         fcntl.flock(first, fcntl.LOCK_UN)
     second.join(10)
@@ -78,11 +95,26 @@ def test_a_second_build_waits_for_the_first_and_finds_its_work_done(tmp_path: Pa
     assert built == ["b"]  # only what was still missing
 
 
+def test_helm_is_built_first_since_helm_check_comes_long_before_the_cluster_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STATEFLEET_CACHE", str(tmp_path))
+    built = fake_builds(monkeypatch)
+    assert _build.to_build() == ["helm", "a", "b"]
+    _build.build_all()
+    assert built == ["helm", "a", "b"]
+    assert _build.to_build() == []
+    _build.build_all()  # all there: nothing built again
+    assert built == ["helm", "a", "b"]
+
+
 def test_nothing_starts_in_the_background_when_every_binary_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STATEFLEET_CACHE", str(tmp_path))
     monkeypatch.setattr(_build, "COMPONENTS", fake_components())
     for component in _build.COMPONENTS:
         component.bin.mkdir(parents=True)
+    _build.helm_binary().parent.mkdir(parents=True)
+    _build.helm_binary().write_text("")
     assert _build.build_in_background(tmp_path / "build.log") is None
     assert not (tmp_path / "build.log").exists()
 
@@ -199,3 +231,4 @@ def test_make_builds_the_helm_version_of_the_module() -> None:
         check=True,
     ).stdout.split()
     assert out[0] == _build.HELM_VERSION and out[1].endswith(f"/kube/helm-{_build.HELM_VERSION}/helm"), out
+    assert Path(out[1]) == _build.helm_binary()  # where the background build puts it first
