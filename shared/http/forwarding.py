@@ -643,9 +643,8 @@ def read_source(request: Request) -> str | None:
     return read_from.source if read_from is not None else None
 
 
-def read_from_headers(request: Request) -> dict[str, str]:
-    """The headers of an answer read from state (empty for any other answer)."""
-    read_from: ReadFrom | None = getattr(request.state, "read_from", None)
+def read_from_headers(read_from: ReadFrom | None) -> dict[str, str]:
+    """The headers of an answer read from state as ``read_from`` says (empty for any other answer)."""
     if read_from is None:
         return {}
     headers = {SOURCE: read_from.source}

@@ -8,7 +8,6 @@ most of what an idle instance spent on HTTP. These do the same work on the ASGI 
 from __future__ import annotations
 
 from starlette.datastructures import MutableHeaders, QueryParams
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.http.context import ServiceContext
@@ -35,7 +34,8 @@ class ServedBy:
                 headers = MutableHeaders(scope=message)
                 if SERVED_BY not in headers:
                     headers[SERVED_BY] = self.ctx.url
-                for name, value in read_from_headers(Request(scope)).items():
+                # request.state keeps its attributes in the scope's "state" dict.
+                for name, value in read_from_headers(scope.get("state", {}).get("read_from")).items():
                     headers.setdefault(name, value)
             await send(message)
 

@@ -102,7 +102,7 @@ async def test_the_owner_itself_answers_from_its_active_copy(fleet: Fleet) -> No
     fleet.owner, fleet.mine = ME, Copy("active", 0)
     req = request()
     assert await route(context(fleet), req, TABLE, 3) is None
-    assert read_from_headers(req) == {SOURCE: "active", LAG: "0"}
+    assert read_from_headers(req.state.read_from) == {SOURCE: "active", LAG: "0"}
     assert fleet.asked == []
 
 
@@ -111,7 +111,7 @@ async def test_a_dead_owner_is_read_from_an_up_to_date_local_standby_and_then_sk
     ctx = context(fleet)
     req = request()
     assert await route(ctx, req, TABLE, 3) is None
-    assert read_from_headers(req) == {SOURCE: "standby", LAG: "0"}
+    assert read_from_headers(req.state.read_from) == {SOURCE: "standby", LAG: "0"}
     assert ctx.suspected(OWNER)
     fleet.asked.clear()
     assert await route(ctx, request(), TABLE, 3) is None
@@ -140,7 +140,7 @@ async def test_a_stale_local_copy_is_answered_when_nothing_fresher_turns_up(flee
     fleet.mine = Copy("standby", 40)
     req = request()
     assert await route(context(fleet), req, TABLE, 3) is None
-    assert read_from_headers(req) == {SOURCE: "standby", LAG: "40"}
+    assert read_from_headers(req.state.read_from) == {SOURCE: "standby", LAG: "40"}
 
 
 async def test_max_lag_refuses_a_staler_copy_with_its_lag(fleet: Fleet) -> None:
@@ -156,7 +156,7 @@ async def test_max_lag_accepts_a_copy_within_it(fleet: Fleet) -> None:
     fleet.mine = Copy("restoring", 10)
     req = request(query=b"max_lag=10")
     assert await route(context(fleet), req, TABLE, 3) is None
-    assert read_from_headers(req) == {SOURCE: "restoring", LAG: "10"}
+    assert read_from_headers(req.state.read_from) == {SOURCE: "restoring", LAG: "10"}
 
 
 async def test_max_lag_must_be_a_whole_number(fleet: Fleet) -> None:
@@ -178,7 +178,7 @@ async def test_a_copy_read_from_a_peer_answers_only_from_this_instance(fleet: Fl
     fleet.mine = Copy("standby", 2)
     req = request(headers={READ_COPY: "1"})
     assert await route(context(fleet), req, TABLE, 3) is None
-    assert read_from_headers(req) == {SOURCE: "standby", LAG: "2"}
+    assert read_from_headers(req.state.read_from) == {SOURCE: "standby", LAG: "2"}
     assert fleet.asked == []
 
 
@@ -195,7 +195,7 @@ async def test_during_a_rebalance_reads_go_to_copies(fleet: Fleet) -> None:
     fleet.mine = Copy("standby", 0)
     req = request()
     assert await route(context(fleet), req, TABLE, 3) is None
-    assert read_from_headers(req)[SOURCE] == "standby"
+    assert read_from_headers(req.state.read_from)[SOURCE] == "standby"
 
 
 def split_owners(fleet: Fleet) -> None:
@@ -208,7 +208,7 @@ async def test_a_list_takes_each_partition_from_its_owner(fleet: Fleet) -> None:
     req = request(query=b"limit=5")
     pages = await forwarding.gather(context(fleet, topic_partitions=8), req, TABLE, local_pages)
     assert sorted(page["partitions"] for page in pages) == ["0,1,2,3", "4,5,6,7"]
-    assert read_from_headers(req) == {SOURCE: "active", LAG: "0"}
+    assert read_from_headers(req.state.read_from) == {SOURCE: "active", LAG: "0"}
 
 
 async def test_a_list_takes_a_dead_owners_partitions_from_the_freshest_copies(fleet: Fleet) -> None:
@@ -219,7 +219,7 @@ async def test_a_list_takes_a_dead_owners_partitions_from_the_freshest_copies(fl
     pages = await forwarding.gather(context(fleet, topic_partitions=8), req, TABLE, local_pages)
     assert sorted(str(page["partitions"]) for page in pages) == ["0,1,2,3", "4", "5", "6", "7"]
     assert all(page["from"] == PEER_B for page in pages if page["partitions"] in ("4", "5", "6", "7"))
-    assert read_from_headers(req) == {SOURCE: "standby", LAG: "0"}
+    assert read_from_headers(req.state.read_from) == {SOURCE: "standby", LAG: "0"}
 
 
 async def test_a_list_refuses_copies_staler_than_max_lag(fleet: Fleet) -> None:
@@ -247,7 +247,7 @@ async def test_the_owners_part_of_a_list_comes_from_an_owner_that_has_restored_t
     monkeypatch.setattr(ctx, "ready", lambda: True)
     req = asked_as_owner("1,3")
     assert await forwarding.local_scope_partitions(ctx, req, TABLE, {1, 2, 3}) == [1, 3]
-    assert read_from_headers(req) == {}  # the asker takes it as the active owner's answer
+    assert read_from_headers(getattr(req.state, "read_from", None)) == {}  # the asker takes it as the active owner's answer
 
 
 @pytest.mark.parametrize(
@@ -278,7 +278,7 @@ async def test_a_copy_read_of_a_list_is_answered_while_restoring_with_its_lag(
     monkeypatch.setattr(ctx, "ready", lambda: False)
     req = request(query=b"limit=5&scope=local&partitions=1,3", headers={READ_COPY: "1"})
     assert await forwarding.local_scope_partitions(ctx, req, TABLE, {1, 2, 3}) == [1, 3]
-    assert read_from_headers(req) == {SOURCE: "restoring", LAG: "5"}
+    assert read_from_headers(req.state.read_from) == {SOURCE: "restoring", LAG: "5"}
 
 
 async def test_a_list_whose_owner_is_restoring_takes_those_partitions_from_copies(fleet: Fleet) -> None:
@@ -289,4 +289,4 @@ async def test_a_list_whose_owner_is_restoring_takes_those_partitions_from_copie
     pages = await forwarding.gather(context(fleet, topic_partitions=8), req, TABLE, local_pages)
     assert sorted(str(page["partitions"]) for page in pages) == ["0", "1", "2", "3", "4,5,6,7"]
     assert all(page["from"] == PEER_B for page in pages if page["partitions"] in ("0", "1", "2", "3"))
-    assert read_from_headers(req) == {SOURCE: "standby", LAG: "0"}
+    assert read_from_headers(req.state.read_from) == {SOURCE: "standby", LAG: "0"}
