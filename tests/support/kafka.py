@@ -14,6 +14,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from shared.engine.clients import delete_topics_with_prefix as delete_topics_of
 from shared.settings import Settings
+from tests.support.services import wait_for_async
 from tools.kafka_broker import default_layout
 
 BOOTSTRAP = default_layout().bootstrap
@@ -69,19 +70,12 @@ async def _until_led(admin: AIOKafkaAdminClient, names: list[str], timeout_s: fl
     answers CreateTopics once the controller has the topics, and its metadata can be a moment
     behind (longer while it deletes other topics), so a client started at once might not yet
     see them."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
+
+    async def led() -> bool:
         described = await admin.describe_topics(names)
-        missing = [
-            d["topic"]
-            for d in described
-            if d["error_code"] != 0 or not d["partitions"] or any(p["leader"] < 0 for p in d["partitions"])
-        ]
-        if not missing:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"topics created but not led in the broker's metadata after {timeout_s}s: {missing}")
-        await asyncio.sleep(0.05)
+        return all(d["error_code"] == 0 and d["partitions"] and all(p["leader"] >= 0 for p in d["partitions"]) for d in described)
+
+    await wait_for_async(led, timeout_s, interval=0.05, message=f"a leader for every partition of {names} in the metadata")
 
 
 def delete_topics_with_prefix(prefix: str) -> list[str]:

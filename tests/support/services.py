@@ -6,6 +6,7 @@ tests can prove what survives a crash.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -100,6 +101,19 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.25, message: 
             return last
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {message}; last value: {last!r}")
+
+
+async def wait_for_async(predicate, timeout_s: float = 30.0, interval: float = 0.25, message: str = "condition"):  # type: ignore[no-untyped-def]
+    """:func:`wait_for` in a coroutine: await ``predicate()`` until it returns a truthy value; return that value."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    last = None
+    while loop.time() < deadline:
+        last = await predicate()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout_s}s waiting for {message}; last value: {last!r}")
 
 
 def run_until_killed(module: str, env: dict[str, str], log: Path, port: int, crash_at: str) -> None:

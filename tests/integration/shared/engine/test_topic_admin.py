@@ -8,6 +8,7 @@ import uuid
 from shared.engine.clients import PlainAdmin, client_kwargs, delete_topics_with_prefix
 from shared.settings import Settings
 from tests.support.kafka import create_topics
+from tests.support.services import wait_for_async
 
 
 async def test_the_topics_of_a_prefix_are_deleted_and_no_others(kafka_bootstrap: str, prefix: str) -> None:
@@ -27,12 +28,12 @@ async def test_the_topics_of_a_prefix_are_deleted_and_no_others(kafka_bootstrap:
             finally:
                 await admin.close()
 
-        deadline = asyncio.get_running_loop().time() + 30
-        names = await topics()
-        while set(mine) & names and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.25)
+        async def mine_gone() -> set[str] | None:
             names = await topics()
-        assert not set(mine) & names and kept in names
+            return None if set(mine) & names else names
+
+        names = await wait_for_async(mine_gone, message=f"{mine} to leave the topic list")
+        assert kept in names
         assert await delete_topics_with_prefix(settings, prefix) == []
     finally:
         await delete_topics_with_prefix(settings, kept)
