@@ -20,9 +20,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support import web
 from tests.support.kafka import create_topics
 from tests.support.services import ServiceProcess
 
@@ -96,10 +96,10 @@ def test_fuzzed_requests_get_only_documented_answers(fleet: dict[str, ServicePro
     assert "Tested:" in run.stdout, report  # the run reached the operations
 
     assert proc.proc is not None and proc.proc.poll() is None, proc.log_tail()
-    assert httpx.get(proc.url + "/readyz", timeout=5).status_code == 200, proc.log_tail()
+    assert web.get(proc.url + "/readyz", timeout=5).status_code == 200, proc.log_tail()
     if service == "validator":  # the worker still decides commands, not just answers HTTP
         account = f"after-fuzz-{uuid.uuid4().hex[:8]}"
-        r = httpx.post(
+        r = web.post(
             proc.url + "/commands",
             params={"wait": "true"},
             timeout=20,

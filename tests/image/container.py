@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from tests.support import web
 from tools import image_build
 
 IMAGE = os.environ.get("STATEFLEET_IMAGE", image_build.DEFAULT_TAG)
@@ -139,7 +140,7 @@ class Container:
             if not self.running():
                 raise AssertionError(f"{self.name} exited; its log:\n{self.logs()}")
             try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                if web.get(self.url + "/readyz", timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

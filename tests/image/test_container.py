@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.image.container import IMAGE, USER, Container, inspect_image, podman
+from tests.support import web
 from tests.support.accounts import create_command
 from tests.support.kafka import produce, read_all
 from tests.support.services import free_port, wait_for
@@ -168,7 +168,7 @@ def fleet(kafka_env: dict[str, str], run_prefix: str, workdir: Path, containers:
 def test_each_service_answers_healthz_and_readyz(fleet: dict[str, Container]) -> None:
     for service, container in fleet.items():
         for path in ("/healthz", "/readyz"):
-            response = httpx.get(container.url + path, timeout=10)
+            response = web.get(container.url + path, timeout=10)
             assert response.status_code == 200, f"{service} {path}: {response.status_code} {response.text}"
 
 
@@ -198,7 +198,7 @@ def accounts_created(validator: Container, program: str, count: int) -> list[dic
     for n in range(count):
         account = f"acct-{uuid.uuid4().hex[:8]}"
         body = create_command(account, program, f"{account}-1", 1_704_067_200_000 + n * 60_000, f"n{n}")
-        response = httpx.post(validator.url + "/commands", json=body, params={"wait": "true"}, timeout=30)
+        response = web.post(validator.url + "/commands", json=body, params={"wait": "true"}, timeout=30)
         assert response.status_code == 200, response.text
         answer = response.json()
         assert answer["status"] == "accepted", answer
@@ -218,7 +218,7 @@ def test_validator_and_tallies_process_commands_into_a_tally(
     assert {e["account_id"] for e in events} == {e["account_id"] for e in created}
 
     def tally() -> dict[str, Any] | None:
-        response = httpx.get(fleet["tallies"].url + "/tallies/prog-image", timeout=10)
+        response = web.get(fleet["tallies"].url + "/tallies/prog-image", timeout=10)
         body: dict[str, Any] = response.json()
         return body if response.status_code == 200 and body.get("numberActive") == 3 else None
 
@@ -231,7 +231,7 @@ def test_a_bad_command_is_dead_lettered_and_parked(fleet: dict[str, Container], 
     produce(run_prefix + "account-commands", [(b"acct-bad", b"not json")])
 
     def parked() -> list[dict[str, Any]]:
-        response = httpx.get(fleet["retry_scheduler"].url + "/parked", timeout=10)
+        response = web.get(fleet["retry_scheduler"].url + "/parked", timeout=10)
         items: list[dict[str, Any]] = response.json()["items"] if response.status_code == 200 else []
         return [i for i in items if i["origin_topic"] == run_prefix + "account-commands"]
 
@@ -242,13 +242,13 @@ def test_a_bad_command_is_dead_lettered_and_parked(fleet: dict[str, Container], 
 
 def test_console_shows_every_service_up(fleet: dict[str, Container]) -> None:
     def up() -> dict[str, Any] | None:
-        response = httpx.get(fleet["console"].url + "/fleet.json", timeout=10)
+        response = web.get(fleet["console"].url + "/fleet.json", timeout=10)
         body: dict[str, Any] = response.json()
         text = json.dumps(body)
         return body if response.status_code == 200 and all(fleet[s].url.split("//")[1] in text for s in SERVICES) else None
 
     wait_for(up, timeout=60, message="the console's fleet to list every service")
-    page = httpx.get(fleet["console"].url + "/fleet", timeout=10)
+    page = web.get(fleet["console"].url + "/fleet", timeout=10)
     assert page.status_code == 200 and "tallies" in page.text
 
 

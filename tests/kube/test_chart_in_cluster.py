@@ -46,6 +46,7 @@ from tests.kube.cluster import (
     record,
     restarts,
 )
+from tests.support import web
 from tests.support.accounts import create_command
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
@@ -158,7 +159,7 @@ def tallies_exact(ns: Namespace, expected: dict[str, int], timeout: float = 120)
     def exact() -> dict[str, Any] | None:
         answers = {}
         for program, count in expected.items():
-            response = httpx.get(f"{url}/tallies/{program}", timeout=10)
+            response = web.get(f"{url}/tallies/{program}", timeout=10)
             if response.status_code != 200 or response.json().get("numberActive") != count:
                 return None
             answers[program] = response.json()
@@ -324,7 +325,7 @@ def test_a_poison_message_is_parked_and_replayed_through_the_retry_scheduler(
     url = ns.service_url("retry-scheduler")
 
     def parked() -> list[dict[str, Any]]:
-        response = httpx.get(url + "/parked", timeout=10)
+        response = web.get(url + "/parked", timeout=10)
         items: list[dict[str, Any]] = response.json()["items"] if response.status_code == 200 else []
         return [i for i in items if i["key"] == "acct-poison"]
 
@@ -332,7 +333,7 @@ def test_a_poison_message_is_parked_and_replayed_through_the_retry_scheduler(
     assert item["error_class"] == "DecodeError", item
     token_b64 = kubectl_json("-n", ns.name, "get", "secret", f"{RELEASE}-admin")["data"]["token"]
     token = __import__("base64").b64decode(token_b64).decode()
-    replayed = httpx.post(f"{url}/parked/{item['id']}/replay", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    replayed = web.post(f"{url}/parked/{item['id']}/replay", headers={"Authorization": f"Bearer {token}"}, timeout=30)
     assert replayed.status_code in (200, 202), replayed.text
 
     # Replayed: it goes back through its retry topic to the validator, fails to decode
@@ -350,12 +351,12 @@ def test_console_answers_and_lists_every_service(ns: Namespace) -> None:
     url = ns.service_url("console")
 
     def listed() -> str | None:
-        response = httpx.get(url + "/fleet.json", timeout=10)
+        response = web.get(url + "/fleet.json", timeout=10)
         text = response.text
         return text if response.status_code == 200 and all(s.replace("-", "_") in text or s in text for s in SERVICES) else None
 
     wait_for(listed, timeout=60, message="the console's fleet listing every service")
-    assert httpx.get(url + "/fleet", timeout=10).status_code == 200
+    assert web.get(url + "/fleet", timeout=10).status_code == 200
 
 
 # -- kills -----------------------------------------------------------------------------------
@@ -565,7 +566,7 @@ def test_prometheus_scrapes_every_service_pod_and_each_dashboard_panel_has_serie
 
         def all_up() -> list[dict[str, Any]] | None:
             try:
-                targets = httpx.get(f"{api}/targets", timeout=5).json()["data"]["activeTargets"]
+                targets = web.get(f"{api}/targets", timeout=5).json()["data"]["activeTargets"]
             except (httpx.HTTPError, ValueError, KeyError):
                 return None
             up = [t for t in targets if t["health"] == "up"]
@@ -579,13 +580,13 @@ def test_prometheus_scrapes_every_service_pod_and_each_dashboard_panel_has_serie
         for panel in dashboard["panels"]:
             for target in panel.get("targets", []):
                 expr = target["expr"].replace("$__rate_interval", "1m").replace('=~"$service"', '=~".*"')
-                answer = httpx.get(f"{api}/query", params={"query": expr}, timeout=10).json()
+                answer = web.get(f"{api}/query", params={"query": expr}, timeout=10).json()
                 assert answer["status"] == "success", (panel["title"], expr, answer)
                 queried += 1
                 if not answer["data"]["result"]:
                     empty.append(f"{panel['title']}: {expr}")
         assert not empty, "dashboard queries with no series:\n" + "\n".join(empty)
-        rules = httpx.get(f"{api}/rules", timeout=10).json()["data"]["groups"]
+        rules = web.get(f"{api}/rules", timeout=10).json()["data"]["groups"]
         unhealthy = [r["name"] for g in rules for r in g["rules"] if r.get("health") not in ("ok", "unknown")]
         assert rules and not unhealthy, unhealthy
         record("prometheus", targets=len(targets), panel_queries=queried)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support import web
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -63,7 +65,7 @@ class ServiceProcess:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"{self.module} exited with {self.proc.returncode}; log:\n{self.log_tail()}")
             try:
-                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
+                if web.get(self.url + "/readyz", timeout=1.0).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
-import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
@@ -25,6 +24,7 @@ from shared.ordered_retries import HELD_BEHIND
 from tests.e2e.console import realistic
 from tests.e2e.console.conftest import Fleet, browser_session, off_loop, screenshot
 from tests.e2e.console.test_parking_lot import LAPTOP, PARKED_ATTEMPT, assert_fits, enter_token, send
+from tests.support import web
 from tests.support.kafka import read_all
 from tests.support.services import wait_for
 
@@ -44,20 +44,20 @@ def laptop(chromium, fleet: Fleet) -> Iterator[Page]:  # type: ignore[no-untyped
 
 def lane(fleet: Fleet, key: str) -> dict[str, Any] | None:
     """GET /ordered-keys: the key's head, its status and held records; None when it is not blocked."""
-    resp = httpx.get(fleet.retry_scheduler.url + "/ordered-keys", params={"origin_topic": ORIGIN, "key": key}, timeout=20)
+    resp = web.get(fleet.retry_scheduler.url + "/ordered-keys", params={"origin_topic": ORIGIN, "key": key}, timeout=20)
     assert resp.status_code in (200, 404), resp.text
     return resp.json() if resp.status_code == 200 else None
 
 
 def listed_keys(fleet: Fleet) -> list[str | None]:
-    resp = httpx.get(fleet.retry_scheduler.url + "/ordered-keys/blocked", params={"origin_topic": ORIGIN}, timeout=20)
+    resp = web.get(fleet.retry_scheduler.url + "/ordered-keys/blocked", params={"origin_topic": ORIGIN}, timeout=20)
     assert resp.status_code == 200, resp.text
     return [item["key"] for item in resp.json()["items"]]
 
 
 def parked_ids(fleet: Fleet) -> set[str]:
     """Every parked message of the ordered topic (the list reads every partition)."""
-    resp = httpx.get(fleet.retry_scheduler.url + "/parked", params={"origin_topic": ORIGIN, "limit": 1000}, timeout=20)
+    resp = web.get(fleet.retry_scheduler.url + "/parked", params={"origin_topic": ORIGIN, "limit": 1000}, timeout=20)
     assert resp.status_code == 200, resp.text
     return {item["id"] for item in resp.json()["items"]}
 

@@ -14,12 +14,12 @@ import time
 import uuid
 from typing import Any
 
-import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
 from shared import dead_letters as dl
 from tests.e2e.console.conftest import TOKEN, Fleet, off_loop, screenshot
+from tests.support import web
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
 
@@ -73,7 +73,7 @@ def retry_records(fleet: Fleet, dlq_id: str) -> list[Any]:
 
 
 def command(fleet: Fleet, body: dict[str, Any]) -> dict[str, Any]:
-    resp = httpx.post(f"{fleet.validator.url}/commands", params={"wait": "true"}, json=body, timeout=20)
+    resp = web.post(f"{fleet.validator.url}/commands", params={"wait": "true"}, json=body, timeout=20)
     assert resp.status_code == 200, resp.text
     out: dict[str, Any] = resp.json()
     return out
@@ -139,7 +139,7 @@ def test_poison_message_from_retries_to_parked_and_replayed(fleet: Fleet, page: 
     confirm.evaluate("button => { button.disabled = false; }")
     confirm.click()
     expect(page.locator("#result")).to_contain_text("401")
-    assert httpx.get(f"{fleet.retry_scheduler.url}/parked/{dlq_id}", timeout=10).status_code == 200
+    assert web.get(f"{fleet.retry_scheduler.url}/parked/{dlq_id}", timeout=10).status_code == 200
 
     # With the token: replayed, unparked, on the retry topic again.
     page.goto(f"/parked/message?id={dlq_id}")
@@ -148,7 +148,7 @@ def test_poison_message_from_retries_to_parked_and_replayed(fleet: Fleet, page: 
     page.get_by_role("button", name="Replay").click()
     page.get_by_role("button", name="Yes, replay it").click()
     expect(page.locator("#result")).to_contain_text("redelivered")
-    assert httpx.get(f"{fleet.retry_scheduler.url}/parked/{dlq_id}", timeout=10).status_code == 404
+    assert web.get(f"{fleet.retry_scheduler.url}/parked/{dlq_id}", timeout=10).status_code == 404
     wait_for(lambda: len(retry_records(fleet, dlq_id)) == 2, timeout=30, message="the replay on the retry topic")
 
 
@@ -190,11 +190,11 @@ def test_replay_all_parked_that_a_filter_selects_counts_first(fleet: Fleet, page
     page.get_by_role("button", name="Replay all that match…").click()
     expect(page.locator("#dry-run-count")).to_contain_text(f"{len(ids)} parked messages match")
     expect(page.locator("#dry-run-count")).to_contain_text("Nothing has been replayed yet")
-    assert all(httpx.get(f"{fleet.retry_scheduler.url}/parked/{i}", timeout=10).status_code == 200 for i in ids)
+    assert all(web.get(f"{fleet.retry_scheduler.url}/parked/{i}", timeout=10).status_code == 200 for i in ids)
     page.get_by_role("button", name=f"Replay these {len(ids)}").click()
     n = len(ids)
     expect(page.locator("#result")).to_contain_text(f"Replayed {n} of {n} selected (the dry run counted {n})")
-    assert all(httpx.get(f"{fleet.retry_scheduler.url}/parked/{i}", timeout=10).status_code == 404 for i in ids)
+    assert all(web.get(f"{fleet.retry_scheduler.url}/parked/{i}", timeout=10).status_code == 404 for i in ids)
 
 
 def test_tallies_accounts_and_commands_match_the_apis(fleet: Fleet, page: Page) -> None:
@@ -216,7 +216,7 @@ def test_tallies_accounts_and_commands_match_the_apis(fleet: Fleet, page: Page) 
     assert rejected["status"] == "rejected"
 
     def api_tally() -> dict[str, Any] | None:
-        resp = httpx.get(f"{fleet.tallies.url}/tallies/{program}", timeout=10)
+        resp = web.get(f"{fleet.tallies.url}/tallies/{program}", timeout=10)
         body = resp.json() if resp.status_code == 200 else None
         return body if body and body["numberActive"] == 2 and body["numberInactive"] == 1 else None
 
@@ -234,7 +234,7 @@ def test_tallies_accounts_and_commands_match_the_apis(fleet: Fleet, page: Page) 
 
     page.locator(f'tr[data-program="{program}"]').get_by_role("link", name=program).click()
     expect(page.locator('#tally [data-field="numberActive"]')).to_have_text("2")
-    listing = httpx.get(f"{fleet.validator.url}/programs/{program}/accounts", timeout=10).json()["items"]
+    listing = web.get(f"{fleet.validator.url}/programs/{program}/accounts", timeout=10).json()["items"]
     assert {a["account_id"] for a in listing} == set(accounts)
     for account in listing:
         shown = page.locator(f'tr[data-account="{account["account_id"]}"]')

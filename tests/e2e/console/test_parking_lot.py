@@ -19,7 +19,6 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import quote, urlencode
 
-import httpx
 import pytest
 from fastapi.responses import HTMLResponse
 from fastapi.routing import APIRoute
@@ -29,6 +28,7 @@ from services.console.api import router
 from shared import dead_letters as dl
 from tests.e2e.console import realistic
 from tests.e2e.console.conftest import TOKEN, Fleet, browser_session, off_loop, screenshot
+from tests.support import web
 from tests.support.kafka import BOOTSTRAP, read_all
 from tests.support.services import wait_for
 
@@ -53,7 +53,7 @@ def send(fleet: Fleet, letters: list[dl.DeadLetter]) -> None:
 
 
 def api(fleet: Fleet, path: str, **params: Any) -> Any:
-    resp = httpx.get(fleet.retry_scheduler.url + path, params=params, timeout=20)
+    resp = web.get(fleet.retry_scheduler.url + path, params=params, timeout=20)
     assert resp.status_code in (200, 404), resp.text
     return resp.json() if resp.status_code == 200 else None
 

@@ -12,11 +12,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env
+from tests.support import web
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import ServiceProcess, free_port, run_until_killed, wait_for
 
@@ -74,7 +74,7 @@ def test_sigkill_at_each_commit_step_redelivers_or_parks_each_letter(
     try:  # everything stored, nothing due yet
 
         def stored() -> tuple[int, int]:
-            stats = httpx.get(proc.url + "/retries/stats", timeout=10).json()
+            stats = web.get(proc.url + "/retries/stats", timeout=10).json()
             return stats["scheduled"], stats["parked"]
 
         wait_for(
@@ -97,7 +97,7 @@ def test_sigkill_at_each_commit_step_redelivers_or_parks_each_letter(
         wait_for(lambda: set(ids(retry)) >= set(expected), timeout=60, message="every id redelivered")
         wait_for(lambda: set(ids(parking)) >= parked, timeout=30, message="every invalid one parked")
         wait_for(
-            lambda: httpx.get(proc.url + "/retries/stats", timeout=10).json()["scheduled"] == 0,
+            lambda: web.get(proc.url + "/retries/stats", timeout=10).json()["scheduled"] == 0,
             timeout=30,
             message="nothing left scheduled",
         )

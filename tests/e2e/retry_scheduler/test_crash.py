@@ -13,11 +13,11 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env, start_scheduler
+from tests.support import web
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import wait_for
 
@@ -90,7 +90,7 @@ def test_every_dead_letter_is_redelivered_or_parked_across_sigkills(kafka_bootst
         # A dead letter read again after a kill, when its redelivery had already happened, is
         # scheduled again and redelivered once more (same id and attempt): wait for those too.
         stats = wait_for(
-            lambda: (s := httpx.get(proc.url + "/retries/stats", timeout=10).json())["scheduled"] == 0 and s,
+            lambda: (s := web.get(proc.url + "/retries/stats", timeout=10).json())["scheduled"] == 0 and s,
             timeout=30,
             message="nothing left scheduled",
         )

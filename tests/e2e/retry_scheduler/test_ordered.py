@@ -23,6 +23,7 @@ import pytest
 from shared import dead_letters as dl
 from shared.ordered_retries import HELD_BEHIND
 from tests.integration.retry_scheduler.helpers import TOKEN, scheduler_env, start_scheduler
+from tests.support import web
 from tests.support.kafka import Record, create_topics, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
 
@@ -81,7 +82,7 @@ class Fleet:
 
     def lane(self, key: str) -> dict[str, Any] | None:
         """The scheduler's view of a blocked key (GET /ordered-keys), or None when it is free."""
-        response = httpx.get(self.scheduler.url + "/ordered-keys", params={"origin_topic": self.origin, "key": key}, timeout=10)
+        response = web.get(self.scheduler.url + "/ordered-keys", params={"origin_topic": self.origin, "key": key}, timeout=10)
         if response.status_code == 404:
             return None
         response.raise_for_status()
@@ -102,7 +103,7 @@ class Fleet:
         return lane.get("head_status") == "parked" and lane.get("held") == held
 
     def lane_command(self, action: str, key: str) -> httpx.Response:
-        return httpx.post(
+        return web.post(
             self.scheduler.url + f"/ordered-keys/{action}",
             params={"origin_topic": self.origin, "key": key},
             headers={"Authorization": f"Bearer {TOKEN}"},
@@ -110,7 +111,7 @@ class Fleet:
         )
 
     def stats(self) -> dict[str, Any]:
-        return dict(httpx.get(self.scheduler.url + "/retries/stats", timeout=10).json())
+        return dict(web.get(self.scheduler.url + "/retries/stats", timeout=10).json())
 
     def processed(self) -> list[tuple[str, int, int]]:
         """(key, seq, failed attempts before) of every record processed so far, in the order processed."""

@@ -14,6 +14,7 @@ import pytest
 from shared import dead_letters as dl
 from shared.engine import partition_for
 from tests.integration.retry_scheduler.helpers import TOKEN, letter_headers, scheduler_env, start_scheduler
+from tests.support import web
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import wait_for
 
@@ -23,7 +24,7 @@ PARTITIONS = 8  # the default STATEFLEET_TOPIC_PARTITIONS, which the schedulers 
 
 
 def get(url: str, path: str, **params: Any) -> httpx.Response:
-    return httpx.get(url + path, params=params, timeout=10)
+    return web.get(url + path, params=params, timeout=10)
 
 
 def list_all(url: str, path: str) -> list[str]:
@@ -41,7 +42,7 @@ def parked_ids_on_both(url: str, prefix: str) -> list[str]:
     """Six ids of letters to park: the first any, the other five (the group the test counts and
     cancels through either instance) on partitions of both instances, as ``url`` reports its own
     (five random ids all land on one instance's half of the partitions one time in sixteen)."""
-    view = httpx.get(url + "/instance", timeout=10).json()
+    view = web.get(url + "/instance", timeout=10).json()
     mine = set(view["active"][f"{prefix}statefleet-retry_scheduler-parked-changelog"])
     ids: list[str] = [f"bad-0-{uuid.uuid4().hex[:6]}"]
     wanted = {True: 3, False: 2}  # on this instance's partitions, on the other's
@@ -99,12 +100,12 @@ def test_any_instance_answers_for_every_message(kafka_bootstrap: str, tmp_path: 
         auth = {"Authorization": f"Bearer {TOKEN}"}
         for i, dlq_id in enumerate(scheduled[:6]):
             url = (a, b)[i % 2].url  # half of these are forwarded to the other instance
-            r = httpx.post(f"{url}/retries/{dlq_id}/replay", headers=auth, timeout=10)
+            r = web.post(f"{url}/retries/{dlq_id}/replay", headers=auth, timeout=10)
             assert r.status_code == 200 and r.json()["status"] == "redelivered"
         for i, dlq_id in enumerate(scheduled[6:10]):
-            r = httpx.delete(f"{(a, b)[i % 2].url}/retries/{dlq_id}", headers=auth, timeout=10)
+            r = web.delete(f"{(a, b)[i % 2].url}/retries/{dlq_id}", headers=auth, timeout=10)
             assert r.status_code == 200 and r.json()["status"] == "cancelled"
-        r = httpx.post(f"{b.url}/parked/{parked[0]}/replay", headers=auth, timeout=10)
+        r = web.post(f"{b.url}/parked/{parked[0]}/replay", headers=auth, timeout=10)
         assert r.status_code == 200
 
         assert sorted(list_all(b.url, "/retries")) == sorted(scheduled[10:])
@@ -120,9 +121,9 @@ def test_any_instance_answers_for_every_message(kafka_bootstrap: str, tmp_path: 
         group = {"origin_topic": "orders", "error_class": "ValidationError"}
         [ga] = get(a.url, "/parked-groups").json()["groups"]
         assert ga == get(b.url, "/parked-groups").json()["groups"][0] and ga["count"] == len(rest)
-        dry = httpx.post(f"{a.url}/parked-groups/cancel", params={**group, "dry_run": "true"}, headers=auth, timeout=30)
+        dry = web.post(f"{a.url}/parked-groups/cancel", params={**group, "dry_run": "true"}, headers=auth, timeout=30)
         assert dry.status_code == 200 and dry.json()["matched"] == len(rest)
-        done = httpx.post(f"{b.url}/parked-groups/cancel", params=group, headers=auth, timeout=30)
+        done = web.post(f"{b.url}/parked-groups/cancel", params=group, headers=auth, timeout=30)
         assert done.status_code == 200, done.text
         assert (done.json()["done"], done.json()["accepted_partitions"]) == (len(rest), [])
         assert list_all(a.url, "/parked") == [] and get(b.url, "/parked-groups").json()["total"] == 0

@@ -24,6 +24,7 @@ from services.tallies.state import SEPARATOR, decode_membership
 from shared.engine import partition_for
 from shared.engine._membership import member_url
 from tests.e2e.tallies.test_tallies_e2e import all_tallies, assert_tallies_settle, latest_published
+from tests.support import web
 from tests.support.accounts import History, event, generate
 from tests.support.kafka import BOOTSTRAP, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
@@ -40,7 +41,7 @@ REMOVED = "removed its member"
 
 
 def metric(proc: ServiceProcess, name: str) -> float:
-    text = httpx.get(proc.url + "/metrics", timeout=5).text
+    text = web.get(proc.url + "/metrics", timeout=5).text
     m = re.search(rf'^{name}\{{service="tallies"\}} ([0-9.e+]+)$', text, re.M)
     return float(m.group(1)) if m else 0.0
 
@@ -88,7 +89,7 @@ def process_state(pid: int) -> str:
 
 
 def instance_view(proc: ServiceProcess) -> dict[str, Any]:
-    body: dict[str, Any] = httpx.get(proc.url + "/instance", timeout=5).raise_for_status().json()
+    body: dict[str, Any] = web.get(proc.url + "/instance", timeout=5).raise_for_status().json()
     return body
 
 
@@ -188,7 +189,7 @@ class Markers:
                 produce(self.events_topic, [(account, orjson.dumps(event(account, self.program, "AccountCreated", 1)))])
                 self.sent += 1
             try:
-                got = httpx.get(f"{reader.url}/tallies/{self.program}", timeout=1)
+                got = web.get(f"{reader.url}/tallies/{self.program}", timeout=1)
             except httpx.HTTPError:
                 got = None
             if got is not None and got.status_code == 200 and got.json()["numberActive"] >= 1:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.e2e.tallies.test_tallies_e2e import all_tallies, assert_tallies_settle
+from tests.support import web
 from tests.support.accounts import generate
 from tests.support.kafka import produce
 from tests.support.services import ServiceProcess, wait_for
@@ -33,7 +34,7 @@ def standbys_in_place(procs: list[ServiceProcess]) -> bool:
     last join gave them out)."""
     standby: set[tuple[str, int]] = set()
     for proc in procs:
-        body = httpx.get(proc.url + "/instance", timeout=5).json()
+        body = web.get(proc.url + "/instance", timeout=5).json()
         if not body["ready"] or body["rebalancing"]:
             return False
         standby |= {(t, p) for t, parts in body["standby"].items() if t.endswith("memberships-changelog") for p in parts}

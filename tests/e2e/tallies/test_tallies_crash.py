@@ -23,12 +23,12 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
 from shared import dead_letters as dl
 from tests.e2e.tallies.test_tallies_e2e import all_tallies, latest_published, repeated_tallies, wait_all_input_consumed
+from tests.support import web
 from tests.support.accounts import generate
 from tests.support.kafka import create_topics, produce
 from tests.support.services import ServiceProcess, wait_for
@@ -45,7 +45,7 @@ KILLS = ((3000, False), (3000, True), (None, False), (3000, True))
 
 def applied(proc: ServiceProcess) -> int:
     """Input records the second hop of this worker process has applied so far."""
-    text = httpx.get(proc.url + "/metrics", timeout=5).text
+    text = web.get(proc.url + "/metrics", timeout=5).text
     m = re.search(r'statefleet_messages_processed_total\{service="tallies",stream="by-program"\} ([0-9.e+]+)', text)
     return int(float(m.group(1))) if m else 0
 

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from shared import dead_letters as dl
+from tests.support import web
 from tests.support.accounts import event, generate
 from tests.support.kafka import BOOTSTRAP, produce, read_all, unconsumed
 from tests.support.services import ServiceProcess, wait_for
@@ -33,7 +33,7 @@ def all_tallies(proc: ServiceProcess, limit: int = 7) -> dict[str, dict[str, Any
         params: dict[str, Any] = {"limit": limit}
         if cursor:
             params["cursor"] = cursor
-        body = httpx.get(proc.url + "/tallies", params=params, timeout=5).raise_for_status().json()
+        body = web.get(proc.url + "/tallies", params=params, timeout=5).raise_for_status().json()
         for item in body["items"]:
             assert item["program_id"] not in out, "a program appeared on two pages"
             out[item["program_id"]] = item
@@ -107,13 +107,13 @@ def test_exact_tallies_api_topic_and_dead_letters(start_tallies, tally_topics) -
 
     wait_tallies(proc, history.expected)
     for program, tally in list(history.expected.items())[:3]:
-        got = httpx.get(f"{proc.url}/tallies/{program}", timeout=5)
+        got = web.get(f"{proc.url}/tallies/{program}", timeout=5)
         assert got.status_code == 200 and got.json() == tally
-    missing = httpx.get(f"{proc.url}/tallies/no-such-program", timeout=5)
+    missing = web.get(f"{proc.url}/tallies/no-such-program", timeout=5)
     assert missing.status_code == 404 and missing.json()["error"] == "not_found"
-    assert httpx.get(f"{proc.url}/tallies", params={"limit": 0}, timeout=5).status_code == 422
+    assert web.get(f"{proc.url}/tallies", params={"limit": 0}, timeout=5).status_code == 422
     for cursor in ("%%", "bm90LWEtY3Vyc29y"):  # not base64; base64 of text this API never made
-        bad = httpx.get(f"{proc.url}/tallies", params={"cursor": cursor}, timeout=5)
+        bad = web.get(f"{proc.url}/tallies", params={"cursor": cursor}, timeout=5)
         assert bad.status_code == 400 and bad.json()["error"] == "invalid_cursor"
 
     wait_for(
@@ -133,7 +133,7 @@ def test_exact_tallies_api_topic_and_dead_letters(start_tallies, tally_topics) -
     assert b"'ts' must be an integer" in by_key[b"bad-3"][dl.ERROR_MESSAGE]
     assert by_key[b"bad-3"][dl.ORIGINAL_TOPIC] == tally_topics["logins"].encode()
     assert by_key[b"bad-1"][dl.ATTEMPT] == b"1"
-    assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
+    assert web.get(proc.url + "/healthz", timeout=5).status_code == 200
 
 
 def test_a_malformed_account_event_is_dead_lettered_and_never_counted(start_tallies, tally_topics) -> None:  # type: ignore[no-untyped-def]
@@ -176,7 +176,7 @@ def test_program_ids_with_slashes_and_url_characters_read_back(start_tallies, ta
     wait_for(lambda: len(all_tallies(proc)) == len(programs), timeout=30, message="every tally")
     for program in programs:
         for safe in ("/", ""):  # raw slashes and %2F
-            got = httpx.get(f"{proc.url}/tallies/{quote(program, safe=safe)}", timeout=5)
+            got = web.get(f"{proc.url}/tallies/{quote(program, safe=safe)}", timeout=5)
             assert got.status_code == 200, (program, got.text)
             assert got.json() == {"program_id": program, "numberActive": 1, "numberInactive": 0, "lastLogin": None}
 
@@ -239,7 +239,7 @@ def test_sigkill_mid_stream_never_double_counts(start_tallies, tally_topics) -> 
     produce(tally_topics["events"], history.events)
 
     def some_applied() -> bool:
-        body = httpx.get(proc.url + "/tallies", params={"limit": 100}, timeout=5).json()
+        body = web.get(proc.url + "/tallies", params={"limit": 100}, timeout=5).json()
         applied: int = sum(t["numberActive"] + t["numberInactive"] for t in body["items"])
         return applied > 0
 

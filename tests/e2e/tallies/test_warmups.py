@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.tallies.test_reads_from_copies import Reader
 from tests.e2e.tallies.test_tallies_e2e import all_tallies, assert_tallies_settle
+from tests.support import web
 from tests.support.accounts import generate
 from tests.support.kafka import produce
 from tests.support.services import ServiceProcess, wait_for
@@ -24,14 +24,14 @@ ENV = {"STATEFLEET_WARMUP_MAX_LAG": "5"}
 def settled(procs: list[ServiceProcess]) -> bool:
     """Every instance ready and owning input partitions, and no warm-up pending."""
     for proc in procs:
-        body = httpx.get(proc.url + "/instance", timeout=5).json()
+        body = web.get(proc.url + "/instance", timeout=5).json()
         if not body["ready"] or body["rebalancing"] or body["warmup"] or not body["active"]:
             return False
     return True
 
 
 def owned_changelog_partitions(proc: ServiceProcess) -> set[int]:
-    body = httpx.get(proc.url + "/instance", timeout=5).json()
+    body = web.get(proc.url + "/instance", timeout=5).json()
     return {p for topic, parts in body["active"].items() if topic.endswith("memberships-changelog") for p in parts}
 
 

@@ -8,10 +8,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
+from tests.support import web
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import ServiceProcess, free_port, run_until_killed, wait_for
 
@@ -53,7 +53,7 @@ def summary(proc: ServiceProcess, batch_id: str) -> dict[str, Any] | None:
     items: list[dict[str, Any]] = []
     params: dict[str, Any] = {"limit": 150}
     while True:
-        resp = httpx.get(f"{proc.url}/batches/{batch_id}", params=params, timeout=15)
+        resp = web.get(f"{proc.url}/batches/{batch_id}", params=params, timeout=15)
         if resp.status_code in (404, 503):
             return None
         assert resp.status_code == 200, resp.text
@@ -137,13 +137,13 @@ def test_a_mixed_batch_resent_twice_is_decided_once(start_validator: Any) -> Non
     proc: ServiceProcess = start_validator("a")
     run = uuid.uuid4().hex[:8]
     body, expected = mixed_batch(f"batch-{run}", run)
-    first = httpx.post(f"{proc.url}/commands/batch", params={"wait": "true"}, json=body, timeout=30)
+    first = web.post(f"{proc.url}/commands/batch", params={"wait": "true"}, json=body, timeout=30)
     assert first.status_code in (200, 202), first.text
     assert len(first.json().get("command_ids") or first.json()["items"]) == len(expected)
     decided = settled(proc, body["batch_id"])
     check_exact(proc, decided, expected, crashed=False)
     for _ in range(2):
-        again = httpx.post(f"{proc.url}/commands/batch", params={"wait": "true"}, json=body, timeout=30)
+        again = web.post(f"{proc.url}/commands/batch", params={"wait": "true"}, json=body, timeout=30)
         assert again.status_code == 200, again.text
         assert again.json()["counts"] == decided["counts"]
     check_exact(proc, settled(proc, body["batch_id"]), expected, crashed=False)
@@ -165,7 +165,7 @@ def test_a_batch_resent_after_a_sigkill_mid_batch_is_decided_once(
 
     proc = ServiceProcess("validator", env, tmp_path / "validator-2.log", port=port).start().wait_ready()
     try:
-        resent = httpx.post(f"{proc.url}/commands/batch", params={"wait": "true"}, json=body, timeout=30)
+        resent = web.post(f"{proc.url}/commands/batch", params={"wait": "true"}, json=body, timeout=30)
         assert resent.status_code in (200, 202), resent.text
         check_exact(proc, settled(proc, body["batch_id"]), expected, crashed=True)
     finally:
@@ -211,7 +211,7 @@ def test_any_instance_answers_for_any_batch(start_validator: Any) -> None:
     for batch_id in ids:
         body = {"batch_id": batch_id, "commands": [{"type": "CreateAccount", "account_id": f"{batch_id}-x", "program_id": "P"}]}
         wait_for(
-            lambda body=body: httpx.post(f"{a.url}/commands/batch", json=body, timeout=30).status_code == 202,
+            lambda body=body: web.post(f"{a.url}/commands/batch", json=body, timeout=30).status_code == 202,
             timeout=60,
             message="batch accepted",
         )

@@ -14,6 +14,7 @@ import httpx
 import orjson
 import pytest
 
+from tests.support import web
 from tests.support.kafka import read_all
 from tests.support.services import ServiceProcess, wait_for
 
@@ -22,11 +23,11 @@ pytestmark = pytest.mark.e2e
 
 def post(proc: ServiceProcess, body: dict[str, Any], wait: bool = True) -> httpx.Response:
     params = {"wait": "true"} if wait else {}
-    return httpx.post(proc.url + "/commands", json=body, params=params, timeout=15)
+    return web.post(proc.url + "/commands", json=body, params=params, timeout=15)
 
 
 def get(proc: ServiceProcess, path: str, **params: Any) -> httpx.Response:
-    return httpx.get(proc.url + path, params=params, timeout=15)
+    return web.get(proc.url + path, params=params, timeout=15)
 
 
 def topic(proc: ServiceProcess, base: str) -> str:
@@ -200,7 +201,7 @@ def test_program_listing_newest_first_with_pages_and_status(shared_validator: Se
 def test_bad_input_gets_a_json_4xx(
     shared_validator: ServiceProcess, method: str, path: str, kwargs: dict[str, Any], status: int
 ) -> None:
-    r = httpx.request(method, shared_validator.url + path, timeout=10, **kwargs)
+    r = web.request(method, shared_validator.url + path, timeout=10, **kwargs)
     assert r.status_code == status, r.text
     assert "error" in r.json()
     assert get(shared_validator, "/healthz").status_code == 200
@@ -281,7 +282,7 @@ def _unrepresentable(command_id: str) -> list[bytes]:
 def test_unrepresentable_values_get_422_and_leave_nothing_behind(shared_validator: ServiceProcess, case: int, wait: bool) -> None:
     command_id = f"bad-{uuid.uuid4().hex[:8]}"
     body = _unrepresentable(command_id)[case]
-    r = httpx.post(
+    r = web.post(
         shared_validator.url + "/commands",
         content=body,
         params={"wait": str(wait).lower()},

@@ -15,12 +15,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from shared.engine import partition_for
+from tests.support import web
 from tests.support.kafka import BOOTSTRAP, produce, read_all
 from tests.support.services import wait_for
 
@@ -204,6 +204,6 @@ def assert_each_event_once(
     rejections = read_all(f"{prefix}account-rejections", isolation_level=isolation_level)
     assert rejections == [], f"no command may be rejected: {[r.value for r in rejections[:5]]}"
     for i in (0, 1, accounts - 1):
-        body = httpx.get(f"{proc.url}/accounts/crash-{i}", timeout=10).json()
+        body = web.get(f"{proc.url}/accounts/crash-{i}", timeout=10).json()
         assert body == {"account_id": f"crash-{i}", "program_id": f"prog-{i % 4}", "status": "active", "version": steps}
     return events, by_id

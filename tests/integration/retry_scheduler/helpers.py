@@ -19,6 +19,7 @@ import orjson
 
 from shared import dead_letters as dl
 from shared.engine import partition_for
+from tests.support import web
 from tests.support.dead_letters import letter_headers as letter_headers  # re-exported for the tests here
 from tests.support.kafka import Record, create_topics, produce, read_all
 from tests.support.services import ServiceProcess, free_port, wait_for
@@ -72,11 +73,11 @@ class Scheduler:
         return topic
 
     def get(self, path: str, **params: object) -> httpx.Response:
-        return httpx.get(self.url + path, params=params, timeout=10)  # type: ignore[arg-type]
+        return web.get(self.url + path, params=params, timeout=10)  # type: ignore[arg-type]
 
     def admin(self, method: str, path: str, token: str | None = TOKEN) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-        return httpx.request(method, self.url + path, headers=headers, timeout=10)
+        return web.request(method, self.url + path, headers=headers, timeout=10)
 
 
 def send_letter(s: Scheduler, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
@@ -97,7 +98,7 @@ def wait_for_a_tick_everywhere(url: str) -> None:
     since = int(time.time() * 1000)
 
     def ticked() -> bool:
-        ticks = httpx.get(url + "/retries/stats", timeout=10).json()["last_ticks"]
+        ticks = web.get(url + "/retries/stats", timeout=10).json()["last_ticks"]
         return len({t["partition"] for t in ticks if t["at"] >= since}) == PARTITIONS
 
     wait_for(ticked, timeout=30, message="a tick of every inbox partition")

@@ -13,6 +13,7 @@ import pytest
 
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import TOKEN, Scheduler, letter_headers, new_id, records_for, send_letter
+from tests.support import web
 from tests.support.services import wait_for
 
 pytestmark = pytest.mark.integration
@@ -43,7 +44,7 @@ def groups(s: Scheduler, **params: Any) -> dict[tuple[str, str], dict[str, Any]]
 
 def group_action(s: Scheduler, action: str, token: str | None = TOKEN, **params: Any) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    return httpx.post(f"{s.url}/parked-groups/{action}", params=params, headers=headers, timeout=30)
+    return web.post(f"{s.url}/parked-groups/{action}", params=params, headers=headers, timeout=30)
 
 
 def test_parked_messages_are_grouped_with_counts_and_the_newest_error(scheduler: Scheduler) -> None:

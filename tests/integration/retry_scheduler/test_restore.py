@@ -8,11 +8,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import letter_headers, own_topics, start_scheduler, wait_for_a_tick_everywhere
+from tests.support import web
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
 
@@ -54,7 +54,7 @@ def test_restore_after_deleting_the_data_dir_brings_back_only_what_was_not_redel
 
 
 def proc_scheduled(url: str) -> int:
-    return int(httpx.get(url + "/retries/stats", timeout=10).json()["scheduled"])
+    return int(web.get(url + "/retries/stats", timeout=10).json()["scheduled"])
 
 
 def list_all(url: str) -> list[dict[str, Any]]:
@@ -62,7 +62,7 @@ def list_all(url: str) -> list[dict[str, Any]]:
     cursor = None
     while True:
         params = {"limit": 7, **({"cursor": cursor} if cursor else {})}
-        page = httpx.get(url + "/retries", params=params, timeout=10).json()
+        page = web.get(url + "/retries", params=params, timeout=10).json()
         items.extend(page["items"])
         cursor = page["next_cursor"]
         if cursor is None:

@@ -9,11 +9,11 @@ import shutil
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.retry_scheduler.helpers import letter_headers, own_topics, start_scheduler
+from tests.support import web
 from tests.support.kafka import produce
 from tests.support.services import ServiceProcess, wait_for
 
@@ -25,7 +25,7 @@ LETTERS = 40
 
 
 def samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = web.get(url + "/metrics", timeout=10).text
     return {
         tuple(sorted(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
@@ -44,7 +44,7 @@ def restore_lines(proc: ServiceProcess) -> list[tuple[int, int, int]]:
 
 
 def scheduled(url: str) -> int:
-    return int(httpx.get(url + "/retries/stats", timeout=10).json()["scheduled"])
+    return int(web.get(url + "/retries/stats", timeout=10).json()["scheduled"])
 
 
 @pytest.mark.parametrize("bulk", ["true", "false"], ids=["bulk-restore", "faust-reader"])

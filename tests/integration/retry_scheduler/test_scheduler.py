@@ -8,7 +8,6 @@ import time
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 import pytest
 
 from shared import dead_letters as dl
@@ -22,6 +21,7 @@ from tests.integration.retry_scheduler.helpers import (
     send_letter,
     wait_for_a_tick_everywhere,
 )
+from tests.support import web
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
 
@@ -312,10 +312,10 @@ def test_dead_letters_without_headers_are_accepted(scheduler: Scheduler) -> None
     ],
 )
 def test_bad_http_input_gets_a_4xx_json_error(scheduler: Scheduler, method: str, path: str, status: int, error: str) -> None:
-    r = httpx.request(method, scheduler.url + path, headers={"Authorization": "Bearer test-admin-token"}, timeout=10)
+    r = web.request(method, scheduler.url + path, headers={"Authorization": "Bearer test-admin-token"}, timeout=10)
     assert r.status_code == status, r.text
     assert r.json()["error"] == error
-    assert httpx.get(scheduler.url + "/healthz", timeout=5).status_code == 200
+    assert web.get(scheduler.url + "/healthz", timeout=5).status_code == 200
 
 
 def test_bad_dead_letters_do_not_stop_the_worker(scheduler: Scheduler) -> None:
@@ -347,4 +347,4 @@ def test_bad_dead_letters_do_not_stop_the_worker(scheduler: Scheduler) -> None:
         assert "topic" in scheduler.get(f"/parked/{dlq_id}").json()["parked_reason"]
     attempts = {dict(r.headers)[dl.ID].decode(): dict(r.headers)[dl.ATTEMPT] for r in read_all(topic)}
     assert attempts == {ids[0]: b"1", ids[1]: b"1", ids[4]: b"1"}
-    assert httpx.get(scheduler.url + "/readyz", timeout=5).status_code == 200
+    assert web.get(scheduler.url + "/readyz", timeout=5).status_code == 200

@@ -10,7 +10,6 @@ import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -19,6 +18,7 @@ from services.retry_scheduler.handlers.kinds import KIND_LETTER
 from shared import dead_letters as dl
 from shared.engine._partitioning import partition_for
 from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env, start_scheduler
+from tests.support import web
 from tests.support.kafka import BOOTSTRAP, committed_offsets, create_topics
 from tests.support.services import wait_for
 
@@ -80,7 +80,7 @@ def test_a_dead_letter_the_inbox_stream_skipped_is_read_back_and_scheduled(kafka
     restarted = start_scheduler(env, tmp_path)
     try:
         wait_for(
-            lambda: httpx.get(f"{restarted.url}/retries/{dlq_id}", timeout=5).status_code == 200,
+            lambda: web.get(f"{restarted.url}/retries/{dlq_id}", timeout=5).status_code == 200,
             timeout=30,
             message="the skipped dead letter scheduled",
         )

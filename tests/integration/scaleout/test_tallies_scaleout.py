@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.support import web
 from tests.support.accounts import generate
 from tests.support.kafka import create_topics, produce
 from tests.support.services import ServiceProcess, free_port, wait_for
@@ -46,7 +46,7 @@ def listing(url: str, limit: int) -> list[dict[str, Any]] | None:
     cursor = None
     while True:
         params: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
-        resp = httpx.get(url + "/tallies", params=params, timeout=10)
+        resp = web.get(url + "/tallies", params=params, timeout=10)
         if resp.status_code == 503:
             return None
         body = resp.raise_for_status().json()
@@ -59,7 +59,7 @@ def listing(url: str, limit: int) -> list[dict[str, Any]] | None:
 def answers_everywhere(procs: list[ServiceProcess], expected: dict[str, dict[str, Any]]) -> bool:
     for proc in procs:
         for program, tally in expected.items():
-            resp = httpx.get(f"{proc.url}/tallies/{program}", timeout=10)
+            resp = web.get(f"{proc.url}/tallies/{program}", timeout=10)
             if resp.status_code != 200 or resp.json() != tally:
                 return False
     return True
@@ -80,7 +80,7 @@ def test_any_instance_answers_any_key_and_survives_a_kill(start_instances, topic
     wait_for(lambda: answers_everywhere(procs, history.expected), timeout=90, message="every key from every instance")
 
     # Forwarding is visible: some answers come from another instance than the one asked.
-    served = {httpx.get(f"{procs[0].url}/tallies/{p}", timeout=10).headers[SERVED_BY] for p in history.expected}
+    served = {web.get(f"{procs[0].url}/tallies/{p}", timeout=10).headers[SERVED_BY] for p in history.expected}
     assert len(served) > 1, f"all 16 programs served by one instance: {served}"
 
     for proc in procs:
@@ -109,7 +109,7 @@ def test_any_instance_answers_any_key_and_survives_a_kill(start_instances, topic
     def correct_or_unavailable() -> bool:
         for proc in survivors:
             for program in list(history.expected)[:6]:
-                resp = httpx.get(f"{proc.url}/tallies/{program}", timeout=10)
+                resp = web.get(f"{proc.url}/tallies/{program}", timeout=10)
                 assert resp.status_code in (200, 503), resp.text
                 if resp.status_code == 200:
                     assert resp.json() == history.expected[program]

@@ -18,13 +18,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import letter_headers
 from tests.integration.security.conftest import SecureBroker
+from tests.support import web
 from tests.support.kafka import Record, produce
 from tests.support.services import ServiceProcess, free_port, wait_for
 from tools import kafka_broker
@@ -68,14 +68,14 @@ def test_every_service_works_over_sasl_ssl_as_its_own_user(secure_broker: Secure
 
         account, program = f"acct-{uuid.uuid4().hex[:8]}", f"prog-{uuid.uuid4().hex[:8]}"
         command = {"command_id": f"{account}-1", "type": "CreateAccount", "account_id": account, "program_id": program}
-        answer = httpx.post(validator.url + "/commands", json=command, params={"wait": "true"}, timeout=30)
+        answer = web.post(validator.url + "/commands", json=command, params={"wait": "true"}, timeout=30)
         assert answer.status_code == 200, answer.text
         assert answer.json()["status"] == "accepted"
         events = [orjson.loads(r.body) for r in b.read(b.topic("account-events"))]
         assert [(e["account_id"], e["type"], e["version"]) for e in events] == [(account, "AccountCreated", 1)]
 
         def tally() -> dict[str, Any] | None:
-            r = httpx.get(f"{tallies.url}/tallies/{program}", timeout=10)
+            r = web.get(f"{tallies.url}/tallies/{program}", timeout=10)
             return r.json() if r.status_code == 200 and r.json()["numberActive"] == 1 else None
 
         assert wait_for(tally, timeout=60, message="the tally of the new account") == {

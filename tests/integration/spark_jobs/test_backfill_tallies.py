@@ -10,12 +10,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pyarrow.parquet as pq
 import pytest
 
 from services.tallies.domain import Tally
 from spark_jobs import backfill_tallies
+from tests.support import web
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
 
@@ -83,7 +83,7 @@ def generate(seed: int) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]
 
 
 def live_tallies(url: str) -> dict[str, dict[str, Any]]:
-    items = httpx.get(f"{url}/tallies", params={"limit": 1000}, timeout=5).json()["items"]
+    items = web.get(f"{url}/tallies", params={"limit": 1000}, timeout=5).json()["items"]
     return {t["program_id"]: t for t in items}
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
 from shared import dead_letters as dl
 from tests.integration.validator.conftest import Validator
+from tests.support import web
 from tests.support.kafka import produce
 from tests.support.services import wait_for
 
@@ -265,7 +265,7 @@ def test_a_malformed_account_event_is_dead_lettered_by_each_reader_and_never_lis
     assert found[b"mal-ev-again"][dl.ID] == "dlq-ev-1" and found[b"mal-ev-again"][dl.ATTEMPT] == "2"
 
     def listed() -> list[str] | None:
-        body = httpx.get(f"{validator.proc.url}/programs/{program}/accounts", timeout=10).json()
+        body = web.get(f"{validator.proc.url}/programs/{program}/accounts", timeout=10).json()
         ids = [item["account_id"] for item in body["items"]]
         return ids if ids else None
 

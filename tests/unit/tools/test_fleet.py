@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support import web
 from tests.support.services import free_port, wait_for
 from tools import fleet
 from tools.processes import process_state
@@ -55,7 +55,7 @@ def test_an_instance_killed_a_moment_ago_is_started_again(fleet_home: Path) -> N
         second = fleet._running(kind, 0)
         assert second is not None and second != first
         assert fleet.wait_ready(kind, 0, timeout=15)
-        assert httpx.get(fleet.url(kind, 0) + "/readyz", timeout=2).status_code == 200
+        assert web.get(fleet.url(kind, 0) + "/readyz", timeout=2).status_code == 200
     finally:
         for pid in {first, fleet._recorded_pid(kind, 0)}:
             if pid is not None and process_state(pid) is not None:

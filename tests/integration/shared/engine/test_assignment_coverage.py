@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support import web
 from tests.support.kafka import create_topics, produce
 from tests.support.services import ServiceProcess, wait_for
 
@@ -40,7 +40,7 @@ def test_a_topic_skipped_for_want_of_metadata_is_assigned_within_seconds(
             message="every record of the skipped topic to be handed to the handler",
         )
         wait_for(
-            lambda: httpx.get(worker.url + "/readyz", timeout=2).status_code == 200, timeout=10, message="the worker to be ready"
+            lambda: web.get(worker.url + "/readyz", timeout=2).status_code == 200, timeout=10, message="the worker to be ready"
         )
         assert "rejoining so that their partitions are assigned" in worker.log_tail(200_000)
     finally:
