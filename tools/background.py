@@ -33,6 +33,20 @@ def exclusive(lock_file: Path, what: str, log: Callable[[str], None]) -> Iterato
         yield  # the lock goes with the file's closing
 
 
+@contextlib.contextmanager
+def exclusive_if_free(lock_file: Path) -> Iterator[bool]:
+    """Holds ``lock_file``'s exclusive lock and yields True when no other process holds it;
+    yields False at once otherwise (for a caller that needs only part of another's work)."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True  # the lock goes with the file's closing
+
+
 def start_at_lowest_priority(module_args: Sequence[str], log_file: Path) -> int:
     """Run ``python -m <module_args>`` in a session of its own, at nice 19 and in the idle I/O
     class, its output appended to ``log_file``; returns its pid at once."""

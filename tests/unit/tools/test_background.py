@@ -56,3 +56,15 @@ def test_image_builds_into_one_store_take_one_lock(root: str, monkeypatch: pytes
 
     monkeypatch.setenv("STATEFLEET_IMAGE_STORAGE_ROOT", root)
     assert image_build.build_lock() == Path(f"/run/containers/{Path(root).name}.build.lock")
+
+
+def test_exclusive_if_free_says_whether_it_holds_the_lock_and_never_waits(tmp_path: Path) -> None:
+    lock = tmp_path / "x.lock"
+    with background.exclusive(lock, "build", lambda _: None), background.exclusive_if_free(lock) as free:
+        assert free is False
+    with background.exclusive_if_free(lock) as free:
+        assert free is True
+        with background.exclusive_if_free(lock) as again:  # another open of the file: held
+            assert again is False
+    with background.exclusive_if_free(lock) as free:  # released with the block
+        assert free is True

@@ -119,6 +119,65 @@ def test_nothing_starts_in_the_background_when_every_binary_is_built(tmp_path: P
     assert not (tmp_path / "build.log").exists()
 
 
+def fake_preload_components(monkeypatch: pytest.MonkeyPatch) -> list[_build.Component]:
+    """Components "runtime" and "programs", the first of them all that a preload needs."""
+    components = [_build.Component(name, "v1") for name in ("runtime", "programs")]
+    monkeypatch.setattr(_build, "COMPONENTS", components)
+    monkeypatch.setattr(_build, "PRELOAD_COMPONENTS", components[:1])
+    monkeypatch.setattr(_build, "PRELOAD_POLL_S", 0.05)
+    return components
+
+
+def test_a_preload_waits_for_the_runtime_only_not_for_the_rest_of_a_build_in_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STATEFLEET_CACHE", str(tmp_path))
+    built = fake_builds(monkeypatch)
+    runtime, programs = fake_preload_components(monkeypatch)
+    (tmp_path / "kube").mkdir()
+    with open(tmp_path / "kube" / ".build.lock", "a+") as build_in_progress:
+        fcntl.flock(build_in_progress, fcntl.LOCK_EX)
+        preload = threading.Thread(target=_build.build_for_preload)
+        preload.start()
+        preload.join(0.3)
+        assert preload.is_alive()  # the runtime is not built yet
+        runtime.bin.mkdir(parents=True)  # the build in progress makes it; the rest still compiles
+        preload.join(5)
+        assert not preload.is_alive()
+        assert built == [] and not programs.bin.exists()
+
+
+def test_a_preload_with_no_build_under_way_builds_the_runtime_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATEFLEET_CACHE", str(tmp_path))
+    built = fake_builds(monkeypatch)
+    fake_preload_components(monkeypatch)
+    _build.build_for_preload()
+    assert built == ["runtime"]
+    _build.build_for_preload()  # there: nothing built again
+    assert built == ["runtime"]
+
+
+def test_the_preloads_components_are_built_first() -> None:
+    assert _build.COMPONENTS[: len(_build.PRELOAD_COMPONENTS)] == _build.PRELOAD_COMPONENTS
+    assert {"containerd", "containerd-shim-runc-v2", "ctr"} <= set(_build.RUNTIME_PROGRAMS)
+    assert not set(_build.RUNTIME_PROGRAMS) & set(_build.CLUSTER_PROGRAMS)
+
+
+def test_a_check_loading_the_image_waits_for_a_preload_copying_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = _node.Home(tmp_path)
+    loads: list[str] = []
+    monkeypatch.setattr(_node, "_load_image", lambda home, image, tag: loads.append(image))
+    with open(tmp_path / "containerd.lock", "a+") as preload_copying:
+        fcntl.flock(preload_copying, fcntl.LOCK_EX)
+        check = threading.Thread(target=_node.load_image, args=(home, "sha256:abc", "statefleet:0.1.0"))
+        check.start()
+        check.join(0.3)
+        assert check.is_alive() and loads == []
+        fcntl.flock(preload_copying, fcntl.LOCK_UN)
+    check.join(5)
+    assert not check.is_alive() and loads == ["sha256:abc"]
+
+
 @pytest.mark.parametrize("running_before", [False, True])
 def test_a_preload_waits_for_binaries_and_image_and_stops_only_the_containerd_it_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, running_before: bool
@@ -127,11 +186,11 @@ def test_a_preload_waits_for_binaries_and_image_and_stops_only_the_containerd_it
     steps: list[str] = []
     containerd_pid: list[int] = [4242] if running_before else []
     monkeypatch.setattr(_node, "require_root", lambda: None)
-    monkeypatch.setattr(_build, "build_all", lambda: steps.append("binaries"))
+    monkeypatch.setattr(_build, "build_for_preload", lambda: steps.append("binaries"))
     monkeypatch.setattr(_node, "_pid", lambda home, name: containerd_pid[0] if containerd_pid else None)
     monkeypatch.setattr(_node, "_start_containerd", lambda home, lowest_priority: steps.append(f"start low={lowest_priority}"))
     monkeypatch.setattr(_node, "_ensure_pause_image", lambda home: steps.append("pause"))
-    monkeypatch.setattr(_node, "load_image", lambda home, image, tag: steps.append(f"load {image} as {tag}"))
+    monkeypatch.setattr(_node, "_load_image", lambda home, image, tag: steps.append(f"load {image} as {tag}"))
     monkeypatch.setattr(_node, "_stop", lambda home, name: steps.append(f"stop {name}"))
 
     def build_image() -> str:
@@ -206,10 +265,11 @@ def test_helm_is_built_from_the_programs_module_with_their_flags(tmp_path: Path,
     _build.build_helm(dest)
     assert dest.is_file() and [p.name for p in dest.parent.iterdir()] == ["helm"]  # its work folder removed
     _build.build_helm(dest)  # built: nothing to do
-    (tmp_path / "programs").mkdir()
-    _build._build_go_programs(tmp_path / "programs", tmp_path / "work")
-    assert len(builds) == 2
-    (helm_args, helm_env), (programs_args, programs_env) = builds
+    for folder, build in (("runtime", _build._build_runtime), ("programs", _build._build_cluster_programs)):
+        (tmp_path / folder).mkdir()
+        build(tmp_path / folder, tmp_path / f"work-{folder}")
+    assert len(builds) == 3
+    (helm_args, helm_env), (runtime_args, runtime_env), (programs_args, programs_env) = builds
 
     def compile_flags(args: list[str]) -> list[str]:
         flags = args[: args.index("-o")]
@@ -217,6 +277,8 @@ def test_helm_is_built_from_the_programs_module_with_their_flags(tmp_path: Path,
         return flags
 
     assert compile_flags(helm_args) == compile_flags(programs_args) and helm_env == programs_env
+    assert runtime_args[: runtime_args.index("-o")] == programs_args[: programs_args.index("-o")] and runtime_env == programs_env
+    assert runtime_args[runtime_args.index("-o") + 2 :] == list(_build.RUNTIME_PROGRAMS.values())
     assert helm_args[helm_args.index("-o") + 2 :] == [_build.HELM_PROGRAM]
     assert f"version.version={_build.HELM_VERSION}" in helm_args[helm_args.index("-ldflags") + 1]
 
