@@ -12,7 +12,11 @@ pulled and the local ones otherwise.
 Everything is cached: a local base is named after a hash of its inputs (suite, packages,
 the host's extra CA certificates) and rebuilt only when they change; the build runs with
 ``--layers``, so unchanged steps are reused; pip's downloads go to a build cache mount and
-the host's Maven repository (~/.m2) is mounted into the jar stage.
+the host's Maven repository (~/.m2) is mounted into the jar stage. An image whose inputs
+(the Dockerfile, every file of the build context, the build arguments and the bases' IDs)
+are those of an image in the store is not built again: buildah's check of its cached
+layers alone took 21 s and 23 CPU-seconds (it hashes what each ``COPY --from`` copies, the
+whole virtualenv), and `make test` asks for the image three times.
 
 Settings (environment):
   STATEFLEET_IMAGE_STORAGE_ROOT    the image store (default /var/lib/containers/statefleet;
@@ -29,7 +33,9 @@ Settings (environment):
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -245,13 +251,115 @@ def build_command(tag: str, build_args: dict[str, str], m2: Path | None, iidfile
     return [*command, str(REPO)]
 
 
+def context_files(repo: Path = REPO) -> list[Path] | None:
+    """The files of the build context, from a ``.dockerignore`` of the form this one has: ``*``,
+    then the entries let back in (``!services/``), then names left out anywhere
+    (``**/__pycache__``, ``**/*.pyc``). None for any other form, which ``inputs_digest`` then
+    does not try to follow (the image is always built)."""
+    patterns = [line.strip() for line in (repo / ".dockerignore").read_text().splitlines()]
+    patterns = [p for p in patterns if p and not p.startswith("#")]
+    if patterns[:1] != ["*"]:
+        return None
+    rest = patterns[1:]
+    let_in = [p[1:].rstrip("/") for p in itertools.takewhile(lambda p: p.startswith("!"), rest)]
+    left_out = [p[3:] for p in rest[len(let_in) :]]
+    if not all(p.startswith("**/") and "/" not in p[3:] for p in rest[len(let_in) :]):
+        return None
+    if any(set(entry) & set("*?[\\") or entry.startswith("/") or ".." in entry for entry in let_in):
+        return None
+
+    def kept(name: str) -> bool:
+        return not any(fnmatch.fnmatchcase(name, pattern) for pattern in left_out)
+
+    files: list[Path] = []
+    for entry in let_in:
+        top = repo / entry
+        if top.is_file() or top.is_symlink():
+            files.append(top)
+        for folder, subfolders, names in os.walk(top):
+            subfolders[:] = [d for d in subfolders if kept(d)]
+            files += [Path(folder, name) for name in names if kept(name)]
+    return sorted(set(files))
+
+
+def inputs_digest(build_args: dict[str, str], repo: Path = REPO) -> str | None:
+    """What the image is built from: the Dockerfile, each file of the context (its path, content
+    and executable bits), the build arguments and the image ID of each base. None when the
+    context cannot be listed (``context_files``) or a base is not in the store."""
+    files = context_files(repo)
+    if files is None:
+        return None
+    digest = hashlib.sha256()
+    for part in (repo / "Dockerfile", repo / ".dockerignore"):
+        digest.update(part.read_bytes() + b"\0")
+    for name, value in sorted(build_args.items()):
+        digest.update(f"arg {name}={value}\0".encode())
+    for base in LOCAL_BASES:
+        ref = build_args.get(base.build_arg) or dockerfile_default(base.build_arg)
+        base_id = image_id(ref)
+        if base_id is None:
+            return None
+        digest.update(f"base {ref} {base_id}\0".encode())
+    for file in files:
+        relative = file.relative_to(repo).as_posix()
+        if file.is_symlink():
+            digest.update(f"link {relative} {os.readlink(file)}\0".encode())
+            continue
+        executable = os.stat(file).st_mode & 0o111
+        digest.update(f"file {relative} {executable:o} {file.stat().st_size}\0".encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def image_id(ref: str) -> str | None:
+    done = subprocess.run(
+        ["buildah", *storage_args(), "inspect", "--type", "image", "--format", "{{.FromImageID}}", ref],
+        text=True,
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0 or not done.stdout.strip():
+        return None
+    return done.stdout.strip()
+
+
+def built_images_file() -> Path:
+    """Which inputs (``inputs_digest``) each image of the store was built from; kept in the store
+    itself, so that it goes with the images it names."""
+    args = storage_args()
+    return Path(args[args.index("--root") + 1]) / "statefleet-built-images.json"
+
+
+def built_images() -> dict[str, str]:
+    try:
+        recorded = json.loads(built_images_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def record_built_image(inputs: str, image: str) -> None:
+    """Keeps the last ``BUILT_IMAGES_KEPT`` records."""
+    recorded = {k: v for k, v in built_images().items() if k != inputs}
+    recorded[inputs] = image
+    kept = dict(list(recorded.items())[-BUILT_IMAGES_KEPT:])
+    path = built_images_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(kept, indent=1))
+    partial.replace(path)
+
+
+BUILT_IMAGES_KEPT = 20
+
+
 def image_size(ref: str) -> str:
     """The image's size as buildah reports it (uncompressed, e.g. "1.52 GB")."""
     images = json.loads(buildah("images", "--json", ref, capture=True).stdout)
     return str(images[0]["size"]) if images else "?"
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tag", default=os.environ.get("STATEFLEET_IMAGE", DEFAULT_TAG), help="the image's name")
     parser.add_argument(
@@ -272,7 +380,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="build in a process of its own at the lowest CPU and I/O priority, and return (make test starts it first)",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.background:
         if shutil.which("buildah") is not None:
             forwarded = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--background"]
@@ -291,12 +403,25 @@ def build(args: argparse.Namespace) -> None:
     m2 = Path.home() / ".m2"
     m2.mkdir(exist_ok=True)
     args.iidfile.parent.mkdir(parents=True, exist_ok=True)
+    inputs = inputs_digest(build_args)
+    built = built_images().get(inputs) if inputs else None
+    if built is not None and image_id(built) == built:
+        buildah("tag", built, args.tag)
+        args.iidfile.write_text(f"sha256:{built}")
+        log(
+            f"{args.tag} is up to date ({built[:12]}: built from this Dockerfile, context and bases); "
+            f"{time.monotonic() - started:.0f}s"
+        )
+        return
     command = build_command(args.tag, build_args, m2, args.iidfile)
     log("building " + args.tag + ": " + " ".join(command))
     build_started = time.monotonic()
     done = subprocess.run(command)
     if done.returncode != 0:
         raise SystemExit(f"image: the build of {args.tag} failed (exit {done.returncode}); its output is above")
+    new_id = args.iidfile.read_text().strip().removeprefix("sha256:")
+    if inputs is not None and inputs_digest(build_args) == inputs:  # nothing changed while it built
+        record_built_image(inputs, new_id)
     size = image_size(args.tag)
     log(
         f"built {args.tag} ({args.iidfile.read_text().strip()[:19]}): {size}; build {time.monotonic() - build_started:.0f}s, "
