@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import web
+from tests.support import forkserver, web
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ class ServiceProcess:
     env: dict[str, str]
     log_path: Path
     port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | forkserver.ForkedProcess | None = None
     args: tuple[str, ...] = ()
 
     @property
@@ -47,16 +47,20 @@ class ServiceProcess:
 
     def start(self) -> ServiceProcess:
         env = {**os.environ, **self.env, "STATEFLEET_HTTP_PORT": str(self.port), "STATEFLEET_HTTP_HOST": "127.0.0.1"}
+        module = self.module if "." in self.module else f"services.{self.module}"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module if "." in self.module else f"services.{self.module}", *self.args],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+            if forkserver.enabled():
+                self.proc = forkserver.spawn(module, list(self.args), env, REPO, log.fileno())
+            else:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", module, *self.args],
+                    cwd=REPO,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
         return self
 
     def wait_ready(self, timeout: float = 90.0) -> ServiceProcess:
