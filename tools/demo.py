@@ -22,6 +22,7 @@ from shared.codecs import dumps
 from shared.engine.clients import PlainProducer, client_kwargs
 from shared.settings import get_settings
 from shared.topics import topic_names
+from tools import web
 from tools.fleet import SERVICES, url
 
 VALIDATOR, TALLIES, RETRY = (url(k) for k in SERVICES)
@@ -34,7 +35,7 @@ def show(title: str, body: Any) -> None:
 
 def reachable(base: str) -> bool:
     try:
-        return httpx.get(base + "/readyz", timeout=2).status_code == 200
+        return web.get(base + "/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -130,7 +131,7 @@ def main() -> int:
     deadline = time.monotonic() + 30
     tallies: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        tallies = {p: httpx.get(f"{TALLIES}/tallies/{p}", timeout=5).json() for p in expected}
+        tallies = {p: web.get(f"{TALLIES}/tallies/{p}", timeout=5).json() for p in expected}
         if all(
             tallies[p].get("numberActive") == e["numberActive"] and tallies[p].get("numberInactive") == e["numberInactive"]
             for p, e in expected.items()
@@ -139,7 +140,7 @@ def main() -> int:
         time.sleep(0.5)
     for program, tally in tallies.items():
         show(f"GET {TALLIES}/tallies/{program}   (expected {expected[program]})", tally)
-    show(f"GET {TALLIES}/tallies?limit=5", httpx.get(f"{TALLIES}/tallies", params={"limit": 5}, timeout=5).json())
+    show(f"GET {TALLIES}/tallies?limit=5", web.get(f"{TALLIES}/tallies", params={"limit": 5}, timeout=5).json())
     ok = all(tallies[p].get("numberActive") == e["numberActive"] for p, e in expected.items())
     for module, base in (("tools.demo_validator", VALIDATOR), ("tools.demo_retry_scheduler", RETRY)):
         if reachable(base):

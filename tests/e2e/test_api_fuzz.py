@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import web
 from tests.support.kafka import create_topics
 from tests.support.services import ServiceProcess
+from tools import web
 
 pytestmark = pytest.mark.e2e
 

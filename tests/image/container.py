@@ -20,8 +20,7 @@ from typing import Any
 
 import httpx
 
-from tests.support import web
-from tools import image_build
+from tools import image_build, web
 
 IMAGE = os.environ.get("STATEFLEET_IMAGE", image_build.DEFAULT_TAG)
 USER = "10001:10001"  # the image's USER and the chart's runAsUser/runAsGroup

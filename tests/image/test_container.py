@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from tests.image.container import IMAGE, USER, Container, inspect_image, podman
-from tests.support import web
 from tests.support.accounts import create_command
 from tests.support.kafka import produce, read_all
 from tests.support.services import free_port, wait_for
+from tools import web
 
 pytestmark = pytest.mark.image
 

@@ -46,11 +46,10 @@ from tests.kube.cluster import (
     record,
     restarts,
 )
-from tests.support import web
 from tests.support.accounts import create_command
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
-from tools import kafka_broker
+from tools import kafka_broker, web
 
 pytestmark = pytest.mark.kube
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import forkserver, web
+from tests.support import forkserver
+from tools import web
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,6 +17,7 @@ import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from shared.engine.clients import refresh_metadata
+from tools import web
 from tools.kafka_broker import default_layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,7 +133,7 @@ def service_worker(module: str, prefix: str, port: int, extra_env: dict[str, str
         try:
             while True:
                 try:
-                    if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    if web.get(url + "/readyz", timeout=1).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass

@@ -38,6 +38,7 @@ from aiokafka import AIOKafkaProducer
 from shared.engine import partition_for
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
+from tools import web
 from tools.bench.common import bootstrap, machine, produce_bulk
 from tools.bench.scaleout import REPO, Instance, accounts, wait_loaded, wait_served
 
@@ -53,7 +54,7 @@ def free_port() -> int:
 
 
 def view(url: str) -> dict[str, Any]:
-    body: dict[str, Any] = httpx.get(url + "/instance", timeout=5).raise_for_status().json()
+    body: dict[str, Any] = web.get(url + "/instance", timeout=5).raise_for_status().json()
     return body
 
 

@@ -51,6 +51,7 @@ from shared import dead_letters as dl
 from shared.engine import SharedMemoryOptions, partition_for
 from shared.engine.clients import TopicSpec, delete_topics_with_prefix, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
+from tools import web
 from tools.bench.common import bootstrap, machine, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -302,7 +303,7 @@ class ServiceRun:
 
 def scheduled_total(url: str) -> int:
     """``statefleet_retry_scheduled_total``: dead letters scheduled since the worker started."""
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+    for line in web.get(url + "/metrics", timeout=30).text.splitlines():
         if line.startswith("statefleet_retry_scheduled_total "):
             return int(float(line.split()[1]))
     return 0
@@ -323,7 +324,7 @@ def wait_until(predicate: Any, timeout: float, what: str) -> Any:
 
 
 def stats(url: str) -> dict[str, Any]:
-    out: dict[str, Any] = httpx.get(url + "/retries/stats", timeout=30).json()
+    out: dict[str, Any] = web.get(url + "/retries/stats", timeout=30).json()
     return out
 
 
@@ -375,7 +376,7 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
                     if workers[-1].poll() is not None:
                         raise RuntimeError(f"worker exited: {log_path.read_text()[-3000:]}")
                     try:
-                        return httpx.get(url + "/readyz", timeout=2).status_code == 200
+                        return web.get(url + "/readyz", timeout=2).status_code == 200
                     except httpx.HTTPError:
                         return False
 

@@ -41,6 +41,7 @@ import orjson
 
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
+from tools import web
 from tools.bench.common import bootstrap, machine, produce_bulk, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +83,7 @@ class Instance:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited")
             try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                if web.get(self.url + "/readyz", timeout=1).status_code == 200:
                     return time.perf_counter() - started
             except httpx.HTTPError:
                 pass

@@ -23,11 +23,11 @@ import time
 import uuid
 from collections.abc import Iterator
 
-import httpx
 import orjson
 
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
+from tools import web
 from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate, service_worker
 
 LIFECYCLES = (
@@ -96,7 +96,7 @@ def generate(
 
 
 def processed(url: str) -> int:
-    text = httpx.get(url + "/metrics", timeout=5).text
+    text = web.get(url + "/metrics", timeout=5).text
     m = re.search(r'statefleet_messages_processed_total\{service="tallies",stream="by-program"\} ([0-9.e+]+)', text)
     return int(float(m.group(1))) if m else 0
 
@@ -142,7 +142,7 @@ def main(argv: list[str]) -> None:
         time.sleep(0.5)
         wrong = []
         for program in sample:
-            got = httpx.get(f"{url}/tallies/{program}", timeout=5).json()
+            got = web.get(f"{url}/tallies/{program}", timeout=5).json()
             a, i, last = expected[program]
             if (got["numberActive"], got["numberInactive"], got["lastLogin"] or -1) != (a, i, last):
                 wrong.append((program, got, expected[program]))

@@ -31,12 +31,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
-import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from shared.engine.clients import TopicSpec, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
+from tools import web
 from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate, service_worker
 
 COMMANDS_PER_ACCOUNT = 5
@@ -166,7 +166,7 @@ def metric_totals(url: str) -> dict[str, int]:
     """``statefleet_messages_processed_total`` of every stream of the worker (one GET /metrics)."""
     totals: dict[str, int] = {}
     head = 'statefleet_messages_processed_total{service="validator",stream="'
-    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+    for line in web.get(url + "/metrics", timeout=5).text.splitlines():
         if line.startswith(head):
             stream = line[len(head) :].split('"', 1)[0]
             totals[stream] = totals.get(stream, 0) + int(float(line.rsplit(" ", 1)[1]))

@@ -24,9 +24,9 @@ from shared.ordered_retries import HELD_BEHIND
 from tests.e2e.console import realistic
 from tests.e2e.console.conftest import Fleet, browser_session, off_loop, screenshot
 from tests.e2e.console.test_parking_lot import LAPTOP, PARKED_ATTEMPT, assert_fits, enter_token, send
-from tests.support import web
 from tests.support.kafka import read_all
 from tests.support.services import wait_for
+from tools import web
 
 pytestmark = pytest.mark.e2e
 

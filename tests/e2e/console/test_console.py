@@ -19,9 +19,9 @@ from playwright.sync_api import Page, expect
 
 from shared import dead_letters as dl
 from tests.e2e.console.conftest import TOKEN, Fleet, off_loop, screenshot
-from tests.support import web
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
+from tools import web
 
 pytestmark = pytest.mark.e2e
 

@@ -28,9 +28,9 @@ from services.console.api import router
 from shared import dead_letters as dl
 from tests.e2e.console import realistic
 from tests.e2e.console.conftest import TOKEN, Fleet, browser_session, off_loop, screenshot
-from tests.support import web
 from tests.support.kafka import BOOTSTRAP, read_all
 from tests.support.services import wait_for
+from tools import web
 
 pytestmark = pytest.mark.e2e
 

@@ -16,9 +16,9 @@ import pytest
 
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env
-from tests.support import web
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import ServiceProcess, free_port, run_until_killed, wait_for
+from tools import web
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -23,9 +23,9 @@ import pytest
 from shared import dead_letters as dl
 from shared.ordered_retries import HELD_BEHIND
 from tests.integration.retry_scheduler.helpers import TOKEN, scheduler_env, start_scheduler
-from tests.support import web
 from tests.support.kafka import Record, create_topics, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
+from tools import web
 
 pytestmark = pytest.mark.e2e
 

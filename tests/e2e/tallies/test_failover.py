@@ -24,10 +24,10 @@ from services.tallies.state import SEPARATOR, decode_membership
 from shared.engine import partition_for
 from shared.engine._membership import member_url
 from tests.e2e.tallies.test_tallies_e2e import all_tallies, assert_tallies_settle, latest_published
-from tests.support import web
 from tests.support.accounts import History, event, generate
 from tests.support.kafka import BOOTSTRAP, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
+from tools import web
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from tests.e2e.tallies.test_tallies_e2e import all_tallies, assert_tallies_settle
-from tests.support import web
 from tests.support.accounts import generate
 from tests.support.kafka import produce
 from tests.support.services import ServiceProcess, wait_for
+from tools import web
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -28,10 +28,10 @@ import pytest
 
 from shared import dead_letters as dl
 from tests.e2e.tallies.test_tallies_e2e import all_tallies, latest_published, repeated_tallies, wait_all_input_consumed
-from tests.support import web
 from tests.support.accounts import generate
 from tests.support.kafka import create_topics, produce
 from tests.support.services import ServiceProcess, wait_for
+from tools import web
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

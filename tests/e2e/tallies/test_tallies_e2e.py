@@ -17,10 +17,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from shared import dead_letters as dl
-from tests.support import web
 from tests.support.accounts import event, generate
 from tests.support.kafka import BOOTSTRAP, produce, read_all, unconsumed
 from tests.support.services import ServiceProcess, wait_for
+from tools import web
 
 pytestmark = pytest.mark.e2e
 

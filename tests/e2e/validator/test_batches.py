@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.support import web
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import ServiceProcess, free_port, run_until_killed, wait_for
+from tools import web
 
 pytestmark = pytest.mark.e2e
 

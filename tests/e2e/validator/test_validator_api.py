@@ -14,9 +14,9 @@ import httpx
 import orjson
 import pytest
 
-from tests.support import web
 from tests.support.kafka import read_all
 from tests.support.services import ServiceProcess, wait_for
+from tools import web
 
 pytestmark = pytest.mark.e2e
 

@@ -20,9 +20,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from shared.engine import partition_for
-from tests.support import web
 from tests.support.kafka import BOOTSTRAP, produce, read_all
 from tests.support.services import wait_for
+from tools import web
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -19,10 +19,10 @@ import orjson
 
 from shared import dead_letters as dl
 from shared.engine import partition_for
-from tests.support import web
 from tests.support.dead_letters import letter_headers as letter_headers  # re-exported for the tests here
 from tests.support.kafka import Record, create_topics, produce, read_all
 from tests.support.services import ServiceProcess, free_port, wait_for
+from tools import web
 
 TICK_S = 0.2
 #: Partitions of the scheduler's topics (the settings' default).

@@ -13,8 +13,8 @@ import pytest
 
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import TOKEN, Scheduler, letter_headers, new_id, records_for, send_letter
-from tests.support import web
 from tests.support.services import wait_for
+from tools import web
 
 pytestmark = pytest.mark.integration
 

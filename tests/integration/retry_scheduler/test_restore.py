@@ -12,9 +12,9 @@ import pytest
 
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import letter_headers, own_topics, start_scheduler, wait_for_a_tick_everywhere
-from tests.support import web
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
+from tools import web
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.retry_scheduler.helpers import letter_headers, own_topics, start_scheduler
-from tests.support import web
 from tests.support.kafka import produce
 from tests.support.services import ServiceProcess, wait_for
+from tools import web
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ from tests.integration.retry_scheduler.helpers import (
     send_letter,
     wait_for_a_tick_everywhere,
 )
-from tests.support import web
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
+from tools import web
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,9 @@ from services.retry_scheduler.handlers.kinds import KIND_LETTER
 from shared import dead_letters as dl
 from shared.engine._partitioning import partition_for
 from tests.integration.retry_scheduler.helpers import letter_headers, scheduler_env, start_scheduler
-from tests.support import web
 from tests.support.kafka import BOOTSTRAP, committed_offsets, create_topics
 from tests.support.services import wait_for
+from tools import web
 
 pytestmark = pytest.mark.integration
 

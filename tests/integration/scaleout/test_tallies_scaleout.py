@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tests.support import web
 from tests.support.accounts import generate
 from tests.support.kafka import create_topics, produce
 from tests.support.services import ServiceProcess, free_port, wait_for
+from tools import web
 
 pytestmark = pytest.mark.integration
 

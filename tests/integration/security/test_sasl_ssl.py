@@ -24,10 +24,9 @@ import pytest
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import letter_headers
 from tests.integration.security.conftest import SecureBroker
-from tests.support import web
 from tests.support.kafka import Record, produce
 from tests.support.services import ServiceProcess, free_port, wait_for
-from tools import kafka_broker
+from tools import kafka_broker, web
 from tools.kafka_acls import service_acls
 
 #: How long a worker refused by the broker may take to exit (Python and Faust imports included).

@@ -15,9 +15,9 @@ import pytest
 
 from services.tallies.domain import Tally
 from spark_jobs import backfill_tallies
-from tests.support import web
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
+from tools import web
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.e2e]
 

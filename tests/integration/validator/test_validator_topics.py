@@ -10,9 +10,9 @@ import pytest
 
 from shared import dead_letters as dl
 from tests.integration.validator.conftest import Validator
-from tests.support import web
 from tests.support.kafka import produce
 from tests.support.services import wait_for
+from tools import web
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import web
 from tests.support.services import free_port, wait_for
-from tools import fleet
+from tools import fleet, web
 from tools.processes import process_state
 
 

@@ -63,6 +63,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from shared.engine.clients import TopicSpec, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
+from tools import web
 from tools.bench.common import REPO, bootstrap, machine, produce_bulk, stop_worker
 from tools.bench.peers.workload import Workload, build
 
@@ -307,7 +308,7 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path, deadline
         if proc.poll() is not None:
             raise PeersError(f"statefleet exited with {proc.returncode} before ready:\n{log_tail(log_path)}")
         try:
-            if httpx.get(url + "/readyz", timeout=1.0).status_code == 200:
+            if web.get(url + "/readyz", timeout=1.0).status_code == 200:
                 return time.time()
         except httpx.HTTPError:
             pass

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import web
 from tests.support.kafka import create_topics, produce
 from tests.support.services import ServiceProcess, wait_for
+from tools import web
 
 pytestmark = pytest.mark.timeout(180)
 
