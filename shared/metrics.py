@@ -118,6 +118,15 @@ RESTORED_RECORDS = Counter(
     registry=REGISTRY,
 )
 
+LOCAL_STATE_DISCARDED = Counter(
+    "statefleet_local_state_discarded_total",
+    "Table partitions whose local state was discarded and restored from the changelog because it belongs to "
+    "another Kafka cluster (cluster_changed), a deleted and recreated changelog (topic_recreated), is ahead of "
+    "the changelog (changelog_shorter) or does not match it (not_in_changelog)",
+    ["service", "table", "cause"],
+    registry=REGISTRY,
+)
+
 
 def initialise(service: str, exactly_once: bool) -> None:
     """Creates ``service``'s series of the events that may not have happened yet, at zero:

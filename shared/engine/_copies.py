@@ -53,6 +53,7 @@ from faust.types import TP
 
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, exactly_once, started_when_reachable
 from shared.engine._faust import AnyTable, recovery_done, store_partition_db
+from shared.engine._identity import Incarnation, current_incarnations, recorded_is_current
 from shared.engine._rocksdb import persisted_offset
 from shared.settings import Settings
 
@@ -96,6 +97,9 @@ class _ChangelogEnds:
         self._no_records: dict[TP, tuple[int, int]] = {}
         #: Per changelog partition, the offset of the last committed record a read-back found.
         self._record_at: dict[TP, int] = {}
+        #: Each changelog's incarnation as the brokers last reported it (see
+        #: :mod:`shared.engine._identity`): a copy that recorded another is never read from.
+        self.incarnations: dict[str, Incarnation] = {}
 
     async def end(self, tp: TP, partitions: int) -> int | None:
         """The end offset of ``tp`` as last known, asked anew when older than :data:`END_MAX_AGE_S`
@@ -201,6 +205,20 @@ async def start_tracking(app: faust.App) -> None:
     ends = _ENDS.get(app)
     if ends is not None:
         await ends.start()
+        # Known before the first recovery checks them, so that a previous owner's copy on disk
+        # can answer reads meanwhile, if it belongs to the changelogs there are now.
+        topics = {cast(AnyTable, table).changelog_topic.get_topic_name() for table in app.tables.values()}
+        try:
+            ends.incarnations.update(await current_incarnations(client_kwargs(ends.settings), topics))
+        except Exception as exc:  # the first recovery reads them again
+            log.info("could not read the changelogs' topic ids yet: %s", exc)
+
+
+def note_incarnations(app: faust.App, incarnations: dict[str, Incarnation]) -> None:
+    """Remember the changelogs' incarnations a recovery read (see :func:`local_copy`)."""
+    ends = _ENDS.get(app)
+    if ends is not None:
+        ends.incarnations.update(incarnations)
 
 
 async def stop_tracking(app: faust.App) -> None:
@@ -297,13 +315,18 @@ async def _table_copy(app: faust.App, table: AnyTable, partition: int, *, exact:
         return None
     if source == "active":
         return Copy("active", 0)
+    tp = TP(table.changelog_topic.get_topic_name(), partition)
+    ends = _ENDS.get(app)
     try:
+        db = store_partition_db(_store(table), partition)
+        if ends is not None and not recorded_is_current(db, ends.incarnations.get(tp.topic)):
+            # Not checked against the changelog there is now (a copy from before the topics
+            # were recreated, say): never read from until a recovery has checked it.
+            return None
         applied = _applied_next(table, partition)
     except Exception as exc:  # rocksdict raises plain Exceptions for a locked or damaged database
         log.warning("cannot read the local copy of %s[%d]: %s", table.name, partition, exc)
         return None
-    tp = TP(table.changelog_topic.get_topic_name(), partition)
-    ends = _ENDS.get(app)
     end: int | None = None
     if ends is not None:
         consumer_end = _consumer_highwater(app, tp)

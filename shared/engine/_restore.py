@@ -40,6 +40,7 @@ restart that kept its RocksDB volume reads few records; one without reads the ch
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import weakref
@@ -56,9 +57,11 @@ from mode import Service
 from rocksdict import Rdict
 
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs
+from shared.engine._copies import note_incarnations
 from shared.engine._faust import RecoveryHooks, TableManagerHooks, consumer_partition_state, store_partition_db
+from shared.engine._identity import ChangelogNow, Incarnation, check_partition, current_incarnations, discard, record
 from shared.engine._rocksdb import PartitionWrite
-from shared.metrics import RESTORE_SECONDS, RESTORED_RECORDS
+from shared.metrics import LOCAL_STATE_DISCARDED, RESTORE_SECONDS, RESTORED_RECORDS
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -207,6 +210,33 @@ class ChangelogReader:
             return {}
         starts = await (await self._client()).beginning_offsets([TopicPartition(tp.topic, tp.partition) for tp in tps])
         return {TP(tp.topic, tp.partition): int(start) for tp, start in starts.items()}
+
+    async def incarnations(self, topics: set[str]) -> dict[str, Incarnation]:
+        """The cluster id and topic id of each of ``topics`` (see :mod:`shared.engine._identity`)."""
+        return await current_incarnations(client_kwargs(self.settings), topics)
+
+    async def bounds(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
+        """Each partition's log start and end offsets (committed records only)."""
+        consumer = await self._client()
+        starts = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+        return {tp: (int(starts[tp]), int(ends[tp])) for tp in tps}
+
+    async def read_range(self, tp: TopicPartition, low: int, high: int) -> list[tuple[int, bytes, bytes | None]]:
+        """The committed records of ``tp`` from offset ``low`` to ``high`` inclusive: (offset, key, value)."""
+        consumer = await self._client()
+        consumer.assign([tp])
+        out: list[tuple[int, bytes, bytes | None]] = []
+        try:
+            consumer.seek(tp, low)
+            while await consumer.position(tp) <= high:
+                # Short waits: a range of markers or aborted records returns nothing, but the
+                # position moves past it.
+                fetched = await consumer.getmany(tp, timeout_ms=100)
+                out.extend((m.offset, m.key, m.value) for m in fetched.get(tp, []) if low <= m.offset <= high)
+        finally:
+            consumer.unsubscribe()
+        return out
 
     async def restore(
         self, targets: Mapping[TopicPartition, PartitionTarget], min_lag: int, *, budget_s: float | None = None
@@ -454,6 +484,7 @@ class BulkRestoringRecovery(RecoveryHooks):
         # standbys': restoring just before that, both sets are known, nothing reads
         # yet, and the highwaters Faust then reads are at or past what was restored.
         if title == "active":
+            await self._check_local_state(reader)
             self._note_partitions()
             if reader.settings.bulk_restore:
                 await self._bulk_restore(reader)
@@ -465,6 +496,49 @@ class BulkRestoringRecovery(RecoveryHooks):
         if title == "active" and self._tally is not None:
             # Where Faust's reader starts (what the bulk restore wrote is counted already).
             self._tally.faust_from = {tp: int(destination[tp] if destination[tp] is not None else -1) for tp in tps}
+
+    async def _check_local_state(self, reader: ChangelogReader) -> None:
+        """Discard the local state of every assigned partition (active or standby) that belongs to
+        another cluster or another incarnation of its changelog, or is ahead of it, before
+        anything restores or reads it (see :mod:`shared.engine._identity`)."""
+        stores: dict[TopicPartition, RocksDBStore] = {}
+        for tp in sorted(self.active_tps | self.standby_tps):
+            store = cast(Any, self.tp_to_table[tp]).data
+            if isinstance(store, RocksDBStore) and _can_open(store, tp):
+                stores[TopicPartition(tp.topic, tp.partition)] = store
+        if not stores:
+            return
+        try:
+            incarnations = await reader.incarnations({tp.topic for tp in stores})
+        except Exception as exc:  # a broker that cannot tell topic ids: offsets and rows are still checked
+            log.warning(
+                "could not read the changelogs' topic ids (%s: %s); checking local state by offsets only", type(exc).__name__, exc
+            )
+            incarnations = {}
+        note_incarnations(cast(faust.App, self.app), incarnations)
+        bounds = await reader.bounds(list(stores))
+        service = _SERVICES.get(cast(faust.App, self.app), "")
+        for tp, store in stores.items():
+            db = store_partition_db(store, tp.partition)
+            current = incarnations.get(tp.topic)
+            start, end = bounds[tp]
+            verdict = await check_partition(db, ChangelogNow(current, start, end), functools.partial(reader.read_range, tp))
+            if not verdict.keep:
+                log.warning(
+                    "discarding the local state of %s[%d] and restoring it from the changelog: %s",
+                    tp.topic,
+                    tp.partition,
+                    verdict.reason,
+                )
+                discard(db)
+                table_name = cast(Any, self.tp_to_table[TP(tp.topic, tp.partition)]).name
+                LOCAL_STATE_DISCARDED.labels(service, table_name, verdict.cause or "").inc()
+                offsets = self.active_offsets if TP(tp.topic, tp.partition) in self.active_tps else self.standby_offsets
+                offsets[TP(tp.topic, tp.partition)] = -1
+            elif verdict.adopted:
+                log.info("keeping the local state of %s[%d] of an earlier version: %s", tp.topic, tp.partition, verdict.adopted)
+            if current is not None:
+                record(db, current)
 
     async def _bulk_restore(self, reader: ChangelogReader) -> None:
         targets: dict[TopicPartition, PartitionTarget] = {}
