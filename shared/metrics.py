@@ -122,7 +122,8 @@ LOCAL_STATE_DISCARDED = Counter(
     "statefleet_local_state_discarded_total",
     "Table partitions whose local state was discarded and restored from the changelog because it belongs to "
     "another Kafka cluster (cluster_changed), a deleted and recreated changelog (topic_recreated), is ahead of "
-    "the changelog (changelog_shorter) or does not match it (not_in_changelog)",
+    "the changelog (changelog_shorter) or does not match it (not_in_changelog); input_recreated: the next offsets kept "
+    "for an input deleted and created again since, read from its start",
     ["service", "table", "cause"],
     registry=REGISTRY,
 )

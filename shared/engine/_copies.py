@@ -208,6 +208,7 @@ async def start_tracking(app: faust.App) -> None:
         # Known before the first recovery checks them, so that a previous owner's copy on disk
         # can answer reads meanwhile, if it belongs to the changelogs there are now.
         topics = {cast(AnyTable, table).changelog_topic.get_topic_name() for table in app.tables.values()}
+        topics |= set(getattr(app, "input_topics", ()))
         try:
             ends.incarnations.update(await current_incarnations(client_kwargs(ends.settings), topics))
         except Exception as exc:  # the first recovery reads them again
@@ -215,10 +216,17 @@ async def start_tracking(app: faust.App) -> None:
 
 
 def note_incarnations(app: faust.App, incarnations: dict[str, Incarnation]) -> None:
-    """Remember the changelogs' incarnations a recovery read (see :func:`local_copy`)."""
+    """Remember the incarnations of changelogs and inputs a recovery read (see :func:`local_copy`
+    and :class:`~shared.engine._durable.OrderedInput`)."""
     ends = _ENDS.get(app)
     if ends is not None:
         ends.incarnations.update(incarnations)
+
+
+def incarnation_of(app: faust.App, topic: str) -> Incarnation | None:
+    """``topic``'s incarnation as the brokers last reported it to this worker (None: not known)."""
+    ends = _ENDS.get(app)
+    return ends.incarnations.get(topic) if ends is not None else None
 
 
 async def stop_tracking(app: faust.App) -> None:

@@ -66,7 +66,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -78,6 +78,7 @@ from shared.engine._copies import Copy, local_copy
 from shared.engine._faust import AnyTable, active_partitions, all_owner_urls, partition_db, partition_items, partition_owner_url
 from shared.engine._rocksdb import NEXT_OFFSET_PREFIX as NEXT_OFFSET_PREFIX  # re-exported
 from shared.engine._rocksdb import PartitionWrite, family_for, persisted_offset
+from shared.metrics import LOCAL_STATE_DISCARDED
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,13 @@ SLOW_ACK_WARNING_S = 30.0
 
 def next_offset_key(topic: str) -> bytes:
     return NEXT_OFFSET_PREFIX + topic.encode()
+
+
+def input_id_key(topic: str) -> bytes:
+    """The row beside an input's next offsets naming the incarnation (topic id) of the input they
+    count: an engine row that travels in the changelog with them. A topic name holds no NUL, so
+    no next-offset key is ever this one."""
+    return NEXT_OFFSET_PREFIX + b"\x00input-id\x00" + topic.encode()
 
 
 def state_items(
@@ -367,9 +375,21 @@ class OrderedInput:
     """
 
     def __init__(
-        self, app: faust.App, stores: OffsetStore | Sequence[OffsetStore], backfill: Backfill, *, read_committed: bool = False
+        self,
+        app: faust.App,
+        stores: OffsetStore | Sequence[OffsetStore],
+        backfill: Backfill,
+        *,
+        read_committed: bool = False,
+        service: str = "",
+        input_ids: Callable[[str], str | None] | None = None,
     ) -> None:
         self.app = app
+        self.service = service
+        #: An input topic's current topic id, as the brokers last reported it (None: not known):
+        #: the next-offset rows name it, so that those of a deleted input are not taken for its
+        #: successor's (see :meth:`next_offset`).
+        self.input_ids = input_ids
         self.stores: tuple[OffsetStore, ...] = tuple(stores) if isinstance(stores, Sequence) else (stores,)
         if not self.stores:
             raise ValueError("OrderedInput needs at least one table for its next offsets")
@@ -383,6 +403,10 @@ class OrderedInput:
         #: Per input partition, a range of offsets known to hold no committed record.
         self._empty: dict[tuple[str, int], tuple[int, int]] = {}
         self.empty_gaps_accepted = 0
+        #: Per input partition, the input incarnation (topic id) its offset rows were last seen to
+        #: name, and those found to name another (see :meth:`next_offset`).
+        self._named: dict[tuple[str, int], str] = {}
+        self._stale_warned: set[tuple[str, int, str]] = set()
 
     def next_offset(self, topic: str, partition: int) -> int | None:
         """The next offset to process, or ``None`` when a table has none (start at the log start).
@@ -393,6 +417,8 @@ class OrderedInput:
         batch whose other tables' rows alone reached the changelog are then missing; a table may
         be marked so only where the handler rebuilds such rows.)"""
         key = next_offset_key(topic)
+        if self._counts_another_input(topic, partition):
+            return None
         found: list[int] = []
         for store in self.stores:
             raw = store.get(partition, key)
@@ -402,6 +428,45 @@ class OrderedInput:
                 return None
             found.append(int(raw))
         return min(found) if found else None
+
+    def _input_id(self, topic: str) -> str | None:
+        return self.input_ids(topic) if self.input_ids is not None else None
+
+    def _counts_another_input(self, topic: str, partition: int) -> bool:
+        """Whether the next offsets the tables hold for ``partition`` of ``topic`` count another
+        incarnation of that input (the topic deleted and created again since): they are then
+        none at all, and the input is read from its start. Rows of an earlier version, which
+        named none, count the input there is."""
+        current = self._input_id(topic)
+        if current is None or self._named.get((topic, partition)) == current:
+            return False
+        for store in self.stores:
+            raw = store.get(partition, input_id_key(topic))
+            if raw is not None and raw.decode() != current:
+                if (topic, partition, raw.decode()) not in self._stale_warned:
+                    self._stale_warned.add((topic, partition, raw.decode()))
+                    log.warning(
+                        "the next offsets kept for %s[%d] count an input deleted and created again since "
+                        "(topic id %s → %s): reading it from its start",
+                        topic,
+                        partition,
+                        raw.decode(),
+                        current,
+                    )
+                    LOCAL_STATE_DISCARDED.labels(self.service, getattr(store, "name", ""), "input_recreated").inc()
+                return True
+        return False
+
+    def _name_input(self, topic: str, partition: int, offset_rows: dict[tuple[int, bytes], bytes]) -> None:
+        """Add the row naming the input's incarnation to a batch's offset rows, unless the tables
+        already hold it."""
+        current = self._input_id(topic)
+        if current is None or self._named.get((topic, partition)) == current:
+            return
+        if all(store.get(partition, input_id_key(topic)) == current.encode() for store in self.stores):
+            self._named[(topic, partition)] = current  # committed: no need to look again
+        else:
+            offset_rows[(partition, input_id_key(topic))] = current.encode()
 
     async def batch_records(self, arrivals: Sequence[InRecord], continues_from: int | None = None) -> Batch:
         """The batch's records to process, in order per partition, with its next-offset rows.
@@ -460,6 +525,7 @@ class OrderedInput:
                 records.append(record)
                 expected = record.offset + 1
             offset_rows[(partition, next_offset_key(topic))] = str(expected).encode()
+            self._name_input(topic, partition, offset_rows)
         return Batch(records=records, offset_rows=offset_rows, backfilled=backfilled)
 
     def _past_known_empty(self, topic: str, partition: int, start: int, end: int) -> int:

@@ -32,7 +32,7 @@ from shared.engine._app import app_id, changelog_topic_specs, create_app, run_wo
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
 from shared.engine._clients import exactly_once
 from shared.engine._consumer import BatchConsumer, NotAMember
-from shared.engine._copies import start_tracking, stop_tracking, track_copies
+from shared.engine._copies import incarnation_of, start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._faust import AppHooks
 from shared.engine._gc import freeze_startup_objects
@@ -234,7 +234,13 @@ class Engine:
                 stream=name,
                 topics=tuple(topics),
                 handle=fn,
-                order=OrderedInput(self._app, offsets, self.backfill, read_committed=True) if offsets is not None else None,
+                order=(
+                    OrderedInput(
+                        self._app, offsets, self.backfill, read_committed=True, service=self.service, input_ids=self._input_id
+                    )
+                    if offsets is not None
+                    else None
+                ),
                 dead_letters=dead_letters,
             )
             self._handlers.append(reg)
@@ -248,6 +254,11 @@ class Engine:
             return fn
 
         return register
+
+    def _input_id(self, topic: str) -> str | None:
+        """``topic``'s topic id as the brokers last reported it to this worker (None: not known)."""
+        incarnation = incarnation_of(self._app, topic)
+        return incarnation.topic_id if incarnation is not None else None
 
     def internal_topic_specs(self) -> list[TopicSpec]:
         """The topics the service owns: those its handlers were registered for as internal, and

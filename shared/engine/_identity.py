@@ -19,7 +19,8 @@ Whenever a partition is assigned (active, standby or warm-up), before anything r
 restores it, :func:`check_partition` compares what it recorded with what the brokers report:
 
 * another cluster id, or another topic id: the local state is discarded;
-* the changelog now ends before the local changelog offset: discarded;
+* the changelog now ends before the local changelog offset (the same topic lost records, or
+  nothing was recorded): discarded;
 * no incarnation recorded (a database of an earlier version, or one whose recording was
   interrupted): the rows are compared with the changelog's last records up to the local
   offset (:func:`compare_with_changelog`); the state is adopted only when every key found
@@ -257,7 +258,11 @@ def recorded(db: rocksdict.Rdict) -> Incarnation | None:
 
 def holds_state(db: rocksdict.Rdict) -> bool:
     """Whether a partition database holds anything: a changelog offset, or any row."""
-    return persisted_offset(db) is not None or _edge_keys(db) is not None or _edge_keys(engine_family(db)) is not None
+    if persisted_offset(db) is not None or _edge_keys(db) is not None:
+        return True
+    edges = _edge_keys(engine_family(db))
+    # A partition that recorded its incarnation and has had no record since is still empty.
+    return edges is not None and edges != (INCARNATION_KEY, INCARNATION_KEY)
 
 
 def _edge_keys(family: rocksdict.Rdict) -> tuple[bytes, bytes] | None:
@@ -275,15 +280,14 @@ async def check_partition(db: rocksdict.Rdict, now: ChangelogNow, read_range: Re
     """Whether the local state of a partition may be kept (see the module's docstring)."""
     if not holds_state(db):
         return Verdict(True)
+    mine = recorded(db)
+    if mine is not None and now.incarnation is not None and (changed := now.incarnation.differs(mine)) is not None:
+        return Verdict(False, changed[1], changed[0])  # the cause, whichever changelog is longer
     offset = persisted_offset(db)
     if offset is not None and offset + 1 > now.end:
         return Verdict(False, f"the changelog ends at offset {now.end}, before the local offset {offset + 1}", CHANGELOG_SHORTER)
-    mine = recorded(db)
-    if mine is not None and now.incarnation is not None:
-        changed = now.incarnation.differs(mine)
-        return Verdict(True) if changed is None else Verdict(False, changed[1], changed[0])
     if mine is not None:
-        return Verdict(True)  # nothing to compare the recorded incarnation with
+        return Verdict(True)
     if offset is None:
         return Verdict(False, "rows without a changelog offset", NOT_IN_CHANGELOG)
     return await compare_with_changelog(db, offset, now.start, read_range)

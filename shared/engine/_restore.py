@@ -509,7 +509,8 @@ class BulkRestoringRecovery(RecoveryHooks):
         if not stores:
             return
         try:
-            incarnations = await reader.incarnations({tp.topic for tp in stores})
+            # The inputs' too: their next offsets in the tables name the input they count (OrderedInput).
+            incarnations = await reader.incarnations({tp.topic for tp in stores} | set(getattr(self.app, "input_topics", ())))
         except Exception as exc:  # a broker that cannot tell topic ids: offsets and rows are still checked
             log.warning(
                 "could not read the changelogs' topic ids (%s: %s); checking local state by offsets only", type(exc).__name__, exc

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
+from shared.engine._identity import INCARNATION_KEY
 from shared.engine._rocksdb import ENGINE_FAMILY
 from tests.e2e.tallies.test_tallies_e2e import assert_tallies_settle, wait_all_input_consumed
 from tests.support.accounts import generate
@@ -42,7 +43,8 @@ def to_earlier_layout(db_path: Path) -> int:
     )
     try:
         engine = db.get_column_family(ENGINE_FAMILY)
-        rows = list(engine.items())
+        # What the earlier version kept there: not the incarnation, which it did not record.
+        rows = [(key, value) for key, value in engine.items() if key != INCARNATION_KEY]
         for key, value in rows:
             db[key] = value
         del engine

@@ -21,6 +21,7 @@ from shared.engine._durable import (
     InRecord,
     OrderedInput,
     acknowledged,
+    input_id_key,
     next_offset_key,
     ordered_rows,
 )
@@ -461,3 +462,37 @@ def test_a_table_added_later_without_next_offsets_resumes_from_the_other_tables(
     assert reader.next_offset("t", 0) == 490
     # A table not marked so, without rows, still sends the input back to the log start.
     assert OrderedInput(app=None, stores=[old, FakeStore({})], backfill=backfill).next_offset("t", 0) is None  # type: ignore[arg-type]
+
+
+def named_reader(store: dict[tuple[int, bytes], bytes], topic_id: str | None) -> OrderedInput:
+    return OrderedInput(app=None, stores=FakeStore(store), backfill=FakeBackfill(), input_ids=lambda topic: topic_id)  # type: ignore[arg-type]
+
+
+def test_the_next_offsets_name_the_input_they_count() -> None:
+    store = {(0, next_offset_key("t")): b"5"}
+    batch = asyncio.run(named_reader(store, "a" * 32).batch_records(events("t", 0, 5, 6)))
+    assert batch.offset_rows == {(0, next_offset_key("t")): b"7", (0, input_id_key("t")): b"a" * 32}
+    # Once the tables hold the name, batches no longer write it.
+    store.update(batch.offset_rows)
+    reader = named_reader(store, "a" * 32)
+    assert asyncio.run(reader.batch_records(events("t", 0, 7))).offset_rows == {(0, next_offset_key("t")): b"8"}
+    assert asyncio.run(reader.batch_records(events("t", 0, 8))).offset_rows == {(0, next_offset_key("t")): b"9"}
+
+
+def test_next_offsets_of_a_deleted_input_count_for_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """The input deleted and created again: offsets 0.. of the new topic are not replays of the old one's."""
+    store = {(0, next_offset_key("t")): b"500", (0, input_id_key("t")): b"a" * 32}
+    reader = named_reader(store, "b" * 32)
+    with caplog.at_level(logging.WARNING):
+        batch = asyncio.run(reader.batch_records(events("t", 0, 0, 1, 2)))
+    assert [r.offset for r in batch.records] == [0, 1, 2] and reader.replays_dropped == 0
+    assert batch.offset_rows == {(0, next_offset_key("t")): b"3", (0, input_id_key("t")): b"b" * 32}
+    assert "deleted and created again since (topic id " + "a" * 32 in caplog.text
+
+
+def test_next_offsets_of_an_earlier_version_count_the_input_there_is() -> None:
+    store = {(0, next_offset_key("t")): b"500"}
+    reader = named_reader(store, "b" * 32)
+    assert reader.next_offset("t", 0) == 500
+    batch = asyncio.run(reader.batch_records(events("t", 0, 499, 500)))
+    assert [r.offset for r in batch.records] == [500]

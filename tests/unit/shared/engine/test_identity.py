@@ -81,6 +81,12 @@ def test_an_empty_database_is_kept(db: rocksdict.Rdict) -> None:
     assert check(db, history(30)).keep
 
 
+def test_a_database_that_only_recorded_its_incarnation_is_empty(db: rocksdict.Rdict) -> None:
+    record(db, HERE)
+    assert not holds_state(db)
+    assert check(db, history(30), Incarnation("cluster-b", HERE.topic_id)).keep  # nothing to discard
+
+
 def test_state_of_the_recorded_incarnation_is_kept(db: rocksdict.Rdict) -> None:
     changelog = history(40)
     apply(db, changelog)
