@@ -27,6 +27,18 @@ async def replicas(bootstrap: str, names: list[str]) -> dict[str, set[int]]:
     return {d["topic"]: {len(p["replicas"]) for p in d["partitions"]} for d in described if d["error_code"] == 0}
 
 
+async def replicas_once_listed(bootstrap: str, names: list[str]) -> dict[str, set[int]]:
+    """:func:`replicas` once the metadata lists every topic of ``names`` (a broker answers
+    CreateTopics once the controller has them; its metadata can be a moment behind)."""
+
+    async def listed() -> dict[str, set[int]] | None:
+        found = await replicas(bootstrap, names)
+        return found if set(found) == set(names) else None
+
+    found: dict[str, set[int]] = await wait_for_async(listed, 30, message=f"the metadata of {names}")
+    return found
+
+
 async def test_topics_created_without_a_factor_get_the_clusters_three_replicas(
     kafka_cluster: kafka_broker.BrokerLayout, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -35,14 +47,14 @@ async def test_topics_created_without_a_factor_get_the_clusters_three_replicas(
     assert settings.topic_replication_factor is None
     name = f"rf-{uuid.uuid4().hex[:8]}"
     await ensure_topics_async(settings, [TopicSpec(f"{name}.plain", 4), TopicSpec(f"{name}.compacted", 2, compacted=True)])
-    assert await replicas(kafka_cluster.bootstrap, [f"{name}.plain", f"{name}.compacted"]) == {
+    assert await replicas_once_listed(kafka_cluster.bootstrap, [f"{name}.plain", f"{name}.compacted"]) == {
         f"{name}.plain": {3},
         f"{name}.compacted": {3},
     }
     # A factor the settings set still wins.
     explicit = Settings(kafka_bootstrap_servers=kafka_cluster.bootstrap, topic_replication_factor=2)
     await ensure_topics_async(explicit, [TopicSpec(f"{name}.two", 1)])
-    assert await replicas(kafka_cluster.bootstrap, [f"{name}.two"]) == {f"{name}.two": {2}}
+    assert await replicas_once_listed(kafka_cluster.bootstrap, [f"{name}.two"]) == {f"{name}.two": {2}}
 
 
 async def test_a_service_given_only_the_bootstrap_servers_replicates_its_changelogs_three_times(
@@ -68,12 +80,6 @@ async def test_a_service_given_only_the_bootstrap_servers_replicates_its_changel
         assert f"{prefix}program-tallies" in mine
         # Created by Faust itself, with its topic_replication_factor setting.
         assert f"{prefix}statefleet-tallies-__assignor-__leader" in mine
-
-        async def every_topic_on_three() -> dict[str, set[int]] | None:
-            found = await replicas(kafka_cluster.bootstrap, mine)
-            return found if set(found) == set(mine) else None
-
-        found = await wait_for_async(every_topic_on_three, 30, message=f"the metadata of {mine}")
-        assert found == {t: {3} for t in mine}
+        assert await replicas_once_listed(kafka_cluster.bootstrap, mine) == {t: {3} for t in mine}
     finally:
         tallies.stop()
