@@ -599,9 +599,20 @@ def _cluster_id(layout: BrokerLayout) -> str:
     try:
         return str(json.loads(layout.cluster_file.read_text())["cluster_id"])
     except FileNotFoundError:
-        cid = new_cluster_id()
+        # A node formatted already (cluster.json deleted by hand) decides: the others must match it.
+        formatted = [_meta_cluster_id(node.data / "meta.properties") for node in layout.nodes]
+        cid = next((c for c in formatted if c is not None), None) or new_cluster_id()
         layout.cluster_file.write_text(json.dumps({"brokers": layout.brokers, "cluster_id": cid}) + "\n")
         return cid
+
+
+def _meta_cluster_id(meta: Path) -> str | None:
+    """The cluster id a node's storage was formatted with (its ``meta.properties``), if any."""
+    try:
+        lines = meta.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    return next((line.split("=", 1)[1].strip() for line in lines if line.startswith("cluster.id=")), None)
 
 
 def _check_node_count(layout: BrokerLayout) -> None:

@@ -211,3 +211,11 @@ def test_stop_stops_every_node_whose_pid_file_is_in_the_home(tmp_path: Path) -> 
             child.kill()
             with contextlib.suppress(ChildProcessError):
                 child.wait()
+
+
+def test_nodes_formatted_later_join_the_cluster_id_of_those_formatted_before(tmp_path: Path) -> None:
+    layout = kafka_broker.BrokerLayout(home=tmp_path, brokers=3)
+    layout.node(2).data.mkdir(parents=True)
+    (layout.node(2).data / "meta.properties").write_text("#\nnode.id=2\ncluster.id=AbCdEfGhIjKlMnOpQrStUw\nversion=1\n")
+    assert kafka_broker._cluster_id(layout) == "AbCdEfGhIjKlMnOpQrStUw"
+    assert kafka_broker.formatted_brokers(tmp_path) == 3
