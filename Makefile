@@ -25,6 +25,10 @@ cached-venv = mkdir -p $(dir $(1)) && flock $(1).lock bash -c 'test -e $(1)/.ins
 TALLIES ?= 1
 VALIDATOR ?= 1
 RETRY_SCHEDULER ?= 1
+# KRaft nodes of the broker `make broker` starts (e.g. `make broker BROKERS=3`; empty: as many
+# as its storage was formatted with, else 1).
+BROKERS ?=
+BROKERS_ARG = $(if $(BROKERS),--brokers $(BROKERS))
 # Port of the operator console `make up` starts (0: none).
 CONSOLE_PORT ?= 8000
 
@@ -62,8 +66,8 @@ lock: ## Re-resolve requirements.lock and requirements-image.lock from pyproject
 venv: $(STAMP) ## Create the virtualenv and install the packages
 
 .PHONY: broker
-broker: venv ## Resolve Kafka's jars (Maven), format KRaft storage once, start the broker on 127.0.0.1:9092
-	$(PY) -m tools.kafka_broker start
+broker: venv ## Resolve Kafka's jars (Maven), format KRaft storage once, start the broker on 127.0.0.1:9092 (BROKERS=3: a cluster)
+	$(PY) -m tools.kafka_broker start $(BROKERS_ARG)
 
 .PHONY: up
 up: broker ## Start the broker, every service and the console (http://127.0.0.1:8000) in the background (TALLIES=n ... CONSOLE_PORT=p)
@@ -73,12 +77,12 @@ up: broker ## Start the broker, every service and the console (http://127.0.0.1:
 .PHONY: down
 down: ## Stop the services and the broker
 	-$(PY) -m tools.fleet down
-	$(PY) -m tools.kafka_broker stop
+	$(PY) -m tools.kafka_broker stop $(BROKERS_ARG)
 
 .PHONY: status
 status: venv ## Show what is running
 	@# the broker's status exits 1 when it is stopped: an answer, not an error
-	@$(PY) -m tools.kafka_broker status || [ $$? -eq 1 ]
+	@$(PY) -m tools.kafka_broker status $(BROKERS_ARG) || [ $$? -eq 1 ]
 	@$(PY) -m tools.fleet status
 
 .PHONY: demo

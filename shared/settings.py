@@ -51,7 +51,9 @@ class Settings(BaseSettings):
     # Topics
     topic_prefix: str = Field("", description="Prepended to every topic and consumer group name")
     topic_partitions: int = Field(8, ge=1, description="Partitions of the topics the fleet creates")
-    topic_replication_factor: int = Field(1, ge=1)
+    topic_replication_factor: int | None = Field(
+        None, ge=1, description="Replicas of each topic the fleet creates; unset: the brokers' default.replication.factor"
+    )
 
     # Instance identity and state
     instance_id: str = Field(default_factory=socket.gethostname, description="Unique per instance; static group member id")

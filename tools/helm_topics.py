@@ -82,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
     log.info(
-        "ensuring %d topics on %s (replication factor %d)",
+        "ensuring %d topics on %s (replication factor %s)",
         len(specs),
         settings.kafka_bootstrap_servers,
-        settings.topic_replication_factor,
+        settings.topic_replication_factor or "of the brokers' default.replication.factor",
     )
     try:
         asyncio.run(asyncio.wait_for(ensure_topics_async(settings, specs), args.timeout))

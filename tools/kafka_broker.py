@@ -15,13 +15,24 @@ ACLs (StandardAuthorizer) that let each service's user do only what that service
 (see ``tools/kafka_acls.py`` and docs/security.md). ``env --secure --user U`` prints the
 settings a client connects with as U.
 
-    python -m tools.kafka_broker [--secure] start|stop|status|jars|grant|env
+With ``--brokers N`` (``STATEFLEET_BROKERS``, ``make broker BROKERS=3``) the plaintext broker is
+a replicated cluster of N KRaft nodes, each a combined broker and controller run from the same
+jars: node i (from 1) listens on ``port + 100*(i-1)`` with its controller one above, and keeps
+its config, pid, log and log dirs under ``home/node-<i>``; internal topics and new topics get
+replication 3 (min ISR 2). The node count a home was formatted with is kept in its
+``cluster.json``, so ``stop``, ``status`` and the tests find every node without being told.
+:func:`node_states`, :func:`kill_node`, :func:`start_node` and :func:`partition_leaders` are what
+the chaos run and the tests use to kill and bring back single nodes.
+
+    python -m tools.kafka_broker [--secure] [--brokers N] start|stop|status|jars|grant|env
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -34,15 +45,17 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tools.processes import exited
 
 if TYPE_CHECKING:
     from tools.kafka_acls import Acl
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
 BROKER_SRC = REPO / "broker"
@@ -52,22 +65,25 @@ class BrokerError(RuntimeError):
     """The broker could not be prepared or started; the message says what to do."""
 
 
-@dataclass(frozen=True)
-class BrokerLayout:
-    home: Path
-    port: int = 9092
-    controller_port: int = 9093
-    #: The address both listeners bind to and advertise (a Kubernetes cluster on this machine
-    #: reaches the broker on its bridge address: ``STATEFLEET_BROKER_HOST``).
-    host: str = "127.0.0.1"
-    #: One SASL_SSL listener (SCRAM-SHA-512) with ACLs, instead of PLAINTEXT for all.
-    secure: bool = False
-    #: Where the jars are, when not under ``home`` (the secure broker runs the plaintext one's).
-    libs_dir: Path | None = None
+#: How far apart the ports of neighbouring nodes of a cluster are by default: node i listens on
+#: ``port + NODE_PORT_STEP * (i - 1)`` (9092, 9192, 9292), clear of the secure broker's 9096/9097.
+NODE_PORT_STEP = 100
 
-    @property
-    def libs(self) -> Path:
-        return self.libs_dir or self.home / "libs"
+#: Heap per node of a cluster when ``STATEFLEET_BROKER_HEAP`` does not say: three nodes of the
+#: single broker's 1 GiB would take 3 GiB on a machine the tests and services share.
+CLUSTER_NODE_HEAP = "512m"
+
+
+@dataclass(frozen=True)
+class BrokerNode:
+    """One KRaft node (broker and controller in one process) of a layout."""
+
+    node_id: int
+    #: The node's own folder: the layout's home for a single node, ``home/node-<id>`` in a cluster.
+    home: Path
+    host: str
+    port: int
+    controller_port: int
 
     @property
     def data(self) -> Path:
@@ -89,6 +105,71 @@ class BrokerLayout:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
+
+@dataclass(frozen=True)
+class BrokerLayout:
+    home: Path
+    port: int = 9092
+    controller_port: int = 9093
+    #: The address both listeners bind to and advertise (a Kubernetes cluster on this machine
+    #: reaches the broker on its bridge address: ``STATEFLEET_BROKER_HOST``).
+    host: str = "127.0.0.1"
+    #: One SASL_SSL listener (SCRAM-SHA-512) with ACLs, instead of PLAINTEXT for all.
+    secure: bool = False
+    #: Where the jars are, when not under ``home`` (the secure broker runs the plaintext one's).
+    libs_dir: Path | None = None
+    #: KRaft nodes (broker and controller each): 1 is the single broker, more a replicated cluster.
+    brokers: int = 1
+    #: Node i's ports are ``port + port_step * (i - 1)`` and one above (``STATEFLEET_BROKER_PORT_STEP``).
+    port_step: int = NODE_PORT_STEP
+
+    @property
+    def libs(self) -> Path:
+        return self.libs_dir or self.home / "libs"
+
+    @property
+    def nodes(self) -> tuple[BrokerNode, ...]:
+        return tuple(self.node(node_id) for node_id in range(1, self.brokers + 1))
+
+    def node(self, node_id: int) -> BrokerNode:
+        if not 1 <= node_id <= self.brokers:
+            raise BrokerError(f"no node {node_id}: the layout in {self.home} has nodes 1 to {self.brokers}")
+        offset = self.port_step * (node_id - 1)
+        return BrokerNode(
+            node_id=node_id,
+            home=self.home if self.brokers == 1 else self.home / f"node-{node_id}",
+            host=self.host,
+            port=self.port + offset,
+            controller_port=self.controller_port + offset,
+        )
+
+    # A single broker's files (node 1's, in a cluster).
+    @property
+    def data(self) -> Path:
+        return self.node(1).data
+
+    @property
+    def config(self) -> Path:
+        return self.node(1).config
+
+    @property
+    def pid_file(self) -> Path:
+        return self.node(1).pid_file
+
+    @property
+    def log_file(self) -> Path:
+        return self.node(1).log_file
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's address, comma-separated (one address for a single broker)."""
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def cluster_file(self) -> Path:
+        """A cluster's node count and cluster id, written when its storage is formatted."""
+        return self.home / "cluster.json"
+
     @property
     def tls_dir(self) -> Path:
         return self.home / "tls"
@@ -104,12 +185,24 @@ class BrokerLayout:
         return self.home / "credentials.json"
 
 
+def formatted_brokers(home: Path) -> int | None:
+    """The node count of the cluster formatted in ``home``, if one was."""
+    try:
+        return int(json.loads((home / "cluster.json").read_text())["brokers"])
+    except (FileNotFoundError, KeyError, ValueError):
+        return None
+
+
 def default_layout() -> BrokerLayout:
     home = Path(os.environ.get("STATEFLEET_BROKER_HOME", REPO / ".local" / "broker"))
     port = int(os.environ.get("STATEFLEET_BROKER_PORT", "9092"))
     controller_port = int(os.environ.get("STATEFLEET_BROKER_CONTROLLER_PORT", str(port + 1)))
     host = os.environ.get("STATEFLEET_BROKER_HOST", "127.0.0.1")
-    return BrokerLayout(home=home, port=port, controller_port=controller_port, host=host)
+    # Unset: as many nodes as the home was formatted with, so that make down, make status and
+    # the tests reach a cluster make broker BROKERS=3 started without being told again.
+    brokers = int(os.environ.get("STATEFLEET_BROKERS") or formatted_brokers(home) or 1)
+    step = int(os.environ.get("STATEFLEET_BROKER_PORT_STEP", str(NODE_PORT_STEP)))
+    return BrokerLayout(home=home, port=port, controller_port=controller_port, host=host, brokers=brokers, port_step=step)
 
 
 def secure_layout() -> BrokerLayout:
@@ -230,10 +323,11 @@ def _run_maven(cmd: list[str]) -> tuple[int, list[str]]:
 
 
 def _java_cmd(layout: BrokerLayout, main_class: str, *args: str) -> list[str]:
-    """The JVM's command line: ``STATEFLEET_BROKER_HEAP`` sizes the heap, and the options in
+    """The JVM's command line: ``STATEFLEET_BROKER_HEAP`` sizes the heap (1 GiB for a single
+    broker, 512 MiB per node of a cluster unless it says), and the options in
     ``STATEFLEET_BROKER_JAVA_OPTS`` come after the defaults, so they can override them (``make
     test`` sets ``-XX:TieredStopAtLevel=1``; see the Makefile)."""
-    heap = os.environ.get("STATEFLEET_BROKER_HEAP", "1g")
+    heap = os.environ.get("STATEFLEET_BROKER_HEAP") or ("1g" if layout.brokers == 1 else CLUSTER_NODE_HEAP)
     return [
         "java",
         f"-Xmx{heap}",
@@ -249,7 +343,29 @@ def _java_cmd(layout: BrokerLayout, main_class: str, *args: str) -> list[str]:
     ]
 
 
-def write_config(layout: BrokerLayout) -> None:
+def cluster_properties(layout: BrokerLayout, node: BrokerNode) -> str:
+    """What a node of a cluster sets differently from the single broker's template: its own id,
+    the static quorum of every node's controller, and replicas on up to three nodes, of which
+    all but one must have a write (so one node may be down)."""
+    voters = ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for n in layout.nodes)
+    replicas = min(3, layout.brokers)
+    min_isr = max(1, replicas - 1)
+    return f"""\
+node.id={node.node_id}
+controller.quorum.voters={voters}
+offsets.topic.replication.factor={replicas}
+transaction.state.log.replication.factor={replicas}
+transaction.state.log.min.isr={min_isr}
+share.coordinator.state.topic.replication.factor={replicas}
+share.coordinator.state.topic.min.isr={min_isr}
+default.replication.factor={replicas}
+min.insync.replicas={min_isr}
+"""
+
+
+def render_config(layout: BrokerLayout, node: BrokerNode | None = None) -> str:
+    """The ``server.properties`` of ``node`` (the single broker's when None)."""
+    node = node or layout.node(1)
     text = (BROKER_SRC / "server.properties.template").read_text()
     if layout.secure:
         text = _with_properties(text, (BROKER_SRC / "secure.properties.template").read_text())
@@ -258,15 +374,27 @@ def write_config(layout: BrokerLayout) -> None:
             .replace("@ADMIN_USER@", ADMIN_USER)
             .replace("@ADMIN_PASSWORD@", credentials(layout)[ADMIN_USER])
         )
-    text = (
-        text.replace("@LOG_DIR@", str(layout.data))
-        .replace("@PORT@", str(layout.port))
-        .replace("@CONTROLLER_PORT@", str(layout.controller_port))
+    if layout.brokers > 1:
+        # A static quorum (controller.quorum.voters): storage formatted without --standalone,
+        # so the bootstrap-servers form of the single broker goes.
+        text = _with_properties(text, cluster_properties(layout, node))
+        lines = text.splitlines(keepends=True)
+        text = "".join(line for line in lines if not line.startswith("controller.quorum.bootstrap.servers="))
+    return (
+        text.replace("@LOG_DIR@", str(node.data))
+        .replace("@PORT@", str(node.port))
+        .replace("@CONTROLLER_PORT@", str(node.controller_port))
         .replace("@HOST@", layout.host)
     )
-    layout.config.write_text(text)
-    if layout.secure:
-        layout.config.chmod(0o600)  # it holds the admin's password
+
+
+def write_config(layout: BrokerLayout) -> None:
+    """Write every node's ``server.properties``."""
+    for node in layout.nodes:
+        node.home.mkdir(parents=True, exist_ok=True)
+        node.config.write_text(render_config(layout, node))
+        if layout.secure:
+            node.config.chmod(0o600)  # it holds the admin's password
 
 
 def _with_properties(base: str, overrides: str) -> str:
@@ -365,6 +493,9 @@ def client_env(layout: BrokerLayout, user: str = ADMIN_USER) -> dict[str, str]:
         "STATEFLEET_KAFKA_SASL_USERNAME": user,
         "STATEFLEET_KAFKA_SASL_PASSWORD": passwords[user],
         "STATEFLEET_KAFKA_SSL_CAFILE": str(layout.ca_file),
+        # One node. Said, not asked for: reading the brokers' default.replication.factor takes
+        # DESCRIBE_CONFIGS on the cluster, which the services' least-privilege ACLs leave out.
+        "STATEFLEET_TOPIC_REPLICATION_FACTOR": "1",
     }
 
 
@@ -434,28 +565,83 @@ def new_cluster_id() -> str:
 
 
 def format_storage(layout: BrokerLayout) -> None:
-    """Format KRaft storage once; an existing ``meta.properties`` means it is done."""
-    if (layout.data / "meta.properties").exists():
+    """Format KRaft storage once per node; an existing ``meta.properties`` means it is done.
+
+    A single broker formats with ``--standalone`` (a new cluster id each time its storage is
+    made); the nodes of a cluster with the id kept in ``cluster.json``, all at once."""
+    todo = [node for node in layout.nodes if not (node.data / "meta.properties").exists()]
+    if not todo:
         return
-    layout.data.mkdir(parents=True, exist_ok=True)
-    cid = new_cluster_id()
-    _log(f"formatting KRaft storage in {layout.data} (cluster id {cid})")
+    if layout.brokers == 1:
+        cid = new_cluster_id()
+        extra = ["--standalone"]
+    else:
+        cid = _cluster_id(layout)
+        extra = []
     scram: list[str] = []
     if layout.secure:
         # The admin exists from the start: the broker itself connects as it between its listeners.
         scram = ["--add-scram", f"SCRAM-SHA-512=[name={ADMIN_USER},password={credentials(layout)[ADMIN_USER]}]"]
-    proc = subprocess.run(
-        _java_cmd(layout, "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(layout.config), "--standalone", *scram),
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise BrokerError(f"formatting the broker's storage failed:\n{proc.stdout}\n{proc.stderr}")
+    procs = []
+    for node in todo:
+        node.data.mkdir(parents=True, exist_ok=True)
+        _log(f"formatting KRaft storage in {node.data} (cluster id {cid})")
+        cmd = _java_cmd(layout, "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(node.config), *extra, *scram)
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for proc in procs:
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise BrokerError(f"formatting the broker's storage failed:\n{out}")
 
 
-def _pid(layout: BrokerLayout) -> int | None:
+def _cluster_id(layout: BrokerLayout) -> str:
+    """The id every node of the cluster is formatted with (made, and kept, on the first call)."""
     try:
-        pid = int(layout.pid_file.read_text().strip())
+        return str(json.loads(layout.cluster_file.read_text())["cluster_id"])
+    except FileNotFoundError:
+        # A node formatted already (cluster.json deleted by hand) decides: the others must match it.
+        formatted = [_meta_cluster_id(node.data / "meta.properties") for node in layout.nodes]
+        cid = next((c for c in formatted if c is not None), None) or new_cluster_id()
+        layout.cluster_file.write_text(json.dumps({"brokers": layout.brokers, "cluster_id": cid}) + "\n")
+        return cid
+
+
+def _meta_cluster_id(meta: Path) -> str | None:
+    """The cluster id a node's storage was formatted with (its ``meta.properties``), if any."""
+    try:
+        lines = meta.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    return next((line.split("=", 1)[1].strip() for line in lines if line.startswith("cluster.id=")), None)
+
+
+def _check_node_count(layout: BrokerLayout) -> None:
+    """Refuse to start a layout with another node count than its storage was formatted with:
+    the quorum's voters are fixed at formatting."""
+    formatted = formatted_brokers(layout.home)
+    single_formatted = (layout.home / "data" / "meta.properties").exists()
+    if layout.brokers > 1 and formatted is None and single_formatted and _pid(layout.home / "broker.pid") is not None:
+        raise BrokerError(f"the single broker of {layout.home} is running on its ports: stop it first (make down)")
+    if formatted is not None and formatted != layout.brokers:
+        raise BrokerError(
+            f"the cluster in {layout.home} was formatted with {formatted} nodes, not {layout.brokers}: start it with "
+            f"BROKERS={formatted} (STATEFLEET_BROKERS), or stop it and delete {layout.cluster_file} and "
+            f"{layout.home}/node-* to make a new one"
+        )
+
+
+def reset_storage(layout: BrokerLayout) -> None:
+    """Delete every node's log dirs (and a cluster's id): the next start formats anew. The jars stay."""
+    for node in layout.nodes:
+        shutil.rmtree(node.data, ignore_errors=True)
+    layout.cluster_file.unlink(missing_ok=True)
+
+
+def _pid(node: BrokerNode | BrokerLayout | Path) -> int | None:
+    """The pid of the running process a node's (or single broker's) pid file names, if any."""
+    pid_file = node if isinstance(node, Path) else node.pid_file
+    try:
+        pid = int(pid_file.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
     try:
@@ -474,8 +660,16 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def is_ready(layout: BrokerLayout, timeout: float = 5.0) -> bool:
-    """True when the broker answers a metadata request (not just an open port)."""
-    if not port_open(layout.port, layout.host):
+    """True when every node answers a metadata request that lists every node (not just an
+    open port): topics with a replica on each node can then be created."""
+    expected = {node.node_id for node in layout.nodes}
+    return all(_node_answers(layout, node, expected, timeout) for node in layout.nodes)
+
+
+def _node_answers(layout: BrokerLayout, node: BrokerNode, expected: set[int], timeout: float = 5.0) -> bool:
+    """Whether ``node`` answers a metadata request listing the brokers ``expected`` (a broker
+    shows there once it has registered with the controller and caught up with the metadata)."""
+    if not port_open(node.port, node.host):
         return False
     try:
         from shared.engine.clients import PlainAdmin  # noqa: F401
@@ -486,11 +680,13 @@ def is_ready(layout: BrokerLayout, timeout: float = 5.0) -> bool:
     async def probe() -> bool:
         from shared.engine.clients import PlainAdmin
 
-        admin = PlainAdmin(**admin_kwargs(layout), request_timeout_ms=int(timeout * 1000))
+        connection = {**admin_kwargs(layout), "bootstrap_servers": node.bootstrap}
+        admin = PlainAdmin(**connection, request_timeout_ms=int(timeout * 1000))
         try:
+            # start() reads the metadata from this node (its bootstrap address) alone.
             await asyncio.wait_for(admin.start(), timeout)
-            await asyncio.wait_for(admin.list_topics(), timeout)
-            return True
+            cluster = await asyncio.wait_for(admin.describe_cluster(), timeout)
+            return expected <= {broker["node_id"] for broker in cluster["brokers"]}
         except Exception:
             return False
         finally:
@@ -520,72 +716,234 @@ def admin_kwargs(layout: BrokerLayout) -> dict[str, object]:
 
 
 def start(layout: BrokerLayout | None = None, wait_s: float = 90.0) -> BrokerLayout:
+    """Start every node that is not running and wait until all answer (idempotent)."""
     layout = layout or default_layout()
+    if layout.secure and layout.brokers > 1:
+        raise BrokerError("the secure broker runs as a single node: drop --brokers (STATEFLEET_BROKERS) with --secure")
     layout.home.mkdir(parents=True, exist_ok=True)
     # Test workers start the broker they share at the same moment: one formats and starts it,
     # the others find it running.
-    with open(layout.home / "start.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _start_lock(layout):
         return _start_locked(layout, wait_s)
 
 
+@contextlib.contextmanager
+def _start_lock(layout: BrokerLayout) -> Iterator[None]:
+    with open(layout.home / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _start_locked(layout: BrokerLayout, wait_s: float) -> BrokerLayout:
-    if _pid(layout) is not None and is_ready(layout):
-        _log(f"already running on {layout.bootstrap} (pid {_pid(layout)})")
+    if all(_pid(node) is not None for node in layout.nodes) and is_ready(layout):
+        _log(f"already running on {layout.bootstrap} (pid {', '.join(str(_pid(n)) for n in layout.nodes)})")
         return layout
-    if _pid(layout) is None and port_open(layout.port, layout.host):
-        variable = "STATEFLEET_SECURE_BROKER_PORT" if layout.secure else "STATEFLEET_BROKER_PORT"
-        raise BrokerError(f"port {layout.port} is taken by another process: stop it or set {variable}")
-    if _pid(layout) is None:
+    _check_node_count(layout)
+    stopped = [node for node in layout.nodes if _pid(node) is None]
+    for node in stopped:
+        _check_port_free(layout, node)
+    if stopped:
         resolve_jars(layout)
         if layout.secure:
             make_certificates(layout)
         write_config(layout)
         format_storage(layout)
-        _log(f"starting Kafka on {layout.bootstrap}; log: {layout.log_file}")
-        with open(layout.log_file, "ab") as log:
-            proc = subprocess.Popen(
-                _java_cmd(layout, "kafka.Kafka", str(layout.config)),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        layout.pid_file.write_text(str(proc.pid))
+        for node in stopped:
+            _spawn(layout, node)
+    _wait_ready(layout, layout.nodes, {node.node_id for node in layout.nodes}, wait_s)
+    _log(f"ready on {layout.bootstrap}")
+    return layout
+
+
+def _check_port_free(layout: BrokerLayout, node: BrokerNode) -> None:
+    for port in (node.port, node.controller_port):
+        if port_open(port, node.host):
+            variable = "STATEFLEET_SECURE_BROKER_PORT" if layout.secure else "STATEFLEET_BROKER_PORT"
+            raise BrokerError(f"port {port} (node {node.node_id}) is taken by another process: stop it or set {variable}")
+
+
+def _spawn(layout: BrokerLayout, node: BrokerNode) -> None:
+    what = "Kafka" if layout.brokers == 1 else f"Kafka node {node.node_id}"
+    _log(f"starting {what} on {node.bootstrap}; log: {node.log_file}")
+    with open(node.log_file, "ab") as log:
+        proc = subprocess.Popen(
+            _java_cmd(layout, "kafka.Kafka", str(node.config)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    node.pid_file.write_text(str(proc.pid))
+
+
+def _wait_ready(layout: BrokerLayout, nodes: Sequence[BrokerNode], expected: set[int], wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
+    waiting = list(nodes)
     while time.monotonic() < deadline:
-        if _pid(layout) is None:
-            tail = layout.log_file.read_text(errors="replace")[-3000:] if layout.log_file.exists() else ""
-            raise BrokerError(f"the broker exited during start-up; last log lines:\n{tail}")
-        if is_ready(layout):
-            _log(f"ready on {layout.bootstrap}")
-            return layout
+        for node in waiting:
+            if _pid(node) is None:
+                tail = node.log_file.read_text(errors="replace")[-3000:] if node.log_file.exists() else ""
+                raise BrokerError(f"the broker on {node.bootstrap} exited during start-up; last log lines:\n{tail}")
+        waiting = [node for node in waiting if not _node_answers(layout, node, expected)]
+        if not waiting:
+            return
         time.sleep(0.5)
-    raise BrokerError(f"the broker did not answer on {layout.bootstrap} within {wait_s:.0f}s; see {layout.log_file}")
+    logs = ", ".join(str(node.log_file) for node in waiting)
+    raise BrokerError(f"the broker did not answer on {', '.join(n.bootstrap for n in waiting)} within {wait_s:.0f}s; see {logs}")
 
 
 def stop(layout: BrokerLayout | None = None, wait_s: float = 60.0) -> None:
+    """Stop every node of the layout (all at once: a cluster's last node would otherwise wait
+    for a quorum that has gone), and any other node whose pid file is in its home."""
     layout = layout or default_layout()
-    pid = _pid(layout)
-    if pid is None:
+    pid_files = {node.pid_file for node in layout.nodes}
+    pid_files |= {layout.home / "broker.pid", *layout.home.glob("node-*/broker.pid")}
+    running = {pid_file: pid for pid_file in sorted(pid_files) if (pid := _pid(pid_file)) is not None}
+    if not running:
         _log("not running")
-        layout.pid_file.unlink(missing_ok=True)
-        return
-    _log(f"stopping pid {pid}")
-    os.kill(pid, signal.SIGTERM)
+    for pid in running.values():
+        _log(f"stopping pid {pid}")
+        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and _pid(layout) is not None:
+    while time.monotonic() < deadline and any(_pid(pid_file) is not None for pid_file in running):
         time.sleep(0.2)
-    if _pid(layout) is not None:
-        _log("did not stop in time; killing")
-        os.kill(pid, signal.SIGKILL)
-    layout.pid_file.unlink(missing_ok=True)
+    for pid_file, pid in running.items():
+        if _pid(pid_file) is not None:
+            _log(f"pid {pid} did not stop in time; killing it")
+            os.kill(pid, signal.SIGKILL)
+    for pid_file in pid_files:
+        if pid_file.exists() and _pid(pid_file) is None:
+            pid_file.unlink(missing_ok=True)
+
+
+# -- single nodes of a cluster: what the chaos run and the tests kill and bring back --------------
+
+
+@dataclass(frozen=True)
+class NodeState:
+    node_id: int
+    port: int
+    controller_port: int
+    #: The node's process, None when it is not running.
+    pid: int | None
+
+
+def node_states(layout: BrokerLayout) -> dict[int, NodeState]:
+    """Every node of the layout by node id: its ports and its pid when running."""
+    return {n.node_id: NodeState(n.node_id, n.port, n.controller_port, _pid(n)) for n in layout.nodes}
+
+
+def kill_node(layout: BrokerLayout, node_id: int, wait_s: float = 60.0) -> int:
+    """SIGKILL one node and wait until its process is gone (its ports free); returns its pid."""
+    node = layout.node(node_id)
+    pid = _pid(node)
+    if pid is None:
+        raise BrokerError(f"node {node_id} ({node.bootstrap}) is not running: start it first")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while not exited(pid):
+        if time.monotonic() > deadline:
+            raise BrokerError(f"node {node_id} (pid {pid}) was still exiting {wait_s:.0f}s after SIGKILL")
+        time.sleep(0.05)
+    _log(f"killed node {node_id} (pid {pid})")
+    return pid
+
+
+def start_node(layout: BrokerLayout, node_id: int, wait_s: float = 90.0) -> int:
+    """Start one node again on its storage (if it is not running) and wait until it answers and
+    has registered with the controller; returns its pid. The other nodes are left as they are."""
+    node = layout.node(node_id)
+    with _start_lock(layout):
+        if _pid(node) is None:
+            _check_port_free(layout, node)
+            resolve_jars(layout)
+            write_config(layout)
+            format_storage(layout)
+            _spawn(layout, node)
+        _wait_ready(layout, [node], {node_id}, wait_s)
+    pid = _pid(node)
+    assert pid is not None
+    _log(f"node {node_id} answers on {node.bootstrap} (pid {pid})")
+    return pid
+
+
+@dataclass(frozen=True)
+class PartitionLeaders:
+    #: The leading node of each (topic, partition); -1 while a partition has none.
+    leaders: dict[tuple[str, int], int]
+    #: The in-sync replicas of each (topic, partition).
+    isr: dict[tuple[str, int], tuple[int, ...]]
+    #: The node coordinating the consumer group asked about, if one was.
+    group_coordinator: int | None = None
+    #: The node coordinating the transactional id asked about, if one was.
+    transaction_coordinator: int | None = None
+
+
+async def partition_leaders_async(
+    bootstrap: str, topics: Sequence[str], group: str | None = None, transactional_id: str | None = None, timeout_s: float = 30.0
+) -> PartitionLeaders:
+    """Which node leads each partition of ``topics`` (and its in-sync replicas), and which node
+    coordinates ``group`` and ``transactional_id``, from the cluster's metadata. Works with a
+    node down: a question sent to it is asked again of another (for up to ``timeout_s``)."""
+    from shared.engine.clients import PlainAdmin
+
+    admin = PlainAdmin(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        leaders: dict[tuple[str, int], int] = {}
+        isr: dict[tuple[str, int], tuple[int, ...]] = {}
+        described = await _retrying(lambda: admin.describe_topics(list(topics)), timeout_s) if topics else []
+        for topic in described:
+            for partition in topic["partitions"]:
+                key = (topic["topic"], partition["partition"])
+                leaders[key] = partition["leader"]
+                isr[key] = tuple(partition["isr"])
+        group_node = txn_node = None
+        # The first question about a group or a transactional id creates the internal topic
+        # behind it, whose partitions have no leader for a moment.
+        if group is not None:
+            group_node = int(await _retrying(lambda: admin.find_coordinator(group, 0), timeout_s))
+        if transactional_id is not None:
+            txn_node = int(await _retrying(lambda: admin.find_coordinator(transactional_id, 1), timeout_s))
+        return PartitionLeaders(leaders, isr, group_node, txn_node)
+    finally:
+        await admin.close()
+
+
+async def _retrying(call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
+    """``call()``, made again after an error that says asking again may help (a node not
+    reachable, a coordinator not there yet), until ``timeout_s`` has passed."""
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            return await call()
+        except Exception as exc:  # aiokafka's errors carry whether they are retriable
+            if not getattr(exc, "retriable", False) or asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(0.2)
+
+
+def partition_leaders(
+    layout: BrokerLayout, topics: Sequence[str], group: str | None = None, transactional_id: str | None = None
+) -> PartitionLeaders:
+    """:func:`partition_leaders_async` on ``layout``'s cluster, from synchronous code."""
+    import asyncio
+
+    return asyncio.run(partition_leaders_async(layout.bootstrap, topics, group, transactional_id))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["start", "stop", "status", "jars", "grant", "env"])
     parser.add_argument("--secure", action="store_true", help="the SASL_SSL broker with ACLs (its own home and port)")
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=None,
+        help="KRaft nodes of the plaintext broker (STATEFLEET_BROKERS; default: as many as its home was formatted with, else 1)",
+    )
     parser.add_argument(
         "--topic-prefix",
         default=os.environ.get("STATEFLEET_TOPIC_PREFIX", ""),
@@ -595,6 +953,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     layout = secure_layout() if args.secure else default_layout()
     try:
+        if args.brokers is not None:
+            if args.brokers < 1:
+                raise BrokerError(f"--brokers must be 1 or more, not {args.brokers}")
+            layout = dataclasses.replace(layout, brokers=args.brokers)
         if args.action in ("grant", "env") and not layout.secure:
             raise BrokerError(f"{args.action} is for the secure broker: add --secure")
         if args.action == "start":
@@ -611,13 +973,31 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "jars":
             resolve_jars(layout)
         else:
-            running = _pid(layout) is not None and is_ready(layout)
-            print(f"broker {'running' if running else 'stopped'} ({layout.bootstrap})")
-            return 0 if running else 1
+            return _status(layout)
     except BrokerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _status(layout: BrokerLayout) -> int:
+    """Print whether the broker (each node of a cluster) runs; 0 when all do, else 1."""
+    if layout.brokers == 1:
+        running = _pid(layout) is not None and is_ready(layout)
+        print(f"broker {'running' if running else 'stopped'} ({layout.bootstrap})")
+        return 0 if running else 1
+    every = {node.node_id for node in layout.nodes}
+    states = node_states(layout)
+    up = 0
+    for node in layout.nodes:
+        pid = states[node.node_id].pid
+        # A node answers once it lists itself; with others down it still does.
+        answers = pid is not None and _node_answers(layout, node, {node.node_id})
+        up += answers
+        state = f"running (pid {pid})" if answers else ("starting or stuck" if pid is not None else "stopped")
+        print(f"broker node {node.node_id} {state} ({node.bootstrap}, controller {node.host}:{node.controller_port})")
+    print(f"cluster of {layout.brokers} nodes: {up} answering; bootstrap {layout.bootstrap}")
+    return 0 if up == len(every) else 1
 
 
 if __name__ == "__main__":

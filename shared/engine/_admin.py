@@ -1,18 +1,26 @@
 """Create the topics a service needs, with the right partitions and configs, before
 its worker starts. Existing topics are left as they are (a partition count that does
 not match is logged, since co-partitioned topics must agree). And delete the topics of a
-prefix, for the tests and benchmarks that make topics of their own."""
+prefix, for the tests and benchmarks that make topics of their own.
+
+Their replication factor is ``STATEFLEET_TOPIC_REPLICATION_FACTOR`` when set, else the brokers'
+own ``default.replication.factor`` (:func:`replication_factor`): so one setting, the bootstrap
+servers, fits a single broker and a replicated cluster alike. The brokers' default is asked
+for, not left to them, because aiokafka's CreateTopics stops at version 3, which cannot say
+"the broker's default" (-1, version 4 on)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import ClusterAuthorizationFailedError, TopicAlreadyExistsError, for_code
 
-from shared.engine._access import check_created, check_group, check_visible
+from shared.engine._access import BrokerAccessDenied, check_created, check_group, check_visible, who
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.settings import Settings
 
@@ -40,6 +48,60 @@ class TopicSpec:
         return NewTopic(self.name, self.partitions, replication, topic_configs=config)
 
 
+#: The broker setting a topic's replication factor comes from when the fleet's settings leave it open.
+BROKER_DEFAULT_REPLICATION = "default.replication.factor"
+
+#: The brokers' default replication factor by bootstrap servers: asked once per process.
+_broker_defaults: dict[str, int] = {}
+
+
+async def replication_factor(settings: Settings, admin: AIOKafkaAdminClient | None = None) -> int:
+    """The replication factor of the topics the fleet creates: the one ``settings`` set, else
+    the brokers' ``default.replication.factor`` (read once per process with ``admin``, a started
+    admin client, or with one made here).
+
+    Raises :class:`~shared.engine._access.BrokerAccessDenied` when the brokers do not let these
+    settings' user read their configuration (DESCRIBE_CONFIGS on the cluster)."""
+    if settings.topic_replication_factor is not None:
+        return settings.topic_replication_factor
+    known = _broker_defaults.get(settings.kafka_bootstrap_servers)
+    if known is not None:
+        return known
+    if admin is None:
+        own = await started_when_reachable(lambda: _Admin(**client_kwargs(settings)), "topic replication", settings)
+        try:
+            return await replication_factor(settings, own)
+        finally:
+            await own.close()
+    node_id = (await admin.describe_cluster())["brokers"][0]["node_id"]
+    try:
+        (response,) = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.BROKER, str(node_id), {BROKER_DEFAULT_REPLICATION: None})]
+        )
+        (resource,) = response.to_object()["resources"]
+        if resource["error_code"]:
+            raise for_code(resource["error_code"])(resource["error_message"])
+    except ClusterAuthorizationFailedError as exc:
+        raise BrokerAccessDenied(
+            f"the brokers do not let {who(settings)} read their {BROKER_DEFAULT_REPLICATION} (DESCRIBE_CONFIGS on the "
+            "cluster): set STATEFLEET_TOPIC_REPLICATION_FACTOR, or grant that ACL"
+        ) from exc
+    values = {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
+    factor = int(values[BROKER_DEFAULT_REPLICATION])
+    log.info("new topics get the brokers' %s, %d (no STATEFLEET_TOPIC_REPLICATION_FACTOR)", BROKER_DEFAULT_REPLICATION, factor)
+    _broker_defaults[settings.kafka_bootstrap_servers] = factor
+    return factor
+
+
+def resolve_replication_factor(settings: Settings) -> int:
+    """:func:`replication_factor` from synchronous code, also with an event loop running in this
+    thread (asked in a thread of its own, whose loop leaves this thread's alone)."""
+    if settings.topic_replication_factor is not None:
+        return settings.topic_replication_factor
+    with ThreadPoolExecutor(1, thread_name_prefix="replication-factor") as pool:
+        return pool.submit(asyncio.run, replication_factor(settings)).result()
+
+
 async def ensure_topics_async(settings: Settings, specs: list[TopicSpec], group: str | None = None) -> None:
     """Create what is missing of ``specs``, waiting for the brokers to answer if they do not yet.
 
@@ -51,7 +113,8 @@ async def ensure_topics_async(settings: Settings, specs: list[TopicSpec], group:
         missing = [s for s in specs if s.name not in existing]
         if missing:
             try:
-                response = await admin.create_topics([s.new_topic(settings.topic_replication_factor) for s in missing])
+                replication = await replication_factor(settings, admin)
+                response = await admin.create_topics([s.new_topic(replication) for s in missing])
                 existed = check_created(settings, response)
                 log.info("created topics %s", ", ".join(s.name for s in missing if s.name not in existed))
             except TopicAlreadyExistsError:

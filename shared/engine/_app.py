@@ -19,7 +19,7 @@ import faust
 from fastapi import FastAPI
 from faust.contrib.asgi import serve_asgi
 
-from shared.engine._admin import TopicSpec
+from shared.engine._admin import TopicSpec, resolve_replication_factor
 from shared.engine._clients import require_sasl_credentials, ssl_context
 from shared.engine._faust import WorkerHooks, print_thread_loop_tasks, track_used_topics
 from shared.engine._instance_lock import hold_data_dir
@@ -72,7 +72,9 @@ def create_app(service: str, settings: Settings, default_port: int, app_class: t
         tabledir="tables",
         autodiscover=False,
         topic_partitions=settings.topic_partitions,
-        topic_replication_factor=settings.topic_replication_factor,
+        # Unset, the brokers' default: asked for when the worker starts (run_worker), not here,
+        # where an app is also built with no broker to ask (the unit tests, the topology driver).
+        topic_replication_factor=settings.topic_replication_factor or 1,
         table_standby_replicas=settings.standby_replicas,
         # Faust's own exactly_once (its producer per partition, committed on its timer) stays
         # off: with STATEFLEET_PROCESSING_GUARANTEE=exactly_once the engine runs the
@@ -105,6 +107,15 @@ def create_app(service: str, settings: Settings, default_port: int, app_class: t
     register_settings(app, settings, service)
     cast(WarmupAssignor, app.assignor).enabled = settings.warmups
     return app
+
+
+def use_replication_factor(app: faust.App, settings: Settings) -> int:
+    """Give the topics Faust creates itself (its tables' changelogs, its leader and reply
+    topics) the fleet's replication factor (the brokers' default, when the settings leave it
+    open); returns it. Before the worker starts, which is when Faust creates them."""
+    factor = resolve_replication_factor(settings)
+    app.conf.topic_replication_factor = factor
+    return factor
 
 
 def changelog_topic_specs(app: faust.App, settings: Settings) -> list[TopicSpec]:
@@ -160,5 +171,6 @@ def run_worker(app: faust.App, service: str, settings: Settings) -> None:
     """Run the Faust worker in this process until SIGTERM/SIGINT."""
     log.info("starting %s (instance %s) with %s", service, settings.instance_id, env_snapshot())
     hold_data_dir(instance_data_dir(service, settings), settings.data_dir_lock_wait_s)
+    use_replication_factor(app, settings)
     worker = _Worker(app, loglevel=settings.log_level.upper(), logging_config=dict(app.conf.logging_config))
     worker.execute_from_commandline()

@@ -7,7 +7,14 @@ Services do not use these: they read and write through their :class:`shared.engi
 Like the rest of the engine, this module is where aiokafka is reached from outside.
 """
 
-from shared.engine._admin import TopicSpec, delete_topics_with_prefix, ensure_topics, ensure_topics_async
+from shared.engine._admin import (
+    TopicSpec,
+    delete_topics_with_prefix,
+    ensure_topics,
+    ensure_topics_async,
+    replication_factor,
+    resolve_replication_factor,
+)
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs
 from shared.engine._plain import KafkaTopicPartition, PlainAdmin, PlainConsumer, PlainProducer, refresh_metadata
 
@@ -23,4 +30,6 @@ __all__ = [
     "ensure_topics",
     "ensure_topics_async",
     "refresh_metadata",
+    "replication_factor",
+    "resolve_replication_factor",
 ]

@@ -13,6 +13,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from shared.engine.clients import delete_topics_with_prefix as delete_topics_of
+from shared.engine.clients import replication_factor
 from shared.settings import Settings
 from tests.support.services import wait_for_async
 from tools.kafka_broker import default_layout
@@ -48,9 +49,14 @@ def create_topics(
         await admin.start()
         try:
             existing = set(await admin.list_topics())
+            # The fleet's replication factor: the brokers' default unless the environment sets one.
+            replicas = await replication_factor(Settings(kafka_bootstrap_servers=BOOTSTRAP), admin)
             new = [
                 NewTopic(
-                    n, partitions, 1, topic_configs={**(configs or {}), **({"cleanup.policy": "compact"} if n in compact else {})}
+                    n,
+                    partitions,
+                    replicas,
+                    topic_configs={**(configs or {}), **({"cleanup.policy": "compact"} if n in compact else {})},
                 )
                 for n in names
                 if n not in existing

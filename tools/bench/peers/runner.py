@@ -24,7 +24,7 @@ The systems:
 
 - ``statefleet``: ``python -m services.tallies`` from this checkout, default settings
   (tallies published every second, at-least-once unless ``--exactly-once``).
-- ``kafka-streams``: ``tools/bench/peers/kstreams`` (Kafka Streams 4.1.1, RocksDB stores
+- ``kafka-streams``: ``tools/bench/peers/kstreams`` (Kafka Streams 4.4.0, RocksDB stores
   with changelogs, one stream thread, at_least_once, commit interval 1 s), built into
   ``.local/bench/kstreams`` by ``make bench-peers-build``.
 - ``quix-streams``: ``tools/bench/peers/quix_tallies.py`` in ``.local/quix-venv`` (RocksDB
@@ -71,7 +71,7 @@ SYSTEMS = ("aiokafka", "statefleet", "kafka-streams", "quix-streams")
 LABELS = {
     "aiokafka": "bare aiokafka consumer",
     "statefleet": "statefleet (tallies service)",
-    "kafka-streams": "Kafka Streams 4.1.1",
+    "kafka-streams": "Kafka Streams 4.4.0",
     "quix-streams": "Quix Streams 3.28.1",
 }
 PARTITIONS = 8
