@@ -99,6 +99,14 @@ lint: venv ## ruff and mypy
 test-unit: venv ## Unit tests (no Kafka)
 	$(VENV)/bin/pytest -q tests/unit
 
+# The gate to run before pushing a change: what needs no broker (lint, types, the unit tests,
+# the services' handlers on the topology driver), in about a minute or two on 2 cores.
+# make test stays the whole suite and what CI runs.
+.PHONY: check
+check: venv ## The fast gate, no broker: ruff, mypy, unit and topology-driver tests (under 3 minutes)
+	$(MAKE) lint
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m "not spark" tests/unit
+
 .PHONY: test-integration
 test-integration: broker ## Integration and end-to-end tests on the real broker
 	$(VENV)/bin/pytest -q tests/integration tests/e2e
