@@ -17,7 +17,12 @@ from tests.helm.metric_names import defined_metric_names, used_metric_names
 RULES_DIR = CHART / "prometheus"
 RULES = RULES_DIR / "rules.yaml"
 RULES_TEST = RULES_DIR / "rules_test.yaml"
-ALERTS = {"StatefleetConsumerLagGrowing", "StatefleetInstanceDown", "StatefleetParkingLotGrowing"}
+ALERTS = {
+    "StatefleetConsumerLagGrowing",
+    "StatefleetInstanceDown",
+    "StatefleetParkingLotGrowing",
+    "StatefleetLocalStateDiscarded",
+}
 PROMETHEUS_RULE_API = "monitoring.coreos.com/v1/PrometheusRule"
 
 
