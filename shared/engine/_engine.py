@@ -132,6 +132,9 @@ class Engine:
         self._unsettled: dict[tuple[str, int], set[TablePartition]] = {}
         #: Reads changelogs into local tables when a failed commit is settled.
         self.changelogs = ChangelogReader(settings)
+        #: The reader is one consumer that assigns itself the partitions of each restore: restores
+        #: of several partitions' failed commits take turns.
+        self._restoring = asyncio.Lock()
         if exactly_once(settings):
             self._exactly_once(consumer_class)
         self._app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
@@ -527,7 +530,7 @@ class Engine:
         await self.transactions.renew(tp.topic, tp.partition, RETRY_STEP_TIMEOUT_S)
         touched = self._unsettled[key]
         targets = {TopicPartition(target.table.changelog, target.partition): target for target in touched}
-        async with asyncio.timeout(RETRY_STEP_TIMEOUT_S):
+        async with asyncio.timeout(RETRY_STEP_TIMEOUT_S), self._restoring:
             result = await self.changelogs.restore(targets, min_lag=1)
         del self._unsettled[key]
         if result.records:

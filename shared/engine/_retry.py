@@ -4,7 +4,7 @@ A broker that dies or hands a partition's leadership (or the group's or a transa
 coordinator) to another node fails the commits in flight: sends not acknowledged in time,
 ``NotLeaderForPartition``, ``NotEnoughReplicas``, a transaction the coordinator aborted
 (``ProducerFenced``: "... or transaction timeout occurred"), a transactional producer that
-aiokafka has put in its fatal state. None of that is the batch's fault, and stopping the
+aiokafka has put in its fatal state or whose transaction ended under it. None of that is the batch's fault, and stopping the
 worker over it stopped every partition of the service for good (nothing restarts a worker
 process that crashed by itself outside Kubernetes, and within it each restart pays a full
 rejoin and restore). So the engine does what Kafka Streams does when it closes a task dirty
@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalOperation, KafkaError
 from faust.exceptions import ProducerSendError
 
 from shared.engine._durable import DurableTable
@@ -55,11 +55,12 @@ def broker_failure(exc: BaseException, *, transactional: bool) -> bool:
     """Whether ``exc``, out of a batch's commit, is a failure of the brokers or of the Kafka
     client rather than of the batch: any ``KafkaError`` (a timeout, a leader or coordinator
     that moved, a fenced or timed-out transaction, a lost connection), Faust's wrapper of a
-    failed send, a step that ran out of time, and, with transactions, aiokafka's assertion on
-    a producer in its fatal state."""
+    failed send, a step that ran out of time, and, with transactions, what aiokafka raises
+    for a producer whose transaction the coordinator ended meanwhile (``IllegalOperation``: a
+    send "while not in transaction") or that is in its fatal state (an assertion)."""
     if isinstance(exc, KafkaError | ProducerSendError | TimeoutError):
         return True
-    return transactional and isinstance(exc, AssertionError)
+    return transactional and isinstance(exc, AssertionError | IllegalOperation)
 
 
 def retry_reason(exc: BaseException) -> str:
