@@ -297,7 +297,8 @@ async def chaos(cfg: Config, layout: kafka_broker.BrokerLayout) -> int:
                 raise task.exception()  # type: ignore[misc]
         say(
             f"{now()} load: {load.done_steps}/{total} steps sent; {faults.kills} instances killed "
-            f"({faults.wipes} wiped), broker killed {faults.broker_kills}x"
+            f"({faults.wipes} wiped), "
+            + (f"broker killed {faults.broker_kills}x" if cfg.brokers == 1 else f"broker nodes killed {faults.nodes.kills}x")
         )
     stats = load_task.result()
     await asyncio.gather(*watchers, return_exceptions=True)
