@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             "STATEFLEET_BROKER_CONTROLLER_PORT": str(args.broker_port + 1),
             "STATEFLEET_BROKER_HOME": str(home / "broker"),
             "STATEFLEET_BROKERS": str(args.brokers),
+            # The fleet's topics replicated as the cluster's own (3 replicas, min ISR 2): with one
+            # replica a killed node would take its partitions offline, not move their leaders.
+            "STATEFLEET_TOPIC_REPLICATION_FACTOR": str(min(args.brokers, 3)),
             "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": ",".join(f"127.0.0.1:{args.broker_port + 100 * i}" for i in nodes),
             "STATEFLEET_DATA_DIR": str(home / "fleet" / "data"),
             "STATEFLEET_TOPIC_PREFIX": "",

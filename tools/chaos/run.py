@@ -388,7 +388,10 @@ def run(cfg: Config) -> int:
             raise SystemExit(f"the chaos run kills its broker and deletes its {what}: {path} must be under {home}")
     # A fresh fleet and broker storage each run (the broker's resolved jars are kept).
     shutil.rmtree(fleet.FLEET_HOME, ignore_errors=True)
-    shutil.rmtree(layout.data, ignore_errors=True)
+    # Every node's storage, and the cluster id kept beside them: a node formatted afresh among
+    # nodes that kept a former run's storage would not form one cluster with them, and the
+    # former run's records (the same seed, the same ids) would be read as this run's.
+    kafka_broker.reset_storage(layout)
     try:
         return asyncio.run(chaos(cfg, layout))
     finally:
