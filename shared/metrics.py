@@ -88,6 +88,14 @@ TRANSACTION_COMMIT_SECONDS = Histogram(
     registry=REGISTRY,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
+BATCH_RETRIES = Counter(
+    "statefleet_batch_retries_total",
+    "Batches whose commit failed on the broker side (a broker died or a partition's leader or "
+    "coordinator moved) and that were delivered again instead of stopping the worker, by reason "
+    "(the error's class)",
+    ["service", "reason"],
+    registry=REGISTRY,
+)
 READY = Gauge("statefleet_ready", "1 when state is restored and queries are answered", ["service"], registry=REGISTRY)
 UNOWNED_INPUT_TOPICS = Gauge(
     "statefleet_unowned_input_topics",

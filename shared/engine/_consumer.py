@@ -353,6 +353,27 @@ class BatchConsumer(ConsumerHooks):
         if generation is not None and not await self._still_member(generation):
             raise NotAMember(f"the group coordinator did not confirm this member of generation {generation}")
 
+    async def ensure_owner(self, tp: TP) -> None:
+        """Raise :class:`NotAMember` unless the batch of ``tp`` being delivered may still be
+        delivered again and committed here: the worker is not stopping, no rebalance has begun
+        (flow active, the same generation), ``tp`` is still assigned, and the coordinator still
+        knows this member (:meth:`ensure_member`). Checked before a failed batch is retried, so
+        that only the partition's owner initialises its transactional producer again (which
+        fences every other) and a consumer that lost the partition leaves it to the new owner."""
+        generation = _BATCH_GENERATION.get(None)
+        try:
+            assigned = tp in self.assignment()
+        except Exception:  # the consumer thread is stopping or restarting
+            assigned = False
+        if (
+            self.should_stop
+            or not self.flow_active
+            or not assigned
+            or (generation is not None and self.app.consumer_generation_id != generation)
+        ):
+            raise NotAMember(f"{tp.topic}[{tp.partition}] is no longer assigned to this consumer (a rebalance or a stop)")
+        await self.ensure_member()
+
     async def _still_member(self, generation: int, within_s: float = MEMBER_CONFIRMED_WITHIN_S) -> bool:
         """Whether the group still counts this consumer as the member of ``generation``: known
         from a heartbeat within ``within_s``, or asked now after a silence (see the module docs)."""

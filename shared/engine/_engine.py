@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from fastapi import FastAPI
 from faust.exceptions import ProducerSendError
@@ -39,10 +40,20 @@ from shared.engine._gc import freeze_startup_objects
 from shared.engine._instance import Instance
 from shared.engine._membership import PeerWatch
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, WriteRefused
+from shared.engine._restore import ChangelogReader
+from shared.engine._retry import (
+    RETRY_STEP_TIMEOUT_S,
+    TRANSACTION_COMMIT_TIMEOUT_S,
+    TablePartition,
+    broker_failure,
+    retry_delay_s,
+    retry_reason,
+)
 from shared.engine._ticks import Ticker
 from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.engine._versions import check_versions
 from shared.engine._warmup import WarmupWatch
+from shared.metrics import BATCH_RETRIES
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -116,6 +127,14 @@ class Engine:
             gate=lambda: cast(BatchConsumer, self._app.consumer).may_write(),
         )
         self.transactions: PartitionTransactions | None = None
+        #: exactly_once: input partitions whose last commit failed with its outcome unknown, and the
+        #: table partitions it wrote (see :meth:`_settle`).
+        self._unsettled: dict[tuple[str, int], set[TablePartition]] = {}
+        #: Reads changelogs into local tables when a failed commit is settled.
+        self.changelogs = ChangelogReader(settings)
+        #: The reader is one consumer that assigns itself the partitions of each restore: restores
+        #: of several partitions' failed commits take turns.
+        self._restoring = asyncio.Lock()
         if exactly_once(settings):
             self._exactly_once(consumer_class)
         self._app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
@@ -152,6 +171,7 @@ class Engine:
         await self.producer.stop()
         await self.batch_producer.stop()
         await self.backfill.stop()
+        await self.changelogs.stop()
         await stop_tracking(self._app)
 
     def _exactly_once(self, consumer_class: type[BatchConsumer]) -> None:
@@ -171,6 +191,8 @@ class Engine:
             await transactions.assign(sorted((tp.topic, tp.partition) for tp in tps if tp.topic in self._by_topic))
 
         async def revoked(tps: set[TP]) -> None:
+            for tp in tps:  # the next owner's recovery restores what a failed commit left
+                self._unsettled.pop((tp.topic, tp.partition), None)
             await transactions.revoke([(tp.topic, tp.partition) for tp in tps])
 
         consumer_class.exactly_once = True
@@ -402,11 +424,66 @@ class Engine:
     # -- the hand-over -------------------------------------------------------------------
 
     async def _deliver(self, tp: TP, fetched: Sequence[Any], continues_from: int | None = None) -> None:
+        """Process and commit one fetched batch of ``tp``; a commit that fails on the brokers'
+        side is retried, with backoff, while the partition is still this consumer's (see
+        :mod:`shared.engine._retry`). Raises :class:`NotAMember` when it no longer is."""
         reg = self._by_topic[tp.topic]
+        failures = 0
+        while True:
+            try:
+                if (tp.topic, tp.partition) in self._unsettled:
+                    await self._settle(tp)
+            except (NotAMember, WriteRefused):
+                raise
+            except Exception as exc:
+                if not broker_failure(exc, transactional=self.transactions is not None):
+                    raise  # the worker stops as for any other failure
+                cause: BaseException = exc  # the fresh producer or the restore failed: try again
+            else:
+                try:
+                    await self._deliver_once(reg, tp, fetched, continues_from)
+                    return
+                except _CommitFailed as failed:
+                    cause = failed.__cause__ or failed
+            failures += 1
+            delay = retry_delay_s(failures)
+            BATCH_RETRIES.labels(self.service, retry_reason(cause)).inc()
+            log.warning(
+                "%s: %s[%d] offsets %d..%d not committed (%s: %s); delivering them again in %.1fs (try %d)",
+                reg.name,
+                tp.topic,
+                tp.partition,
+                fetched[0].offset,
+                fetched[-1].offset,
+                type(cause).__name__,
+                cause,
+                delay,
+                failures + 1,
+            )
+            await asyncio.sleep(delay)  # a broker's restart or a leader's election takes seconds
+            # Only while the partition is still ours: otherwise NotAMember sends the consumer back
+            # to the batch's first offset and nothing is initialised again, so a consumer that lost
+            # the partition never fences its new owner.
+            await self._ensure_owner(tp)
+
+    async def _ensure_owner(self, tp: TP) -> None:
+        await cast(BatchConsumer, self._app.consumer).ensure_owner(tp)
+
+    async def _deliver_once(self, reg: _Registration, tp: TP, fetched: Sequence[Any], continues_from: int | None) -> None:
+        """One delivery of a fetched batch: its records in order, the handler, the commit. A
+        broker failure of the commit raises :class:`_CommitFailed`; any other failure stops the
+        worker."""
         started = time.perf_counter()
         # aiokafka's records are handed over as they are: they have every field a handler reads.
         records = cast(Sequence[InRecord], fetched)
-        ordered = await reg.order.batch_records(records, continues_from) if reg.order is not None else None
+        transactional = self.transactions is not None
+        try:
+            ordered = await reg.order.batch_records(records, continues_from) if reg.order is not None else None
+        except Exception as exc:
+            if broker_failure(exc, transactional=transactional):
+                raise _CommitFailed("reading skipped input records back failed") from exc
+            await self._stop_worker(reg, tp, fetched, exc)
+            raise
         if ordered is not None and not ordered.records:
             return  # every record a replay
         batch = InputBatch(
@@ -414,37 +491,94 @@ class Engine:
         )
         try:
             await reg.handle(batch)
-            await commit(
-                self.batch_producer,
-                reg.order,
-                ordered,
-                batch,
-                reg.name,
-                self.transactions,
-                int(fetched[-1].offset) + 1,
-                member=cast(BatchConsumer, self._app.consumer).ensure_member,
-            )
+        except Exception as exc:
+            await self._stop_worker(reg, tp, fetched, exc)  # the handler's own failure
+            raise
+        try:
+            async with asyncio.timeout(TRANSACTION_COMMIT_TIMEOUT_S if transactional else None):
+                await commit(
+                    self.batch_producer,
+                    reg.order,
+                    ordered,
+                    batch,
+                    reg.name,
+                    self.transactions,
+                    int(fetched[-1].offset) + 1,
+                    member=cast(BatchConsumer, self._app.consumer).ensure_member,
+                )
         except NotAMember:
             raise  # nothing more of the batch is written; the consumer fetches it again
         except WriteRefused as exc:
             raise NotAMember(str(exc)) from exc
         except Exception as exc:
-            # Nothing of the batch is committed: stop the worker, so that it (or the instance
-            # taking its partitions) reads the batch again, rather than go on past it.
-            log.exception(
-                "%s failed on %s[%d] offsets %d..%d; stopping the worker",
-                reg.name,
-                tp.topic,
-                tp.partition,
-                fetched[0].offset,
-                fetched[-1].offset,
-            )
             denial = explain_denial(exc, self.settings.kafka_sasl_username, app_id(self.service, self.settings), reading=False)
-            if denial is not None:
-                log.error("%s cannot go on: %s", self.service, denial)
-            await self._app.crash(exc)
-            raise
+            if denial is not None or not broker_failure(exc, transactional=transactional):
+                await self._stop_worker(reg, tp, fetched, exc, denial)
+                raise
+            await self._leave_unsettled(reg, tp, batch)
+            raise _CommitFailed(f"{reg.name}: the commit failed") from exc
         observe(self.service, reg.stream, batch, started)
+
+    async def _leave_unsettled(self, reg: _Registration, tp: TP, batch: InputBatch) -> None:
+        """exactly_once: the batch's transaction may or may not have committed. Its producer is
+        closed, and the partition is marked for :meth:`_settle` before its next delivery; the
+        table partitions the transaction wrote are the ones to restore."""
+        if self.transactions is None:
+            return
+        touched = self._unsettled.setdefault((tp.topic, tp.partition), set())
+        stores = reg.order.stores if reg.order is not None else ()
+        touched.update(TablePartition(store, tp.partition) for store in stores if isinstance(store, DurableTable))
+        touched.update(TablePartition(table, partition) for table, rows in batch.rows.items() for partition, _ in rows)
+        await self.transactions.discard(tp.topic, tp.partition, RETRY_STEP_TIMEOUT_S)
+
+    async def _settle(self, tp: TP) -> None:
+        """exactly_once, before a partition whose last commit failed is delivered again: a fresh
+        transactional producer (the old transaction completed or aborted), then the local table
+        partitions that transaction wrote brought up to their changelogs' committed end, so that
+        :class:`OrderedInput` drops the records it applied if it did commit."""
+        assert self.transactions is not None
+        key = (tp.topic, tp.partition)
+        await self.transactions.renew(tp.topic, tp.partition, RETRY_STEP_TIMEOUT_S)
+        touched = self._unsettled[key]
+        targets = {TopicPartition(target.table.changelog, target.partition): target for target in touched}
+        applied = 0
+        if targets:  # a handler that writes no table has nothing to restore
+            async with asyncio.timeout(RETRY_STEP_TIMEOUT_S), self._restoring:
+                applied = (await self.changelogs.restore(targets, min_lag=1)).records
+        del self._unsettled[key]
+        if applied:
+            # The transaction did commit: what its after-commit callbacks would have derived in
+            # memory is rebuilt from the rows, as after a rebalance's recovery.
+            log.info(
+                "%s[%d]: the failed commit had landed; %d changelog records applied locally", tp.topic, tp.partition, applied
+            )
+            for table in {target.table for target in touched}:
+                await table.table.call_recover_callbacks()
+
+    async def _stop_worker(
+        self, reg: _Registration, tp: TP, fetched: Sequence[Any], exc: BaseException, denial: str | None = None
+    ) -> None:
+        """Nothing of the batch is committed: stop the worker, so that it (or the instance taking
+        its partitions) reads the batch again, rather than go on past it."""
+        log.error(
+            "%s failed on %s[%d] offsets %d..%d; stopping the worker",
+            reg.name,
+            tp.topic,
+            tp.partition,
+            fetched[0].offset,
+            fetched[-1].offset,
+            exc_info=exc,
+        )
+        if denial is None:
+            denial = explain_denial(exc, self.settings.kafka_sasl_username, app_id(self.service, self.settings), reading=False)
+        if denial is not None:
+            log.error("%s cannot go on: %s", self.service, denial)
+        await self._app.crash(exc)
+
+
+class _CommitFailed(Exception):
+    """A batch's commit (or the read-back before its handler) failed on the brokers' side; its
+    cause is the client's error. The batch is delivered again (see :meth:`Engine._deliver`)."""
 
 
 def faust_app(engine: Engine) -> faust.App:

@@ -343,6 +343,33 @@ class PartitionTransactions:
     async def stop(self) -> None:
         await self.revoke(list(self._producers))
 
+    async def discard(self, topic: str, partition: int, timeout_s: float) -> None:
+        """Close the producer of ``topic``'s ``partition`` after a failed commit, as Kafka Streams
+        closes a task dirty: a producer aiokafka put in its fatal state cannot start another
+        transaction, and one whose commit had no answer holds a transaction of unknown outcome.
+        Until :meth:`renew`, the partition has no producer."""
+        producer = self._producers.pop((topic, partition), None)
+        if producer is not None:
+            with contextlib.suppress(Exception):  # a broken producer: its connections go either way
+                await asyncio.wait_for(producer.stop(), timeout_s)
+
+    async def renew(self, topic: str, partition: int, timeout_s: float) -> None:
+        """A fresh producer for ``topic``'s ``partition`` (any old one closed first), initialised
+        within ``timeout_s`` or not at all (the error raises). Its ``InitProducerId`` completes
+        or aborts the previous transaction of the id on the coordinator before it answers, so
+        a read_committed reader of the partitions that transaction wrote sees its outcome
+        afterwards. Only for a partition this consumer still owns: it fences any other owner."""
+        await self.discard(topic, partition, timeout_s)
+        producer = self._make(topic, partition)
+        try:
+            await asyncio.wait_for(producer.start(), timeout_s)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), timeout_s)
+            raise
+        self._producers[(topic, partition)] = producer
+        log.info("transactional producer of %s[%d] initialised again", topic, partition)
+
     async def commit(
         self, topic: str, partition: int, records: Sequence[Outgoing], next_offset: int, what: str, reached: Callable[[str], None]
     ) -> dict[tuple[str, int], int]:

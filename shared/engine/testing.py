@@ -26,12 +26,15 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import TypedDict, TypeVar, Unpack
 
+from aiokafka import TopicPartition
+
 from shared.engine._batch import Headers, InputBatch, commit
 from shared.engine._durable import Backfill, DurableTable, InRecord, next_offset_key, state_items
 from shared.engine._engine import Engine, faust_app
 from shared.engine._instance import Instance
 from shared.engine._partitioning import partition_for
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, Retry, record_too_large
+from shared.engine._restore import ChangelogReader, PartitionTarget, RestoreResult, write_batch
 from shared.settings import Settings
 
 T = TypeVar("T")
@@ -113,6 +116,8 @@ class MemoryTransactions(PartitionTransactions):
 
     def __init__(self, settings: Settings, records: MemoryProducer) -> None:
         super().__init__(settings, group_id="topology-driver", client_id="topology-driver", records=records)
+        #: Input partitions whose producer was initialised again after a failed commit, in order.
+        self.renewed: list[tuple[str, int]] = []
 
     async def assign(self, tps: Sequence[tuple[str, int]]) -> None:
         pass
@@ -127,6 +132,12 @@ class MemoryTransactions(PartitionTransactions):
         reached("sent")
         self.committed += 1
         return last
+
+    async def discard(self, topic: str, partition: int, timeout_s: float) -> None:
+        pass
+
+    async def renew(self, topic: str, partition: int, timeout_s: float) -> None:
+        self.renewed.append((topic, partition))
 
 
 class MemoryBackfill(Backfill):
@@ -150,6 +161,26 @@ class MemoryBackfill(Backfill):
 
     async def read(self, topic: str, partition: int, start: int, end: int) -> list[InRecord]:
         return self.topics.log(topic, partition)[start:end]
+
+
+class MemoryChangelogs(ChangelogReader):
+    """The engine's changelog reader, restoring table partitions from :class:`MemoryTopics`."""
+
+    def __init__(self, settings: Settings, topics: MemoryTopics) -> None:
+        super().__init__(settings)
+        self.topics = topics
+
+    async def stop(self) -> None:
+        pass
+
+    async def restore(
+        self, targets: Mapping[TopicPartition, PartitionTarget], min_lag: int, *, budget_s: float | None = None
+    ) -> RestoreResult:
+        records = 0
+        for tp, target in targets.items():
+            start = (target.persisted_offset() or -1) + 1
+            records += write_batch(target, list(self.topics.log(tp.topic, tp.partition)[start:]))
+        return RestoreResult(records, 0.0, len(targets))
 
 
 class TableView:
@@ -196,7 +227,9 @@ class TopologyDriver:
         producer = MemoryProducer(settings, self.topics)
         backfill = MemoryBackfill(settings, self.topics)
         engine.producer = producer
+        engine.batch_producer = producer
         engine.backfill = backfill
+        engine.changelogs = MemoryChangelogs(settings, self.topics)
         engine.instance = DriverInstance(faust_app(engine), engine.instance.url)
         if engine.transactions is not None:
             engine.transactions = MemoryTransactions(settings, producer)

@@ -8,6 +8,12 @@ reference model of the contract. Exits 1 on anything lost or wrong.
 With ``--guarantee exactly_once`` every service runs in that mode, the topics are read
 ``read_committed``, and a single duplicate delivered fails the run.
 
+With ``--brokers N`` (N > 1; ``make chaos BROKERS=3``) the broker is a cluster of N KRaft nodes
+(replication 3, min ISR 2), and instead of the one broker kill, the node leading the most of
+the fleet's partitions (sometimes a group's or a transaction's coordinator) is SIGKILLed and
+started again a few seconds later, again and again; the summary says what that cost (the
+validator's longest processing pause, failed reads): see ``tools/chaos/nodes.py``.
+
 The run has its own broker (it kills it), fleet home and ports, never those of
 ``make up`` or ``make test``: ``--home`` (``.local/chaos``), ``--broker-port`` (29092, or
 the next free one), ``--port-offset`` (20000, or the next free one). Everything it
@@ -89,11 +95,24 @@ def main(argv: list[str] | None = None) -> int:
         help="the fleet's STATEFLEET_PROCESSING_GUARANTEE (default at_least_once); with exactly_once "
         "a duplicate delivered fails the run",
     )
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=int(_env_default("STATEFLEET_CHAOS_BROKERS", "1")),
+        help="KRaft nodes of the run's broker (default 1: the broker is killed once); with more, the "
+        "node leading the most of the fleet's partitions (or a coordinator's) is killed again and again",
+    )
     parser.add_argument("--max-attempts", type=int, default=4, help="the retry scheduler's STATEFLEET_RETRY_MAX_ATTEMPTS")
     args = parser.parse_args(argv)
     # Two runs at once (two worktrees' make test) each find ports of their own.
+    if args.brokers < 1:
+        parser.error("--brokers must be 1 or more")
+    # Node i listens on broker_port + 100 * (i - 1), its controller one above (tools.kafka_broker).
+    nodes = range(args.brokers)
     if args.broker_port is None:
-        args.broker_port = _first_free(29092, lambda base: (base, base + 1))
+        args.broker_port = _first_free(
+            29092, lambda base: tuple(p for i in nodes for p in (base + 100 * i, base + 100 * i + 1)), step=100 * args.brokers
+        )
     if args.port_offset is None:
         args.port_offset = _first_free(20000, lambda base: tuple(p + base for p in SERVICE_PORTS))
     if args.broker_port == 9092:
@@ -107,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
             "STATEFLEET_BROKER_PORT": str(args.broker_port),
             "STATEFLEET_BROKER_CONTROLLER_PORT": str(args.broker_port + 1),
             "STATEFLEET_BROKER_HOME": str(home / "broker"),
-            "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{args.broker_port}",
+            "STATEFLEET_BROKERS": str(args.brokers),
+            # The fleet's topics replicated as the cluster's own (3 replicas, min ISR 2): with one
+            # replica a killed node would take its partitions offline, not move their leaders.
+            "STATEFLEET_TOPIC_REPLICATION_FACTOR": str(min(args.brokers, 3)),
+            "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": ",".join(f"127.0.0.1:{args.broker_port + 100 * i}" for i in nodes),
             "STATEFLEET_DATA_DIR": str(home / "fleet" / "data"),
             "STATEFLEET_TOPIC_PREFIX": "",
             "STATEFLEET_TOPIC_PARTITIONS": "4",
@@ -132,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         max_attempts=args.max_attempts,
         settle_s=args.settle,
         guarantee=args.guarantee,
+        brokers=args.brokers,
     )
     try:
         code: int = run.run(cfg)

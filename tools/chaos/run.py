@@ -20,6 +20,7 @@ import httpx
 from shared.engine.clients import PlainConsumer, refresh_metadata
 from tools import fleet, kafka_broker
 from tools.chaos.load import Load, Topics
+from tools.chaos.nodes import NodeFaults, PauseWatch, ReadProbe, choose_victim, kill_and_restart
 from tools.chaos.observe import Answer, Observed, ask_all, list_topics, read_topics
 from tools.chaos.plan import Plan, build
 from tools.chaos.verify import Report, TopicConfig, verify
@@ -41,6 +42,12 @@ class Config:
     #: Chance that a killed instance's data dir is deleted before it is started again.
     wipe_chance: float = 0.3
     ready_timeout_s: float = 240.0
+    #: KRaft nodes of the run's broker; with more than one, nodes are killed instead of the broker.
+    brokers: int = 1
+    #: With several nodes: the wait between one node's restart and the next node kill, and how
+    #: long a killed node stays down.
+    node_kill_every: tuple[float, float] = (8.0, 14.0)
+    node_down_s: tuple[float, float] = (3.0, 6.0)
 
 
 @dataclass
@@ -49,6 +56,7 @@ class Faults:
     kills: int = 0
     wipes: int = 0
     broker_kills: int = 0
+    nodes: NodeFaults = field(default_factory=NodeFaults)
     #: Instances found exited that nobody killed (e.g. started while the broker was down), started again.
     exited: list[str] = field(default_factory=list)
     #: When each instance was last started (a process just started may not show its command line yet).
@@ -124,12 +132,22 @@ async def run_faults(
     cfg: Config, layout: kafka_broker.BrokerLayout, stop_at: float, faults: Faults, now: Callable[[], str]
 ) -> None:
     rng = random.Random(cfg.seed * 31 + 7)
+    node_rng = random.Random(cfg.seed * 31 + 11)
     start = time.monotonic()
     broker_at = start + (stop_at - start) * rng.uniform(0.3, 0.6)
     next_kill = start + rng.uniform(*cfg.kill_every)
+    next_node_kill = start + node_rng.uniform(*cfg.node_kill_every)
+    node_task: asyncio.Task[None] | None = None
     while time.monotonic() < stop_at:
-        if not faults.broker_kills and time.monotonic() >= broker_at:
+        if cfg.brokers == 1 and not faults.broker_kills and time.monotonic() >= broker_at:
             await asyncio.to_thread(_kill_broker, layout, faults, now)
+        if node_task is not None and node_task.done():
+            node_task.result()  # a node that did not come back fails the run
+            node_task = None
+            next_node_kill = time.monotonic() + node_rng.uniform(*cfg.node_kill_every)
+        if cfg.brokers > 1 and node_task is None and time.monotonic() >= next_node_kill:
+            # One node down at a time: with replication 3 and min ISR 2 every partition stays writable.
+            node_task = asyncio.create_task(_kill_node(cfg, layout, node_rng, faults, now))
         if time.monotonic() >= next_kill:
             kind, n = rng.choice(instances())
             wipe = rng.random() < cfg.wipe_chance
@@ -140,6 +158,24 @@ async def run_faults(
             if faults.settled(kind, n) and fleet.pid_of(kind, n) is None:
                 await asyncio.to_thread(_restart_exited, kind, n, faults, now)
         await asyncio.sleep(0.25)
+    if node_task is not None:
+        await node_task  # the last node killed is started again before the run settles
+
+
+async def _kill_node(
+    cfg: Config, layout: kafka_broker.BrokerLayout, rng: random.Random, faults: Faults, now: Callable[[], str]
+) -> None:
+    nodes = [node.node_id for node in layout.nodes]
+    try:
+        node_id, why = await choose_victim(layout.bootstrap, nodes, rng, cfg.guarantee == "exactly_once")
+    except Exception as exc:  # the metadata could not be had: any node will do
+        node_id, why = rng.choice(nodes), f"at random ({type(exc).__name__})"
+    down_s = rng.uniform(*cfg.node_down_s)
+    faults.nodes.kills += 1
+    faults.nodes.reasons[why] += 1
+    faults.nodes.log.append(f"{now()} node {node_id} ({why}) down for {down_s:.0f}s")
+    say(f"{now()} killing broker node {node_id}: {why}")
+    await asyncio.to_thread(kill_and_restart, layout, node_id, down_s, lambda message: say(f"{now()} {message}"))
 
 
 def _restart_exited(kind: fleet.ServiceKind, n: int, faults: Faults, now: Callable[[], str]) -> None:
@@ -247,6 +283,10 @@ async def chaos(cfg: Config, layout: kafka_broker.BrokerLayout) -> int:
     stop_at = time.monotonic() + cfg.seconds
     load_task = asyncio.create_task(load.run())
     fault_task = asyncio.create_task(run_faults(cfg, layout, stop_at, faults, now))
+    # What the faults cost while they happen (see tools/chaos/nodes.py).
+    pauses = PauseWatch(bootstrap)
+    probe = ReadProbe(urls("validator"), sorted(plan.model.named_accounts))
+    watchers = [asyncio.create_task(pauses.run(stop_at, time.monotonic())), asyncio.create_task(probe.run(stop_at))]
     total = plan.steps()
     while not (load_task.done() and fault_task.done()):
         await asyncio.wait({load_task, fault_task}, timeout=10, return_when=asyncio.FIRST_EXCEPTION)
@@ -257,9 +297,11 @@ async def chaos(cfg: Config, layout: kafka_broker.BrokerLayout) -> int:
                 raise task.exception()  # type: ignore[misc]
         say(
             f"{now()} load: {load.done_steps}/{total} steps sent; {faults.kills} instances killed "
-            f"({faults.wipes} wiped), broker killed {faults.broker_kills}x"
+            f"({faults.wipes} wiped), "
+            + (f"broker killed {faults.broker_kills}x" if cfg.brokers == 1 else f"broker nodes killed {faults.nodes.kills}x")
         )
     stats = load_task.result()
+    await asyncio.gather(*watchers, return_exceptions=True)
     say(f"{now()} load done: " + ", ".join(f"{k} {v}" for k, v in sorted(stats.sent.items())))
 
     await asyncio.to_thread(wait_fleet_ready, cfg.ready_timeout_s, now, faults)
@@ -283,20 +325,44 @@ async def chaos(cfg: Config, layout: kafka_broker.BrokerLayout) -> int:
             f"dead letters lost {report.dead_letters_lost}"
         )
         await asyncio.sleep(5)
-    print_summary(cfg, plan, faults, report, now)
+    print_summary(cfg, plan, faults, report, now, pauses, probe)
     return 0 if report.ok else 1
 
 
-def print_summary(cfg: Config, plan: Plan, faults: Faults, report: Report, now: Callable[[], str]) -> None:
+def print_summary(
+    cfg: Config,
+    plan: Plan,
+    faults: Faults,
+    report: Report,
+    now: Callable[[], str],
+    pauses: PauseWatch | None = None,
+    probe: ReadProbe | None = None,
+) -> None:
+    broker = (
+        f"the broker SIGKILLed {faults.broker_kills}x"
+        if cfg.brokers == 1
+        else f"{faults.nodes.kills} of {cfg.brokers} broker nodes SIGKILLed and started again ("
+        + ", ".join(f"{n} {why}" for why, n in sorted(faults.nodes.reasons.items()))
+        + ")"
+    )
     say(
         f"{now()} faults: {faults.kills} instances SIGKILLed ({faults.wipes} with their data dir deleted), "
-        f"the broker SIGKILLed {faults.broker_kills}x; {len(faults.exited)} exited on their own and were started again"
+        f"{broker}; {len(faults.exited)} exited on their own and were started again"
     )
+    for line in faults.exited:
+        say(f"  {line}")
+    if pauses is not None and probe is not None:
+        say(
+            f"{now()} cost of the faults: the validator's longest processing pause {pauses.longest_s:.1f}s "
+            f"(from {pauses.longest_at:.0f}s into the load); reads {probe.failed} failed of {probe.reads}, "
+            f"longest failing {probe.longest_failing_s:.1f}s"
+        )
     if report.problems:
         say(f"problems ({len(report.problems)}; the first 40):")
         for problem in report.problems[:40]:
             say(f"  {problem}")
-    say(f"\nchaos run, seed {cfg.seed}, {cfg.seconds:.0f}s, {INSTANCES} instances per service, {cfg.guarantee}:")
+    nodes = f", {cfg.brokers} broker nodes" if cfg.brokers > 1 else ""
+    say(f"\nchaos run, seed {cfg.seed}, {cfg.seconds:.0f}s, {INSTANCES} instances per service{nodes}, {cfg.guarantee}:")
     say(report.table())
     if report.ok:
         result = "nothing lost, nothing wrong" + (", nothing delivered twice" if report.exactly_once else "")
@@ -322,7 +388,10 @@ def run(cfg: Config) -> int:
             raise SystemExit(f"the chaos run kills its broker and deletes its {what}: {path} must be under {home}")
     # A fresh fleet and broker storage each run (the broker's resolved jars are kept).
     shutil.rmtree(fleet.FLEET_HOME, ignore_errors=True)
-    shutil.rmtree(layout.data, ignore_errors=True)
+    # Every node's storage, and the cluster id kept beside them: a node formatted afresh among
+    # nodes that kept a former run's storage would not form one cluster with them, and the
+    # former run's records (the same seed, the same ids) would be read as this run's.
+    kafka_broker.reset_storage(layout)
     try:
         return asyncio.run(chaos(cfg, layout))
     finally:

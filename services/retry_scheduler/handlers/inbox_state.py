@@ -189,8 +189,11 @@ class InboxState:
             self.finish(batch, current_key, current_entry, done=None)
         if letter.parked:
             parked_raw = batch.read(self.parked, idk)
-            if parked_raw is not None and decode_entry(parked_raw).attempt > letter.attempt:
-                DUPLICATES.labels("stale").inc()
+            parked_attempt = decode_entry(parked_raw).attempt if parked_raw is not None else None
+            if parked_attempt is not None and parked_attempt >= letter.attempt:
+                # The same attempt again (a dead letter written twice) is parked already: a second
+                # record on the parking lot would be a repeat that exactly_once promises not to write.
+                DUPLICATES.labels("parked" if parked_attempt == letter.attempt else "stale").inc()
                 return False
         stored = letter.stored
         if isinstance(current, Done):  # back after a redelivery: it takes its history along

@@ -83,3 +83,15 @@ def test_a_letter_out_of_attempts_is_parked(scheduler: tuple[RetrySchedulerServi
     entry = service.stats.parked_entry("d1")
     assert entry is not None and entry.attempt == 3
     assert service.stats.scheduled_entry("d1") is None
+
+
+def test_the_same_attempt_of_a_parked_letter_again_is_not_parked_twice(
+    scheduler: tuple[RetrySchedulerService, TopologyDriver],
+) -> None:
+    """A dead letter written twice (its producer's retry, a replay): one record on the parking lot."""
+    service, driver = scheduler
+    send_letter(service, driver, "d1", attempt=3)
+    send_letter(service, driver, "d1", attempt=3)
+    assert len(driver.outputs(service.topics.parking_lot)) == 1
+    entry = service.stats.parked_entry("d1")
+    assert entry is not None and entry.attempt == 3

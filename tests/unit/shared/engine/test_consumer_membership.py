@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from faust.types import TP
 
 from shared.engine._consumer import (
     _BATCH_GENERATION,
@@ -125,3 +126,35 @@ def test_a_batch_of_an_older_generation_still_writing_closes_the_gate() -> None:
 def test_with_no_batch_delivering_the_current_generation_decides() -> None:
     assert may_write(writing(FakeThread(confirmed_ago_s=0.1), {}))
     assert not may_write(writing(FakeThread(confirmed_ago_s=0.1, current=False), {}))
+
+
+def owning(tp: Any, *, assigned: bool = True, flow: bool = True, stopping: bool = False, generation: int = 5) -> Any:
+    """A consumer, as ``ensure_owner`` sees it, delivering a batch of generation 5."""
+    fake = consumer(FakeThread(confirmed_ago_s=1.0))
+    fake._still_member = lambda g: BatchConsumer._still_member(fake, g)
+    fake.ensure_member = lambda: BatchConsumer.ensure_member(fake)
+    fake.assignment = lambda: {tp} if assigned else set()
+    fake.flow_active = flow
+    fake.should_stop = stopping
+    fake.app = SimpleNamespace(consumer_generation_id=generation)
+    return fake
+
+
+def ensure_owner(fake: Any, tp: Any) -> None:
+    async def retry_in_batch() -> None:
+        _BATCH_GENERATION.set(5)
+        await BatchConsumer.ensure_owner(fake, tp)
+
+    asyncio.run(retry_in_batch())
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"assigned": False}, {"flow": False}, {"stopping": True}, {"generation": 6}],
+    ids=["revoked", "rebalancing", "stopping", "next-generation"],
+)
+def test_a_failed_batch_is_retried_only_while_its_partition_is_still_ours(change: dict[str, Any]) -> None:
+    tp = TP("in", 3)
+    ensure_owner(owning(tp), tp)  # ours: no error
+    with pytest.raises(NotAMember):
+        ensure_owner(owning(tp, **change), tp)
