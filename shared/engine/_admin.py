@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import ClusterAuthorizationFailedError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import ClusterAuthorizationFailedError, KafkaTimeoutError, TopicAlreadyExistsError, for_code
 
 from shared.engine._access import BrokerAccessDenied, check_created, check_group, check_visible, who
 from shared.engine._clients import client_kwargs, started_when_reachable
@@ -102,11 +102,44 @@ def resolve_replication_factor(settings: Settings) -> int:
         return pool.submit(asyncio.run, replication_factor(settings)).result()
 
 
+#: How long topic creation goes on trying through the brokers' passing errors (a node
+#: restarting, a controller moving) before the worker gives up, and its first and longest waits.
+ENSURE_TOPICS_PATIENCE_S = 300.0
+ENSURE_TOPICS_RETRY_FIRST_S = 0.5
+ENSURE_TOPICS_RETRY_MAX_S = 5.0
+
+
+def passing(exc: BaseException) -> bool:
+    """Whether a broker's error is one that goes away by itself: a node not ready or restarting,
+    a request that timed out, a controller or leader moving (aiokafka's ``retriable``)."""
+    return isinstance(exc, KafkaTimeoutError) or bool(getattr(exc, "retriable", False))
+
+
 async def ensure_topics_async(settings: Settings, specs: list[TopicSpec], group: str | None = None) -> None:
     """Create what is missing of ``specs``, waiting for the brokers to answer if they do not yet.
 
+    A node of a replicated cluster that dies or restarts meanwhile fails requests with errors
+    that pass (see :func:`passing`): the whole step is tried again, for up to
+    :data:`ENSURE_TOPICS_PATIENCE_S`, so that a worker started at that moment does not exit.
+
     Raises :class:`~shared.engine._access.BrokerAccessDenied` when the brokers refuse these
     settings' credentials, or the ACLs deny the topics (or consumer ``group``) to their user."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ENSURE_TOPICS_PATIENCE_S
+    delay = ENSURE_TOPICS_RETRY_FIRST_S
+    while True:
+        try:
+            await _ensure_topics_once(settings, specs, group)
+            return
+        except Exception as exc:
+            if not passing(exc) or loop.time() + delay > deadline:
+                raise
+            log.warning("topic creation: %s: %s; trying again in %.1fs", type(exc).__name__, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, ENSURE_TOPICS_RETRY_MAX_S)
+
+
+async def _ensure_topics_once(settings: Settings, specs: list[TopicSpec], group: str | None) -> None:
     admin = await started_when_reachable(lambda: _Admin(**client_kwargs(settings)), "topic creation", settings)
     try:
         existing = set(await admin.list_topics())
