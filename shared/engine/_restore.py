@@ -19,18 +19,19 @@ the persisted offset, and Faust's own offset for the partition, after each write
 Faust's reader then starts from there, reads whatever arrived since, and runs the
 tables' ``on_recover`` callbacks as before.
 
+A crash mid-restore leaves rows and offset consistent: the rows of a batch are written
+before the offset that covers them, and re-applying a changelog record is harmless (last
+write wins, in log order).
+
 The restore runs in Faust's highwater step, which Faust bounds by ``broker_request_timeout``
 (90 s; it stops recovering for good when a step runs out of it). So it goes in rounds: when a
 round's budget (:meth:`BulkRestoringRecovery.round_budget_s`) is over with partitions left,
 the step ends by restarting Faust's recovery steps, as a new rebalance would, and the next
 round's highwater step goes on from the persisted offsets. Every assigned partition is thus
 carried to its changelog's end in bulk, whatever its size, before Faust's reader starts
-(10,000,000 stored entries left about 19 of 20 million records to Faust's reader before: 24.8
-minutes instead of a few). The setting itself is also the clients' request timeout, so it
+(10,000,000 stored entries left about 13 of 20 million records to Faust's reader before: 24.8
+minutes to ready). The setting itself is also the clients' request timeout, so it
 is left as it is.
-A crash mid-restore leaves rows and offset consistent: the rows of a batch are written
-before the offset that covers them, and re-applying a changelog record is harmless (last
-write wins, in log order).
 
 It runs in Faust's recovery service, after the rebalance has completed: the consumer
 heartbeats meanwhile, and a new rebalance cancels it as it cancels Faust's own steps.
