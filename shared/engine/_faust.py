@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, MutableMapping
-from typing import Any, TextIO, cast
+from typing import Any, NoReturn, TextIO, cast
 
 import faust
 from aiokafka import AIOKafkaConsumer
@@ -35,7 +35,7 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, Cons
 from faust.assignor import PartitionAssignor
 from faust.assignor.client_assignment import ClientAssignment, ClientMetadata
 from faust.tables.manager import TableManager
-from faust.tables.recovery import Recovery
+from faust.tables.recovery import RebalanceAgain, Recovery
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP, ConsumerT, TableT
 from rocksdict import Rdict
@@ -412,6 +412,14 @@ class RecoveryHooks(Recovery):
     async def build_offsets(self, consumer: ConsumerT, tps: set[TP], destination: Any, title: str) -> None:
         """Read the earliest offsets of changelog partitions ``tps`` into ``destination``."""
         await super()._build_offsets(consumer, tps, destination, title)
+
+    def run_steps_again(self) -> NoReturn:
+        """End the running recovery step and have Faust's recovery task run its steps again from
+        the first, as it does when a new rebalance comes (with the same assignment and
+        generation): its recovery signal is set, and the step raises Faust's "rebalance again",
+        which the task answers by starting over once the signal is set."""
+        self.signal_recovery_start.set()
+        raise RebalanceAgain()
 
 
 class TableManagerHooks(TableManager):

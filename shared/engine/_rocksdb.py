@@ -270,6 +270,24 @@ class PartitionWrite:
         else:
             self.put(key, value)
 
+    def apply_records(self, records: Iterable[Any]) -> None:
+        """Changelog records (anything with ``key`` and ``value``, a None value a tombstone), in
+        order: :meth:`apply` for each, written out here because a bulk restore spends on this
+        loop most of the Python time that is its own (the method calls and lookups per record
+        cost about a third of it)."""
+        put, delete, engine, prefix = self.batch.put, self.batch.delete, self._engine, NEXT_OFFSET_PREFIX
+        for record in records:
+            key, value = record.key, record.value
+            if key.startswith(prefix):
+                if value is None:
+                    delete(key, column_family=engine)
+                else:
+                    put(key, value, column_family=engine)
+            elif value is None:
+                delete(key)
+            else:
+                put(key, value)
+
     def set_persisted_offset(self, offset: int) -> None:
         """Faust's persisted changelog offset (the last offset applied)."""
         self.batch.put(FAUST_OFFSET_KEY, str(offset).encode(), column_family=self._engine)

@@ -52,7 +52,7 @@ from shared.engine import SharedMemoryOptions, partition_for
 from shared.engine.clients import TopicSpec, delete_topics_with_prefix, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
 from tools import web
-from tools.bench.common import bootstrap, machine, stop_worker
+from tools.bench.common import bootstrap, machine, raw_consume_rate, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
@@ -299,6 +299,10 @@ class ServiceRun:
     lateness: tuple[int | None, int | None, int | None]
     raw_produce_rate: float
     backlog_rate: float | None = None
+    #: Changelog records restored at start-up, over the restore's seconds (assignment to actives
+    #: recovered), and the bare aiokafka consumer's rate over the same changelogs, same run.
+    restore_rate: float | None = None
+    raw_consume_rate: float | None = None
 
 
 def scheduled_total(url: str) -> int:
@@ -323,6 +327,17 @@ def wait_until(predicate: Any, timeout: float, what: str) -> Any:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def restore_figures(url: str) -> tuple[float, float]:
+    """The worker's restore from its metrics: (changelog records restored, seconds restoring)."""
+    records = seconds = 0.0
+    for line in web.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("statefleet_restored_records_total{") and 'source="changelog"' in line:
+            records += float(line.split()[-1])
+        elif line.startswith("statefleet_restore_seconds_sum{"):
+            seconds += float(line.split()[-1])
+    return records, seconds
+
+
 def stats(url: str) -> dict[str, Any]:
     out: dict[str, Any] = web.get(url + "/retries/stats", timeout=30).json()
     return out
@@ -336,6 +351,12 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
     t0 = time.perf_counter()
     asyncio.run(prefill_changelogs(prefix, stored - due))
     log(f"service, {stored:,} stored: pre-loaded {stored - due:,} entries into the changelogs in {time.perf_counter() - t0:.1f}s")
+    # The baseline of the restore: a bare aiokafka consumer reading the same changelogs, just before.
+    raw_consume: float | None = None
+    if stored > due:
+        topics = [changelog(prefix, "schedule"), changelog(prefix, "index")]
+        raw_records, raw_s = asyncio.run(raw_consume_rate(topics, 2 * (stored - due)))
+        raw_consume = raw_records / raw_s
     with tempfile.TemporaryDirectory() as data_dir:
         env = {
             # The caller's PYTHONPATH after the repository's (e.g. a profiling hook).
@@ -383,7 +404,15 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
                 wait_until(ready, 1800, "the worker to restore its tables")
                 ready_s = time.perf_counter() - started
                 assert stats(url)["scheduled"] == stored - due, stats(url)["scheduled"]
+                restored, restore_s = restore_figures(url)
+                restore_rate = restored / restore_s if restore_s > 0 else None
                 log(f"service, {stored:,} stored: ready after {ready_s:.1f}s (restore included)")
+                if restore_rate is not None and raw_consume is not None:
+                    log(
+                        f"service, {stored:,} stored: restored {restored:,.0f} changelog records in {restore_s:.1f}s = "
+                        f"{restore_rate:,.0f}/s; bare aiokafka consumer, same changelogs: {raw_consume:,.0f}/s "
+                        f"(ratio {restore_rate / raw_consume:.2f})"
+                    )
 
                 # -- one tick with `due` due among `stored` --------------------------------------
                 failed_at = int(time.time() * 1000)  # due BASE_DELAY_MS from now, all at the same instant
@@ -432,6 +461,8 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
                     redelivery_rate=burst / span_s,
                     lateness=(percentile(late, 50), percentile(late, 99), late[-1] if late else None),
                     raw_produce_rate=burst / raw_s,
+                    restore_rate=restore_rate,
+                    raw_consume_rate=raw_consume,
                 )
                 log(
                     f"service, {stored:,} stored, burst of {burst:,}: read and scheduled at {run.ingest_rate:,.0f}/s; "

@@ -1,0 +1,235 @@
+"""The bulk restore's loop (``shared/engine/_restore.py``) on real rocksdict databases, reading
+an in-memory changelog: tombstones delete, next-offset rows land in the engine family, the
+persisted offset never covers a row not written yet, a cancellation (a new rebalance) leaves
+rows and offset consistent, and a restore stopped by its budget goes on in the next round."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from aiokafka import TopicPartition
+from faust.tables.recovery import RebalanceAgain
+from rocksdict import Rdict
+
+from shared.engine._faust import RecoveryHooks
+from shared.engine._restore import ChangelogReader, PartitionTarget, RestoreResult
+from shared.engine._rocksdb import NEXT_OFFSET_PREFIX, engine_family, open_partition_db, persisted_offset, set_persisted_offset
+from shared.settings import Settings
+
+TOPIC = "svc-table-changelog"
+P0, P1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+
+
+@dataclass(frozen=True)
+class Record:
+    offset: int
+    key: bytes
+    value: bytes | None
+
+
+class InMemoryChangelog:
+    """The consumer calls the bulk restore makes, answered from lists of records (offsets may
+    skip, as in a compacted changelog). ``hold_at_fetch``: that fetch (1-based) waits until
+    :attr:`release` is set, so a test can cancel the restore there."""
+
+    def __init__(self, logs: Mapping[TopicPartition, list[Record]], per_fetch: int = 3, hold_at_fetch: int | None = None):
+        self.logs = logs
+        self.per_fetch = per_fetch
+        self.positions: dict[TopicPartition, int] = {}
+        self.fetches = 0
+        self.hold_at_fetch = hold_at_fetch
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def end(self, tp: TopicPartition) -> int:
+        log = self.logs[tp]
+        return log[-1].offset + 1 if log else 0
+
+    async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.end(tp) for tp in tps}
+
+    def assign(self, tps: Iterable[TopicPartition]) -> None:
+        self.positions = dict.fromkeys(tps, 0)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.positions[tp] = offset
+
+    def unsubscribe(self) -> None:
+        self.positions = {}
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.positions[tp]
+
+    async def getmany(self, *tps: TopicPartition, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, list[Record]]:
+        self.fetches += 1
+        if self.fetches == self.hold_at_fetch:
+            self.holding.set()
+            await self.release.wait()
+        out: dict[Any, list[Record]] = {}
+        for tp in tps:
+            batch = [r for r in self.logs[tp] if r.offset >= self.positions[tp]][: self.per_fetch]
+            if batch:
+                out[tp] = batch
+                self.positions[tp] = batch[-1].offset + 1
+            else:
+                self.positions[tp] = max(self.positions[tp], self.end(tp))
+        return out
+
+
+class Partition:
+    """A partition database as the engine opens it; each offset written is checked against the
+    rows already there (the offset must never cover a row not written yet)."""
+
+    def __init__(self, path: Path, log: list[Record]) -> None:
+        self._db = open_partition_db(path)
+        self.log = log
+        self.offsets_written: list[int] = []
+
+    def db(self) -> Rdict:
+        return self._db
+
+    def persisted_offset(self) -> int | None:
+        return persisted_offset(self._db)
+
+    def set_persisted_offset(self, offset: int) -> None:
+        assert self.state() == expected_state(self.log, offset), f"offset {offset} written before its rows"
+        set_persisted_offset(self._db, offset)
+        self.offsets_written.append(offset)
+
+    def state(self) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+        """(service rows, next-offset rows)."""
+        engine = engine_family(self._db)
+        rows = {cast(bytes, k): cast(bytes, v) for k, v in self._db.items()}
+        engine_rows = {cast(bytes, k): cast(bytes, v) for k, v in engine.items() if cast(bytes, k).startswith(NEXT_OFFSET_PREFIX)}
+        return rows, engine_rows
+
+
+def expected_state(log: list[Record], up_to: int | None) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+    """Rows and next-offset rows after the records up to offset ``up_to`` (None: all of them)."""
+    rows: dict[bytes, bytes] = {}
+    engine_rows: dict[bytes, bytes] = {}
+    for record in log:
+        if up_to is not None and record.offset > up_to:
+            break
+        family = engine_rows if record.key.startswith(NEXT_OFFSET_PREFIX) else rows
+        if record.value is None:
+            family.pop(record.key, None)
+        else:
+            family[record.key] = record.value
+    return rows, engine_rows
+
+
+def history(partition: int, n: int) -> list[Record]:
+    """Writes, overwrites, tombstones and next-offset rows, at offsets with compaction gaps."""
+    out: list[Record] = []
+    offset = 0
+    for i in range(n):
+        key = f"k{partition}-{i % 7}".encode()
+        if i % 5 == 4:
+            out.append(Record(offset, key, None))  # a tombstone
+        elif i % 4 == 3:
+            out.append(Record(offset, NEXT_OFFSET_PREFIX + f"input-{i % 2}".encode(), str(i).encode()))
+        else:
+            out.append(Record(offset, key, f"v{i}".encode()))
+        offset += 2 if i % 6 == 5 else 1  # a gap: compacted away
+    out.append(Record(offset, NEXT_OFFSET_PREFIX + b"input-0", None))  # a next-offset row deleted
+    return out
+
+
+def reader_over(changelog: InMemoryChangelog) -> ChangelogReader:
+    reader = ChangelogReader(Settings())
+    reader._consumer = cast(Any, changelog)  # the reader's consumer: the in-memory changelog
+    return reader
+
+
+@pytest.fixture
+def logs() -> dict[TopicPartition, list[Record]]:
+    return {P0: history(0, 40), P1: history(1, 25)}
+
+
+@pytest.fixture
+def targets(tmp_path: Path, logs: dict[TopicPartition, list[Record]]) -> dict[TopicPartition, Partition]:
+    return {tp: Partition(tmp_path / f"p{tp.partition}", log) for tp, log in logs.items()}
+
+
+async def test_a_restore_applies_the_changelog_rows_to_their_families(
+    logs: dict[TopicPartition, list[Record]], targets: dict[TopicPartition, Partition]
+) -> None:
+    result = await reader_over(InMemoryChangelog(logs)).restore(cast(Mapping[TopicPartition, PartitionTarget], targets), 1)
+
+    assert result.records == sum(len(log) for log in logs.values())
+    assert (result.partitions, result.left) == (2, 0)
+    for tp, target in targets.items():
+        rows, engine_rows = target.state()
+        assert (rows, engine_rows) == expected_state(logs[tp], None)
+        assert not any(k.startswith(b"k") for k in engine_rows) and not any(k.startswith(NEXT_OFFSET_PREFIX) for k in rows)
+        assert NEXT_OFFSET_PREFIX + b"input-1" in engine_rows
+        assert NEXT_OFFSET_PREFIX + b"input-0" not in engine_rows  # its tombstone is the last record
+        if tp == P0:
+            assert b"k0-4" not in rows and b"k0-3" in rows  # the last record but one deletes k0-4
+        assert target.persisted_offset() == logs[tp][-1].offset
+        # one offset per fetch, each after its rows (checked as it was written), rising
+        assert target.offsets_written == sorted(target.offsets_written) and len(target.offsets_written) > 1
+
+
+async def test_only_the_tail_past_the_persisted_offset_is_read(
+    logs: dict[TopicPartition, list[Record]], targets: dict[TopicPartition, Partition]
+) -> None:
+    await reader_over(InMemoryChangelog(logs)).restore(cast(Mapping[TopicPartition, PartitionTarget], targets), 1)
+    logs[P0].append(Record(logs[P0][-1].offset + 1, b"k0-new", b"late"))
+
+    again = await reader_over(InMemoryChangelog(logs)).restore(cast(Mapping[TopicPartition, PartitionTarget], targets), 1)
+
+    assert (again.records, again.partitions) == (1, 1)
+    assert targets[P0].state() == expected_state(logs[P0], None)
+
+
+async def test_a_cancelled_restore_leaves_rows_and_offset_consistent_and_the_next_one_finishes(
+    logs: dict[TopicPartition, list[Record]], targets: dict[TopicPartition, Partition]
+) -> None:
+    changelog = InMemoryChangelog(logs, hold_at_fetch=4)
+    restore = asyncio.ensure_future(reader_over(changelog).restore(cast(Mapping[TopicPartition, PartitionTarget], targets), 1))
+    await asyncio.wait_for(changelog.holding.wait(), 10)
+    restore.cancel()  # a new rebalance, while the restore waits for a fetch
+    with pytest.raises(asyncio.CancelledError):
+        await restore
+
+    for tp, target in targets.items():
+        offset = target.persisted_offset()
+        assert offset is not None and offset < logs[tp][-1].offset  # part of the way
+        assert target.state() == expected_state(logs[tp], offset)
+
+    await reader_over(InMemoryChangelog(logs)).restore(cast(Mapping[TopicPartition, PartitionTarget], targets), 1)
+    for tp, target in targets.items():
+        assert target.state() == expected_state(logs[tp], None)
+        assert target.persisted_offset() == logs[tp][-1].offset
+
+
+async def test_a_restore_out_of_budget_says_how_many_partitions_are_left_and_the_next_round_goes_on(
+    logs: dict[TopicPartition, list[Record]], targets: dict[TopicPartition, Partition]
+) -> None:
+    first = await reader_over(InMemoryChangelog(logs)).restore(
+        cast(Mapping[TopicPartition, PartitionTarget], targets), 1, budget_s=0.0
+    )
+    assert first == RestoreResult(first.records, first.seconds, 2, left=2)
+
+    rounds = 1
+    result = first
+    while result.left:
+        result = await reader_over(InMemoryChangelog(logs)).restore(cast(Mapping[TopicPartition, PartitionTarget], targets), 1)
+        rounds += 1
+    assert rounds == 2
+    for tp, target in targets.items():
+        assert target.state() == expected_state(logs[tp], None)
+
+
+async def test_a_round_ends_by_running_faust_s_recovery_steps_again() -> None:
+    recovery = cast(Any, type("Recovery", (), {"signal_recovery_start": asyncio.Event()})())
+    with pytest.raises(RebalanceAgain):
+        RecoveryHooks.run_steps_again(recovery)
+    assert recovery.signal_recovery_start.is_set()  # Faust's recovery task starts over on it
