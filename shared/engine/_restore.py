@@ -71,7 +71,7 @@ from shared.engine._clients import ISOLATION_LEVEL, client_kwargs
 from shared.engine._copies import note_incarnations
 from shared.engine._faust import RecoveryHooks, TableManagerHooks, consumer_partition_state, store_partition_db
 from shared.engine._identity import ChangelogNow, Incarnation, check_partition, current_incarnations, discard, record
-from shared.engine._rocksdb import PartitionWrite
+from shared.engine._rocksdb import PartitionWrite, persisted_offset
 from shared.metrics import LOCAL_STATE_DISCARDED, RESTORE_SECONDS, RESTORED_RECORDS
 from shared.settings import Settings
 
@@ -234,6 +234,18 @@ class ChangelogReader:
         starts = await consumer.beginning_offsets(tps)
         ends = await consumer.end_offsets(tps)
         return {tp: (int(starts[tp]), int(ends[tp])) for tp in tps}
+
+    async def high_watermarks(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Each partition's end offset counting every record written (read_uncommitted): a
+        transaction's records are behind the end a committed reader gets (the last stable offset)
+        until the broker has written its commit marker, which it does after the commit has
+        returned to the producer, so a worker that just committed is ahead of that end."""
+        consumer = AIOKafkaConsumer(**client_kwargs(self.settings), enable_auto_commit=False, isolation_level="read_uncommitted")
+        await consumer.start()
+        try:
+            return {tp: int(end) for tp, end in (await consumer.end_offsets(tps)).items()}
+        finally:
+            await consumer.stop()
 
     async def read_range(self, tp: TopicPartition, low: int, high: int) -> list[tuple[int, bytes, bytes | None]]:
         """The committed records of ``tp`` from offset ``low`` to ``high`` inclusive: (offset, key, value)."""
@@ -534,9 +546,15 @@ class BulkRestoringRecovery(RecoveryHooks):
             incarnations = {}
         note_incarnations(cast(faust.App, self.app), incarnations)
         bounds = await reader.bounds(list(stores))
+        dbs = {tp: store_partition_db(store, tp.partition) for tp, store in stores.items()}
+        # Ahead of the committed end is not shorter than the changelog when the records are there,
+        # their transaction committed and its marker not written yet: measured against every record.
+        ahead = [tp for tp, db in dbs.items() if (offset := persisted_offset(db)) is not None and offset + 1 > bounds[tp][1]]
+        if ahead:
+            written = await reader.high_watermarks(ahead)
+            bounds.update({tp: (bounds[tp][0], max(bounds[tp][1], written[tp])) for tp in ahead})
         service = _SERVICES.get(cast(faust.App, self.app), "")
-        for tp, store in stores.items():
-            db = store_partition_db(store, tp.partition)
+        for tp, db in dbs.items():
             current = incarnations.get(tp.topic)
             start, end = bounds[tp]
             verdict = await check_partition(db, ChangelogNow(current, start, end), functools.partial(reader.read_range, tp))

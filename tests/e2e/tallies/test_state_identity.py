@@ -70,9 +70,28 @@ async def create(admin: AIOKafkaAdminClient, topics: dict[str, bool]) -> None:
     await wait_for_async(led, 30, interval=0.1, message="the recreated topics led")
 
 
-def count(proc: ServiceProcess, history: History, topics: dict[str, str], connection: dict[str, Any] | None = None) -> None:
+def count(history: History, topics: dict[str, str], connection: dict[str, Any] | None = None) -> None:
+    """Send ``history`` to the tallies' inputs."""
     produce(topics["events"], history.events, connection=connection)
     produce(topics["logins"], history.logins, connection=connection)
+
+
+def counted_and_stopped(start_tallies: Any, instance: str, history: History, topics: dict[str, str]) -> None:
+    """Instance ``instance`` counts ``history`` to exact tallies, and stops."""
+    proc = start_tallies(instance, **ENV)
+    count(history, topics)
+    assert_tallies_settle(proc, history.expected)
+    proc.stop()
+
+
+def back_after_another_counted(start_tallies: Any, topics: dict[str, str], prefix: str, history: History) -> ServiceProcess:
+    """The topics recreated and ``history`` counted on them by instance b (a fresh data dir);
+    then instance a, started again on its old data dir, serves exact tallies of ``history``."""
+    recreate(BOOTSTRAP, prefix, topics_of(topics))
+    counted_and_stopped(start_tallies, "b", history, topics)
+    back: ServiceProcess = start_tallies("a", **ENV)
+    assert_tallies_settle(back, history.expected)
+    return back
 
 
 def discarded(proc: ServiceProcess) -> dict[str, float]:
@@ -101,19 +120,8 @@ def log_of(proc: ServiceProcess) -> str:
 def test_topics_recreated_under_the_same_names(  # type: ignore[no-untyped-def]
     start_tallies, tally_topics, prefix, first: History, second: History, cause: str, said: str
 ) -> None:
-    old = start_tallies("a", **ENV)
-    count(old, first, tally_topics)
-    assert_tallies_settle(old, first.expected)
-    old.stop()
-
-    recreate(BOOTSTRAP, prefix, topics_of(tally_topics))
-    other = start_tallies("b", **ENV)
-    count(other, second, tally_topics)
-    assert_tallies_settle(other, second.expected)
-    other.stop()
-
-    back = start_tallies("a", **ENV)
-    assert_tallies_settle(back, second.expected)
+    counted_and_stopped(start_tallies, "a", first, tally_topics)
+    back = back_after_another_counted(start_tallies, tally_topics, prefix, second)
     log = log_of(back)
     assert DISCARDED in log and said in log, log[-3000:]
     assert "ConsistencyError" not in log
@@ -126,21 +134,11 @@ def test_an_earlier_layout_under_a_recreated_longer_changelog(  # type: ignore[n
     """No incarnation recorded (a data dir of an earlier version): its rows are compared with the
     new changelog and found to be another's."""
     first, second = generate(6, 30, seed=45), generate(6, 60, seed=46)
-    old = start_tallies("a", **ENV)
-    count(old, first, tally_topics)
-    assert_tallies_settle(old, first.expected)
-    old.stop()
+    counted_and_stopped(start_tallies, "a", first, tally_topics)
     databases = partition_databases(Path(service_env["STATEFLEET_DATA_DIR"]) / "tallies" / "a")
     assert databases and sum(to_earlier_layout(path) for path in databases) > 0
 
-    recreate(BOOTSTRAP, prefix, topics_of(tally_topics))
-    other = start_tallies("b", **ENV)
-    count(other, second, tally_topics)
-    assert_tallies_settle(other, second.expected)
-    other.stop()
-
-    back = start_tallies("a", **ENV)
-    assert_tallies_settle(back, second.expected)
+    back = back_after_another_counted(start_tallies, tally_topics, prefix, second)
     log = log_of(back)
     assert f"engine rows to the {ENGINE_FAMILY!r}" in log  # opened as an earlier layout
     assert "differ from the changelog" in log, log[-3000:]
@@ -150,11 +148,7 @@ def test_an_earlier_layout_under_a_recreated_longer_changelog(  # type: ignore[n
 def test_the_same_data_dir_of_the_same_topics_is_kept(start_tallies, tally_topics) -> None:  # type: ignore[no-untyped-def]
     """The check costs a restart that kept its volume nothing: no state discarded, nothing read again."""
     history = generate(6, 30, seed=47)
-    proc = start_tallies("a", **ENV)
-    count(proc, history, tally_topics)
-    assert_tallies_settle(proc, history.expected)
-    wait_all_input_consumed(proc)
-    proc.stop()
+    counted_and_stopped(start_tallies, "a", history, tally_topics)
     again = start_tallies("a", **ENV)
     assert_tallies_settle(again, history.expected)
     assert DISCARDED not in log_of(again)
@@ -180,10 +174,7 @@ def test_another_cluster_under_the_same_names(  # type: ignore[no-untyped-def]
     start_tallies, tally_topics, service_env, second_cluster
 ) -> None:
     first, second = generate(6, 30, seed=48), generate(6, 45, seed=49)
-    old = start_tallies("a", **ENV)
-    count(old, first, tally_topics)
-    assert_tallies_settle(old, first.expected)
-    old.stop()
+    counted_and_stopped(start_tallies, "a", first, tally_topics)
 
     there = {"STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": second_cluster.bootstrap, **ENV}
     connection = {"bootstrap_servers": second_cluster.bootstrap}
@@ -198,7 +189,7 @@ def test_another_cluster_under_the_same_names(  # type: ignore[no-untyped-def]
 
     asyncio.run(topics_there())
     other = start_tallies("b", **there)
-    count(other, second, tally_topics, connection)
+    count(second, tally_topics, connection)
     # Waited for over HTTP: the suite's helpers that read consumer groups ask the main broker.
     wait_for(lambda: all_tallies(other) == second.expected, timeout=120, message="tallies counted on the second cluster")
     other.stop()
