@@ -11,13 +11,14 @@ partition, as GET /parked is.
 from __future__ import annotations
 
 from base64 import b64decode, b64encode
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from services.retry_scheduler.handlers.ordered import LaneAction
+from services.retry_scheduler.handlers.ordered import LANE_ACTIONS, LaneAction
 from services.retry_scheduler.models import key_text
 from services.retry_scheduler.routes.common import AUTH, BUSY, COMMAND_BUSY, LIST_ERRORS, SCAN_BUDGET, Cursor, Limit, service_of
 from services.retry_scheduler.routes.pages import cursor_after, merge_pages
@@ -40,7 +41,6 @@ BLOCKED = "ordered-keys"
 
 OrderedTopic = Annotated[str, Query(min_length=1, max_length=249, description="The origin topic (an ordered one)")]
 OriginalKey = Annotated[str, Query(min_length=1, max_length=4096, description="The original key, as UTF-8 text")]
-LaneActionPath = Annotated[LaneAction, Path(description="What to do with the key")]
 
 
 async def _lane_name(origin_topic: OrderedTopic, key: OriginalKey) -> str:
@@ -204,21 +204,7 @@ async def get_lane(lane: ReadLane, ctx: Ctx) -> Any:
     return view
 
 
-@router.post(
-    "/ordered-keys/{action}",
-    response_model=LaneCommandOut,
-    dependencies=[Admin],
-    summary="Replay a blocked key's parked head, skip its head (releasing the next), or park the whole key",
-    responses={
-        202: {"model": LaneCommandOut, "description": "Accepted; applied shortly"},
-        **AUTH,
-        **error_responses(
-            404, 409, 422, _404="The key is not blocked", _409="The head is not parked, or the key is being parked"
-        ),
-        **COMMAND_BUSY,
-    },
-)
-async def act_on_lane(action: LaneActionPath, lane: CommandLane, ctx: Ctx) -> Any:
+async def act_on_lane(action: LaneAction, lane: CommandLane, ctx: Ctx) -> Any:
     result = await service_of(ctx).commands.request_lane(b64decode(lane), action, ctx.settings.forward_timeout_s)
     status = result.get("status")
     if status == "not_found":
@@ -232,3 +218,36 @@ async def act_on_lane(action: LaneActionPath, lane: CommandLane, ctx: Ctx) -> An
     if status == "accepted":
         return JSONResponse(result, status_code=202)
     return result
+
+
+def _lane_command(action: LaneAction) -> Callable[[str, ServiceContext], Awaitable[Any]]:
+    async def command(lane: CommandLane, ctx: Ctx) -> Any:
+        return await act_on_lane(action, lane, ctx)
+
+    command.__name__ = f"{action.replace('-', '_')}_of_lane"
+    return command
+
+
+# One route per action, not POST /ordered-keys/{action}: a path parameter there would also take
+# /ordered-keys/blocked, whose POST must answer 405 (only GET is allowed), not 422.
+for _action in LANE_ACTIONS:
+    router.add_api_route(
+        f"/ordered-keys/{_action}",
+        _lane_command(_action),  # type: ignore[arg-type]
+        methods=["POST"],
+        response_model=LaneCommandOut,
+        dependencies=[Admin],
+        summary={
+            "replay-head": "Replay a blocked key's parked head",
+            "skip-head": "Skip a blocked key's head, releasing the next record",
+            "park-key": "Park a blocked key whole: its head and every record it holds",
+        }[_action],
+        responses={
+            202: {"model": LaneCommandOut, "description": "Accepted; applied shortly"},
+            **AUTH,
+            **error_responses(
+                404, 409, 422, _404="The key is not blocked", _409="The head is not parked, or the key is being parked"
+            ),
+            **COMMAND_BUSY,
+        },
+    )
