@@ -254,12 +254,6 @@ def copy_source(app: faust.App, table: AnyTable, partition: int) -> Source | Non
     return "standby" if path.is_dir() else None
 
 
-def _applied_next(table: AnyTable, partition: int) -> int | None:
-    """The next changelog offset the local database expects (None: it holds no changelog offset)."""
-    offset = persisted_offset(store_partition_db(_store(table), partition))
-    return offset + 1 if offset is not None else None
-
-
 async def local_copy(
     app: faust.App,
     table: AnyTable,
@@ -331,7 +325,8 @@ async def _table_copy(app: faust.App, table: AnyTable, partition: int, *, exact:
             # Not checked against the changelog there is now (a copy from before the topics
             # were recreated, say): never read from until a recovery has checked it.
             return None
-        applied = _applied_next(table, partition)
+        offset = persisted_offset(db)
+        applied = offset + 1 if offset is not None else None
     except Exception as exc:  # rocksdict raises plain Exceptions for a locked or damaged database
         log.warning("cannot read the local copy of %s[%d]: %s", table.name, partition, exc)
         return None

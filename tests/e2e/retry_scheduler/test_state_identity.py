@@ -28,20 +28,19 @@ def test_a_scheduler_lists_the_letters_of_the_recreated_topics_only(kafka_bootst
         "STATEFLEET_BULK_RESTORE_MIN_LAG": "1",
     }
     create_topics(names)
-    old_ids = [f"old-{i}" for i in range(30)]
-    old = start_scheduler(env, tmp_path, instance="a")
-    for dlq_id in old_ids:
-        produce(dead, [(dlq_id.encode(), b"v")], headers=letter_headers(dlq_id, retry, origin="slow"))
-    wait_for(lambda: sorted(list_all(old.url, "/retries")) == sorted(old_ids), timeout=60, message="the old letters scheduled")
-    old.stop()
 
+    def scheduled_and_stopped(instance: str, ids: list[str]) -> None:
+        """Instance ``instance`` schedules a dead letter of each of ``ids``, and stops."""
+        proc = start_scheduler(env, tmp_path, instance=instance)
+        for dlq_id in ids:
+            produce(dead, [(dlq_id.encode(), b"v")], headers=letter_headers(dlq_id, retry, origin="slow"))
+        wait_for(lambda: sorted(list_all(proc.url, "/retries")) == sorted(ids), timeout=60, message=f"{ids[0]}… scheduled")
+        proc.stop()
+
+    scheduled_and_stopped("a", [f"old-{i}" for i in range(30)])
     recreate(BOOTSTRAP, prefix, dict.fromkeys(names, False))
     new_ids = [f"new-{i}" for i in range(12)]
-    other = start_scheduler(env, tmp_path, instance="b")
-    for dlq_id in new_ids:
-        produce(dead, [(dlq_id.encode(), b"v")], headers=letter_headers(dlq_id, retry, origin="slow"))
-    wait_for(lambda: sorted(list_all(other.url, "/retries")) == sorted(new_ids), timeout=60, message="the new letters scheduled")
-    other.stop()
+    scheduled_and_stopped("b", new_ids)
 
     back = start_scheduler(env, tmp_path, instance="a")
     try:
