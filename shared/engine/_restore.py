@@ -435,7 +435,21 @@ class BulkRestoringRecovery(RecoveryHooks):
         await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
 
     async def on_recovery_completed(self, generation_id: int = 0) -> None:
+        # Faust resumes the standby changelog partitions just before this, and its completion
+        # then resumes the app's flow control, which empties the tables' changelog queue: the
+        # records fetched for the standbys meanwhile are dropped past the consumer's position,
+        # and the standby (later an active, from its persisted offset) never holds them. So
+        # the standbys are paused across Faust's completion and then read again from the last
+        # record the recovery took in (re-reading that one is harmless: Faust skips offsets it
+        # has seen).
+        consumer = self.app.consumer
+        standbys = set(self.standby_tps)
+        if standbys:
+            consumer.pause_partitions(standbys)
         await super().on_recovery_completed(generation_id)
+        if standbys and self.app.consumer_generation_id == generation_id:
+            await consumer.seek_wait({tp: max(int(self.standby_offsets[tp]), 0) for tp in standbys})
+            consumer.resume_partitions(standbys)
         tally, service = self._tally, _SERVICES.get(cast(faust.App, self.app))
         if tally is None or self.app.consumer_generation_id != generation_id:
             return  # another rebalance came: its recovery finishes this restore
