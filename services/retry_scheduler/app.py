@@ -70,7 +70,6 @@ class RetrySchedulerService:
             TopicSpec(self.topics.retry, n),
             TopicSpec(self.topics.parking_lot, n),
             *ordered,
-            # Before the worker starts: a table written before Faust's own creation of its
-            # changelog shows in the client's metadata fails with PartitionsMismatch.
+            # Its changelogs and Faust's leader topic: Faust creates no topic itself.
             *self.engine.internal_topic_specs(),
         ]

@@ -19,7 +19,7 @@ import faust
 from fastapi import FastAPI
 from faust.contrib.asgi import serve_asgi
 
-from shared.engine._admin import TopicSpec, resolve_replication_factor
+from shared.engine._admin import TopicSpec
 from shared.engine._clients import require_sasl_credentials, ssl_context
 from shared.engine._faust import WorkerHooks, print_thread_loop_tasks, track_used_topics
 from shared.engine._instance_lock import hold_data_dir
@@ -76,6 +76,12 @@ def create_app(service: str, settings: Settings, default_port: int, app_class: t
         # where an app is also built with no broker to ask (the unit tests, the topology driver).
         topic_replication_factor=settings.topic_replication_factor or 1,
         table_standby_replicas=settings.standby_replicas,
+        # Every topic the worker reads or writes is created before it starts, by the engine's
+        # own admin calls, which wait for a broker that is down or electing leaders
+        # (shared/engine/_admin.py; the service's topics, its tables' changelogs and Faust's
+        # leader topic, see faust_topic_specs). Faust's declarations at start-up would send
+        # the same requests once, and a broker away for that moment ended the worker.
+        topic_allow_declare=False,
         # Faust's own exactly_once (its producer per partition, committed on its timer) stays
         # off: with STATEFLEET_PROCESSING_GUARANTEE=exactly_once the engine runs the
         # transactions, one per batch (see shared/engine/_batch.py).
@@ -109,25 +115,25 @@ def create_app(service: str, settings: Settings, default_port: int, app_class: t
     return app
 
 
-def use_replication_factor(app: faust.App, settings: Settings) -> int:
-    """Give the topics Faust creates itself (its tables' changelogs, its leader and reply
-    topics) the fleet's replication factor (the brokers' default, when the settings leave it
-    open); returns it. Before the worker starts, which is when Faust creates them."""
-    factor = resolve_replication_factor(settings)
-    app.conf.topic_replication_factor = factor
-    return factor
+def faust_topic_specs(app: faust.App, settings: Settings) -> list[TopicSpec]:
+    """The compacted changelog topic of every table of ``app``, and Faust's leader topic (one
+    partition, given to one member of the group).
 
-
-def changelog_topic_specs(app: faust.App, settings: Settings) -> list[TopicSpec]:
-    """The compacted changelog topic of every table of ``app``.
-
-    Created before the worker starts: Faust creates them too, but a table written
-    before the new topic shows in the client's metadata fails with PartitionsMismatch.
+    Created before the worker starts, as Faust does not create topics itself (see
+    :func:`create_app`); a table written before its new changelog shows in the client's
+    metadata would fail with PartitionsMismatch.
     """
     return [
-        TopicSpec(table.changelog_topic.get_topic_name(), table.partitions or settings.topic_partitions, compacted=True)
-        for table in app.tables.values()
+        *(
+            TopicSpec(table.changelog_topic.get_topic_name(), table.partitions or settings.topic_partitions, compacted=True)
+            for table in app.tables.values()
+        ),
+        TopicSpec(f"{app.conf.id}-{LEADER_TOPIC_SUFFIX}", 1),
     ]
+
+
+#: Faust's leader topic is named ``<app id>-`` and this.
+LEADER_TOPIC_SUFFIX = "__assignor-__leader"
 
 
 #: Largest request line and headers the services read (the body has its own limit).
@@ -171,6 +177,5 @@ def run_worker(app: faust.App, service: str, settings: Settings) -> None:
     """Run the Faust worker in this process until SIGTERM/SIGINT."""
     log.info("starting %s (instance %s) with %s", service, settings.instance_id, env_snapshot())
     hold_data_dir(instance_data_dir(service, settings), settings.data_dir_lock_wait_s)
-    use_replication_factor(app, settings)
     worker = _Worker(app, loglevel=settings.log_level.upper(), logging_config=dict(app.conf.logging_config))
     worker.execute_from_commandline()

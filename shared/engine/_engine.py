@@ -29,7 +29,7 @@ from faust.types import TP
 from shared import metrics
 from shared.engine._access import explain_denial
 from shared.engine._admin import TopicSpec
-from shared.engine._app import app_id, changelog_topic_specs, create_app, run_worker, serve_api
+from shared.engine._app import app_id, create_app, faust_topic_specs, run_worker, serve_api
 from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
 from shared.engine._clients import exactly_once
 from shared.engine._consumer import BatchConsumer, NotAMember
@@ -284,10 +284,10 @@ class Engine:
 
     def internal_topic_specs(self) -> list[TopicSpec]:
         """The topics the service owns: those its handlers were registered for as internal, and
-        its tables' changelogs (see :func:`changelog_topic_specs`), to create before the worker starts."""
+        its tables' changelogs (see :func:`faust_topic_specs`), to create before the worker starts."""
         return [
             *(TopicSpec(topic, partitions) for topic, partitions in self._internal_topics.items()),
-            *changelog_topic_specs(self._app, self.settings),
+            *faust_topic_specs(self._app, self.settings),
         ]
 
     @property

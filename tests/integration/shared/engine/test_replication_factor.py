@@ -78,7 +78,7 @@ async def test_a_service_given_only_the_bootstrap_servers_replicates_its_changel
             await admin.close()
         assert any(t.endswith("-changelog") for t in mine), f"no changelog topics among {mine}"
         assert f"{prefix}program-tallies" in mine
-        # Created by Faust itself, with its topic_replication_factor setting.
+        # Faust's own topic, created by the engine before the worker starts.
         assert f"{prefix}statefleet-tallies-__assignor-__leader" in mine
         assert await replicas_once_listed(kafka_cluster.bootstrap, mine) == {t: {3} for t in mine}
     finally:

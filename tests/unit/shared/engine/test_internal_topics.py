@@ -1,5 +1,5 @@
 """The engine names the topics a service owns from its registrations: the topics its handlers
-read as internal, with their partition counts, and its tables' changelogs."""
+read as internal, with their partition counts, its tables' changelogs and Faust's leader topic."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def test_internal_topics_and_changelogs_come_from_the_registrations(tmp_path: Pa
     specs = engine.internal_topic_specs()
 
     assert specs[:2] == [TopicSpec("probe-hop-a", 2), TopicSpec("probe-hop-b", 2)]
-    [changelog] = specs[2:]
+    [changelog, leader] = specs[2:]
     assert changelog.name.endswith("counts-changelog") and changelog.partitions == 4 and changelog.compacted
+    # Faust's leader topic too: Faust creates no topic itself, a broker away at start-up would end it
+    assert leader == TopicSpec("statefleet-probe-__assignor-__leader", 1)
     assert "events" not in {spec.name for spec in specs}, "a topic read but not declared internal is not the service's"

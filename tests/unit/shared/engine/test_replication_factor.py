@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ from aiokafka.protocol.admin import DescribeConfigsResponse_v2
 from shared.engine import _admin
 from shared.engine._access import BrokerAccessDenied
 from shared.engine._admin import replication_factor, resolve_replication_factor
-from shared.engine._app import create_app, use_replication_factor
 from shared.settings import Settings
 
 
@@ -76,13 +74,3 @@ async def test_it_is_resolved_from_synchronous_code_under_a_running_loop(monkeyp
     monkeypatch.setattr(_admin, "_broker_defaults", {"127.0.0.1:9": 3})
     assert resolve_replication_factor(settings) == 3
     assert asyncio.get_running_loop().is_running()  # this loop left alone
-
-
-def test_faust_creates_its_own_topics_with_the_resolved_factor(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    settings = Settings(kafka_bootstrap_servers="127.0.0.1:9", data_dir=tmp_path, instance_id="rf")
-    app = create_app("rftest", settings, 18997)
-    monkeypatch.setattr(_admin, "_broker_defaults", {"127.0.0.1:9": 3})
-    assert use_replication_factor(app, settings) == 3
-    assert app.conf.topic_replication_factor == 3
-    explicit = create_app("rftest2", Settings(topic_replication_factor=2, data_dir=tmp_path, instance_id="rf"), 18996)
-    assert explicit.conf.topic_replication_factor == 2
