@@ -21,12 +21,23 @@ database behind its changelog, which the next start restores from (the changelog
 is written in 3).
 
 With ``STATEFLEET_PROCESSING_GUARANTEE=exactly_once``, 1 and 2 are one Kafka transaction that
-also holds the input's next offset, and 3 follows its commit (:func:`commit_transaction`).
+also holds the input's next offset, and 3 follows its commit (:func:`_commit_transaction`).
+
+A batch's :class:`BatchStatus` follows those steps, each transition checked::
+
+    STAGED ─► COMMITTING ─► SENT ─► LOGGED ─► APPLIED      (any but APPLIED ─► FAILED)
+
+Only a STAGED batch takes sends, rows and callbacks, and only a STAGED batch is committed: a
+write after its commit began, or a second commit, raises :class:`BatchStateError`. A batch of a
+handler without tables goes from SENT to APPLIED (it has nothing to log) under at-least-once.
+The batch's owner (its task, ``shared/engine/_task.py``) is told of each transition
+(:attr:`InputBatch.on_status`): the crash and stop points of the crash tests are hooks there.
 """
 
 from __future__ import annotations
 
 import bisect
+import enum
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +45,6 @@ from typing import Any
 
 from shared.dead_letters import DeadLetter, dead_letter_for
 from shared.engine._durable import Batch, DurableTable, InRecord, OrderedInput, Rows
-from shared.engine._faults import BLOCK, CRASH, STOP
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions
 from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
 
@@ -42,6 +52,32 @@ Headers = Sequence[tuple[str, bytes]] | None
 #: Raises when this consumer may no longer be the member that owns the batch's partition.
 Fence = Callable[[], Awaitable[None]]
 _NOT_STAGED = object()
+
+
+class BatchStatus(enum.Enum):
+    """Where a batch is in its commit (see the module docs)."""
+
+    STAGED = "staged"
+    COMMITTING = "committing"
+    SENT = "sent"
+    LOGGED = "logged"
+    APPLIED = "applied"
+    FAILED = "failed"
+
+
+_NEXT_STATUS: dict[BatchStatus, frozenset[BatchStatus]] = {
+    BatchStatus.STAGED: frozenset({BatchStatus.COMMITTING, BatchStatus.FAILED}),
+    BatchStatus.COMMITTING: frozenset({BatchStatus.SENT, BatchStatus.FAILED}),
+    BatchStatus.SENT: frozenset({BatchStatus.LOGGED, BatchStatus.APPLIED, BatchStatus.FAILED}),
+    BatchStatus.LOGGED: frozenset({BatchStatus.APPLIED, BatchStatus.FAILED}),
+    BatchStatus.APPLIED: frozenset(),
+    BatchStatus.FAILED: frozenset(),
+}
+
+
+class BatchStateError(RuntimeError):
+    """A batch was asked for what its status does not allow (a write after its commit began, a
+    second commit): a defect of the handler or of the engine, never of the input."""
 
 
 @dataclass(slots=True)
@@ -68,7 +104,27 @@ class InputBatch:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     #: Input records this batch stands for, when not one per record (packed inputs).
     counted: int | None = None
+    #: Where the batch is in its commit (see :class:`BatchStatus`).
+    status: BatchStatus = BatchStatus.STAGED
+    #: Told of each status the batch reaches (its task's hooks).
+    on_status: Callable[[InputBatch, BatchStatus], None] | None = None
     _dbs: dict[tuple[DurableTable, int], Any] = field(default_factory=dict)
+
+    def advance(self, status: BatchStatus) -> None:
+        """Move to ``status``; raises :class:`BatchStateError` unless the current status leads there."""
+        if status not in _NEXT_STATUS[self.status]:
+            raise BatchStateError(
+                f"batch of {self.topic}[{self.partition}] is {self.status.value}: it cannot become {status.value}"
+            )
+        self.status = status
+        if self.on_status is not None:
+            self.on_status(self, status)
+
+    def _staging(self, what: str) -> None:
+        if self.status is not BatchStatus.STAGED:
+            raise BatchStateError(
+                f"batch of {self.topic}[{self.partition}] is {self.status.value}: no {what} once its commit began"
+            )
 
     def send(
         self,
@@ -81,11 +137,13 @@ class InputBatch:
         timestamp_ms: int | None = None,
     ) -> None:
         """Stage a record to send; it is acknowledged before any state of this batch is written."""
+        self._staging("send")
         self.sends.append(Outgoing(topic, key, value, headers, partition, timestamp_ms))
 
     def write(self, table: DurableTable, key: bytes, value: bytes | None, *, partition: int | None = None) -> None:
         """Stage a row (``None`` deletes it) in ``partition`` (default: the input partition). The last
         write of a key in a batch wins, and only it goes to the changelog."""
+        self._staging("write")
         rows = self.rows.setdefault(table, {})
         row = (self.partition if partition is None else partition, key)
         rows.pop(row, None)  # keep write order: a rewritten key moves to the end
@@ -115,10 +173,12 @@ class InputBatch:
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` right after the batch's rows are in the local tables."""
+        self._staging("after-commit callback")
         self.callbacks.append(callback)
 
     def dead_letter(self, record: InRecord, error: BaseException) -> DeadLetter:
         """Stage ``record`` for ``dead-letters`` with the error in its headers."""
+        self._staging("dead letter")
         route = self.dead_letter_route
         if route is None:
             raise RuntimeError("this handler has no dead-letter route")
@@ -148,7 +208,8 @@ async def commit(
     member: Fence | None = None,
 ) -> None:
     """Make ``batch`` durable in the order the module docs give (with ``transactions``: as one
-    transaction, see :func:`commit_transaction`).
+    transaction, see :func:`_commit_transaction`). The batch's status follows the steps; a
+    failure leaves it FAILED.
 
     ``member`` (at-least-once): awaited before anything is sent and again before the local
     write; it raises when the consumer group may have handed the input partition to another
@@ -156,49 +217,65 @@ async def commit(
     more. Otherwise such a batch would append rows computed from a stale copy after the new
     owner's, and write their changelog offset, which is past the new owner's records, into the
     local database, whose next recovery would then skip those records."""
-    if transactions is not None:
-        if next_offset is None:
-            raise ValueError(f"{what}: a transactional commit needs the input's next offset")
-        await commit_transaction(transactions, order, ordered, batch, what, next_offset)
-        return
-    CRASH.reached("handled")
-    BLOCK.reached()
+    batch.advance(BatchStatus.COMMITTING)
+    try:
+        if transactions is not None:
+            if next_offset is None:
+                raise ValueError(f"{what}: a transactional commit needs the input's next offset")
+            await _commit_transaction(transactions, order, ordered, batch, what, next_offset)
+        else:
+            await _commit_at_least_once(producer, order, ordered, batch, what, member)
+    except BaseException:
+        batch.advance(BatchStatus.FAILED)
+        raise
+
+
+async def _commit_at_least_once(
+    producer: BatchProducer, order: OrderedInput | None, ordered: Batch | None, batch: InputBatch, what: str, member: Fence | None
+) -> None:
     if member is not None:
         await member()
     await producer.send(batch.sends, what, member)
-    CRASH.reached("sent")
-    STOP.reached("sent", what, bool(batch.rows))
+    batch.advance(BatchStatus.SENT)
     if order is None or ordered is None:
         if batch.rows:
             raise RuntimeError(f"{what}: a handler without an offsets table cannot write rows")
     else:
-        await write_all(producer, order.writes(ordered, batch.rows), what, member)
+        await write_all(
+            producer, order.writes(ordered, batch.rows), what, member, logged=lambda: batch.advance(BatchStatus.LOGGED)
+        )
     for callback in batch.callbacks:
         callback()
+    batch.advance(BatchStatus.APPLIED)
 
 
 async def write_all(
-    producer: BatchProducer, writes: Iterable[tuple[DurableTable, Rows]], what: str, member: Fence | None = None
+    producer: BatchProducer,
+    writes: Iterable[tuple[DurableTable, Rows]],
+    what: str,
+    member: Fence | None = None,
+    logged: Callable[[], None] | None = None,
 ) -> None:
     """Every table's rows to its changelog, every acknowledgement awaited, and only then the rows
     (with each partition's changelog offset) into the local databases. Records of different
     changelogs can land in any order; only the order within one changelog partition is kept,
     which is why a handler writing several tables keeps its next-offset rows in each (see
     :meth:`OrderedInput.writes`). ``member``: see :func:`commit`; it awaits nothing while
-    heartbeats confirm the member."""
+    heartbeats confirm the member. ``logged`` is called once the changelogs acknowledged."""
     pending = [(table, rows) for table, rows in writes if rows]
     if member is not None and pending:
         # Again here: the process may have been stopped while the batch's outputs were being
         # acknowledged, and its rows must not follow the next owner's into the changelog.
         await member()
     last = await producer.send(changelog_records(pending), what, member)
-    CRASH.reached("logged")
+    if logged is not None:
+        logged()
     if member is not None:
         await member()
     apply_local(pending, last)
 
 
-async def commit_transaction(
+async def _commit_transaction(
     transactions: PartitionTransactions,
     order: OrderedInput | None,
     ordered: Batch | None,
@@ -209,7 +286,8 @@ async def commit_transaction(
     """exactly_once: the batch's records, its changelog rows and the input's ``next_offset`` (for
     the consumer group) in one Kafka transaction of the input partition's producer; the local
     tables are written only once it is committed, and the callbacks run right after, with no
-    await in between.
+    await in between. The batch is SENT once the transaction's records are acknowledged and
+    LOGGED once it is committed.
 
     - A crash (or a failure) before the commit leaves nothing visible to committed readers: the
       transaction is aborted, by this worker, by the next owner initialising the partition's
@@ -220,8 +298,6 @@ async def commit_transaction(
     - An aborted transaction never reaches a local table: rows go in only after the commit, and
       restores read committed records only.
     """
-    CRASH.reached("handled")
-    BLOCK.reached()
     pending: list[tuple[DurableTable, Rows]] = []
     if order is None or ordered is None:
         if batch.rows:
@@ -229,11 +305,17 @@ async def commit_transaction(
     else:
         pending = [(table, rows) for table, rows in order.writes(ordered, batch.rows) if rows]
     records = [*batch.sends, *changelog_records(pending)]
-    last = await transactions.commit(batch.topic, batch.partition, records, next_offset, what, CRASH.reached)
-    CRASH.reached("logged")
+
+    def reached(point: str) -> None:
+        if point == "sent":
+            batch.advance(BatchStatus.SENT)
+
+    last = await transactions.commit(batch.topic, batch.partition, records, next_offset, what, reached)
+    batch.advance(BatchStatus.LOGGED)
     apply_local(pending, last)
     for callback in batch.callbacks:
         callback()
+    batch.advance(BatchStatus.APPLIED)
 
 
 def changelog_records(pending: Sequence[tuple[DurableTable, Rows]]) -> list[Outgoing]:

@@ -30,11 +30,12 @@ from shared import metrics
 from shared.engine._access import explain_denial
 from shared.engine._admin import TopicSpec
 from shared.engine._app import app_id, create_app, faust_topic_specs, run_worker, serve_api
-from shared.engine._batch import DeadLetterRoute, InputBatch, commit, observe
+from shared.engine._batch import DeadLetterRoute, InputBatch, observe
 from shared.engine._clients import exactly_once
 from shared.engine._consumer import BatchConsumer, NotAMember
 from shared.engine._copies import incarnation_of, start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
+from shared.engine._faults import FaultPoints
 from shared.engine._faust import AppHooks
 from shared.engine._gc import freeze_startup_objects
 from shared.engine._instance import Instance
@@ -49,6 +50,7 @@ from shared.engine._retry import (
     retry_delay_s,
     retry_reason,
 )
+from shared.engine._task import Handler, Registration, StepFailed, Task, TaskClients, TaskState
 from shared.engine._ticks import Ticker
 from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.engine._versions import check_versions
@@ -66,20 +68,17 @@ APPLIED_POLL_S = 0.005
 #: markers from records not processed yet.
 MARKERS_CHECKED = 16
 
-Handler = Callable[[InputBatch], Awaitable[None]]
-
 #: What a failed send raises (the broker refused it, or it was not acknowledged).
 SendFailed = (KafkaError, ProducerSendError)
 
 
-@dataclass
-class _Registration:
+@dataclass(frozen=True, eq=False)
+class Timer:
+    """A coroutine the worker runs every ``interval_s`` (see :meth:`Engine.timer`)."""
+
     name: str
-    stream: str
-    topics: tuple[str, ...]
-    handle: Handler
-    order: OrderedInput | None
-    dead_letters: DeadLetterRoute | None
+    interval_s: float
+    run: Callable[[], Awaitable[None]]
 
 
 class _EngineApp(AppHooks):
@@ -88,10 +87,13 @@ class _EngineApp(AppHooks):
     consumer_class: type[BatchConsumer] = BatchConsumer
     #: The topics the engine's handlers read (see :func:`shared.engine._coverage.ready`).
     input_topics: frozenset[str] = frozenset()
+    #: Called by the table recovery once it completed for consumer generation ``n`` (the
+    #: engine's tasks then run).
+    on_restored: Callable[[int], None] | None = None
 
 
 class Engine:
-    def __init__(self, service: str, settings: Settings, default_port: int) -> None:
+    def __init__(self, service: str, settings: Settings, default_port: int, *, faults: FaultPoints | None = None) -> None:
         check_versions()
         metrics.initialise(service, exactly_once=exactly_once(settings))
         self.service = service
@@ -99,11 +101,19 @@ class Engine:
         self.default_port = default_port
         self._app: faust.App = create_app(service, settings, default_port, app_class=_EngineApp)
         #: The running worker as the HTTP API sees it.
-        self.instance = Instance(self._app, settings.url_for(default_port))
+        self.instance = Instance(self._app, settings.url_for(default_port), restoring=self._tasks_restoring)
         track_copies(self._app, settings)
         self.backfill = Backfill(settings)
-        self._by_topic: dict[str, _Registration] = {}
-        self._handlers: list[_Registration] = []
+        self._by_topic: dict[str, Registration] = {}
+        self._handlers: list[Registration] = []
+        #: The crash tests' points, run as hooks on the batches' status transitions.
+        self.faults = faults if faults is not None else FaultPoints.from_environment()
+        #: Per assigned input partition of a handler, its task (see ``shared/engine/_task.py``).
+        self.tasks: dict[tuple[str, int], Task] = {}
+        #: The timers registered with :meth:`timer` (the topology driver runs them on its clock).
+        self.timers: list[Timer] = []
+        #: Monotonic seconds, as tickers read them.
+        self.clock: Callable[[], float] = time.monotonic
         #: Topic -> partitions, for the topics handlers read as the service's own.
         self._internal_topics: dict[str, int] = {}
         consumer_class: type[BatchConsumer] = type(
@@ -135,6 +145,9 @@ class Engine:
         #: The reader is one consumer that assigns itself the partitions of each restore: restores
         #: of several partitions' failed commits take turns.
         self._restoring = asyncio.Lock()
+        consumer_class.on_assigned = staticmethod(self._assigned)  # type: ignore[assignment]
+        consumer_class.on_revoked = staticmethod(self._revoked)  # type: ignore[assignment]
+        cast(_EngineApp, self._app).on_restored = self._restored
         if exactly_once(settings):
             self._exactly_once(consumer_class)
         self._app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
@@ -162,6 +175,9 @@ class Engine:
             await self.backfill.start()
 
     async def _on_shutdown(self, app: Any, **_: Any) -> None:
+        # Faust runs this once the consumer stopped, after the running batch and its commit.
+        for task in self.tasks.values():
+            task.close()
         if self.peer_watch is not None:
             await self.peer_watch.close()
         if self.warmup_watch is not None:
@@ -179,7 +195,7 @@ class Engine:
         :class:`PartitionTransactions`), initialised as partitions are assigned, before their
         tables are restored, and closed as they are revoked; the consumer reads committed
         records only and leaves the input offsets to the transactions."""
-        transactions = self.transactions = PartitionTransactions(
+        self.transactions = PartitionTransactions(
             self.settings,
             app_id(self.service, self.settings),
             f"{self.service}-{self.settings.instance_id}",
@@ -187,17 +203,70 @@ class Engine:
             service=self.service,
         )
 
-        async def assigned(tps: set[TP]) -> None:
-            await transactions.assign(sorted((tp.topic, tp.partition) for tp in tps if tp.topic in self._by_topic))
+        consumer_class.exactly_once = True
 
-        async def revoked(tps: set[TP]) -> None:
+    # -- tasks ---------------------------------------------------------------------------
+
+    def task(self, topic: str, partition: int) -> Task:
+        """The task of ``topic``'s ``partition`` (created when first asked for)."""
+        key = (topic, partition)
+        task = self.tasks.get(key)
+        if task is None:
+            task = self.tasks[key] = Task(self._by_topic[topic], topic, partition, self.faults)
+        return task
+
+    def _task_for(self, tp: TP) -> Task:
+        """The task a fetched batch of ``tp`` goes to. Its partition's assignment created it; one
+        fetched without (not seen so far) is taken for restored: Faust fetches a partition only
+        once its tables are."""
+        task = self.tasks.get((tp.topic, tp.partition))
+        if task is None:
+            log.warning("%s[%d]: a batch fetched before its assignment reached the engine", tp.topic, tp.partition)
+            task = self.task(tp.topic, tp.partition)
+            task.restore()
+        return task
+
+    async def _assigned(self, tps: set[TP]) -> None:
+        """Before Faust recovers the tables: tasks of partitions no longer assigned are closed,
+        those assigned are restoring; with exactly_once, each partition's producer is initialised."""
+        mine = {(tp.topic, tp.partition) for tp in tps if tp.topic in self._by_topic}
+        for key in [key for key in self.tasks if key not in mine]:
+            self.tasks.pop(key).close()
+        for topic, partition in sorted(mine):
+            self.task(topic, partition).restore()
+        if self.transactions is not None:
+            await self.transactions.assign(sorted(mine))
+
+    async def _revoked(self, tps: set[TP]) -> None:
+        """Once the running batch is over: the revoked partitions' tasks are suspended."""
+        for tp in tps:
+            task = self.tasks.get((tp.topic, tp.partition))
+            if task is not None:
+                task.suspend()
+        if self.transactions is not None:
             for tp in tps:  # the next owner's recovery restores what a failed commit left
                 self._unsettled.pop((tp.topic, tp.partition), None)
-            await transactions.revoke([(tp.topic, tp.partition) for tp in tps])
+            await self.transactions.revoke([(tp.topic, tp.partition) for tp in tps])
 
-        consumer_class.exactly_once = True
-        consumer_class.on_assigned = staticmethod(assigned)  # type: ignore[assignment]
-        consumer_class.on_revoked = staticmethod(revoked)  # type: ignore[assignment]
+    def _restored(self, generation: int) -> None:
+        """The table recovery of the current assignment completed: its tasks run."""
+        for task in self.tasks.values():
+            task.restored()
+
+    def tasks_in(self, *states: TaskState) -> list[Task]:
+        return [task for task in self.tasks.values() if task.state in states]
+
+    def _tasks_restoring(self) -> bool:
+        return any(task.state in (TaskState.CREATED, TaskState.RESTORING) for task in self.tasks.values())
+
+    def _task_clients(self) -> TaskClients:
+        transactional = self.transactions is not None
+        return TaskClients(
+            producer=self.batch_producer,
+            transactions=self.transactions,
+            member=None if transactional else cast(BatchConsumer, self._app.consumer).ensure_member,
+            commit_timeout_s=TRANSACTION_COMMIT_TIMEOUT_S if transactional else None,
+        )
 
     # -- running -------------------------------------------------------------------------
 
@@ -251,7 +320,7 @@ class Engine:
                 internal=internal_partitions is not None,
             )
             self._app.topics.add(channel)
-            reg = _Registration(
+            reg = Registration(
                 name=f"{self.service}.{name}",
                 stream=name,
                 topics=tuple(topics),
@@ -291,11 +360,11 @@ class Engine:
         ]
 
     @property
-    def registrations(self) -> tuple[_Registration, ...]:
+    def registrations(self) -> tuple[Registration, ...]:
         """The handlers registered so far, in order (for the topology driver)."""
         return tuple(self._handlers)
 
-    def registration_for(self, topic: str) -> _Registration | None:
+    def registration_for(self, topic: str) -> Registration | None:
         """The handler that reads ``topic``, if one does."""
         return self._by_topic.get(topic)
 
@@ -358,6 +427,8 @@ class Engine:
         timer: Callable[[Callable[[], Awaitable[None]]], Any] = self._app.timer(interval_s, name=f"{self.service}.{name}")
 
         def register(fn: Callable[[], Awaitable[None]]) -> Any:
+            self.timers.append(Timer(name, interval_s, fn))
+
             async def run() -> None:
                 try:
                     await fn()
@@ -380,7 +451,7 @@ class Engine:
         """Tick records of ``value`` for the handler of ``topic``, at most one in flight per
         partition (see ``shared/engine/_ticks.py``); a timer sends them with
         :meth:`Ticker.send_to`, the handler says :meth:`Ticker.taken` when one arrives."""
-        return Ticker(lambda: self.send, topic, value, interval_s=interval_s, name=name)
+        return Ticker(lambda: self.send, topic, value, interval_s=interval_s, name=name, clock=lambda: self.clock())
 
     def on_recovered(self, table: DurableTable, callback: Callable[[], Awaitable[None]]) -> None:
         """Call ``callback`` each time ``table``'s partitions are restored after a rebalance."""
@@ -469,57 +540,38 @@ class Engine:
     async def _ensure_owner(self, tp: TP) -> None:
         await cast(BatchConsumer, self._app.consumer).ensure_owner(tp)
 
-    async def _deliver_once(self, reg: _Registration, tp: TP, fetched: Sequence[Any], continues_from: int | None) -> None:
-        """One delivery of a fetched batch: its records in order, the handler, the commit. A
-        broker failure of the commit raises :class:`_CommitFailed`; any other failure stops the
-        worker."""
+    async def _deliver_once(self, reg: Registration, tp: TP, fetched: Sequence[Any], continues_from: int | None) -> None:
+        """One delivery of a fetched batch through its task (:meth:`Task.process`). A broker
+        failure of the read-back or the commit raises :class:`_CommitFailed`; any other failure
+        stops the worker."""
         started = time.perf_counter()
         # aiokafka's records are handed over as they are: they have every field a handler reads.
         records = cast(Sequence[InRecord], fetched)
         transactional = self.transactions is not None
         try:
-            ordered = await reg.order.batch_records(records, continues_from) if reg.order is not None else None
-        except Exception as exc:
-            if broker_failure(exc, transactional=transactional):
-                raise _CommitFailed("reading skipped input records back failed") from exc
-            await self._stop_worker(reg, tp, fetched, exc)
-            raise
-        if ordered is not None and not ordered.records:
-            return  # every record a replay
-        batch = InputBatch(
-            tp.topic, tp.partition, ordered.records if ordered is not None else list(records), dead_letter_route=reg.dead_letters
-        )
-        try:
-            await reg.handle(batch)
-        except Exception as exc:
-            await self._stop_worker(reg, tp, fetched, exc)  # the handler's own failure
-            raise
-        try:
-            async with asyncio.timeout(TRANSACTION_COMMIT_TIMEOUT_S if transactional else None):
-                await commit(
-                    self.batch_producer,
-                    reg.order,
-                    ordered,
-                    batch,
-                    reg.name,
-                    self.transactions,
-                    int(fetched[-1].offset) + 1,
-                    member=cast(BatchConsumer, self._app.consumer).ensure_member,
-                )
+            batch = await self._task_for(tp).process(records, self._task_clients(), continues_from)
         except NotAMember:
             raise  # nothing more of the batch is written; the consumer fetches it again
-        except WriteRefused as exc:
-            raise NotAMember(str(exc)) from exc
-        except Exception as exc:
+        except StepFailed as failed:
+            exc = cast(BaseException, failed.__cause__)
+            if failed.step == "read" and broker_failure(exc, transactional=transactional):
+                raise _CommitFailed("reading skipped input records back failed") from exc
+            if failed.step != "commit":
+                await self._stop_worker(reg, tp, fetched, exc)  # the handler's own failure
+                raise exc from None
+            if isinstance(exc, WriteRefused):
+                raise NotAMember(str(exc)) from exc
             denial = explain_denial(exc, self.settings.kafka_sasl_username, app_id(self.service, self.settings), reading=False)
             if denial is not None or not broker_failure(exc, transactional=transactional):
                 await self._stop_worker(reg, tp, fetched, exc, denial)
-                raise
-            await self._leave_unsettled(reg, tp, batch)
+                raise exc from None
+            assert failed.batch is not None
+            await self._leave_unsettled(reg, tp, failed.batch)
             raise _CommitFailed(f"{reg.name}: the commit failed") from exc
-        observe(self.service, reg.stream, batch, started)
+        if batch is not None:
+            observe(self.service, reg.stream, batch, started)
 
-    async def _leave_unsettled(self, reg: _Registration, tp: TP, batch: InputBatch) -> None:
+    async def _leave_unsettled(self, reg: Registration, tp: TP, batch: InputBatch) -> None:
         """exactly_once: the batch's transaction may or may not have committed. Its producer is
         closed, and the partition is marked for :meth:`_settle` before its next delivery; the
         table partitions the transaction wrote are the ones to restore."""
@@ -556,7 +608,7 @@ class Engine:
                 await table.table.call_recover_callbacks()
 
     async def _stop_worker(
-        self, reg: _Registration, tp: TP, fetched: Sequence[Any], exc: BaseException, denial: str | None = None
+        self, reg: Registration, tp: TP, fetched: Sequence[Any], exc: BaseException, denial: str | None = None
     ) -> None:
         """Nothing of the batch is committed: stop the worker, so that it (or the instance taking
         its partitions) reads the batch again, rather than go on past it."""

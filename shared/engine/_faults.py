@@ -22,7 +22,10 @@ paused container would be) the n-th time a batch of ``<handler>`` (``<service>.<
 ``<point>``: the stall tests then remove its member and let it go on (SIGCONT), to check that
 a batch cut off this way writes nothing after its partition's next owner took over.
 
-Unset (always, outside those tests) each costs one comparison per batch.
+Unset (always, outside those tests) each costs one comparison per batch. The engine reads
+them once, when it is built (:meth:`FaultPoints.from_environment`), and runs them as hooks on
+its batches' status transitions (``shared/engine/_task.py``): ``handled`` as a commit begins,
+``sent`` and ``logged`` as the batch reaches those statuses.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +62,6 @@ class CrashPoint:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-CRASH = CrashPoint(os.environ.get("STATEFLEET_CRASH_AT"))
-
-
 class BlockPoint:
     def __init__(self, spec: str | None) -> None:
         self.remaining = 0
@@ -81,9 +83,6 @@ class BlockPoint:
             while time.monotonic() < end:
                 pass
             log.warning("STATEFLEET_BLOCK_AT: unblocked")
-
-
-BLOCK = BlockPoint(os.environ.get("STATEFLEET_BLOCK_AT"))
 
 
 class StopPoint:
@@ -109,4 +108,25 @@ class StopPoint:
             os.kill(os.getpid(), signal.SIGSTOP)
 
 
-STOP = StopPoint(os.environ.get("STATEFLEET_STOP_AT"))
+@dataclass
+class FaultPoints:
+    """The crash, block and stop points of one engine (none set: each is one comparison)."""
+
+    crash: CrashPoint = field(default_factory=lambda: CrashPoint(None))
+    block: BlockPoint = field(default_factory=lambda: BlockPoint(None))
+    stop: StopPoint = field(default_factory=lambda: StopPoint(None))
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str] = os.environ) -> FaultPoints:
+        return cls(
+            CrashPoint(env.get("STATEFLEET_CRASH_AT")),
+            BlockPoint(env.get("STATEFLEET_BLOCK_AT")),
+            StopPoint(env.get("STATEFLEET_STOP_AT")),
+        )
+
+    def reached(self, point: str, handler: str, writes_rows: bool) -> None:
+        """A batch of ``handler`` reached ``point`` (one of :data:`POINTS`)."""
+        self.crash.reached(point)
+        if point == "handled":
+            self.block.reached()
+        self.stop.reached(point, handler, writes_rows)

@@ -4,7 +4,7 @@ engine, so that no Faust object reaches a service or the HTTP layer."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import faust
 
@@ -18,15 +18,17 @@ from shared.engine._warmup import rejoin_for_peer, warmup_partitions
 class Instance:
     """The running worker of one service instance (``Engine.instance``)."""
 
-    def __init__(self, app: faust.App, url: str) -> None:
+    def __init__(self, app: faust.App, url: str, *, restoring: Callable[[], bool] = lambda: False) -> None:
         self._app = app
         self.url = url
+        self._restoring = restoring
 
     # -- state ---------------------------------------------------------------------------
 
     def ready(self) -> bool:
-        """Table state restored after the last rebalance (what ``/readyz`` reports)."""
-        return ready(self._app)
+        """Table state restored after the last rebalance, and no task of this instance still
+        restoring (what ``/readyz`` reports)."""
+        return ready(self._app) and not self._restoring()
 
     @property
     def rebalancing(self) -> bool:

@@ -447,12 +447,17 @@ class BulkRestoringRecovery(RecoveryHooks):
         if standbys:
             consumer.pause_partitions(standbys)
         await super().on_recovery_completed(generation_id)
-        if standbys and self.app.consumer_generation_id == generation_id:
+        if self.app.consumer_generation_id != generation_id:
+            return  # the next rebalance's recovery seeks and resumes the standbys, and completes the restore
+        if standbys:
             await consumer.seek_wait({tp: max(int(self.standby_offsets[tp]), 0) for tp in standbys})
             consumer.resume_partitions(standbys)
+        restored = getattr(self.app, "on_restored", None)
+        if restored is not None:
+            restored(generation_id)
         tally, service = self._tally, _SERVICES.get(cast(faust.App, self.app))
-        if tally is None or self.app.consumer_generation_id != generation_id:
-            return  # another rebalance came: its recovery finishes this restore
+        if tally is None:
+            return
         self._tally = None
         if service is not None:
             tally.finish(service, self.active_offsets, time.monotonic())

@@ -29,8 +29,18 @@ class Ticker:
     """Ticks of ``value`` to the partitions of ``topic`` (see the module docs); ``name`` says what
     they are in logs ("publish tick of by-program")."""
 
-    def __init__(self, send: Callable[[], Send], topic: str, value: bytes, *, interval_s: float, name: str) -> None:
+    def __init__(
+        self,
+        send: Callable[[], Send],
+        topic: str,
+        value: bytes,
+        *,
+        interval_s: float,
+        name: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._send = send
+        self._clock = clock
         self.topic = topic
         self.value = value
         self.interval_s = interval_s
@@ -41,7 +51,7 @@ class Ticker:
     async def send_to(self, partitions: Iterable[int]) -> None:
         """One tick to each of ``partitions`` that has none in flight."""
         patience = max(10 * self.interval_s, 5.0)
-        now = time.monotonic()
+        now = self._clock()
         for partition in sorted(partitions):
             sent = self._sent.get(partition)
             if sent is not None and now - sent < patience:
@@ -50,7 +60,7 @@ class Ticker:
 
     async def send(self, partition: int) -> None:
         """One tick to ``partition`` now (never raises: one not sent goes with the next interval)."""
-        self._sent[partition] = time.monotonic()
+        self._sent[partition] = self._clock()
         try:
             await self._send()(self.topic, None, self.value, partition=partition)
         except Exception as exc:  # the broker away, say; an exception out of a timer stops the worker
@@ -66,7 +76,7 @@ class Ticker:
 
     def staged(self, partition: int) -> None:
         """A handler staged a tick to ``partition`` on its batch (to go on with a backlog at once)."""
-        self._sent[partition] = time.monotonic()
+        self._sent[partition] = self._clock()
 
     def taken(self, partition: int) -> None:
         """The handler of ``partition`` took a tick: the next one may be sent."""

@@ -12,10 +12,17 @@ the changelog rows, then the local RocksDB tables, then the after-commit callbac
 changelog topics receive the rows and next-offset rows a worker would send, and the tables are
 the service's Faust tables (RocksDB in the data dir).
 
+Each batch goes through the same task as on a worker (:meth:`Task.process
+<shared.engine._task.Task.process>`): its records in order, the handler, the commit, the
+batch's status; only the consumer around it is the driver's.
+
 Records a handler sends to a topic that has a handler (the service's internal topics, or an
 input it also writes, such as a reroute) are handed to that handler in turn by :meth:`process`,
 as the worker's consumer would; every other topic only collects them for :meth:`outputs`.
-Timers (the engine's ``timer``) do not run; a test calls what they call.
+
+The driver has a clock (:attr:`TopologyDriver.clock`, seconds from 0) that only
+:meth:`TopologyDriver.advance` moves: the engine's timers (``Engine.timer``) run when their
+interval has passed on it, and tickers read it.
 """
 
 from __future__ import annotations
@@ -24,17 +31,18 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import TypedDict, TypeVar, Unpack
+from typing import TypedDict, TypeVar, Unpack, cast
 
 from aiokafka import TopicPartition
 
-from shared.engine._batch import Headers, InputBatch, commit
+from shared.engine._batch import Headers, InputBatch
 from shared.engine._durable import Backfill, DurableTable, InRecord, next_offset_key, state_items
 from shared.engine._engine import Engine, faust_app
 from shared.engine._instance import Instance
 from shared.engine._partitioning import partition_for
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, Retry, record_too_large
 from shared.engine._restore import ChangelogReader, PartitionTarget, RestoreResult, write_batch
+from shared.engine._task import StepFailed, Task, TaskClients, TaskState
 from shared.settings import Settings
 
 T = TypeVar("T")
@@ -238,6 +246,11 @@ class TopologyDriver:
                 registration.order.backfill = backfill
         #: Per input partition, the offset of the next record to hand to its handler.
         self.positions: dict[tuple[str, int], int] = {}
+        #: Seconds since the driver started, moved by :meth:`advance` only.
+        self.clock = 0.0
+        engine.clock = lambda: self.clock
+        #: Per timer of the engine, when it runs next on :attr:`clock`.
+        self._due = {timer: timer.interval_s for timer in engine.timers}
         self._loop = asyncio.new_event_loop()
 
     # -- input -----------------------------------------------------------------------------------
@@ -260,6 +273,34 @@ class TopologyDriver:
         A handler that raises commits nothing of its batch and the error propagates; its records
         stay to be handed over again, as a worker's restart would."""
         return self.run(self._process())
+
+    def advance(self, seconds: float) -> list[InputBatch]:
+        """Move the clock ``seconds`` on, running each engine timer as many times as its interval
+        passed, in time order, with a :meth:`process` after each run; returns the batches committed."""
+        return self.run(self._advance(seconds))
+
+    async def _advance(self, seconds: float) -> list[InputBatch]:
+        if seconds < 0:
+            raise ValueError("the clock does not go back")
+        end = self.clock + seconds
+        for timer in self.engine.timers:
+            self._due.setdefault(timer, self.clock + timer.interval_s)
+        committed = await self._process()
+        while self._due and (timer := min(self._due, key=lambda t: self._due[t])) and self._due[timer] <= end:
+            self.clock = self._due[timer]
+            self._due[timer] += timer.interval_s
+            await timer.run()
+            committed += await self._process()  # as a worker's consumer goes on meanwhile
+        self.clock = end
+        return committed
+
+    def task(self, topic: str, partition: int) -> Task:
+        """The task that runs ``topic``'s ``partition`` (running once asked for, as after a restore)."""
+        task = self.engine.task(topic, partition)
+        if task.state in (TaskState.CREATED, TaskState.SUSPENDED):
+            task.restore()
+        task.restored()
+        return task
 
     def rewind(self, topic: str, partition: int, offset: int) -> None:
         """Hand ``topic``'s ``partition`` over again from ``offset`` at the next :meth:`process`,
@@ -290,23 +331,15 @@ class TopologyDriver:
                 yield topic, partition, log[position:]
 
     async def _deliver(self, topic: str, partition: int, records: list[InRecord]) -> InputBatch | None:
-        """What the engine does with a fetched batch (``Engine._deliver``), without the consumer."""
+        """What the engine does with a fetched batch: its task's :meth:`~Task.process`. A failed
+        step raises its own error, as the handler or the client raised it."""
         engine = self.engine
-        registration = engine.registration_for(topic)
-        assert registration is not None, f"{topic!r} has no handler"
-        order = registration.order
-        ordered = await order.batch_records(records) if order is not None else None
-        if ordered is not None and not ordered.records:
-            return None  # every record a replay
-        batch = InputBatch(
-            topic,
-            partition,
-            ordered.records if ordered is not None else list(records),
-            dead_letter_route=registration.dead_letters,
-        )
-        await registration.handle(batch)
-        await commit(engine.producer, order, ordered, batch, registration.name, engine.transactions, records[-1].offset + 1)
-        return batch
+        assert engine.registration_for(topic) is not None, f"{topic!r} has no handler"
+        clients = TaskClients(producer=engine.producer, transactions=engine.transactions)
+        try:
+            return await self.task(topic, partition).process(records, clients)
+        except StepFailed as failed:
+            raise cast(BaseException, failed.__cause__) from None
 
     # -- output ----------------------------------------------------------------------------------
 
