@@ -203,6 +203,7 @@ class OrderedLanes:
         done = decode_index(raw_index)
         if isinstance(done, Done) and attempt <= done.attempt:
             DUPLICATES.labels(done.what).inc()
+            log.info("dropped a dead letter of attempt %s behind no head: attempt %s was %s", attempt, done.attempt, done.what)
             return True
         return False
 
@@ -245,7 +246,7 @@ class OrderedLanes:
         state = self.state
         [d] = await state.redeliver(batch, [(id_key(dlq_id), stored)], trigger="ordered")
         if d.error is None:
-            state.mark_done(batch, id_key(dlq_id), dlq_id, DONE_REDELIVERED, d.entry.attempt)
+            state.mark_done(batch, id_key(dlq_id), dlq_id, DONE_REDELIVERED, d.entry.attempt, d.entry.fingerprints)
             state.keep_history(batch, d.entry)
             state.write_expiry(batch)
         else:
