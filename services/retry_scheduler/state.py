@@ -14,10 +14,11 @@ its ``dlq.id`` hashes to, so everything about one id lives in one place):
 ``index``     ``#`` + ``dlq.id`` → either the due key of its scheduled entry, or a *done
               marker*: the attempt that was redelivered, cancelled or replayed from the
               parking lot, and the key of the marker's expiry. The ``#`` keeps ids apart
-              from due keys. A dead letter that arrives again with an attempt
-              the index says is scheduled or done is a duplicate and is dropped; the
-              marker makes this hold after the redelivery too, e.g. when a crash makes
-              the scheduler read dead letters again that it had already redelivered.
+              from due keys. A done marker also keeps the fingerprints of the dead-letter
+              records taken in for the id: after the redelivery the same record read
+              again (a crash made the scheduler read dead letters again that it had
+              already redelivered) is dropped, and a new record of that attempt is a
+              re-failure, stored as the next attempt (``docs/dead-letter-protocol.md``).
 ``expiry``    due key (expiry time, batch token) → JSON list of ids: when their done
               markers are forgotten (:data:`DONE_MEMORY_MS` after they were written).
               One row per tick rather than per id; ticks read it like the schedule.
