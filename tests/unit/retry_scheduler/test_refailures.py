@@ -6,6 +6,7 @@ looping; the same dead-letter record read twice is dropped, counted and logged."
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import orjson
 import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
-from services.retry_scheduler.handlers.kinds import KIND_CANCEL
+from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_UNPARK
 from shared import dead_letters as dl
 from shared.engine import partition_for
 from shared.engine.testing import TopologyDriver
@@ -176,3 +177,46 @@ def test_connect_and_streams_dead_letters_are_scheduled_with_their_origin_and_er
     assert (entry.origin_topic, entry.origin_partition, entry.origin_offset) == ("clicks", 4, 99)
     assert (entry.error_class, entry.error_message) == ("org.apache.kafka.common.errors.SerializationException", "bad")
     assert entry.retry_topic == service.topics.retry and entry.attempt == 1
+
+
+def test_a_producer_that_raises_the_attempt_is_counted_as_before(scheduler: Scheduler) -> None:
+    service, driver = scheduler
+    before = counted("statefleet_retry_refailures_total", how="attempt-kept")
+    fail(scheduler, letter_headers("d1", RETRY_TOPIC), now())
+    tick(scheduler)
+    [redelivered] = driver.outputs(RETRY_TOPIC)
+    again = dl.dead_letter_for(
+        b"k", b"v", redelivered.headers, topic=RETRY_TOPIC, partition=0, offset=0, error=KeyError("x"), retry_topic="ignored"
+    )
+    fail(scheduler, again.headers(), now() + 1)
+    entry = service.stats.scheduled_entry("d1")
+    assert entry is not None and entry.attempt == 2 and entry.error_class == "KeyError"
+    assert counted("statefleet_retry_refailures_total", how="attempt-kept") == before
+
+
+def test_a_re_failure_after_a_replay_from_the_parking_lot_is_parked_again_at_the_next_attempt(scheduler: Scheduler) -> None:
+    service, driver = scheduler
+    fail(scheduler, letter_headers("d1", RETRY_TOPIC, attempt=MAX_ATTEMPTS), now())
+    assert service.stats.parked_entry("d1") is not None
+    unpark = KIND_UNPARK + orjson.dumps({"id": "d1"})
+    driver.pipe(service.inbox_topic_name, b"d1", unpark, partition=partition_for(b"d1", PARTITIONS))
+    [replayed] = driver.outputs(RETRY_TOPIC)
+    assert service.stats.parked_entry("d1") is None
+    fail(scheduler, list(replayed.headers), now() + 1)  # the headers as it got them
+    parked = service.stats.parked_entry("d1")
+    assert parked is not None and parked.attempt == MAX_ATTEMPTS + 1
+    assert len(driver.outputs(service.topics.parking_lot)) == 2
+
+
+def test_every_drop_is_logged_with_its_reason(scheduler: Scheduler, caplog: pytest.LogCaptureFixture) -> None:
+    headers, at = letter_headers("d1", RETRY_TOPIC), now()
+    with caplog.at_level(logging.INFO, logger="services.retry_scheduler.handlers.inbox_state"):
+        fail(scheduler, headers, at)
+        fail(scheduler, headers, at)
+        tick(scheduler)
+        fail(scheduler, headers, at)
+    dropped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dropped a dead letter")]
+    assert dropped == [
+        "dropped a dead letter of dlq.id=d1 attempt=1: attempt 1 is scheduled and not redelivered yet",
+        "dropped a dead letter of dlq.id=d1 attempt=1: the same dead-letter record again (redelivered)",
+    ]
