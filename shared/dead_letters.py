@@ -1,10 +1,18 @@
 """Dead letters: the contract's ``dlq.*`` headers, read leniently and written fully.
 
+The protocol is written out in ``docs/dead-letter-protocol.md`` (the public contract is
+``docs/contract.md``, "Dead letters and retries").
+
 Whoever fails to process a message hands it to :func:`dead_letter_for`, which keeps
 the key, the value bytes and every non-``dlq`` header, and records where the
 message came from and why it failed. A message that was itself a redelivery keeps
 its ``dlq.id``, original topic and first failure time, and its attempt count goes
 up by one, so the scheduler can count attempts across the whole round trip.
+
+:func:`parse_dead_letter` also reads the dead-letter headers of Spring Kafka
+(``kafka_dlt-*``), Kafka Connect (``__connect.errors.*``) and Kafka Streams
+(``__streams.errors.*``, KIP-1034): origin topic, partition, offset, error class and
+message are taken from them when the ``dlq.*`` headers do not say.
 """
 
 from __future__ import annotations
@@ -27,6 +35,39 @@ FAILED_AT = "dlq.failed.at"
 
 DLQ_PREFIX = "dlq."
 MAX_ERROR_MESSAGE = 2000
+
+# Spring Kafka's DeadLetterPublishingRecoverer (KafkaHeaders.DLT_*): topic, class names and
+# messages UTF-8; partition a 4-byte big-endian int; offset and timestamp 8-byte big-endian longs.
+# With appendOriginalHeaders (the default) a record dead-lettered again carries one more set of
+# ``original`` headers: the first is the first failure's record, the last this failure's.
+SPRING_ORIGINAL_TOPIC = "kafka_dlt-original-topic"
+SPRING_ORIGINAL_PARTITION = "kafka_dlt-original-partition"
+SPRING_ORIGINAL_OFFSET = "kafka_dlt-original-offset"
+SPRING_ORIGINAL_TIMESTAMP = "kafka_dlt-original-timestamp"
+SPRING_EXCEPTION_FQCN = "kafka_dlt-exception-fqcn"
+SPRING_EXCEPTION_CAUSE_FQCN = "kafka_dlt-exception-cause-fqcn"
+SPRING_EXCEPTION_MESSAGE = "kafka_dlt-exception-message"
+SPRING_EXCEPTION_STACKTRACE = "kafka_dlt-exception-stacktrace"
+#: Spring's wrapper around a listener's exception: the cause names the real error.
+SPRING_WRAPPER = "org.springframework.kafka.listener.ListenerExecutionFailedException"
+
+# Kafka Connect's dead-letter queue (errors.deadletterqueue.context.headers.enable=true): UTF-8 strings.
+CONNECT_TOPIC = "__connect.errors.topic"
+CONNECT_PARTITION = "__connect.errors.partition"
+CONNECT_OFFSET = "__connect.errors.offset"
+CONNECT_EXCEPTION = "__connect.errors.exception.class.name"
+CONNECT_EXCEPTION_MESSAGE = "__connect.errors.exception.message"
+
+# Kafka Streams' dead-letter queue (KIP-1034, 4.2+): UTF-8 strings. ``exception`` is the class
+# name (4.4), or ``Throwable.toString()`` ("class: message") in earlier releases.
+STREAMS_TOPIC = "__streams.errors.topic"
+STREAMS_PARTITION = "__streams.errors.partition"
+STREAMS_OFFSET = "__streams.errors.offset"
+STREAMS_EXCEPTION = "__streams.errors.exception"
+STREAMS_EXCEPTION_MESSAGE = "__streams.errors.message"
+
+#: The formats a dead letter can be written in, as :attr:`DeadLetter.format` names them.
+FORMATS = ("dlq", "spring", "connect", "streams", "none")
 
 HeaderList = list[tuple[str, bytes]]
 RawHeaders = Mapping[str, bytes] | Sequence[tuple[str, bytes]] | None
@@ -53,6 +94,38 @@ def _int(value: str | None, default: int) -> int:
         return int(value) if value is not None else default
     except ValueError:
         return default
+
+
+def content_id(origin_topic: str, key: bytes | None, value: bytes | None) -> str:
+    """The id of a dead letter that arrived without ``dlq.id``: its origin topic, key and value,
+    so each re-failure of the same message, wherever it lands on ``dead-letters``, has the same id
+    (and its attempts add up) rather than a new one at attempt 1."""
+    h = hashlib.sha256(b"content\x00")
+    h.update(origin_topic.encode())
+    h.update(b"\x00")
+    h.update(b"-" if key is None else b"k" + hashlib.sha256(key).digest())
+    h.update(b"-" if value is None else b"v" + hashlib.sha256(value).digest())
+    return h.hexdigest()[:32]
+
+
+def letter_fingerprint(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]], timestamp_ms: int | None
+) -> str:
+    """What makes one dead-letter record itself: key, value, every header in order and the
+    record's timestamp. The same record read twice, or sent twice by a producer's retry, has
+    the same fingerprint; a re-failure of the same message is a new record with a later
+    timestamp (and, from Spring or Connect, new failure headers), so it has another."""
+    h = hashlib.blake2b(digest_size=8)
+    for part in (key, value):
+        h.update(b"-" if part is None else b"+%d:" % len(part))
+        h.update(part or b"")
+    for name, raw in headers:
+        encoded = name.encode()
+        h.update(b"%d:%d:" % (len(encoded), len(raw)))
+        h.update(encoded)
+        h.update(raw)
+    h.update(b"t%d" % (timestamp_ms if timestamp_ms is not None else -1))
+    return h.hexdigest()
 
 
 def derive_id(topic: str | None, partition: int | None, offset: int | None, key: bytes | None, value: bytes | None) -> str:
@@ -84,6 +157,13 @@ class DeadLetter:
     first_failed_at: int
     failed_at: int
     other_headers: HeaderList = field(default_factory=list)
+    #: Which headers described it: ``dlq`` (any ``dlq.*`` header), ``spring``, ``connect``,
+    #: ``streams`` (another framework's dead-letter headers only), or ``none``.
+    format: str = "dlq"
+    #: :func:`letter_fingerprint` of the record it was read from ("" when written here).
+    fingerprint: str = ""
+    #: Whether ``dlq.retry.topic`` was given (else the policy may choose the origin topic).
+    retry_topic_given: bool = True
 
     def headers(self) -> HeaderList:
         """Every header to send: the message's own headers, then the ``dlq.*`` ones."""
@@ -102,6 +182,99 @@ class DeadLetter:
         return list(self.other_headers) + [(k, v.encode()) for k, v in dlq.items()]
 
 
+@dataclass(frozen=True, slots=True)
+class ForeignFailure:
+    """What another framework's dead-letter headers say: the format, where the message was
+    first read (the origin), and the failure they describe with its place among the headers
+    (the later of two descriptions is the newer one)."""
+
+    format: str
+    origin_topic: str | None = None
+    origin_partition: int | None = None
+    origin_offset: int | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+    error_at: int = -1
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _text_int(raw: bytes) -> int | None:
+    try:
+        return int(_text(raw).strip())
+    except ValueError:
+        return None
+
+
+def _binary_int(raw: bytes) -> int | None:
+    """Spring's numbers: a 4- or 8-byte big-endian int; digits are accepted too."""
+    if len(raw) in (4, 8):
+        return int.from_bytes(raw, "big", signed=True)
+    return _text_int(raw)
+
+
+def _streams_class(text: str) -> str:
+    """Kafka Streams before 4.4 wrote ``Throwable.toString()``: the class is before ``": "``."""
+    head, sep, _ = text.partition(": ")
+    return head if sep and " " not in head else text
+
+
+def foreign_failure(items: Sequence[tuple[str, bytes]]) -> ForeignFailure | None:
+    """Spring Kafka's, Kafka Connect's or Kafka Streams' dead-letter headers, or ``None``.
+
+    The origin is read from the first of its headers (an earlier hop's, when a record was
+    dead-lettered again with the headers it had), the error from the last."""
+    first: dict[str, bytes] = {}
+    last: dict[str, tuple[int, bytes]] = {}
+    for i, (name, raw) in enumerate(items):
+        if name.startswith(("kafka_dlt-", "__connect.errors.", "__streams.errors.")):
+            first.setdefault(name, raw)
+            last[name] = (i, raw)
+    if not first:
+        return None
+    if any(name.startswith("kafka_dlt-") for name in first):
+        fqcn_at, fqcn = last.get(SPRING_EXCEPTION_FQCN, (-1, b""))
+        cause = last.get(SPRING_EXCEPTION_CAUSE_FQCN)
+        error_class = _text(fqcn) if fqcn_at >= 0 else None
+        if cause is not None and (error_class is None or error_class == SPRING_WRAPPER):
+            error_class = _text(cause[1])
+        message = last.get(SPRING_EXCEPTION_MESSAGE)
+        topic = first.get(SPRING_ORIGINAL_TOPIC)
+        partition = first.get(SPRING_ORIGINAL_PARTITION)
+        offset = first.get(SPRING_ORIGINAL_OFFSET)
+        return ForeignFailure(
+            "spring",
+            _text(topic) if topic else None,
+            _binary_int(partition) if partition is not None else None,
+            _binary_int(offset) if offset is not None else None,
+            error_class,
+            _text(message[1]) if message is not None else None,
+            max(fqcn_at, cause[0] if cause is not None else -1),
+        )
+    if any(name.startswith("__connect.errors.") for name in first):
+        fmt, names = "connect", (CONNECT_TOPIC, CONNECT_PARTITION, CONNECT_OFFSET, CONNECT_EXCEPTION, CONNECT_EXCEPTION_MESSAGE)
+    else:
+        fmt, names = "streams", (STREAMS_TOPIC, STREAMS_PARTITION, STREAMS_OFFSET, STREAMS_EXCEPTION, STREAMS_EXCEPTION_MESSAGE)
+    topic_h, partition_h, offset_h, class_h, message_h = names
+    place, cls = last.get(class_h, (-1, b""))
+    f_message = last.get(message_h)
+    f_topic, f_partition, f_offset = first.get(topic_h), first.get(partition_h), first.get(offset_h)
+    error_class = _text(cls) or None
+    if fmt == "streams" and error_class is not None:
+        error_class = _streams_class(error_class)
+    return ForeignFailure(
+        fmt,
+        _text(f_topic) if f_topic else None,
+        _text_int(f_partition) if f_partition is not None else None,
+        _text_int(f_offset) if f_offset is not None else None,
+        error_class,
+        _text(f_message[1]) if f_message is not None else None,
+        place,
+    )
+
+
 def parse_dead_letter(
     key: bytes | None,
     value: bytes | None,
@@ -113,25 +286,53 @@ def parse_dead_letter(
     timestamp_ms: int | None,
     default_retry_topic: str,
 ) -> DeadLetter:
-    """Read a dead letter off ``dead-letters``; missing headers get the contract's defaults."""
+    """Read a dead letter off ``dead-letters``; missing headers get the contract's defaults.
+
+    ``dlq.*`` headers come first; where they are missing, Spring Kafka's, Kafka Connect's or
+    Kafka Streams' dead-letter headers give the origin and the error. When both describe an
+    error, the one written later (further down the header list) is this failure's: Spring
+    appends its exception headers to those it copied, and :func:`dead_letter_for` appends
+    its ``dlq.*`` ones. A letter without ``dlq.id`` gets :func:`content_id`.
+    """
     items = header_items(headers)
-    dlq = {k: _text(v) for k, v in items if k.startswith(DLQ_PREFIX)}
+    dlq: dict[str, str] = {}
+    error_at = -1
+    for i, (k, v) in enumerate(items):
+        if k.startswith(DLQ_PREFIX):
+            dlq[k] = _text(v)
+            if k == ERROR_CLASS:
+                error_at = i
     other = [(k, v) for k, v in items if not k.startswith(DLQ_PREFIX)]
+    foreign = foreign_failure(items)
     failed_at = _int(dlq.get(FAILED_AT), timestamp_ms if timestamp_ms is not None else now_ms())
+    fallback = foreign if foreign is not None and foreign.origin_topic else None
+    origin = (
+        dlq.get(ORIGINAL_TOPIC) or (fallback.origin_topic if fallback is not None else None) or topic,
+        _int(dlq.get(ORIGINAL_PARTITION), _or(fallback.origin_partition if fallback is not None else None, partition)),
+        _int(dlq.get(ORIGINAL_OFFSET), _or(fallback.origin_offset if fallback is not None else None, offset)),
+    )
+    error_class = dlq.get(ERROR_CLASS) or None
+    error_message = dlq.get(ERROR_MESSAGE) or ""
+    if foreign is not None and foreign.error_class and (error_class is None or foreign.error_at > error_at):
+        error_class, error_message = foreign.error_class, foreign.error_message or ""
+    fmt = "dlq" if dlq else foreign.format if foreign is not None else "none"
     return DeadLetter(
-        id=dlq.get(ID) or derive_id(topic, partition, offset, key, value),
+        id=dlq.get(ID) or content_id(origin[0], key, value),
         key=key,
         value=value,
-        original_topic=dlq.get(ORIGINAL_TOPIC) or topic,
-        original_partition=_int(dlq.get(ORIGINAL_PARTITION), partition),
-        original_offset=_int(dlq.get(ORIGINAL_OFFSET), offset),
+        original_topic=origin[0],
+        original_partition=origin[1],
+        original_offset=origin[2],
         retry_topic=dlq.get(RETRY_TOPIC) or default_retry_topic,
         attempt=max(1, _int(dlq.get(ATTEMPT), 1)),
-        error_class=dlq.get(ERROR_CLASS) or "Unknown",
-        error_message=dlq.get(ERROR_MESSAGE) or "",
+        error_class=error_class or "Unknown",
+        error_message=error_message[:MAX_ERROR_MESSAGE],
         first_failed_at=_int(dlq.get(FIRST_FAILED_AT), failed_at),
         failed_at=failed_at,
         other_headers=other,
+        format=fmt,
+        fingerprint=letter_fingerprint(key, value, items, timestamp_ms),
+        retry_topic_given=bool(dlq.get(RETRY_TOPIC)),
     )
 
 

@@ -48,6 +48,7 @@ class RetrySchedulerService:
 
         self.state = state = InboxState(engine, settings, self.topics)
         self.routing = routing = Routing(engine, settings, self.topics, inbox_topic)
+        state.decide_fate = routing.decide_fate  # a re-failure's next attempt is decided like any letter
         self.ticks = ticks = Ticks(engine, settings, state, inbox_topic)
         self.parking = parking = Parking(state, inbox_topic)
         self.ordered = ordered = OrderedLanes(settings, self.topics, state, parking)

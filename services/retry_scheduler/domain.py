@@ -20,9 +20,15 @@ Backoff
     ``dlq.failed.at`` (clamped to the time it is scheduled, so a clock ahead of ours
     cannot push it further out).
 
+Redelivery topic
+    A dead letter names its retry topic (``dlq.retry.topic``). One that does not (written by
+    Spring Kafka, Kafka Connect, Kafka Streams, or with no headers) goes where its policy's
+    ``redeliver_to`` says: ``retry`` (the default retry topic, the default) or ``origin``
+    (the origin topic itself, for consumers that read nothing else).
+
 Overrides
     Per origin topic and per error class, any of ``max_attempts``, ``base_delay_ms``,
-    ``max_delay_ms`` and ``jitter`` can be overridden (``STATEFLEET_RETRY_POLICY_OVERRIDES``,
+    ``max_delay_ms``, ``jitter`` and ``redeliver_to`` can be overridden (``STATEFLEET_RETRY_POLICY_OVERRIDES``,
     JSON). Fields are applied in order: defaults, then the origin topic's override, then
     the error class's override. Error classes that mean the message itself is bad
     (:data:`NEVER_RETRIED`) are parked at once unless an override says otherwise.
@@ -62,7 +68,9 @@ NEVER_RETRIED: Mapping[str, Mapping[str, Any]] = {
 }
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-_POLICY_FIELDS = ("max_attempts", "base_delay_ms", "max_delay_ms", "jitter")
+_POLICY_FIELDS = ("max_attempts", "base_delay_ms", "max_delay_ms", "jitter", "redeliver_to")
+RedeliverTo = Literal["retry", "origin"]
+REDELIVER_TO: tuple[RedeliverTo, ...] = ("retry", "origin")
 
 
 class PolicyError(ValueError):
@@ -75,6 +83,8 @@ class Policy:
     base_delay_ms: int = 1000
     max_delay_ms: int = 3_600_000
     jitter: Jitter = "equal"
+    #: Where a dead letter without ``dlq.retry.topic`` is redelivered: the default retry topic or its origin topic.
+    redeliver_to: RedeliverTo = "retry"
 
     def cap_ms(self, attempt: int) -> int:
         """The capped exponential delay of ``attempt`` (before jitter)."""
@@ -102,12 +112,19 @@ class Policy:
         return half + int((cap - half) * fraction)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        fields: dict[str, Any] = {
             "max_attempts": self.max_attempts,
             "base_delay_ms": self.base_delay_ms,
             "max_delay_ms": self.max_delay_ms,
             "jitter": self.jitter,
         }
+        if self.redeliver_to != "retry":  # shown only where it is not the default
+            fields["redeliver_to"] = self.redeliver_to
+        return fields
+
+    def retry_topic(self, origin_topic: str, default_retry_topic: str) -> str:
+        """Where a dead letter that names no retry topic is redelivered."""
+        return origin_topic if self.redeliver_to == "origin" else default_retry_topic
 
 
 def jitter_fraction(dlq_id: str, attempt: int) -> float:
@@ -127,6 +144,9 @@ def _validate_fields(where: str, raw: Any) -> dict[str, Any]:
         if name == "jitter":
             if value not in JITTERS:
                 raise PolicyError(f"{where}.jitter: must be one of {list(JITTERS)}, got {value!r}")
+        elif name == "redeliver_to":
+            if value not in REDELIVER_TO:
+                raise PolicyError(f"{where}.redeliver_to: must be one of {list(REDELIVER_TO)}, got {value!r}")
         else:
             minimum = 1 if name == "max_attempts" else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

@@ -13,12 +13,14 @@ from typing import Any
 import orjson
 
 from services.retry_scheduler.domain import MAX_DUE_MS, merge_headers
-from shared.dead_letters import DLQ_PREFIX, DeadLetter
+from shared.dead_letters import ATTEMPT, DLQ_PREFIX, FAILED_AT, DeadLetter
 
 # -- entries ---------------------------------------------------------------------------------------
 
 #: Most history events one entry keeps (the latest).
 HISTORY_KEPT = 50
+#: Most dead-letter fingerprints one id keeps (the latest).
+FINGERPRINTS_KEPT = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,10 @@ class Entry:
     parked_reason: str | None = None
     #: What operators did to it, oldest first (:class:`Replayed`); carried to its later attempts.
     history: tuple[Replayed, ...] = ()
+    #: Fingerprints of the dead-letter records taken in for this id, oldest first (at most
+    #: :data:`FINGERPRINTS_KEPT`): one read again is a duplicate, any other a new failure
+    #: (``docs/dead-letter-protocol.md``, "Re-failures and duplicates").
+    fingerprints: tuple[str, ...] = ()
 
     def scheduled(self, due_at: int, max_attempts: int) -> Entry:
         # Spelled out rather than dataclasses.replace, which costs several times more (once per dead letter).
@@ -89,6 +95,7 @@ class Entry:
             self.parked_at,
             self.parked_reason,
             self.history,
+            self.fingerprints,
         )
 
     def parked(self, at: int, reason: str, max_attempts: int) -> Entry:
@@ -97,6 +104,22 @@ class Entry:
     def with_history(self, *events: Replayed) -> Entry:
         """This entry with ``events`` added to its history (at most :data:`HISTORY_KEPT`, the latest)."""
         return replace(self, history=(*self.history, *events)[-HISTORY_KEPT:])
+
+    def with_fingerprints(self, earlier: Iterable[str]) -> Entry:
+        """This entry remembering ``earlier`` fingerprints too (before its own)."""
+        earlier = tuple(earlier)
+        if set(earlier) <= set(self.fingerprints):
+            return self
+        return replace(self, fingerprints=tuple(dict.fromkeys((*earlier, *self.fingerprints)))[-FINGERPRINTS_KEPT:])
+
+    def refailed(self, attempt: int, failed_at: int) -> Entry:
+        """This dead letter taken as failed attempt ``attempt`` at ``failed_at`` (its producer sent
+        an attempt already redelivered, or none): its headers say so too, and its fate is to be
+        decided again."""
+        headers = merge_headers(list(self.headers), [(ATTEMPT, str(attempt).encode()), (FAILED_AT, str(failed_at).encode())])
+        return replace(
+            self, headers=tuple(headers), attempt=attempt, failed_at=failed_at, due_at=0, parked_at=None, parked_reason=None
+        )
 
     @property
     def counted_as(self) -> tuple[str, str]:
@@ -139,6 +162,7 @@ def entry_from_letter(letter: DeadLetter, raw_headers: list[tuple[str, bytes]], 
         first_failed_at=_clamp(letter.first_failed_at, 0, MAX_DUE_MS),
         failed_at=_clamp(letter.failed_at, 0, MAX_DUE_MS),
         received_at=received_at,
+        fingerprints=(letter.fingerprint,) if letter.fingerprint else (),
     )
 
 
@@ -165,6 +189,8 @@ def encode_entry(e: Entry) -> bytes:
     }
     if e.history:  # absent when empty: entries stored before history existed decode alike
         fields["hi"] = _history_json(e.history)
+    if e.fingerprints:  # absent when empty, as history
+        fields["fp"] = list(e.fingerprints)
     return orjson.dumps(fields)
 
 
@@ -200,6 +226,7 @@ def decode_entry(raw: bytes) -> Entry:
             parked_at=o["pa"],
             parked_reason=o["pr"],
             history=_history_of(o["hi"]) if "hi" in o else (),
+            fingerprints=tuple(str(f) for f in o["fp"]) if "fp" in o else (),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not an encoded entry: {exc}") from exc

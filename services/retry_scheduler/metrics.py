@@ -9,8 +9,15 @@ from shared.metrics import REGISTRY
 SCHEDULED = Counter("statefleet_retry_scheduled_total", "Dead letters scheduled for redelivery", registry=REGISTRY)
 DUPLICATES = Counter(
     "statefleet_retry_duplicates_total",
-    "Dead letters ignored because the same dlq.id was already scheduled at that or a later attempt",
+    "Dead letters dropped as copies of one already taken in (kind: why; each is logged)",
     ["kind"],
+    registry=REGISTRY,
+)
+REFAILURES = Counter(
+    "statefleet_retry_refailures_total",
+    "Dead letters of an attempt already redelivered taken as its next attempt, by what their producer wrote: "
+    "attempt-kept (the headers it got) or attempt-lower (an earlier attempt, or none)",
+    ["how"],
     registry=REGISTRY,
 )
 REDELIVERED = Counter(

@@ -14,10 +14,11 @@ its ``dlq.id`` hashes to, so everything about one id lives in one place):
 ``index``     ``#`` + ``dlq.id`` → either the due key of its scheduled entry, or a *done
               marker*: the attempt that was redelivered, cancelled or replayed from the
               parking lot, and the key of the marker's expiry. The ``#`` keeps ids apart
-              from due keys. A dead letter that arrives again with an attempt
-              the index says is scheduled or done is a duplicate and is dropped; the
-              marker makes this hold after the redelivery too, e.g. when a crash makes
-              the scheduler read dead letters again that it had already redelivered.
+              from due keys. A done marker also keeps the fingerprints of the dead-letter
+              records taken in for the id: after the redelivery the same record read
+              again (a crash made the scheduler read dead letters again that it had
+              already redelivered) is dropped, and a new record of that attempt is a
+              re-failure, stored as the next attempt (``docs/dead-letter-protocol.md``).
 ``expiry``    due key (expiry time, batch token) → JSON list of ids: when their done
               markers are forgotten (:data:`DONE_MEMORY_MS` after they were written).
               One row per tick rather than per id; ticks read it like the schedule.
@@ -77,27 +78,48 @@ DONE_MEMORY_MS = 3_600_000
 _ATTEMPT = struct.Struct(">I")
 
 
+#: A done marker that also keeps the fingerprints of the id's dead letters has its kind in lower
+#: case, then the attempt, the number of fingerprints (1 byte), the fingerprints (8 bytes each),
+#: then the expiry key. Markers written before fingerprints existed decode with none.
+_WITH_FINGERPRINTS = {kind.lower(): kind for kind in DONE_KINDS}
+FINGERPRINT_BYTES = 8
+
+
 @dataclass(frozen=True, slots=True)
 class Done:
-    """An index marker: ``attempt`` of the id was redelivered, cancelled or unparked."""
+    """An index marker: ``attempt`` of the id was redelivered, cancelled or unparked; the
+    fingerprints (hex) of the dead letters taken in for it, so a copy is known as one."""
 
     kind: bytes
     attempt: int
     expiry_key: bytes
+    fingerprints: tuple[str, ...] = ()
 
     @property
     def what(self) -> str:
         return DONE_KINDS.get(self.kind, "done")
 
 
-def encode_done(kind: bytes, attempt: int, expiry_key: bytes) -> bytes:
-    return kind + _ATTEMPT.pack(min(max(attempt, 0), (1 << 32) - 1)) + expiry_key
+def encode_done(kind: bytes, attempt: int, expiry_key: bytes, fingerprints: tuple[str, ...] = ()) -> bytes:
+    packed_attempt = _ATTEMPT.pack(min(max(attempt, 0), (1 << 32) - 1))
+    prints = [bytes.fromhex(f) for f in fingerprints if len(f) == 2 * FINGERPRINT_BYTES][-255:]
+    if not prints:
+        return kind + packed_attempt + expiry_key
+    return kind.lower() + packed_attempt + bytes([len(prints)]) + b"".join(prints) + expiry_key
 
 
 def decode_index(value: bytes) -> bytes | Done:
     """A due key (the id is scheduled under it) or a :class:`Done` marker."""
-    if value[:1] in DONE_KINDS:
-        return Done(value[:1], _ATTEMPT.unpack_from(value, 1)[0], value[1 + _ATTEMPT.size :])
+    kind = value[:1]
+    if kind in DONE_KINDS:
+        return Done(kind, _ATTEMPT.unpack_from(value, 1)[0], value[1 + _ATTEMPT.size :])
+    if kind in _WITH_FINGERPRINTS:
+        at = 1 + _ATTEMPT.size
+        n = value[at]
+        prints = value[at + 1 : at + 1 + n * FINGERPRINT_BYTES]
+        fingerprints = tuple(prints[i : i + FINGERPRINT_BYTES].hex() for i in range(0, len(prints), FINGERPRINT_BYTES))
+        rest = value[at + 1 + n * FINGERPRINT_BYTES :]
+        return Done(_WITH_FINGERPRINTS[kind], _ATTEMPT.unpack_from(value, 1)[0], rest, fingerprints)
     return value
 
 

@@ -1,6 +1,6 @@
 """Which copy of a table partition this instance holds, and how far behind its changelog it is.
 
-Reads must not wait for one instance (CONTRACT.md, "Availability"): when a key's active
+Reads must not wait for one instance (docs/contract.md, "Availability"): when a key's active
 owner cannot answer, another instance answers from its own copy of the partition. An
 instance can hold a copy in three ways, and each answer says which:
 

@@ -516,7 +516,7 @@ class BulkRestoringRecovery(RecoveryHooks):
         Faust applies a standby's changelog records only once a table's buffer holds
         ``standby_buffer_size`` (1,000) of them: a standby of a table that changes less
         than that stays behind for good, and could not answer reads for a failed owner
-        (CONTRACT.md, "Availability"). Once recovery is done only standby records are
+        (docs/contract.md, "Availability"). Once recovery is done only standby records are
         buffered, and applying them in order, sooner, is what Faust does anyway.
         """
         if not self.in_recovery and any(self.buffers.values()):

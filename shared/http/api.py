@@ -72,7 +72,7 @@ def _error_response(status: int) -> dict[str, Any]:
     return {"description": ERROR_DESCRIPTIONS[status], "content": {"application/json": {"schema": _ERROR_REF}}}
 
 
-#: Headers of every answer read from state (CONTRACT.md, "Availability").
+#: Headers of every answer read from state (docs/contract.md, "Availability").
 READ_FROM_STATE_HEADERS: dict[str, Any] = {
     SOURCE: {
         "description": "Which copy of the key's partition answered: active (its owner, processing), standby (a "

@@ -9,7 +9,7 @@ database of a partition it owned before) or a peer's, asked with
 ``X-Statefleet-Read-Copy``. Every answer read from state says where it came from and how
 far behind it may be (``X-Statefleet-Source``, ``X-Statefleet-Lag-Records``), and
 ``?max_lag=N`` refuses a copy more than N changelog records behind (503 with
-``Retry-After`` and the lag in the body). See CONTRACT.md, "Availability".
+``Retry-After`` and the lag in the body). See docs/contract.md, "Availability".
 
 Changes (anything but GET and HEAD) go to the active owner only, never to a copy.
 

@@ -13,14 +13,24 @@ import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import orjson
 
 from services.retry_scheduler.domain import MAX_DUE_MS
 from services.retry_scheduler.entries import Decided, Entry, Replayed, decode_entry, decode_history, encode_entry, encode_history
-from services.retry_scheduler.metrics import DUPLICATES, LATENESS_SECONDS, PARKED, REDELIVERED, REDELIVERY_FAILED, SCHEDULED
+from services.retry_scheduler.metrics import (
+    DUPLICATES,
+    LATENESS_SECONDS,
+    PARKED,
+    REDELIVERED,
+    REDELIVERY_FAILED,
+    REFAILURES,
+    SCHEDULED,
+)
 from services.retry_scheduler.state import (
+    DONE_CANCELLED,
     DONE_KINDS,
     DONE_MEMORY_MS,
     DONE_UNPARKED,
@@ -87,6 +97,9 @@ class InboxState:
         self.lateness_ms: deque[int] = deque(maxlen=LATENESS_SAMPLES)
         #: Per partition, the expiry row the done markers of the record being handled go in.
         self._expiry_batch: dict[int, ExpiryBatch] = {}
+        #: The policy's decision for an entry (the routing's), for a re-failure whose attempt
+        #: is only known here; without it the route's decision stands.
+        self.decide_fate: Callable[[Entry, int], Entry] | None = None
 
     def partition_of(self, dlq_id: str) -> int:
         return partition_for(dlq_id, self.settings.topic_partitions)
@@ -144,19 +157,21 @@ class InboxState:
             self.counts.add("scheduled", batch.partition, entry.counted_as, -1)
         idk = id_key(entry.id)
         if done is not None:
-            self.mark_done(batch, idk, entry.id, done, entry.attempt)
+            self.mark_done(batch, idk, entry.id, done, entry.attempt, entry.fingerprints)
             self.keep_history(batch, entry)
         elif batch.read(self.index, idk) == key:
             self.delete(batch, self.index, idk)
         self.send_failures.pop(key, None)
 
-    def mark_done(self, batch: InputBatch, idk: bytes, dlq_id: str, kind: bytes, attempt: int) -> None:
+    def mark_done(
+        self, batch: InputBatch, idk: bytes, dlq_id: str, kind: bytes, attempt: int, fingerprints: tuple[str, ...] = ()
+    ) -> None:
         """Leave a done marker in the index; its expiry is written with the others of this record."""
         expiry = self._expiry_batch.get(batch.partition)
         if expiry is None:
             expire_at = min(now_ms() + DONE_MEMORY_MS, MAX_DUE_MS)
             expiry = self._expiry_batch[batch.partition] = ExpiryBatch(due_key(expire_at, f"~{uuid.uuid4().hex[:16]}"))
-        batch.write(self.index, idk, encode_done(kind, attempt, expiry.key))
+        batch.write(self.index, idk, encode_done(kind, attempt, expiry.key, fingerprints))
         expiry.ids.append(dlq_id)
         expiry.size += len(dlq_id) + 3
         if expiry.size >= EXPIRY_BATCH_BYTES:
@@ -168,33 +183,56 @@ class InboxState:
         if expiry is not None and expiry.ids:
             batch.write(self.expiry, expiry.key, orjson.dumps(expiry.ids))
 
+    def dropped(self, letter: Decided, kind: str, reason: str) -> bool:
+        """A dead letter not stored: counted under ``kind`` and logged with why."""
+        DUPLICATES.labels(kind).inc()
+        log.info("dropped a dead letter of dlq.id=%s attempt=%s: %s", letter.id, letter.attempt, reason)
+        return False
+
     async def store_decided(self, batch: InputBatch, letter: Decided) -> bool:
-        """Store a decided dead letter (schedule or park it), unless that attempt of its id is
-        already stored or done; whether it was stored."""
+        """Store a decided dead letter (schedule or park it), unless it is a copy of one already
+        taken in; whether it was stored.
+
+        The rule (``docs/dead-letter-protocol.md``, "Re-failures and duplicates"): a record whose
+        fingerprint the id already knows is the same dead-letter record again, dropped. Otherwise,
+        while the id is scheduled or parked (not redelivered since) a letter of that attempt or an
+        earlier one is a copy, dropped, and a later attempt replaces it; once that attempt was
+        redelivered (or replayed from the parking lot) any new record is a re-failure: it is
+        stored as the next attempt, whatever attempt its producer wrote, so neither a producer
+        that copies the headers it got nor one that sends none makes it vanish or loop.
+        """
         dlq_id = letter.id
         idk = id_key(dlq_id)
         current = self.index_state(batch, idk)
         if isinstance(current, Done):
+            entry = decode_entry(letter.stored)
+            if set(entry.fingerprints) & set(current.fingerprints):
+                return self.dropped(letter, DONE_KINDS[current.kind], f"the same dead-letter record again ({current.what})")
             if letter.attempt <= current.attempt:
-                DUPLICATES.labels(DONE_KINDS[current.kind]).inc()  # that attempt is already done
-                return False
+                if current.kind == DONE_CANCELLED:
+                    return self.dropped(letter, DONE_KINDS[current.kind], f"attempt {current.attempt} was cancelled")
+                if letter.attempt == 0:  # a deferred record (ordered retries) has not failed: a copy
+                    return self.dropped(letter, DONE_KINDS[current.kind], "a deferred record already taken in")
+                # A re-failure of the attempt redelivered: the next attempt, with its own backoff.
+                letter = self.refailure(entry, current.attempt + 1, letter.attempt)
+            letter = self.with_known(letter, current.fingerprints)
         elif current is not None:
             current_key, _, current_entry = current
-            if current_entry.attempt > letter.attempt:
-                DUPLICATES.labels("stale").inc()
-                return False
-            if current_entry.attempt == letter.attempt:
-                DUPLICATES.labels("scheduled").inc()  # the same dead letter again: already scheduled
-                return False
+            if current_entry.attempt >= letter.attempt:
+                self.remember(batch, self.schedule, current_key, current_entry, letter)
+                kind = "stale" if current_entry.attempt > letter.attempt else "scheduled"
+                return self.dropped(letter, kind, f"attempt {current_entry.attempt} is scheduled and not redelivered yet")
             self.finish(batch, current_key, current_entry, done=None)
+            letter = self.with_known(letter, current_entry.fingerprints)
         if letter.parked:
             parked_raw = batch.read(self.parked, idk)
-            parked_attempt = decode_entry(parked_raw).attempt if parked_raw is not None else None
-            if parked_attempt is not None and parked_attempt >= letter.attempt:
+            parked_entry = decode_entry(parked_raw) if parked_raw is not None else None
+            if parked_entry is not None and parked_entry.attempt >= letter.attempt:
                 # The same attempt again (a dead letter written twice) is parked already: a second
                 # record on the parking lot would be a repeat that exactly_once promises not to write.
-                DUPLICATES.labels("parked" if parked_attempt == letter.attempt else "stale").inc()
-                return False
+                self.remember(batch, self.parked, idk, parked_entry, letter)
+                kind = "parked" if parked_entry.attempt == letter.attempt else "stale"
+                return self.dropped(letter, kind, f"attempt {parked_entry.attempt} is parked already")
         stored = letter.stored
         if isinstance(current, Done):  # back after a redelivery: it takes its history along
             stored = self.carry_history(batch, dlq_id, stored)
@@ -203,6 +241,36 @@ class InboxState:
             return True
         self.schedule_at(batch, letter.due_at, dlq_id, stored, letter.counted_as)
         return True
+
+    @staticmethod
+    def remember(batch: InputBatch, table: Table, key: bytes, stored: Entry, copy: Decided) -> None:
+        """Keep the fingerprint of a copy dropped while ``stored`` waits, so that the copy read
+        again after the redelivery is still known as one."""
+        merged = stored.with_fingerprints(decode_entry(copy.stored).fingerprints)
+        if merged is not stored:
+            batch.write(table, key, encode_entry(merged))
+
+    def refailure(self, entry: Entry, attempt: int, written: int) -> Decided:
+        """``entry`` as failed attempt ``attempt`` (its producer wrote ``written``), its fate decided again."""
+        REFAILURES.labels("attempt-kept" if written == attempt - 1 else "attempt-lower").inc()
+        log.info(
+            "dlq.id=%s came back with attempt %s after attempt %s was redelivered: taken as attempt %s",
+            entry.id,
+            written,
+            attempt - 1,
+            attempt,
+        )
+        again = entry.refailed(attempt, max(entry.failed_at, entry.received_at))
+        return Decided.of(self.decide_fate(again, now_ms()) if self.decide_fate is not None else again)
+
+    @staticmethod
+    def with_known(letter: Decided, fingerprints: tuple[str, ...]) -> Decided:
+        """``letter`` remembering the fingerprints its id already had."""
+        if not fingerprints:
+            return letter
+        entry = decode_entry(letter.stored)
+        merged = entry.with_fingerprints(fingerprints)
+        return letter if merged is entry else replace(letter, stored=encode_entry(merged))
 
     def schedule_at(self, batch: InputBatch, due_at: int, dlq_id: str, stored: bytes, counted_as: tuple[str, str]) -> None:
         """Write an entry to the schedule under its due time, and its id's index row."""
@@ -242,7 +310,7 @@ class InboxState:
         idk = id_key(entry.id)
         if self.delete(batch, self.parked, idk):
             self.counts.add("parked", batch.partition, entry.counted_as, -1)
-        self.mark_done(batch, idk, entry.id, DONE_UNPARKED, entry.attempt)
+        self.mark_done(batch, idk, entry.id, DONE_UNPARKED, entry.attempt, entry.fingerprints)
         self.keep_history(batch, entry.with_history(Replayed(now_ms(), action, entry.attempt)))
 
     # -- what the handler puts out ----------------------------------------------------------------------

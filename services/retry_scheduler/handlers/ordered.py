@@ -166,13 +166,14 @@ class OrderedLanes:
         raw_index = batch.read(state.index, id_key(letter.id))
         if raw_index is not None and is_held_key(raw_index):
             DUPLICATES.labels("held").inc()  # already held behind the head
+            log.info("dropped a dead letter of dlq.id=%s attempt=%s: held behind its key's head", letter.id, letter.attempt)
             self._taken_in(batch, lane, current, letter.id)
             return
         if current is not None and current.head == letter.id:
             await state.store_decided(batch, letter)  # the head's next attempt (or a copy of one)
             self._taken_in(batch, lane, current, letter.id)
             return
-        if raw_index is not None and self._done_at_or_after(raw_index, letter.attempt):
+        if raw_index is not None and self._done_at_or_after(raw_index, letter.id, letter.attempt):
             self._taken_in(batch, lane, current, letter.id)
             return
         if current is None:
@@ -198,11 +199,19 @@ class OrderedLanes:
         ORDERED.labels("held").inc()
 
     @staticmethod
-    def _done_at_or_after(raw_index: bytes, attempt: int) -> bool:
-        """A copy of an attempt already redelivered, cancelled or replayed: dropped, never made head."""
+    def _done_at_or_after(raw_index: bytes, dlq_id: str, attempt: int) -> bool:
+        """A copy of an attempt already redelivered, cancelled or replayed, of a letter no longer
+        its key's head (acknowledged or skipped): dropped, never made head again."""
         done = decode_index(raw_index)
         if isinstance(done, Done) and attempt <= done.attempt:
             DUPLICATES.labels(done.what).inc()
+            log.info(
+                "dropped a dead letter of dlq.id=%s attempt=%s: attempt %s was %s and it heads its key no more",
+                dlq_id,
+                attempt,
+                done.attempt,
+                done.what,
+            )
             return True
         return False
 
@@ -245,7 +254,7 @@ class OrderedLanes:
         state = self.state
         [d] = await state.redeliver(batch, [(id_key(dlq_id), stored)], trigger="ordered")
         if d.error is None:
-            state.mark_done(batch, id_key(dlq_id), dlq_id, DONE_REDELIVERED, d.entry.attempt)
+            state.mark_done(batch, id_key(dlq_id), dlq_id, DONE_REDELIVERED, d.entry.attempt, d.entry.fingerprints)
             state.keep_history(batch, d.entry)
             state.write_expiry(batch)
         else:

@@ -62,6 +62,9 @@ class Routing:
                     timestamp_ms=record.timestamp or None,
                     default_retry_topic=self.topics.retry,
                 )
+                if not letter.retry_topic_given:  # Spring, Connect, Streams or no headers: the policy says where
+                    policy = self.policies.policy_for(letter.original_topic, letter.error_class)
+                    letter.retry_topic = policy.retry_topic(letter.original_topic, letter.retry_topic)
                 entry = entry_from_letter(letter, raw_headers, received_at)
                 lane = self.lane_of(entry)
                 if lane is None:

@@ -1,6 +1,6 @@
 """The retry scheduler on a data dir kept from topics since deleted and created again: it
 discards that state and lists the dead letters of the topics there are now, never one of the
-old ones (CONTRACT.md, "Local state"; the tallies' cases are in tests/e2e/tallies/test_state_identity.py)."""
+old ones (docs/contract.md, "Local state"; the tallies' cases are in tests/e2e/tallies/test_state_identity.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A worker started on a data dir kept from topics that no longer exist (deleted and created
 again under the same names, or another Kafka cluster) discards that local state, restores it
 from the changelogs there are now and serves exact tallies, saying why; it never crash-loops
-on a changelog shorter than its local offset (CONTRACT.md, "Local state")."""
+on a changelog shorter than its local offset (docs/contract.md, "Local state")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The validator on a data dir kept from topics since deleted and created again: it discards
 that state and serves the accounts of the topics there are now, never an account of the old
-ones (CONTRACT.md, "Local state"; the tallies' cases are in tests/e2e/tallies/test_state_identity.py)."""
+ones (docs/contract.md, "Local state"; the tallies' cases are in tests/e2e/tallies/test_state_identity.py)."""
 
 from __future__ import annotations
 

@@ -84,15 +84,19 @@ def test_due_time_counts_from_failed_at_but_never_from_the_future() -> None:
     assert due_time(huge, "a", 1, failed_at=9_000, now_ms=9_000) == MAX_DUE_MS
 
 
+def book_with(overrides: str, jitter: str, topic_prefix: str) -> PolicyBook:
+    """Defaults of 5 attempts, 1 s base and 60 s cap, with ``overrides``."""
+    return build_policy_book(
+        max_attempts=5, base_delay_ms=1000, max_delay_ms=60_000, jitter=jitter, overrides=overrides, topic_prefix=topic_prefix
+    )
+
+
 def test_overrides_apply_topic_then_error_class_over_the_defaults() -> None:
-    book = build_policy_book(
-        max_attempts=5,
-        base_delay_ms=1000,
-        max_delay_ms=60_000,
-        jitter="equal",
-        topic_prefix="t1.",
-        overrides='{"origin_topic": {"orders": {"max_attempts": 8, "base_delay_ms": 10}},'
+    book = book_with(
+        '{"origin_topic": {"orders": {"max_attempts": 8, "base_delay_ms": 10}},'
         ' "error_class": {"Timeout": {"base_delay_ms": 50, "jitter": "none"}}}',
+        "equal",
+        "t1.",
     )
     assert book.policy_for("other", "Boom") == Policy(5, 1000, 60_000, "equal")
     # matched with and without the topic prefix
@@ -127,6 +131,7 @@ def test_configured_error_class_overrides_merge_over_the_built_in_ones() -> None
         ('{"origin_topic": {"a": {"base_delay_ms": -1}}}', "base_delay_ms: must be an integer >= 0"),
         ('{"origin_topic": {"a": {"base_delay_ms": true}}}', "must be an integer"),
         ('{"error_class": {"E": {"jitter": "half"}}}', "jitter: must be one of"),
+        ('{"origin_topic": {"a": {"redeliver_to": "elsewhere"}}}', "redeliver_to: must be one of"),
         ('{"error_class": {"E": {"delay": 1}}}', "unknown fields"),
         ('{"error_class": {"E": 3}}', "expected an object of policy fields"),
     ],
@@ -201,3 +206,11 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile(values, 100) == 100
     assert percentile([7], 99) == 7
     assert percentile([], 50) is None
+
+
+def test_a_letter_without_a_retry_topic_goes_where_its_origin_topics_policy_says() -> None:
+    book = book_with('{"origin_topic": {"payments": {"redeliver_to": "origin"}}}', "none", "p.")
+    assert book.policy_for("p.payments", "E").retry_topic("p.payments", "p.retry") == "p.payments"
+    assert book.policy_for("p.orders", "E").retry_topic("p.orders", "p.retry") == "p.retry"
+    assert book.policy_for("p.payments", "E").to_json()["redeliver_to"] == "origin"
+    assert "redeliver_to" not in book.default.to_json()  # shown only where it is not the default

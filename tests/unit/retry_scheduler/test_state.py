@@ -272,6 +272,21 @@ def test_index_values_tell_a_scheduled_key_from_a_done_marker(kind: bytes, attem
     assert decode_index(expiry) == expiry  # a due key always starts with 0x00
 
 
+@given(
+    st.sampled_from([b"D", b"C", b"U"]),
+    st.integers(0, 2**32 - 1),
+    dues,
+    ids,
+    st.lists(st.binary(min_size=8, max_size=8), max_size=20),
+)
+def test_a_done_marker_keeps_the_fingerprints_of_its_ids_letters(
+    kind: bytes, attempt: int, due: int, dlq_id: str, prints: list[bytes]
+) -> None:
+    expiry = due_key(due, dlq_id)
+    fingerprints = tuple(p.hex() for p in prints)
+    assert decode_index(encode_done(kind, attempt, expiry, fingerprints)) == Done(kind, attempt, expiry, fingerprints)
+
+
 def test_entry_from_a_letter_clamps_numbers_it_cannot_store() -> None:
     letter = parse_dead_letter(
         b"k",
