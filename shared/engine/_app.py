@@ -21,10 +21,11 @@ from faust.contrib.asgi import serve_asgi
 
 from shared.engine._admin import TopicSpec
 from shared.engine._clients import require_sasl_credentials, ssl_context
-from shared.engine._faust import WorkerHooks, print_thread_loop_tasks, track_used_topics
+from shared.engine._context import AppContext
+from shared.engine._faust import AppHooks, WorkerHooks, print_thread_loop_tasks, track_used_topics
 from shared.engine._instance_lock import hold_data_dir
 from shared.engine._membership import ANNOUNCE_TIMEOUT_S, announce_restart
-from shared.engine._restore import BulkRestoringTableManager, register_settings
+from shared.engine._restore import BulkRestoringTableManager
 from shared.engine._rocksdb import STORE_SCHEME, configure_rocksdb_memory
 from shared.engine._warmup import WarmupAssignor
 from shared.log_config import logging_config
@@ -58,7 +59,7 @@ def broker_credentials(settings: Settings) -> Any:
     return faust.SSLCredentials(context)
 
 
-def create_app(service: str, settings: Settings, default_port: int, app_class: type[faust.App] = faust.App) -> faust.App:
+def create_app(service: str, settings: Settings, default_port: int, app_class: type[AppHooks] = AppHooks) -> AppHooks:
     track_used_topics()  # or a send can wait 20 minutes for metadata it dropped (see the module)
     port = settings.port_for(default_port)
     datadir = instance_data_dir(service, settings)
@@ -110,7 +111,7 @@ def create_app(service: str, settings: Settings, default_port: int, app_class: t
     if settings.static_membership:
         conf["consumer_group_instance_id"] = f"{service}-{settings.instance_id}"
     app = app_class(app_id(service, settings), **conf)
-    register_settings(app, settings, service)
+    app.engine_context = AppContext(settings, service)
     cast(WarmupAssignor, app.assignor).enabled = settings.warmups
     return app
 

@@ -50,6 +50,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer
@@ -116,6 +117,32 @@ def lag_by_topic(
 class NotAMember(Exception):
     """The group may no longer count this consumer as the member that fetched the batch being
     committed: nothing more of it is written (see the module docs), and it is fetched again."""
+
+
+@dataclass
+class Delivery:
+    """What the engine gives its worker's consumer (:class:`BatchConsumer`): where fetched batches
+    go and how. One per engine, passed to the consumer as Faust builds it."""
+
+    #: Takes each fetched batch of :attr:`batch_topics` (set before the worker starts).
+    deliver: Deliver | None = None
+    #: The topics whose records go to :attr:`deliver`, a partition's fetch at a time.
+    batch_topics: frozenset[str] = frozenset()
+    #: Topic → lane: batches of one partition number run side by side when their lanes differ
+    #: (their handlers write no common table), in turn when they are the same.
+    lanes: dict[str, int] = field(default_factory=dict)
+    #: aiokafka's ``fetch_max_wait_ms`` for the worker's consumer (see :class:`_ConsumerThread`).
+    fetch_max_wait_ms: int = 1500
+    #: With exactly_once: read committed records only, and leave the offsets of ``batch_topics``
+    #: to the batches' transactions (Faust's periodic commits and the revocation commit skip
+    #: them: an offset committed outside the transaction could run ahead of the state).
+    exactly_once: bool = False
+    #: Awaited with the newly assigned partitions before Faust acts on them (table recovery
+    #: included), and with the revoked ones once their running batch is over.
+    on_assigned: Callable[[set[TP]], Awaitable[None]] | None = None
+    on_revoked: Callable[[set[TP]], Awaitable[None]] | None = None
+    #: The ``service`` label of the consumer lag gauge (not set: no gauge).
+    service: str = ""
 
 
 class _ConsumerThread(ConsumerThreadHooks):
@@ -186,36 +213,19 @@ class _ConsumerThread(ConsumerThreadHooks):
         # itself, and reads committed records in either guarantee (see
         # ``_clients.isolation_level``), so it sets only the isolation level. The fetcher
         # reads it when the consumer starts, which is after this.
-        set_fetch_options(client, fetch_max_wait_ms=self.consumer.fetch_max_wait_ms, isolation_level=ISOLATION_LEVEL)
+        set_fetch_options(client, fetch_max_wait_ms=self.consumer.delivery.fetch_max_wait_ms, isolation_level=ISOLATION_LEVEL)
         return client
 
 
 class BatchConsumer(ConsumerHooks):
-    """Faust's aiokafka consumer with the per-record hand-over replaced for ``batch_topics``.
-
-    The engine subclasses it per app and sets :attr:`batch_topics` and :attr:`deliver`.
-    """
+    """Faust's aiokafka consumer with the per-record hand-over replaced for the engine's
+    ``batch_topics`` (see :class:`Delivery`, which Faust's app passes in as it builds it)."""
 
     thread_class = _ConsumerThread
-    batch_topics: frozenset[str] = frozenset()
-    deliver: Deliver | None = None
-    #: Topic → lane: batches of one partition number run side by side when their lanes differ
-    #: (their handlers write no common table), in turn when they are the same.
-    lanes: dict[str, int] = {}
-    #: aiokafka's ``fetch_max_wait_ms`` for the worker's consumer (see :class:`_ConsumerThread`).
-    fetch_max_wait_ms: int = 1500
-    #: With exactly_once: read committed records only, and leave the offsets of ``batch_topics``
-    #: to the batches' transactions (Faust's periodic commits and the revocation commit skip
-    #: them: an offset committed outside the transaction could run ahead of the state).
-    exactly_once: bool = False
-    #: Awaited with the newly assigned partitions before Faust acts on them (table recovery
-    #: included), and with the revoked ones once their running batch is over.
-    on_assigned: Callable[[set[TP]], Awaitable[None]] | None = None
-    on_revoked: Callable[[set[TP]], Awaitable[None]] | None = None
-    #: The ``service`` label of the consumer lag gauge (not set: no gauge).
-    service: str = ""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, delivery: Delivery | None = None, **kwargs: Any) -> None:
+        #: Before Faust's own set-up, which builds the consumer thread that reads it.
+        self.delivery = delivery if delivery is not None else Delivery()
         super().__init__(*args, **kwargs)
         self._delivered: dict[TP, int] = {}
         #: Bumped by every seek and rebalance: fetches in one epoch continue one another.
@@ -238,8 +248,8 @@ class BatchConsumer(ConsumerHooks):
 
     async def drain_fetched(self, fetcher: Any) -> None:
         stopped = self.stopped(fetcher)
-        batch_topics = self.batch_topics
-        lanes = self.lanes
+        batch_topics = self.delivery.batch_topics
+        lanes = self.delivery.lanes
         try:
             while not stopped():
                 before = self._seek_epoch
@@ -415,9 +425,9 @@ class BatchConsumer(ConsumerHooks):
         return handed[1] + 1
 
     async def _deliver(self, tp: TP, batch: Sequence[Any], epoch: int = -1) -> None:
-        deliver = self.deliver
+        deliver = self.delivery.deliver
         if deliver is None:
-            raise RuntimeError("BatchConsumer.deliver is not set: the engine registers it before the worker starts")
+            raise RuntimeError("the consumer has no delivery: the engine sets one before the worker starts")
         continues_from = self._continues_from(tp, epoch)
         self._handed.pop(tp, None)
         self._running += 1
@@ -431,7 +441,7 @@ class BatchConsumer(ConsumerHooks):
         last = int(batch[-1].offset)
         if epoch >= 0 and epoch == self._seek_epoch:
             self._handed[tp] = (epoch, last)
-        if not self.exactly_once:  # else the batch's transaction committed the offset
+        if not self.delivery.exactly_once:  # else the batch's transaction committed the offset
             self._delivered[tp] = last + 1
         self.read_offsets[tp] = last
 
@@ -479,15 +489,15 @@ class BatchConsumer(ConsumerHooks):
 
     def record_lag(self) -> None:
         """Set the consumer lag gauge of each input topic (see :func:`lag_by_topic`)."""
-        if not self.service:
+        if not self.delivery.service:
             return
         try:
             assigned = self.assignment()
         except Exception:  # the consumer thread is not running (starting or stopping)
             return
         read_offsets = self.read_offsets
-        for topic, lag in lag_by_topic(self.batch_topics, assigned, self._highwater, read_offsets.get).items():
-            CONSUMER_LAG.labels(self.service, topic).set(lag)
+        for topic, lag in lag_by_topic(self.delivery.batch_topics, assigned, self._highwater, read_offsets.get).items():
+            CONSUMER_LAG.labels(self.delivery.service, topic).set(lag)
 
     def _highwater(self, tp: TP) -> int | None:
         try:
@@ -505,7 +515,7 @@ class BatchConsumer(ConsumerHooks):
                 yield tp
 
     def offset_to_commit(self, tp: TP) -> int | None:
-        if tp.topic in self.batch_topics:
+        if tp.topic in self.delivery.batch_topics:
             return self._delivered.get(tp)
         return super().offset_to_commit(tp)
 
@@ -530,8 +540,8 @@ class BatchConsumer(ConsumerHooks):
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         self._seek_epoch += 1
         self._handed.clear()
-        if self.on_assigned is not None:
-            await self.on_assigned(set(assigned))
+        if self.delivery.on_assigned is not None:
+            await self.delivery.on_assigned(set(assigned))
         await super().on_partitions_assigned(assigned, generation_id)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
@@ -539,8 +549,8 @@ class BatchConsumer(ConsumerHooks):
         await super().on_partitions_revoked(revoked)  # stops the flow and waits for the running batch
         self._seek_epoch += 1
         self._handed.clear()
-        if self.on_revoked is not None:
-            await self.on_revoked(set(revoked))
+        if self.delivery.on_revoked is not None:
+            await self.delivery.on_revoked(set(revoked))
         ours = {tp for tp in revoked if tp in self._delivered}
         if ours:
             try:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -52,6 +51,7 @@ from aiokafka import TopicPartition as KafkaTP
 from faust.types import TP
 
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, exactly_once, started_when_reachable
+from shared.engine._context import context_of
 from shared.engine._faust import AnyTable, recovery_done, store_partition_db
 from shared.engine._identity import Incarnation, current_incarnations, recorded_is_current
 from shared.engine._rocksdb import persisted_offset
@@ -80,7 +80,7 @@ class Copy:
     lag: int | None
 
 
-class _ChangelogEnds:
+class ChangelogEnds:
     """End offsets of changelog partitions, cached per topic for :data:`END_MAX_AGE_S`."""
 
     def __init__(self, settings: Settings) -> None:
@@ -193,16 +193,21 @@ def _retrieve(refresh: asyncio.Future[None]) -> None:
         refresh.exception()
 
 
-_ENDS: weakref.WeakKeyDictionary[faust.App, _ChangelogEnds] = weakref.WeakKeyDictionary()
-
-
 def track_copies(app: faust.App, settings: Settings) -> None:
     """Let :func:`local_copy` tell ``app``'s copies' lag (once per app, before the worker starts)."""
-    _ENDS[app] = _ChangelogEnds(settings)
+    context = context_of(app)
+    if context is None:
+        raise ValueError("the app was not created by the engine (shared.engine._app.create_app)")
+    context.copies = ChangelogEnds(settings)
+
+
+def _ends(app: faust.App) -> ChangelogEnds | None:
+    context = context_of(app)
+    return context.copies if context is not None else None
 
 
 async def start_tracking(app: faust.App) -> None:
-    ends = _ENDS.get(app)
+    ends = _ends(app)
     if ends is not None:
         await ends.start()
         # Known before the first recovery checks them, so that a previous owner's copy on disk
@@ -218,19 +223,19 @@ async def start_tracking(app: faust.App) -> None:
 def note_incarnations(app: faust.App, incarnations: dict[str, Incarnation]) -> None:
     """Remember the incarnations of changelogs and inputs a recovery read (see :func:`local_copy`
     and :class:`~shared.engine._durable.OrderedInput`)."""
-    ends = _ENDS.get(app)
+    ends = _ends(app)
     if ends is not None:
         ends.incarnations.update(incarnations)
 
 
 def incarnation_of(app: faust.App, topic: str) -> Incarnation | None:
     """``topic``'s incarnation as the brokers last reported it to this worker (None: not known)."""
-    ends = _ENDS.get(app)
+    ends = _ends(app)
     return ends.incarnations.get(topic) if ends is not None else None
 
 
 async def stop_tracking(app: faust.App) -> None:
-    ends = _ENDS.get(app)
+    ends = _ends(app)
     if ends is not None:
         await ends.stop()
 
@@ -318,7 +323,7 @@ async def _table_copy(app: faust.App, table: AnyTable, partition: int, *, exact:
     if source == "active":
         return Copy("active", 0)
     tp = TP(table.changelog_topic.get_topic_name(), partition)
-    ends = _ENDS.get(app)
+    ends = _ends(app)
     try:
         db = store_partition_db(_store(table), partition)
         if ends is not None and not recorded_is_current(db, ends.incarnations.get(tp.topic)):
@@ -353,7 +358,7 @@ async def _table_copy(app: faust.App, table: AnyTable, partition: int, *, exact:
 async def lag_without_copy(app: faust.App, table: AnyTable, partition: int) -> int | None:
     """Changelog records a copy of ``partition`` would have to apply starting from nothing: the
     changelog's end offset as last known (None: not known)."""
-    ends = _ENDS.get(app)
+    ends = _ends(app)
     if ends is None:
         return None
     tp = TP(table.changelog_topic.get_topic_name(), partition)

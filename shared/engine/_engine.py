@@ -32,7 +32,7 @@ from shared.engine._admin import TopicSpec
 from shared.engine._app import app_id, create_app, faust_topic_specs, run_worker, serve_api
 from shared.engine._batch import DeadLetterRoute, InputBatch, observe
 from shared.engine._clients import exactly_once
-from shared.engine._consumer import BatchConsumer, NotAMember
+from shared.engine._consumer import BatchConsumer, Delivery, NotAMember
 from shared.engine._copies import incarnation_of, start_tracking, stop_tracking, track_copies
 from shared.engine._durable import Backfill, DurableTable, InRecord, OrderedInput
 from shared.engine._faults import FaultPoints
@@ -82,14 +82,22 @@ class Timer:
 
 
 class _EngineApp(AppHooks):
-    """A Faust app whose consumer is the engine's :class:`BatchConsumer`."""
+    """A Faust app whose consumer is the engine's :class:`BatchConsumer`, given :attr:`delivery`."""
 
     consumer_class: type[BatchConsumer] = BatchConsumer
-    #: The topics the engine's handlers read (see :func:`shared.engine._coverage.ready`).
-    input_topics: frozenset[str] = frozenset()
+    #: Set by the engine before the worker starts.
+    delivery: Delivery | None = None
     #: Called by the table recovery once it completed for consumer generation ``n`` (the
     #: engine's tasks then run).
     on_restored: Callable[[int], None] | None = None
+
+    def consumer_options(self) -> dict[str, Any]:
+        return {"delivery": self.delivery}
+
+    @property
+    def input_topics(self) -> frozenset[str]:
+        """The topics the engine's handlers read (see :func:`shared.engine._coverage.ready`)."""
+        return self.delivery.batch_topics if self.delivery is not None else frozenset()
 
 
 class Engine:
@@ -116,17 +124,19 @@ class Engine:
         self.clock: Callable[[], float] = time.monotonic
         #: Topic -> partitions, for the topics handlers read as the service's own.
         self._internal_topics: dict[str, int] = {}
-        consumer_class: type[BatchConsumer] = type(
-            f"{service.title()}BatchConsumer",
-            (BatchConsumer,),
-            {
-                "deliver": staticmethod(self._deliver),
-                "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms,
-                "service": service,
-            },
+        #: How the worker's consumer hands fetched batches over (topics and lanes added as
+        #: handlers register).
+        self.delivery = Delivery(
+            deliver=self._deliver,
+            fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
+            exactly_once=exactly_once(settings),
+            on_assigned=self._assigned,
+            on_revoked=self._revoked,
+            service=service,
         )
-        self._app.consumer_class = consumer_class  # type: ignore[attr-defined]
-        self._consumer_class = consumer_class
+        app = cast(_EngineApp, self._app)
+        app.delivery = self.delivery
+        app.on_restored = self._restored
         self._trailing_holes: TrailingHoleWatch | None = None
         self.producer = BatchProducer(settings, client_id=f"{service}-{settings.instance_id}")
         #: At-least-once batch commits send through their own producer, each of whose requests
@@ -145,11 +155,8 @@ class Engine:
         #: The reader is one consumer that assigns itself the partitions of each restore: restores
         #: of several partitions' failed commits take turns.
         self._restoring = asyncio.Lock()
-        consumer_class.on_assigned = staticmethod(self._assigned)  # type: ignore[assignment]
-        consumer_class.on_revoked = staticmethod(self._revoked)  # type: ignore[assignment]
-        cast(_EngineApp, self._app).on_restored = self._restored
         if exactly_once(settings):
-            self._exactly_once(consumer_class)
+            self._exactly_once()
         self._app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
         # Peers watched, and a dead one's group member removed, so its partitions move at once.
         self.peer_watch: PeerWatch | None = None
@@ -190,7 +197,7 @@ class Engine:
         await self.changelogs.stop()
         await stop_tracking(self._app)
 
-    def _exactly_once(self, consumer_class: type[BatchConsumer]) -> None:
+    def _exactly_once(self) -> None:
         """Batches commit as transactions of one producer per input partition (see
         :class:`PartitionTransactions`), initialised as partitions are assigned, before their
         tables are restored, and closed as they are revoked; the consumer reads committed
@@ -202,8 +209,6 @@ class Engine:
             self.producer,
             service=self.service,
         )
-
-        consumer_class.exactly_once = True
 
     # -- tasks ---------------------------------------------------------------------------
 
@@ -339,9 +344,8 @@ class Engine:
                 self._by_topic[topic] = reg
                 if internal_partitions is not None:
                     self._internal_topics[topic] = internal_partitions
-            self._consumer_class.batch_topics = frozenset(self._by_topic)
-            cast(_EngineApp, self._app).input_topics = frozenset(self._by_topic)
-            self._consumer_class.lanes = self._lanes()
+            self.delivery.batch_topics = frozenset(self._by_topic)
+            self.delivery.lanes = self._lanes()
             return fn
 
         return register

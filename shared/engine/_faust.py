@@ -40,6 +40,8 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP, ConsumerT, TableT
 from rocksdict import Rdict
 
+from shared.engine._context import AppContext
+
 log = logging.getLogger(__name__)
 
 AnyTable = TableT[Any, Any]
@@ -511,9 +513,15 @@ class AssignorHooks(PartitionAssignor):  # type: ignore[misc]  # Faust's class i
 
 
 class AppHooks(faust.App):
-    """A Faust app whose consumer is of :attr:`consumer_class`."""
+    """A Faust app whose consumer is of :attr:`consumer_class`, built with :meth:`consumer_options`."""
 
     consumer_class: type[ConsumerHooks] = ConsumerHooks
+    #: The engine's context of this app (see ``shared/engine/_context.py``).
+    engine_context: AppContext | None = None
+
+    def consumer_options(self) -> dict[str, Any]:
+        """Keyword arguments for the consumer, besides Faust's own."""
+        return {}
 
     def _new_consumer(self) -> Any:
         transport = self.transport
@@ -524,6 +532,7 @@ class AppHooks(faust.App):
             on_partitions_assigned=self._on_partitions_assigned,
             beacon=self.beacon,
             loop=transport.loop,
+            **self.consumer_options(),
         )
 
 

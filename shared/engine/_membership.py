@@ -53,10 +53,8 @@ import enum
 import json
 import logging
 import time
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 import faust
@@ -66,6 +64,7 @@ from aiokafka.protocol.group import LeaveGroupRequest
 
 from shared.engine._admin import _Admin
 from shared.engine._clients import client_kwargs, started_when_reachable
+from shared.engine._context import context_of
 from shared.engine._faust import member_urls, request_rejoin, send_to_broker
 from shared.engine._loops import run_every
 from shared.metrics import PEER_FAILOVERS, PEER_RESTARTS_ANNOUNCED
@@ -256,13 +255,15 @@ class PeerVerdicts:
             self._peers[url] = _Peer()
 
 
-_WATCHES: weakref.WeakKeyDictionary[Any, PeerWatch] = weakref.WeakKeyDictionary()
+def _watch(app: faust.App) -> PeerWatch | None:
+    context = context_of(app)
+    return context.peer_watch if context is not None else None
 
 
 def note_peer_restarting(app: faust.App, url: str) -> bool:
     """A peer says it is restarting: leave its member alone for a session timeout. False when
     this instance keeps no peer watch."""
-    watch = _WATCHES.get(app)
+    watch = _watch(app)
     if watch is None:
         return False
     watch.verdicts.announce_restart(url, time.monotonic())
@@ -279,7 +280,7 @@ def note_peer_restarting(app: faust.App, url: str) -> bool:
 async def announce_restart(app: faust.App) -> None:
     """Tell every peer this instance is restarting (a worker stopping on a signal), and stop
     acting on peers; each peer is given :data:`ANNOUNCE_TIMEOUT_S` at most."""
-    watch = _WATCHES.get(app)
+    watch = _watch(app)
     if watch is not None:
         await watch.announce_restart()
 
@@ -307,7 +308,9 @@ class PeerWatch:
         #: URL -> the member ids its group member had when it announced a restart.
         self._members_at_restart: dict[str, set[str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        _WATCHES[app] = self
+        context = context_of(app)
+        if context is not None:
+            context.peer_watch = self
 
     # -- the loop ----------------------------------------------------------------------
 

@@ -54,7 +54,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-import weakref
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -68,6 +67,7 @@ from mode import Service
 from rocksdict import Rdict
 
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs
+from shared.engine._context import context_of
 from shared.engine._copies import note_incarnations
 from shared.engine._faust import RecoveryHooks, TableManagerHooks, consumer_partition_state, store_partition_db
 from shared.engine._identity import ChangelogNow, Incarnation, check_partition, current_incarnations, discard, record
@@ -77,10 +77,6 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: Settings of each app whose table manager restores in bulk (Faust builds it from the app alone).
-_SETTINGS: weakref.WeakKeyDictionary[faust.App, Settings] = weakref.WeakKeyDictionary()
-#: The service each app runs (the ``service`` label of the restore metrics).
-_SERVICES: weakref.WeakKeyDictionary[faust.App, str] = weakref.WeakKeyDictionary()
 
 PROGRESS_EVERY_S = 5.0
 
@@ -413,9 +409,10 @@ class BulkRestoringRecovery(RecoveryHooks):
     _reader: ChangelogReader | None = None
 
     def _changelog_reader(self) -> ChangelogReader | None:
-        settings = _SETTINGS.get(cast(faust.App, self.app))
-        if settings is None:
+        context = context_of(self.app)
+        if context is None:
             return None
+        settings = context.settings
         if self._reader is None:
             self._reader = ChangelogReader(settings)
         return self._reader
@@ -455,7 +452,8 @@ class BulkRestoringRecovery(RecoveryHooks):
         restored = getattr(self.app, "on_restored", None)
         if restored is not None:
             restored(generation_id)
-        tally, service = self._tally, _SERVICES.get(cast(faust.App, self.app))
+        context = context_of(self.app)
+        tally, service = self._tally, context.service if context is not None else None
         if tally is None:
             return
         self._tally = None
@@ -572,7 +570,8 @@ class BulkRestoringRecovery(RecoveryHooks):
         if ahead:
             written = await reader.high_watermarks(ahead)
             bounds.update({tp: (bounds[tp][0], max(bounds[tp][1], written[tp])) for tp in ahead})
-        service = _SERVICES.get(cast(faust.App, self.app), "")
+        context = context_of(self.app)
+        service = context.service if context is not None else ""
         for tp, db in dbs.items():
             current = incarnations.get(tp.topic)
             start, end = bounds[tp]
@@ -664,11 +663,3 @@ class BulkRestoringTableManager(TableManagerHooks):
     """Faust's table manager with :class:`BulkRestoringRecovery` as its recovery service."""
 
     recovery_class = BulkRestoringRecovery
-
-
-def register_settings(app: faust.App, settings: Settings, service: str | None = None) -> None:
-    """Give the stores of ``app`` the settings they restore with (Kafka connection, thresholds),
-    and the service its restores are measured for."""
-    _SETTINGS[app] = settings
-    if service is not None:
-        _SERVICES[app] = service

@@ -21,6 +21,9 @@ class ServiceContext:
     topics: TopicNames
     url: str
     extras: dict[str, Any] = field(default_factory=dict)
+    #: How peer calls (forwarded reads) reach the peers: httpx's own network transport unless a
+    #: test passes one of its own (``httpx.MockTransport``, an ASGI app's transport).
+    transport: httpx.AsyncBaseTransport | None = None
     _http: httpx.AsyncClient | None = None
     #: Peer URL -> until when (monotonic) reads skip it, after it failed to answer.
     _suspects: dict[str, float] = field(default_factory=dict)
@@ -29,7 +32,7 @@ class ServiceContext:
     def http(self) -> httpx.AsyncClient:
         """Client for peer calls, created on first use so it binds to the worker's loop."""
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.settings.forward_timeout_s)
+            self._http = httpx.AsyncClient(timeout=self.settings.forward_timeout_s, transport=self.transport)
         return self._http
 
     def suspect(self, peer: str) -> None:

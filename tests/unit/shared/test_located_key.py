@@ -73,8 +73,14 @@ ItemChange = Annotated[Located, located_key(_item_id, _table, _places, _holds, r
 
 
 def service(fleet: Fleet) -> FastAPI:
-    ctx = ReadyContext(service="test", settings=Settings(read_retry_s=0), instance=INSTANCE, topics=None, url=ME)  # type: ignore[arg-type]
-    ctx._http = httpx.AsyncClient(transport=httpx.MockTransport(fleet.peer))
+    ctx = ReadyContext(
+        service="test",
+        settings=Settings(read_retry_s=0),
+        instance=INSTANCE,
+        topics=None,  # type: ignore[arg-type]
+        url=ME,
+        transport=httpx.MockTransport(fleet.peer),
+    )
     ctx.extras["fleet"] = fleet
     router = APIRouter()
 

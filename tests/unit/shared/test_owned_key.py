@@ -70,8 +70,8 @@ def service(fleet: Fleet) -> FastAPI:
         instance=INSTANCE,
         topics=None,  # type: ignore[arg-type]
         url=ME,
+        transport=httpx.MockTransport(fleet.transport),
     )
-    ctx._http = httpx.AsyncClient(transport=httpx.MockTransport(fleet.transport))
     router = APIRouter()
 
     @router.get("/items/{item_id}")

@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from shared.engine import Instance
+from shared.engine._context import AppContext
 from shared.engine._membership import Gone, PeerWatch, Probe
 from shared.http.api import create_api
 from shared.metrics import PEER_RESTARTS_ANNOUNCED
@@ -19,7 +20,10 @@ PEER = "http://10.0.0.3:8002"
 
 
 class FakeApp:
-    """Stands for the Faust app: the peer watch is looked up by it."""
+    """Stands for the Faust app: the peer watch is found in its engine context."""
+
+    def __init__(self) -> None:
+        self.engine_context = AppContext(Settings(), "tallies")
 
 
 def client(app: FakeApp, settings: Settings) -> TestClient:

@@ -68,8 +68,8 @@ def context(fleet: Fleet, **settings: Any) -> ServiceContext:
         instance=INSTANCE,
         topics=None,  # type: ignore[arg-type]
         url=ME,
+        transport=httpx.MockTransport(fleet.transport),
     )
-    ctx._http = httpx.AsyncClient(transport=httpx.MockTransport(fleet.transport))
     return ctx
 
 

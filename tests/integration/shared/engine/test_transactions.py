@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from faust.types import TP
 
-from shared.engine._copies import _ChangelogEnds
+from shared.engine._copies import ChangelogEnds
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, transactional_id
 from shared.engine._restore import ChangelogReader
 from shared.metrics import REGISTRY
@@ -160,7 +160,7 @@ async def _markers_check(kafka_bootstrap: str, prefix: str, topic: str) -> None:
                 await producer.send_and_wait(topic, b"v%d" % n, key=b"k", partition=0)
     finally:
         await producer.stop()
-    ends = _ChangelogEnds(settings(kafka_bootstrap))
+    ends = ChangelogEnds(settings(kafka_bootstrap))
     tp = TP(topic, 0)
     try:
         assert ends.transactional

@@ -38,8 +38,7 @@ def test_a_position_past_the_high_watermark_is_no_lag() -> None:
 
 def fake_consumer(service: str, assigned: set[TP], ends: dict[TP, int], last: dict[TP, int | None]) -> Any:
     return SimpleNamespace(
-        service=service,
-        batch_topics=frozenset({"orders", "payments"}),
+        delivery=SimpleNamespace(service=service, batch_topics=frozenset({"orders", "payments"})),
         assignment=lambda: assigned,
         read_offsets=last,
         _highwater=ends.get,

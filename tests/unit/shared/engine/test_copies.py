@@ -11,14 +11,14 @@ from typing import Any, cast
 from faust.types import TP
 
 from shared.engine import _copies
-from shared.engine._copies import END_MAX_AGE_S, END_TRUSTED_S, Copy, _ChangelogEnds, local_copy
+from shared.engine._copies import END_MAX_AGE_S, END_TRUSTED_S, ChangelogEnds, Copy, local_copy
 from shared.settings import Settings
 
 TOPIC = "t-changelog"
 
 
-def ends_known(ago_s: float) -> _ChangelogEnds:
-    ends = _ChangelogEnds(Settings())
+def ends_known(ago_s: float) -> ChangelogEnds:
+    ends = ChangelogEnds(Settings())
     ends._ends[TP(TOPIC, 0)] = 120
     ends._asked[TOPIC] = time.monotonic() - ago_s
 

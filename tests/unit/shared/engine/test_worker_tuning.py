@@ -61,8 +61,8 @@ def test_handlers_share_a_lane_exactly_when_they_write_a_common_table(tmp_path: 
     engine.handler("dead-letters", "other", name="stateless", offsets=None)(handle)
 
     app = engine._app
-    assert isinstance(app, _EngineApp)  # whose consumer class is the engine's
-    lanes = app.consumer_class.lanes
+    assert isinstance(app, _EngineApp) and app.delivery is engine.delivery  # what its consumer is given
+    lanes = engine.delivery.lanes
     assert lanes["commands"] == lanes["retry"]
     assert lanes["events"] == lanes["by-program"] == lanes["more"]  # "more" joins through "extra"
     assert lanes["dead-letters"] == lanes["other"]
