@@ -8,6 +8,7 @@ from services.validator import DEFAULT_PORT, SERVICE
 from services.validator.api import build_router
 from services.validator.app import ValidatorService
 from services.validator.domain import ACCOUNTS
+from shared.domain import DomainError
 from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings
 
@@ -34,5 +35,9 @@ def build(settings: Settings) -> tuple[ValidatorService, FastAPI]:
 
 def main() -> None:
     settings = get_settings()
-    service, _ = build(settings)
+    try:
+        service, _ = build(settings)
+    except DomainError as exc:
+        # Stops the worker at start, naming the module and what is missing (no traceback to read through).
+        raise SystemExit(f"statefleet validator: STATEFLEET_VALIDATOR_DOMAIN: {exc}") from exc
     run(service, SERVICE, settings)
