@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from services.validator.domain import ACCOUNTS, COMMAND_TYPES, CommandIn, CommandType
+from services.validator.domain import ACCOUNTS, COMMAND_TYPES, Account, CommandIn, CommandType
 from services.validator.listing import Listing, apply_to_listing
 from services.validator.outcome_records import outcome_record, pending_record
 from services.validator.state import (
@@ -40,6 +40,17 @@ def test_state_round_trips_with_history_order() -> None:
     back = decode_state(ACCOUNTS, "a1", encode_state(ACCOUNTS, state))
     assert back == state
     assert list(back.history.items()) == [("c1", 1), ("c2", "VERSION_CONFLICT"), ("c3", 2)]
+
+
+def test_rows_written_before_the_domain_api_are_read_as_accounts() -> None:
+    raw = codecs.dumps({"s": "inactive", "v": 4, "p": "p1", "d": {"n": 1}, "h": [["c1", 1], ["c2", "NOT_FOUND"]]})
+    row = decode_state(ACCOUNTS, "a1", raw)
+    assert row.aggregate is not None and (row.aggregate.version, row.aggregate.state) == (4, Account("p1", "inactive", {"n": 1}))
+    assert row.history == {"c1": 1, "c2": "NOT_FOUND"}
+    never = decode_state(ACCOUNTS, "a2", codecs.dumps({"s": None, "v": 0, "p": None, "d": {}, "h": [["u", "NOT_FOUND"]]}))
+    assert never.aggregate is None and never.history == {"u": "NOT_FOUND"}
+    # written back in the current layout
+    assert codecs.loads_object(encode_state(ACCOUNTS, row))["a"] == {"program_id": "p1", "status": "inactive", "data": {"n": 1}}
 
 
 def test_state_of_an_id_that_never_existed() -> None:
