@@ -1,8 +1,8 @@
 """The validator running the orders example domain (``examples.orders.domain:ORDERS``) end to
 end against the broker: every rule and rejection of the contract over POST /commands and on
 the domain's topics, idempotent command ids, expected_version, GET /commands and
-GET /aggregates, batches, commands written straight to ``order-commands``, its OpenAPI, and a
-domain that cannot be loaded stopping the worker at start."""
+GET /aggregates, batches, commands written straight to ``order-commands``, its OpenAPI (and
+fuzzing from it), and a domain that cannot be loaded stopping the worker at start."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
+from tests.e2e.test_api_fuzz import schemathesis
 from tests.e2e.validator.conftest import module_validator
 from tests.support.kafka import produce, read_all
 from tests.support.services import REPO, ServiceProcess, wait_for
@@ -300,3 +302,13 @@ def test_a_domain_that_cannot_be_loaded_stops_the_worker_at_start(spec: str, mes
     )
     assert proc.returncode == 1
     assert message in proc.stderr and "STATEFLEET_VALIDATOR_DOMAIN" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_fuzzed_requests_get_only_documented_answers(orders: ServiceProcess, tmp_path: Path) -> None:
+    """The orders validator's own OpenAPI, fuzzed as every service's is (tests/e2e/test_api_fuzz.py)."""
+    run = schemathesis(orders.url, tmp_path)
+    report = run.stdout[-12_000:] + run.stderr[-2_000:]
+    assert run.returncode == 0 and "Tested:" in run.stdout, report
+    assert orders.proc is not None and orders.proc.poll() is None, orders.log_tail()
+    o = Orders()
+    accepted(post(orders, o.place(o.order())), "OrderPlaced", 1)
