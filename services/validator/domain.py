@@ -29,8 +29,8 @@ carries the merged data, the other events the command's data.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field
 
@@ -92,13 +92,13 @@ class CommandIn(CommandEnvelope):
     program_id: Id | None = Field(None, description="Required by CreateAccount")
 
 
-@dataclass(frozen=True, slots=True)
-class Account:
-    """The accounts domain's state of one account."""
+class Account(NamedTuple):
+    """The accounts domain's state of one account (a tuple: one is made per accepted command,
+    and a tuple is made in C)."""
 
     program_id: str
     status: str
-    data: Mapping[str, Any] = field(default_factory=dict)
+    data: Mapping[str, Any] = MappingProxyType({})
 
 
 def account_to_json(account: Account) -> dict[str, Any]:
