@@ -68,12 +68,13 @@ RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
     && pip install --require-hashes --no-deps -r requirements-image.lock \
     && python -c "import pyspark; assert pyspark.__version__ == '${SPARK_VERSION}', pyspark.__version__" \
     && python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'statefleet-app.pth').write_text('/opt/statefleet/app\n')"
-# .dockerignore lets in only pyproject.toml, requirements-image.lock, README.md and the Python packages.
+# .dockerignore lets in only pyproject.toml, requirements-image.lock, README.md and the Python packages
+# (examples/ too: the orders domain a validator can run, STATEFLEET_VALIDATOR_DOMAIN=examples.orders.domain:ORDERS).
 COPY . .
 # The project itself, with nothing resolved anew.
 RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
     pip install --no-deps --target /opt/statefleet/app . \
-    && python -c "import services, shared, spark_jobs, pyspark"
+    && python -c "import services, shared, spark_jobs, examples.orders.domain, pyspark"
 
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

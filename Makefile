@@ -69,8 +69,15 @@ venv: $(STAMP) ## Create the virtualenv and install the packages
 broker: venv ## Resolve Kafka's jars (Maven), format KRaft storage once, start the broker on 127.0.0.1:9092 (BROKERS=3: a cluster)
 	$(PY) -m tools.kafka_broker start $(BROKERS_ARG)
 
+# The domain `make up` runs: empty for the accounts domain, `DOMAIN=orders` for the example in
+# examples/orders (the validator's STATEFLEET_VALIDATOR_DOMAIN; docs/your-domain.md).
+DOMAIN ?=
+ifeq ($(DOMAIN),orders)
+up: export STATEFLEET_VALIDATOR_DOMAIN ?= examples.orders.domain:ORDERS
+endif
+
 .PHONY: up
-up: broker ## Start the broker, every service and the console (http://127.0.0.1:8000) in the background (TALLIES=n ... CONSOLE_PORT=p)
+up: broker ## Start the broker, every service and the console (http://127.0.0.1:8000) in the background (TALLIES=n ... CONSOLE_PORT=p DOMAIN=orders)
 	$(PY) -m tools.fleet up --tallies $(TALLIES) --validator $(VALIDATOR) --retry-scheduler $(RETRY_SCHEDULER) \
 		--console-port $(CONSOLE_PORT)
 
@@ -93,7 +100,7 @@ demo: up ## Start the fleet, send sample traffic, print what the APIs answer
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy $(wildcard services shared spark_jobs tools tests)
+	$(VENV)/bin/mypy $(wildcard services shared spark_jobs tools tests examples)
 
 .PHONY: test-unit
 test-unit: venv ## Unit tests (no Kafka)

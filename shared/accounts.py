@@ -16,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from shared.domain import MAX_ID_LENGTH as MAX_ID_LENGTH  # the longest id of an event, as of a command
+from shared.domain import id_problem as id_problem  # what makes an id, one rule for commands and events
+
 ACCOUNT_CREATED = "AccountCreated"
 ACCOUNT_UPDATED = "AccountUpdated"
 ACCOUNT_DEACTIVATED = "AccountDeactivated"
@@ -37,9 +40,6 @@ STATUS_AFTER: Mapping[str, str] = {
     ACCOUNT_DELETED: DELETED,
 }
 EVENT_TYPES = frozenset(STATUS_AFTER) | {ACCOUNT_UPDATED}
-
-#: Longest account_id, program_id (or command_id) the fleet accepts, in characters.
-MAX_ID_LENGTH = 256
 
 
 class AccountChange(NamedTuple):
@@ -80,19 +80,6 @@ class InvalidEvent(ValueError):
 #: Builds the NamedTuple from its fields in C, without the Python-level ``__new__`` the class
 #: generates (every account event passes here).
 _build = tuple.__new__
-
-
-def id_problem(name: str, value: Any) -> str | None:
-    """Why ``value`` cannot be an id (account_id, program_id, command_id…), or None when it can:
-    a non-empty string of at most :data:`MAX_ID_LENGTH` characters without NUL (state keys use
-    NUL as a separator)."""
-    if not isinstance(value, str) or not value:
-        return f"'{name}' must be a non-empty string, got {value!r:.80}"
-    if len(value) > MAX_ID_LENGTH:
-        return f"'{name}' is longer than {MAX_ID_LENGTH} characters"
-    if "\x00" in value:
-        return f"'{name}' must not contain NUL"
-    return None
 
 
 def parse_event(obj: Mapping[str, Any], timed: bool = True) -> AccountChange:

@@ -180,6 +180,9 @@ class Settings(BaseSettings):
     tally_publish_interval_s: float = Field(1.0, gt=0, description="How often changed tallies are published")
 
     # Validator
+    validator_domain: str = Field(
+        "", description="The validator's domain as 'pkg.module:attr' (a shared.domain.Domain); empty: the bundled accounts domain"
+    )
     command_wait_timeout_s: float = Field(5.0, gt=0, description="Longest wait of POST /commands?wait=true")
     batch_max_commands: int = Field(
         1000, ge=1, le=100_000, description="Most commands in one batch (POST /commands/batch, account-command-batches)"

@@ -1,8 +1,12 @@
-"""HTTP: POST /commands, GET /commands/{command_id}, GET /accounts/{account_id},
-GET /programs/{program_id}/accounts.
+"""HTTP: POST /commands, GET /commands/{command_id}, GET /aggregates/{aggregate_id}, batches;
+for the accounts domain also GET /accounts/{account_id} and GET /programs/{program_id}/accounts.
+
+:func:`build_router` makes the routes of one domain: ``POST /commands`` takes the domain's
+command model (so its OpenAPI is the domain's schema), ``GET /commands/{command_id}`` answers
+with the aggregate id under the domain's field.
 
 Any instance answers any id: a command's outcome lives with the owner of its
-command_id's partition of ``outcomes``, an account with the owner of its account_id's
+command_id's partition of ``outcomes``, an aggregate with the owner of its id's
 partition of ``accounts``, a program's listing with the owner of its program_id's
 partition of ``program-accounts``; other instances forward.
 """
@@ -24,21 +28,23 @@ from fastapi.responses import JSONResponse
 import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
 from services.validator.app import ValidatorService
 from services.validator.command_batch import CommandBatch
-from services.validator.domain import MAX_ID_LENGTH
+from services.validator.domain import ACCOUNTS, account_json
 from services.validator.handlers.outcomes import OutcomesBehind
+from services.validator.handlers.program_listings import ProgramListings
 from services.validator.models import (
     AccountOut,
+    AggregateOut,
     BatchAccepted,
     BatchStatus,
     CommandAccepted,
     CommandBatchIn,
-    CommandIn,
-    CommandStatus,
     ProgramAccountsPage,
+    command_status_model,
 )
 from services.validator.outcome_records import PENDING
 from services.validator.state import listing_cursor, listing_key_from_cursor
 from shared import codecs
+from shared.domain import MAX_ID_LENGTH, Aggregate, CommandEnvelope, Domain
 from shared.engine import SendFailed
 from shared.http.context import ServiceContext
 from shared.http.deps import Ctx, MaxLag, owned_key
@@ -47,7 +53,10 @@ from shared.http.forwarding import FORWARDED_BY, READ_COPY, answer_here, owner_o
 from shared.http.pagination import CursorParam, InvalidCursor, decode_cursor, encode_cursor
 from shared.metrics import HTTP_FORWARDED
 
-router = APIRouter(tags=["validator"])
+#: The routes of every domain but POST /commands and GET /commands/{command_id} (build_router).
+generic = APIRouter()
+#: The accounts domain's own reads.
+accounts_routes = APIRouter()
 
 #: Ids in paths: none longer is ever accepted, so none longer can be found.
 IdPath = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH)]
@@ -64,14 +73,15 @@ def _service(ctx: ServiceContext) -> ValidatorService:
     return svc
 
 
-def status_body(raw: bytes) -> dict[str, Any]:
+def status_body(domain: Domain[Any], raw: bytes) -> dict[str, Any]:
     """The GET /commands/{command_id} body for a stored outcome record."""
     record = codecs.loads_object(raw)
     rejection = record.get("rejection")
+    id_field = domain.message_id_field
     return {
         "command_id": record["command_id"],
         "status": record["status"],
-        "account_id": record["account_id"],
+        id_field: record[id_field],
         "event": record.get("event"),
         "rejection": rejection,
         "reason": rejection.get("reason") if rejection else None,
@@ -98,7 +108,7 @@ async def command_status(
                 raw = await svc.outcomes.outcome_once_applied(command_id)
             except OutcomesBehind as exc:
                 raise Unavailable(f"{exc}; retry shortly") from exc
-        return status_body(raw) if raw is not None else None
+        return status_body(svc.domain, raw) if raw is not None else None
     if forwarded:
         raise Unavailable("the command's partition moved while the request was forwarded; retry shortly")
     return await ask_owner(
@@ -125,61 +135,6 @@ async def ask_owner(
         raise Unavailable(f"the owning instance {owner} answered {resp.status_code}; retry shortly")
     body: dict[str, Any] = codecs.loads_object(resp.content)
     return body
-
-
-@router.post(
-    "/commands",
-    status_code=202,
-    response_model=CommandAccepted,
-    summary="Submit a command",
-    responses={
-        200: {"model": CommandStatus, "description": "With ?wait=true: the command's outcome"},
-        202: {"description": "Written to account-commands; with ?wait=true and no outcome in time, the pending status"},
-        **error_responses(
-            400,
-            413,
-            422,
-            503,
-            _422="The body is not a valid command, or holds a value no message can carry",
-            _503="The command could not be written to Kafka; retry",
-        ),
-    },
-)
-async def post_command(
-    body: CommandIn,
-    ctx: Ctx,
-    wait: Annotated[bool, Query(description="Wait (up to the configured timeout) for the outcome and return it")] = False,
-) -> Any:
-    svc = _service(ctx)
-    command = body.model_dump()
-    command["command_id"] = command_id = body.command_id or str(uuid.uuid4())
-    if body.issued_at is None:
-        command["issued_at"] = int(time.time() * 1000)
-    try:
-        await svc.commands.submit(command)
-    except SendFailed as exc:
-        raise Unavailable(f"the command could not be written to Kafka: {exc}") from exc
-    if not wait:
-        # The command is written either way; its status is readable once the group settles.
-        with contextlib.suppress(Unavailable):
-            await command_status(ctx, command_id, wait=PENDING_VISIBLE_WAIT_S, final=False, forwarded=False)
-        return JSONResponse({"command_id": command_id}, status_code=202)
-    try:
-        status = await command_status(ctx, command_id, wait=ctx.settings.command_wait_timeout_s, final=True, forwarded=False)
-    except Unavailable:
-        status = None  # written, but its outcome cannot be read right now: answer as pending
-    if status is None or status["status"] == PENDING:
-        pending = status or {
-            "command_id": command_id,
-            "status": PENDING,
-            "account_id": body.account_id,
-            "event": None,
-            "rejection": None,
-            "reason": None,
-            "detail": None,
-        }
-        return JSONResponse(pending, status_code=202)
-    return JSONResponse(status, status_code=200)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,18 +173,78 @@ async def _command_read(
     return CommandRead(command_id)
 
 
-@router.get(
-    "/commands/{command_id:id}",
-    response_model=CommandStatus,
-    summary="A command's status: pending, accepted (with its event) or rejected (with the reason)",
-    responses=error_responses(
-        404,
-        422,
-        503,
-        _404="No command with this id was submitted or answered",
-        _503="State is being restored, or the outcomes are still being recorded; retry",
-    ),
-)
+def _post_command_route(router: APIRouter, domain: Domain[Any]) -> None:
+    status_model = command_status_model(domain)
+    id_field, message_id_field = domain.aggregate_id_field, domain.message_id_field
+
+    async def post_command(
+        body: CommandEnvelope,
+        ctx: Ctx,
+        wait: Annotated[bool, Query(description="Wait (up to the configured timeout) for the outcome and return it")] = False,
+    ) -> Any:
+        command = body.model_dump()
+        command["command_id"] = command_id = body.command_id or str(uuid.uuid4())
+        if body.issued_at is None:
+            command["issued_at"] = int(time.time() * 1000)
+        return await submit_command(ctx, command, command_id, command[id_field], message_id_field, wait=wait)
+
+    # The body is the domain's own model (its OpenAPI schema); FastAPI reads it from here.
+    post_command.__annotations__["body"] = domain.command_model
+    router.post(
+        "/commands",
+        status_code=202,
+        response_model=CommandAccepted,
+        summary="Submit a command",
+        description=f"A command of the {domain.name} domain; its outcome is an event or a rejection.",
+        responses={
+            200: {"model": status_model, "description": "With ?wait=true: the command's outcome"},
+            202: {
+                "description": f"Written to {domain.topics.commands}; with ?wait=true and no outcome in time, the pending status"
+            },
+            **error_responses(
+                400,
+                413,
+                422,
+                503,
+                _422="The body is not a valid command, or holds a value no message can carry",
+                _503="The command could not be written to Kafka; retry",
+            ),
+        },
+    )(post_command)
+
+
+async def submit_command(
+    ctx: ServiceContext, command: dict[str, Any], command_id: str, aggregate_id: str, id_field: str, *, wait: bool
+) -> Any:
+    """Write ``command``; without ``wait`` 202 with its id, with ``wait`` its outcome (or pending)."""
+    svc = _service(ctx)
+    try:
+        await svc.commands.submit(command)
+    except SendFailed as exc:
+        raise Unavailable(f"the command could not be written to Kafka: {exc}") from exc
+    if not wait:
+        # The command is written either way; its status is readable once the group settles.
+        with contextlib.suppress(Unavailable):
+            await command_status(ctx, command_id, wait=PENDING_VISIBLE_WAIT_S, final=False, forwarded=False)
+        return JSONResponse({"command_id": command_id}, status_code=202)
+    try:
+        status = await command_status(ctx, command_id, wait=ctx.settings.command_wait_timeout_s, final=True, forwarded=False)
+    except Unavailable:
+        status = None  # written, but its outcome cannot be read right now: answer as pending
+    if status is None or status["status"] == PENDING:
+        pending = status or {
+            "command_id": command_id,
+            "status": PENDING,
+            id_field: aggregate_id,
+            "event": None,
+            "rejection": None,
+            "reason": None,
+            "detail": None,
+        }
+        return JSONResponse(pending, status_code=202)
+    return JSONResponse(status, status_code=200)
+
+
 async def get_command(read: Annotated[CommandRead, Depends(_command_read)], request: Request, ctx: Ctx) -> Any:
     if read.waited is not None:
         return read.waited
@@ -242,7 +257,56 @@ async def get_command(read: Annotated[CommandRead, Depends(_command_read)], requ
             raise Unavailable(f"{exc}; retry shortly") from exc
     if raw is None:
         raise NotFound(f"no command {read.command_id!r}")
-    return status_body(raw)
+    return status_body(svc.domain, raw)
+
+
+def build_router(domain: Domain[Any]) -> APIRouter:
+    """The validator's routes for ``domain``."""
+    router = APIRouter(tags=["validator"])
+    _post_command_route(router, domain)
+    router.get(
+        "/commands/{command_id:id}",
+        response_model=command_status_model(domain),
+        summary="A command's status: pending, accepted (with its event) or rejected (with the reason)",
+        responses=error_responses(
+            404,
+            422,
+            503,
+            _404="No command with this id was submitted or answered",
+            _503="State is being restored, or the outcomes are still being recorded; retry",
+        ),
+    )(get_command)
+    router.include_router(generic)
+    if domain is ACCOUNTS:
+        router.include_router(accounts_routes)
+    return router
+
+
+async def _aggregate_id(aggregate_id: IdPath) -> str:
+    return aggregate_id
+
+
+#: An aggregate id this instance answers for (the owner of its partition of the state table).
+OwnedAggregate = Annotated[str, owned_key(_aggregate_id, lambda ctx: _service(ctx).commands.store)]
+
+
+@generic.get(
+    "/aggregates/{aggregate_id:id}",
+    response_model=AggregateOut,
+    summary="An aggregate's current state and version, as the domain's state_to_json gives it",
+    responses=error_responses(404, 503, _404="The aggregate never existed"),
+)
+async def get_aggregate(aggregate_id: OwnedAggregate, ctx: Ctx) -> Any:
+    return _service(ctx).domain.aggregate_json(_found(ctx, aggregate_id))
+
+
+def _found(ctx: ServiceContext, aggregate_id: str) -> Aggregate[Any]:
+    """The aggregate (read here, by its owner or from a copy), or 404."""
+    svc = _service(ctx)
+    aggregate = svc.commands.aggregate(aggregate_id)
+    if aggregate is None:
+        raise NotFound(f"no {svc.domain.noun} {aggregate_id!r}")
+    return aggregate
 
 
 async def _account_id(account_id: IdPath) -> str:
@@ -253,21 +317,25 @@ async def _account_id(account_id: IdPath) -> str:
 Account = Annotated[str, owned_key(_account_id, lambda ctx: _service(ctx).commands.store)]
 
 
-@router.get(
+@accounts_routes.get(
     "/accounts/{account_id:id}",
     response_model=AccountOut,
     summary="An account's current status and version",
     responses=error_responses(404, 503, _404="The account never existed"),
 )
 async def get_account(account_id: Account, ctx: Ctx) -> Any:
-    account = _service(ctx).commands.account(account_id)
-    if account is None:
-        raise NotFound(f"no account {account_id!r}")
-    return account.to_json()
+    aggregate = _found(ctx, account_id)
+    return account_json(aggregate.aggregate_id, aggregate.version, aggregate.state)
 
 
 async def _program_id(program_id: IdPath) -> str:
     return program_id
+
+
+def _listings(ctx: ServiceContext) -> ProgramListings:
+    listings = _service(ctx).program_listings
+    assert listings is not None, "the program listings are routed for the accounts domain only"
+    return listings
 
 
 def _no_nul(program_id: str) -> None:
@@ -276,10 +344,10 @@ def _no_nul(program_id: str) -> None:
 
 
 #: A program id whose listing this instance answers for (the owner of its partition of program-accounts).
-ListedProgram = Annotated[str, owned_key(_program_id, lambda ctx: _service(ctx).program_listings.store, check=_no_nul)]
+ListedProgram = Annotated[str, owned_key(_program_id, lambda ctx: _listings(ctx).store, check=_no_nul)]
 
 
-@router.get(
+@accounts_routes.get(
     "/programs/{program_id:id}/accounts",
     response_model=ProgramAccountsPage,
     summary="A program's accounts with their status, newest first (the category projection)",
@@ -301,7 +369,7 @@ async def list_program_accounts(
             before = listing_key_from_cursor(program_id, text)
         except ValueError as exc:
             raise InvalidCursor("cursor is not one this API returned") from exc
-    items, more = _service(ctx).program_listings.list_program(program_id, limit=limit, before=before, status=status)
+    items, more = _listings(ctx).list_program(program_id, limit=limit, before=before, status=status)
     return {
         "items": [item.to_json() for item in items],
         "next_cursor": encode_cursor(listing_cursor(items[-1]), LISTING) if more and items else None,
@@ -368,7 +436,7 @@ async def batch_status(ctx: ServiceContext, batch_id: str, *, start: int, limit:
     return await ask_owner(ctx, owner, f"/batches/{quote(batch_id, safe='')}", params, within_s=ctx.settings.forward_timeout_s)
 
 
-@router.post(
+@generic.post(
     "/commands/batch",
     status_code=202,
     response_model=BatchAccepted,
@@ -423,7 +491,7 @@ async def _batch_id(batch_id: IdPath) -> str:
 Batch = Annotated[str, owned_key(_batch_id, lambda ctx: _service(ctx).command_batches.store)]
 
 
-@router.get(
+@generic.get(
     "/batches/{batch_id:id}",
     response_model=BatchStatus,
     summary="A batch's counts by outcome and its items' outcomes, in pages",
@@ -445,3 +513,7 @@ async def get_batch(
         raise NotFound(f"no batch {batch_id!r}")
     ids, outcomes = found
     return batch_status_body(batch_id, ids, outcomes, start=start, limit=limit)
+
+
+#: The routes of the bundled accounts domain.
+router = build_router(ACCOUNTS)

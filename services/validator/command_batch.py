@@ -1,5 +1,6 @@
-"""A user's command batch (POST /commands/batch, ``account-command-batches``) as pure
-functions: its envelope, and the command each of its items becomes."""
+"""A user's command batch (POST /commands/batch, or a record on the domain's command batch
+topic, ``account-command-batches`` for accounts) as pure functions: its envelope, and the
+command each of its items becomes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.validator.domain import MAX_ID_LENGTH, id_field_problem
+from shared.domain import MAX_ID_LENGTH, id_field_problem
 
 #: Headers on a command split out of a batch: which batch, which item.
 BATCH_ID_HEADER = "statefleet.batch.id"
@@ -15,7 +16,7 @@ BATCH_INDEX_HEADER = "statefleet.batch.index"
 
 
 class MalformedBatch(ValueError):
-    """A record on ``account-command-batches`` that is not a batch at all (it becomes a dead letter)."""
+    """A record on the command batch topic that is not a batch at all (it becomes a dead letter)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,47 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
-from services.validator.domain import MAX_ID_LENGTH, REASONS
-from shared.http.bounds import MAX_JSON_DEPTH, JsonObject, NonNegativeInt64, Text, check_json
-
-CommandType = Literal["CreateAccount", "UpdateAccount", "DeactivateAccount", "ReactivateAccount", "DeleteAccount"]
+from services.validator.domain import ACCOUNT_REASONS, ACCOUNTS
+from shared.domain import MAX_ID_LENGTH, Domain
+from shared.http.bounds import Text, check_json
 
 
 def _no_nul(value: str | None) -> str | None:
     if value is not None and "\x00" in value:
         raise ValueError("must not contain NUL")
     return value
-
-
-class CommandIn(BaseModel):
-    """A command as POST /commands takes it. Types are checked strictly (no coercion of
-    "3" to 3) and unknown fields are refused, so a misspelt ``expected_version`` cannot
-    silently turn off the version check."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    command_id: Text | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_ID_LENGTH,
-        description="Idempotency key; generated (UUID4) when absent. Sending the same id again yields the same outcome.",
-    )
-    type: CommandType
-    account_id: Text = Field(min_length=1, max_length=MAX_ID_LENGTH)
-    program_id: Text | None = Field(None, min_length=1, max_length=MAX_ID_LENGTH, description="Required by CreateAccount")
-    expected_version: NonNegativeInt64 | None = Field(
-        None, description="When given, the command is rejected with VERSION_CONFLICT unless it equals the current version"
-    )
-    data: JsonObject = Field(
-        default_factory=dict,
-        description="CreateAccount: initial data; UpdateAccount: merged in. Integers must fit in 64 bits (signed), "
-        f"numbers be finite, nesting at most {MAX_JSON_DEPTH} levels deep",
-    )
-    issued_at: NonNegativeInt64 | None = Field(None, description="Epoch ms; defaults to the time the API received the command")
-
-    _ids_without_nul = field_validator("command_id", "account_id", "program_id")(_no_nul)
 
 
 class CommandAccepted(BaseModel):
@@ -65,7 +35,7 @@ class EventOut(BaseModel):
 class RejectionOut(BaseModel):
     command_id: str
     account_id: str
-    reason: str = Field(description=" | ".join(REASONS))
+    reason: str = Field(description=" | ".join(ACCOUNT_REASONS))
     detail: str
     current_version: int | None
 
@@ -78,6 +48,36 @@ class CommandStatus(BaseModel):
     rejection: RejectionOut | None = Field(None, description="The rejection, when rejected")
     reason: str | None = Field(None, description="The rejection reason, when rejected")
     detail: str | None = Field(None, description="The rejection detail, when rejected")
+
+
+class DomainCommandStatus(BaseModel):
+    """GET /commands/{command_id} of a domain other than accounts; the aggregate id is under
+    the domain's field (a subclass per domain adds it)."""
+
+    command_id: str
+    status: Literal["pending", "accepted", "rejected"]
+    event: dict[str, Any] | None = Field(None, description="The event, when accepted")
+    rejection: dict[str, Any] | None = Field(None, description="The rejection, when rejected")
+    reason: str | None = Field(None, description="The rejection reason, when rejected")
+    detail: str | None = Field(None, description="The rejection detail, when rejected")
+
+
+def command_status_model(domain: Domain[Any]) -> type[BaseModel]:
+    """The GET /commands/{command_id} body of ``domain``."""
+    if domain is ACCOUNTS:
+        return CommandStatus
+    model: type[BaseModel] = create_model(
+        "CommandStatus",
+        __base__=DomainCommandStatus,
+        **{domain.message_id_field: (str, Field(description=f"The {domain.noun} the command is for"))},  # type: ignore[call-overload]
+    )
+    return model
+
+
+class AggregateOut(BaseModel):
+    aggregate_id: str
+    version: int = Field(description="1 after the creating command, one more per accepted command")
+    state: dict[str, Any] = Field(description="The domain's state of the aggregate")
 
 
 class AccountOut(BaseModel):
@@ -140,7 +140,7 @@ class BatchCounts(BaseModel):
     pending: int
     accepted: int
     rejected: int
-    rejected_by_reason: dict[str, int] = Field(description=" | ".join(REASONS))
+    rejected_by_reason: dict[str, int] = Field(description="Rejections by reason")
 
 
 class BatchStatus(BaseModel):

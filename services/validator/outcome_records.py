@@ -1,27 +1,28 @@
 """The records the validator keeps of its answers: one per command id (GET
 /commands/{command_id}: pending, then accepted or rejected) and one per item of a command
-batch (GET /batches/{batch_id})."""
+batch (GET /batches/{batch_id}). The aggregate id is kept under the domain's
+``message_id_field`` (``account_id`` for accounts), as in its events and rejections."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from services.validator.domain import INVALID_COMMAND, Accepted, Duplicate, Outcome, Rejected
+from shared.domain import INVALID_COMMAND, Accepted, Domain, Duplicate, Outcome, Rejected
 
 PENDING = "pending"
 ACCEPTED = "accepted"
 REJECTED = "rejected"
 
 
-def outcome_record(outcome: Accepted | Rejected, *, at: int) -> dict[str, Any]:
+def outcome_record(domain: Domain[Any], outcome: Accepted[Any] | Rejected, *, at: int) -> dict[str, Any]:
     """The record kept per command id for GET /commands/{command_id}."""
     if isinstance(outcome, Accepted):
         ev = outcome.event
         return {
             "status": ACCEPTED,
             "command_id": ev.command_id,
-            "account_id": ev.account_id,
-            "event": ev.to_json(),
+            domain.message_id_field: ev.aggregate_id,
+            "event": domain.event_json(ev),
             "rejection": None,
             "at": at,
         }
@@ -29,15 +30,22 @@ def outcome_record(outcome: Accepted | Rejected, *, at: int) -> dict[str, Any]:
     return {
         "status": REJECTED,
         "command_id": rej.command_id,
-        "account_id": rej.account_id,
+        domain.message_id_field: rej.aggregate_id,
         "event": None,
-        "rejection": rej.to_json(),
+        "rejection": domain.rejection_json(rej),
         "at": at,
     }
 
 
-def pending_record(command_id: str, account_id: str, *, at: int) -> dict[str, Any]:
-    return {"status": PENDING, "command_id": command_id, "account_id": account_id, "event": None, "rejection": None, "at": at}
+def pending_record(domain: Domain[Any], command_id: str, aggregate_id: str, *, at: int) -> dict[str, Any]:
+    return {
+        "status": PENDING,
+        "command_id": command_id,
+        domain.message_id_field: aggregate_id,
+        "event": None,
+        "rejection": None,
+        "at": at,
+    }
 
 
 def batch_item_outcome(command_id: str, outcome: Outcome | None, error: str | None = None) -> dict[str, Any]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from services.validator import DEFAULT_PORT, SERVICE
-from services.validator.api import router
+from services.validator.api import build_router
 from services.validator.app import ValidatorService
+from services.validator.domain import ACCOUNTS
+from shared.domain import DomainError
 from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings
 
@@ -18,11 +20,14 @@ def build(settings: Settings) -> tuple[ValidatorService, FastAPI]:
         SERVICE,
         DEFAULT_PORT,
         settings,
-        router,
+        build_router(service.domain),
         title="statefleet validator",
         description=(
             "The write side of the account domain: submit commands, read their outcomes, "
             "accounts, and each program's accounts, from any instance."
+            if service.domain is ACCOUNTS
+            else f"The write side of the {service.domain.name} domain: submit commands, read their outcomes "
+            "and aggregates, from any instance."
         ),
     )
     return service, api
@@ -30,5 +35,9 @@ def build(settings: Settings) -> tuple[ValidatorService, FastAPI]:
 
 def main() -> None:
     settings = get_settings()
-    service, _ = build(settings)
+    try:
+        service, _ = build(settings)
+    except DomainError as exc:
+        # Stops the worker at start, naming the module and what is missing (no traceback to read through).
+        raise SystemExit(f"statefleet validator: STATEFLEET_VALIDATOR_DOMAIN: {exc}") from exc
     run(service, SERVICE, settings)

@@ -1,11 +1,13 @@
 """How the validator's state is kept in RocksDB (Faust tables with raw bytes keys and values).
 
-``accounts`` (partitioned like ``account-commands``, by account_id)
-    key ``account_id``; value JSON ``{"s": status|null, "v": version, "p": program_id,
-    "d": data, "h": [[command_id, code], ...]}``. ``s`` is null for an id that never
-    existed but has answered commands (rejections are remembered too). ``h`` holds the
-    last ``command_history_per_account`` command ids, oldest first, each with its event's
-    version or its rejection reason.
+``accounts`` (partitioned like the domain's command topic, by aggregate id; the table keeps
+its name whatever the domain)
+    key the aggregate id; value JSON ``{"v": version, "a": state|null, "h": [[command_id,
+    code], ...]}``, ``a`` the domain's ``state_to_json``. ``a`` is null (and ``v`` 0) for an
+    id that never existed but has answered commands (rejections are remembered too). ``h``
+    holds the last ``command_history_per_account`` command ids, oldest first, each with its
+    event's version or its rejection reason. Rows the accounts-only validator wrote before
+    (``{"s": status|null, "v", "p", "d", "h"}``) are read as the accounts domain's.
 
 ``outcomes`` (partitioned by command_id)
     key ``command_id``; value the outcome record JSON (see ``outcome_records.outcome_record``).
@@ -24,10 +26,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
+from typing import Any
 
-from services.validator.domain import Account, AccountState, OutcomeCode
 from services.validator.listing import Listing
 from shared import codecs
+from shared.domain import Aggregate, Domain, OutcomeCode, Row
 
 SEPARATOR = b"\x00"
 LISTING_PREFIX = b"L"
@@ -39,26 +42,32 @@ _U64 = struct.Struct(">Q")
 # -- accounts ---------------------------------------------------------------------------------
 
 
-def account_key(account_id: str) -> bytes:
-    return account_id.encode()
+def aggregate_key(aggregate_id: str) -> bytes:
+    return aggregate_id.encode()
 
 
-def encode_state(account_id: str, state: AccountState) -> bytes:
-    acc = state.account
-    history = [[cid, code] for cid, code in state.history.items()]
-    if acc is None:
-        return codecs.dumps({"s": None, "v": 0, "p": None, "d": {}, "h": history})
-    return codecs.dumps({"s": acc.status, "v": acc.version, "p": acc.program_id, "d": dict(acc.data), "h": history})
+def encode_state(domain: Domain[Any], row: Row[Any]) -> bytes:
+    history = [[cid, code] for cid, code in row.history.items()]
+    aggregate = row.aggregate
+    if aggregate is None:
+        return codecs.dumps({"v": 0, "a": None, "h": history})
+    return codecs.dumps({"v": aggregate.version, "a": domain.state_to_json(aggregate.state), "h": history})
 
 
-def decode_state(account_id: str, raw: bytes) -> AccountState:
+def decode_state(domain: Domain[Any], aggregate_id: str, raw: bytes) -> Row[Any]:
     obj = codecs.loads_object(raw)
     history: dict[str, OutcomeCode] = {cid: code for cid, code in obj.get("h", [])}
-    status = obj.get("s")
-    if status is None:
-        return AccountState(account=None, history=history)
-    account = Account(account_id=account_id, program_id=obj["p"], status=status, version=obj["v"], data=obj.get("d") or {})
-    return AccountState(account=account, history=history)
+    state = obj["a"] if "a" in obj else _legacy_account(obj)
+    if state is None:
+        return Row(aggregate=None, history=history)
+    return Row(aggregate=Aggregate(aggregate_id, obj["v"], domain.state_from_json(state)), history=history)
+
+
+def _legacy_account(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The state of a row written before the domain API (accounts only), as the accounts domain stores it."""
+    if obj.get("s") is None:
+        return None
+    return {"program_id": obj["p"], "status": obj["s"], "data": obj.get("d") or {}}
 
 
 # -- outcomes ---------------------------------------------------------------------------------

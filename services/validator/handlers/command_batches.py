@@ -1,7 +1,8 @@
 """Command batches (POST /commands/batch, GET /batches/{batch_id}).
 
-``split_command_batches`` (``account-command-batches``, keyed by batch_id) turns each user's
-command batch into its commands: each item goes onto ``account-commands`` with its own
+``split_command_batches`` (the domain's command batch topic, ``account-command-batches`` for
+accounts, keyed by batch_id) turns each user's command batch into its commands: each item goes
+onto the command topic (``account-commands``) with its own
 command id (its own, or the batch id and its index) and headers naming its batch and index,
 and is then decided by ``validate`` exactly like a single command. ``validate`` sends each
 item's outcome to ``…-batch-outcomes`` too (:func:`send_item_outcome`), and
@@ -25,11 +26,11 @@ from services.validator.command_batch import (
     batch_item,
     parse_batch,
 )
-from services.validator.domain import MalformedCommand, parse_command
 from services.validator.handlers.topics import ValidatorTopics
 from services.validator.outcome_records import batch_item_outcome
-from services.validator.state import account_key, batch_item_index, batch_item_key, batch_item_prefix, batch_manifest_key
+from services.validator.state import aggregate_key, batch_item_index, batch_item_key, batch_item_prefix, batch_manifest_key
 from shared import codecs, dead_letters
+from shared.domain import Domain, MalformedCommand, parse_command
 from shared.engine import Engine, InputBatch, Outgoing, partition_for
 from shared.engine import Record as InRecord
 from shared.settings import Settings
@@ -51,13 +52,13 @@ def batch_reference(headers: Any) -> BatchItemRef | None:
     return batch_id, int(index)
 
 
-def unreadable_item(batch_id: str, index: int, item: Any) -> Exception | None:
+def unreadable_item(domain: Domain[Any], batch_id: str, index: int, item: Any) -> Exception | None:
     """Why a batch item cannot be read as a command at all (None: it can; it is then decided
     like any command, and rejected INVALID_COMMAND if it breaks the command schema)."""
     if not isinstance(item, dict):
         return MalformedBatch(f"item {index} of batch {batch_id!r} is not a JSON object")
     try:
-        parse_command(batch_item(batch_id, index, item), default_issued_at=0)
+        parse_command(domain, batch_item(batch_id, index, item), default_issued_at=0)
     except MalformedCommand as exc:
         return exc
     return None
@@ -78,8 +79,9 @@ def send_item_outcome(
 
 
 class CommandBatches:
-    def __init__(self, engine: Engine, settings: Settings, topics: ValidatorTopics) -> None:
+    def __init__(self, engine: Engine, settings: Settings, topics: ValidatorTopics, domain: Domain[Any]) -> None:
         self.engine = engine
+        self.domain = domain
         self.settings = settings
         self.topics = topics
         self.partitions = settings.topic_partitions
@@ -92,7 +94,7 @@ class CommandBatches:
         )
 
     async def split_command_batches(self, input_batch: InputBatch) -> None:
-        """Each command batch's items onto ``account-commands``, but those already decided."""
+        """Each command batch's items onto the command topic, but those already decided."""
         n = self.partitions
         for record in input_batch.records:
             try:
@@ -121,7 +123,7 @@ class CommandBatches:
                 if input_batch.read(self.store, batch_item_key(batch_id, index)) is not None:
                     continue  # decided already: a resent batch decides only what was not
                 headers = [(BATCH_ID_HEADER, key), (BATCH_INDEX_HEADER, str(index).encode())]
-                unreadable = unreadable_item(batch_id, index, item)
+                unreadable = unreadable_item(self.domain, batch_id, index, item)
                 if unreadable is not None:
                     # Decided here, in the same commit as the split: a resent batch finds it decided.
                     letter = input_batch.dead_letter(
@@ -138,8 +140,8 @@ class CommandBatches:
                         ),
                     )
                     continue
-                account_id = item.get("account_id")
-                command_key = account_key(account_id) if isinstance(account_id, str) and account_id else key
+                aggregate_id = item.get(self.domain.aggregate_id_field)
+                command_key = aggregate_key(aggregate_id) if isinstance(aggregate_id, str) and aggregate_id else key
                 input_batch.send(
                     self.topics.commands,
                     command_key,
@@ -180,7 +182,7 @@ class CommandBatches:
         return ids, outcomes
 
     async def submit(self, command_batch: CommandBatch) -> None:
-        """Write a command batch to ``account-command-batches`` (one record, keyed by its id);
+        """Write a command batch to the command batch topic (one record, keyed by its id);
         returns once acknowledged."""
         key = command_batch.batch_id.encode()
         await self.engine.send_all(

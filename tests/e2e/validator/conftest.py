@@ -12,21 +12,29 @@ import pytest
 from tests.support.services import ServiceProcess, free_port
 
 
-@pytest.fixture(scope="module")
-def shared_validator(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    """One validator instance with a topic prefix of its own, for a whole module."""
-    tmp: Path = tmp_path_factory.mktemp("validator-api")
+def module_validator(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, name: str, **extra_env: str
+) -> Iterator[ServiceProcess]:
+    """One validator instance named ``name`` with a topic prefix of its own, until the generator is closed."""
+    tmp: Path = tmp_path_factory.mktemp(f"validator-{name}")
     env = {
         "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "STATEFLEET_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
         "STATEFLEET_DATA_DIR": str(tmp / "data"),
-        "STATEFLEET_INSTANCE_ID": "api",
+        "STATEFLEET_INSTANCE_ID": name,
+        **extra_env,
     }
     proc = ServiceProcess("validator", env, tmp / "validator.log").start()
     try:
         yield proc.wait_ready()
     finally:
         proc.kill()
+
+
+@pytest.fixture(scope="module")
+def shared_validator(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """One validator instance with a topic prefix of its own, for a whole module."""
+    yield from module_validator(kafka_bootstrap, tmp_path_factory, "api")
 
 
 @pytest.fixture

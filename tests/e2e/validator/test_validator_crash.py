@@ -53,6 +53,22 @@ def command(i: int, step: int) -> tuple[str, bytes]:
     return a, orjson.dumps(body)
 
 
+def feed_in_background(commands_topic: str, stream: list[tuple[str, bytes]]) -> threading.Thread:
+    """Send ``stream`` from a thread: half of it as a backlog, then steady traffic (100
+    records every 0.2 s) across the kills and restarts."""
+
+    def feed() -> None:
+        half = len(stream) // 2
+        produce(commands_topic, stream[:half])
+        for n in range(half, len(stream), 100):
+            produce(commands_topic, stream[n : n + 100])
+            time.sleep(0.2)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    return feeder
+
+
 class RecordCount:
     """Records on a topic (sum of end offsets), from one consumer kept open between calls."""
 
@@ -91,17 +107,7 @@ def test_sigkill_mid_stream_leaves_each_event_exactly_once_per_version(
 ) -> None:
     commands_topic, events_topic = f"{prefix}account-commands", f"{prefix}account-events"
     proc = start_validator("k")
-    stream = commands_in_order()
-
-    def feed() -> None:  # a backlog, then steady traffic across the kills and restarts
-        half = len(stream) // 2
-        produce(commands_topic, stream[:half])
-        for n in range(half, len(stream), 100):
-            produce(commands_topic, stream[n : n + 100])
-            time.sleep(0.2)
-
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
+    feeder = feed_in_background(commands_topic, commands_in_order())
 
     expected = ACCOUNTS * STEPS
     record_count = RecordCount(events_topic)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from services.validator.command_batch import MalformedBatch, batch_item, item_command_id, parse_batch
-from services.validator.domain import MAX_ID_LENGTH, Duplicate
 from services.validator.outcome_records import batch_item_outcome
 from services.validator.state import batch_item_index, batch_item_key, batch_item_prefix, batch_manifest_key
+from shared.domain import MAX_ID_LENGTH, Duplicate
 
 
 def test_a_batch_keeps_its_items_as_they_are_and_names_each_one() -> None:

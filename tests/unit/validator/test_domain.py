@@ -10,32 +10,55 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.validator.domain import (
+from services.validator.domain import ACCOUNTS, Account
+from shared import domain as api
+from shared.accounts import ACTIVE, DELETED, INACTIVE
+from shared.domain import (
     EVENT_ID_NAMESPACE,
     Accepted,
-    Account,
-    AccountState,
+    Aggregate,
+    BatchPlan,
     Command,
     Duplicate,
     MalformedCommand,
+    Outcome,
+    OutcomeCode,
     Rejected,
-    decide,
+    Row,
     event_id_for,
-    parse_command,
-    plan_batch,
 )
-from shared.accounts import ACTIVE, DELETED, INACTIVE
+
+AccountState = Row[Account]
 
 
-def cmd(type_: str, command_id: str = "c", account_id: str = "a1", **kw: Any) -> Command:
-    return Command(command_id=command_id, account_id=account_id, type=type_, issued_at=kw.pop("issued_at", 1000), **kw)
+def decide(current: Aggregate[Account] | None, seen: dict[str, OutcomeCode], command: Command) -> Outcome:
+    return api.decide(ACCOUNTS, current, seen, command)
 
 
-def account(status: str, version: int = 3, data: dict[str, Any] | None = None) -> Account:
-    return Account(account_id="a1", program_id="p1", status=status, version=version, data=data or {"name": "n"})
+def parse_command(obj: dict[str, Any], *, default_issued_at: int) -> Command:
+    return api.parse_command(ACCOUNTS, obj, default_issued_at=default_issued_at)
 
 
-def accepted(outcome: object) -> Accepted:
+def plan_batch(commands: list[Command], load: Any, history_limit: int) -> BatchPlan[Account]:
+    return api.plan_batch(ACCOUNTS, commands, load, history_limit)
+
+
+def cmd(type_: str, command_id: str = "c", account_id: str = "a1", program_id: str | None = None, **kw: Any) -> Command:
+    return Command(
+        command_id=command_id,
+        aggregate_id=account_id,
+        type=type_,
+        issued_at=kw.pop("issued_at", 1000),
+        fields={"program_id": program_id},
+        **kw,
+    )
+
+
+def account(status: str, version: int = 3, data: dict[str, Any] | None = None) -> Aggregate[Account]:
+    return Aggregate("a1", version, Account(program_id="p1", status=status, data=data or {"name": "n"}))
+
+
+def accepted(outcome: object) -> Accepted[Account]:
     assert isinstance(outcome, Accepted), outcome
     return outcome
 
@@ -81,20 +104,20 @@ def test_transition_table(command_type: str, before: str | None, event_type: str
     outcome = decide(current, {}, cmd(command_type, program_id=program))
     if event_type is None:
         rej = rejected(outcome, after).rejection
-        assert rej.command_id == "c" and rej.account_id == "a1" and rej.detail
+        assert rej.command_id == "c" and rej.aggregate_id == "a1" and rej.detail
         assert rej.current_version == (current.version if current else None)
         return
     acc = accepted(outcome)
     expected_version = current.version + 1 if current else 1
     assert acc.event.type == event_type
     assert acc.event.version == expected_version
-    assert acc.account.status == after and acc.account.version == expected_version
-    assert acc.event.program_id == "p1" and acc.account.program_id == "p1"
+    assert acc.aggregate.state.status == after and acc.aggregate.version == expected_version
+    assert acc.event.fields["program_id"] == "p1" and acc.aggregate.state.program_id == "p1"
 
 
 def test_created_event_has_every_field() -> None:
     outcome = accepted(decide(None, {}, cmd("CreateAccount", program_id="p9", data={"name": "Ann"}, issued_at=1234)))
-    assert outcome.event.to_json() == {
+    assert ACCOUNTS.event_json(outcome.event) == {
         "event_id": event_id_for("a1", "c"),
         "command_id": "c",
         "type": "AccountCreated",
@@ -104,21 +127,21 @@ def test_created_event_has_every_field() -> None:
         "occurred_at": 1234,
         "data": {"name": "Ann"},
     }
-    assert outcome.account == Account(account_id="a1", program_id="p9", status=ACTIVE, version=1, data={"name": "Ann"})
+    assert outcome.aggregate == Aggregate("a1", 1, Account(program_id="p9", status=ACTIVE, data={"name": "Ann"}))
 
 
 def test_update_merges_data_into_the_account_and_the_event() -> None:
     before = account(ACTIVE, data={"name": "Ann", "email": "a@x"})
     outcome = accepted(decide(before, {}, cmd("UpdateAccount", data={"email": "b@x", "plan": "gold"})))
     assert outcome.event.data == {"name": "Ann", "email": "b@x", "plan": "gold"}
-    assert outcome.account.data == {"name": "Ann", "email": "b@x", "plan": "gold"}
+    assert outcome.aggregate.state.data == {"name": "Ann", "email": "b@x", "plan": "gold"}
 
 
 def test_status_changes_keep_the_account_data() -> None:
     before = account(ACTIVE, data={"name": "Ann"})
     outcome = accepted(decide(before, {}, cmd("DeactivateAccount", data={"reason": "asked"})))
     assert outcome.event.data == {"reason": "asked"}
-    assert outcome.account.data == {"name": "Ann"}
+    assert outcome.aggregate.state.data == {"name": "Ann"}
 
 
 def test_event_id_is_derived_from_the_command() -> None:
@@ -179,7 +202,7 @@ def test_program_id_of_another_program_is_invalid() -> None:
 def test_a_seen_command_id_is_a_duplicate_with_its_original_outcome() -> None:
     current = account(ACTIVE, version=2)
     out = decide(current, {"c": 2}, cmd("UpdateAccount"))
-    assert out == Duplicate(command_id="c", account_id="a1", original=2)
+    assert out == Duplicate(command_id="c", aggregate_id="a1", original=2)
     # the same id stays a duplicate whatever the state became, and whatever else it now says
     assert decide(account(DELETED, version=7), {"c": 2}, cmd("DeleteAccount")) == Duplicate("c", "a1", 2)
     assert decide(None, {"c": "NOT_FOUND"}, cmd("CreateAccount", program_id="p1")) == Duplicate("c", "a1", "NOT_FOUND")
@@ -206,13 +229,15 @@ def test_parse_a_full_command() -> None:
         "issued_at": 5,
     }
     c = parse_command(obj, default_issued_at=99)
-    assert c == Command(command_id="c", account_id="a", type="CreateAccount", program_id="p", data={"k": 1}, issued_at=5)
-    assert c.invalid is None and c.to_json() == obj
+    assert c == Command(
+        command_id="c", aggregate_id="a", type="CreateAccount", fields={"program_id": "p"}, data={"k": 1}, issued_at=5
+    )
+    assert c.invalid is None and ACCOUNTS.command_json(c) == obj
 
 
 def test_parse_defaults() -> None:
     c = parse_command({"command_id": "c", "type": "UpdateAccount", "account_id": "a"}, default_issued_at=99)
-    assert c.invalid is None and c.issued_at == 99 and c.data == {} and c.program_id is None
+    assert c.invalid is None and c.issued_at == 99 and c.data == {} and c.fields["program_id"] is None
 
 
 @pytest.mark.parametrize(
@@ -250,7 +275,7 @@ def test_invalid_commands_are_rejected_as_invalid_command(extra: dict[str, Any],
     c = parse_command(obj, default_issued_at=0)
     assert c.invalid is not None and fragment in c.invalid
     rej = rejected(decide(account(ACTIVE), {}, c), "INVALID_COMMAND").rejection
-    assert rej.command_id == "c" and rej.account_id == "a1" and fragment in rej.detail
+    assert rej.command_id == "c" and rej.aggregate_id == "a1" and fragment in rej.detail
 
 
 # -- batches ------------------------------------------------------------------------------------------
@@ -294,12 +319,12 @@ def test_batch_decides_each_command_against_the_one_before() -> None:
     assert versions == [1, 2, 3, 4, 5]
     assert loads == ["a1"]
     state = plan.states["a1"]
-    assert state.account is not None and state.account.status == DELETED and state.account.version == 5
+    assert state.aggregate is not None and state.aggregate.state.status == DELETED and state.aggregate.version == 5
     assert state.history == {"c1": 1, "c2": 2, "c3": 3, "c4": "VERSION_CONFLICT", "c5": 4, "c6": 5, "c7": "DELETED"}
 
 
 def test_batch_starts_from_the_stored_state_and_keeps_accounts_apart() -> None:
-    stored = {"a1": AccountState(account=account(INACTIVE, version=3), history={"old": 3})}
+    stored = {"a1": AccountState(aggregate=account(INACTIVE, version=3), history={"old": 3})}
     commands = [
         cmd("ReactivateAccount", "r1"),
         cmd("CreateAccount", "k1", account_id="b2", program_id="p2"),
@@ -315,7 +340,7 @@ def test_batch_starts_from_the_stored_state_and_keeps_accounts_apart() -> None:
 
 
 def test_a_batch_of_only_duplicates_changes_no_state() -> None:
-    stored = {"a1": AccountState(account=account(ACTIVE, version=1), history={"c1": 1})}
+    stored = {"a1": AccountState(aggregate=account(ACTIVE, version=1), history={"c1": 1})}
     plan = plan_batch([cmd("CreateAccount", "c1", program_id="p1")], stored.get, history_limit=10)
     assert isinstance(plan.outcomes[0], Duplicate) and plan.states == {}
 
@@ -323,7 +348,7 @@ def test_a_batch_of_only_duplicates_changes_no_state() -> None:
 def test_rejections_of_unknown_accounts_are_remembered() -> None:
     plan = plan_batch([cmd("UpdateAccount", "u1")], lambda _: None, history_limit=10)
     rejected(plan.outcomes[0], "NOT_FOUND")
-    assert plan.states["a1"].account is None and plan.states["a1"].history == {"u1": "NOT_FOUND"}
+    assert plan.states["a1"].aggregate is None and plan.states["a1"].history == {"u1": "NOT_FOUND"}
     # the same id later, after the account was created, is still the same NOT_FOUND
     again = plan_batch(
         [cmd("CreateAccount", "c1", program_id="p1"), cmd("UpdateAccount", "u1")], lambda _: plan.states["a1"], history_limit=10

@@ -7,20 +7,28 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from services.validator.app import ValidatorService
 from services.validator.command_batch import BATCH_ID_HEADER, BATCH_INDEX_HEADER
-from services.validator.domain import ALREADY_EXISTS, INVALID_COMMAND, NOT_FOUND, VERSION_CONFLICT
+from services.validator.handlers.program_listings import ProgramListings
 from services.validator.outcome_records import ACCEPTED, PENDING, REJECTED
 from shared import codecs, dead_letters
+from shared.domain import ALREADY_EXISTS, INVALID_COMMAND, NOT_FOUND, VERSION_CONFLICT
 from shared.engine import partition_for
 from shared.engine.testing import TopologyDriver
 from shared.settings import Settings
 
 PARTITIONS = 4
+
+
+def listings(validator: Validator) -> ProgramListings:
+    found = validator.service.program_listings
+    assert found is not None
+    return found
 
 
 class Validator:
@@ -50,6 +58,13 @@ class Validator:
     def pipe_command(self, type_: str, command_id: str, account_id: str = "a1", **fields: Any) -> None:
         self.send_command(type_, command_id, account_id, **fields)
         self.driver.process()
+
+    def account(self, account_id: str) -> SimpleNamespace | None:
+        """The account's row: its status, version and data."""
+        aggregate = self.service.commands.aggregate(account_id)
+        if aggregate is None:
+            return None
+        return SimpleNamespace(status=aggregate.state.status, version=aggregate.version, data=aggregate.state.data)
 
     def values(self, topic: str) -> list[dict[str, Any]]:
         return [codecs.loads_object(record.value) for record in self.driver.outputs(topic)]
@@ -83,7 +98,7 @@ def test_a_create_becomes_an_event_an_accepted_outcome_and_the_account_row(valid
     [event] = validator.events()
     assert (event["type"], event["account_id"], event["version"], event["command_id"]) == ("AccountCreated", "a1", 1, "c1")
     assert validator.rejections() == []
-    account = validator.service.commands.account("a1")
+    account = validator.account("a1")
     assert account is not None and (account.status, account.version, account.data) == ("active", 1, {"name": "n"})
     outcome = validator.outcome("c1")
     assert outcome is not None and outcome["status"] == ACCEPTED and outcome["event"] == event
@@ -105,7 +120,7 @@ def test_a_wrong_expected_version_is_rejected_with_the_current_version(validator
     [rejection] = validator.rejections()
     assert (rejection["reason"], rejection["command_id"], rejection["current_version"]) == (VERSION_CONFLICT, "c2", 1)
     assert len(validator.events()) == 1
-    account = validator.service.commands.account("a1")
+    account = validator.account("a1")
     assert account is not None and (account.version, account.data) == (1, {"name": "n"})
     outcome = validator.outcome("c2")
     assert outcome is not None and outcome["status"] == REJECTED and outcome["rejection"] == rejection
@@ -115,7 +130,7 @@ def test_the_right_expected_version_is_accepted(validator: Validator) -> None:
     validator.pipe_command("CreateAccount", "c1")
     validator.pipe_command("UpdateAccount", "c2", expected_version=1, data={"name": "m"})
     assert [(e["type"], e["version"]) for e in validator.events()] == [("AccountCreated", 1), ("AccountUpdated", 2)]
-    account = validator.service.commands.account("a1")
+    account = validator.account("a1")
     assert account is not None and (account.version, account.data) == (2, {"name": "m"})
 
 
@@ -166,7 +181,7 @@ def test_commands_of_one_batch_are_decided_each_against_the_one_before(validator
 def test_an_update_of_an_account_never_created_is_not_found(validator: Validator) -> None:
     validator.pipe_command("UpdateAccount", "c1", account_id="ghost")
     assert [r["reason"] for r in validator.rejections()] == [NOT_FOUND]
-    assert validator.service.commands.account("ghost") is None
+    assert validator.account("ghost") is None
 
 
 def test_an_invalid_command_is_rejected_as_invalid_command(validator: Validator) -> None:
@@ -232,7 +247,7 @@ def test_events_reach_their_programs_listing_through_the_second_hop(validator: V
     validator.pipe_command("DeactivateAccount", "c3", account_id="a1")
     routed = validator.driver.outputs(validator.topics.by_program)
     assert {r.key for r in routed} == {b"p1"} and {r.partition for r in routed} == {partition_for(b"p1", PARTITIONS)}
-    listed, more = validator.service.program_listings.list_program("p1", limit=10, before=None, status=None)
+    listed, more = listings(validator).list_program("p1", limit=10, before=None, status=None)
     assert not more
     assert {(item.account_id, item.status) for item in listed} == {("a1", "inactive"), ("a2", "active")}
 
@@ -252,7 +267,7 @@ def test_an_event_that_breaks_the_event_shape_is_a_dead_letter_and_never_listed(
     assert headers[dead_letters.ORIGINAL_TOPIC] == validator.topics.events
     assert headers[dead_letters.ERROR_CLASS] == "InvalidEvent"
     assert validator.driver.outputs(validator.topics.by_program) == []
-    assert validator.service.program_listings.list_program("p1", limit=10, before=None, status=None) == ([], False)
+    assert listings(validator).list_program("p1", limit=10, before=None, status=None) == ([], False)
 
 
 # -- redelivered dead letters -----------------------------------------------------------------

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from services.validator.domain import COMMAND_TYPES, AccountState, Command, plan_batch
+from services.validator.domain import ACCOUNTS, COMMAND_TYPES, Account, CommandIn, CommandType
 from services.validator.listing import Listing, apply_to_listing
-from services.validator.models import CommandIn, CommandType
 from services.validator.outcome_records import outcome_record, pending_record
 from services.validator.state import (
     decode_listing,
@@ -27,34 +26,46 @@ from services.validator.state import (
 )
 from shared import codecs
 from shared.accounts import AccountChange
+from shared.domain import Command, Row, plan_batch
 from shared.engine._faust import FAUST_OFFSET_KEY
 
 
 def test_state_round_trips_with_history_order() -> None:
     commands = [
-        Command("c1", "a1", "CreateAccount", program_id="p1", data={"n": 1}, issued_at=1),
+        Command("c1", "a1", "CreateAccount", fields={"program_id": "p1"}, data={"n": 1}, issued_at=1),
         Command("c2", "a1", "DeactivateAccount", expected_version=9, issued_at=2),
         Command("c3", "a1", "DeactivateAccount", issued_at=3),
     ]
-    state = plan_batch(commands, lambda _: None, history_limit=10).states["a1"]
-    back = decode_state("a1", encode_state("a1", state))
+    state = plan_batch(ACCOUNTS, commands, lambda _: None, history_limit=10).states["a1"]
+    back = decode_state(ACCOUNTS, "a1", encode_state(ACCOUNTS, state))
     assert back == state
     assert list(back.history.items()) == [("c1", 1), ("c2", "VERSION_CONFLICT"), ("c3", 2)]
 
 
+def test_rows_written_before_the_domain_api_are_read_as_accounts() -> None:
+    raw = codecs.dumps({"s": "inactive", "v": 4, "p": "p1", "d": {"n": 1}, "h": [["c1", 1], ["c2", "NOT_FOUND"]]})
+    row = decode_state(ACCOUNTS, "a1", raw)
+    assert row.aggregate is not None and (row.aggregate.version, row.aggregate.state) == (4, Account("p1", "inactive", {"n": 1}))
+    assert row.history == {"c1": 1, "c2": "NOT_FOUND"}
+    never = decode_state(ACCOUNTS, "a2", codecs.dumps({"s": None, "v": 0, "p": None, "d": {}, "h": [["u", "NOT_FOUND"]]}))
+    assert never.aggregate is None and never.history == {"u": "NOT_FOUND"}
+    # written back in the current layout
+    assert codecs.loads_object(encode_state(ACCOUNTS, row))["a"] == {"program_id": "p1", "status": "inactive", "data": {"n": 1}}
+
+
 def test_state_of_an_id_that_never_existed() -> None:
-    state = AccountState(account=None, history={"u": "NOT_FOUND"})
-    assert decode_state("a", encode_state("a", state)) == state
+    state: Row[object] = Row(aggregate=None, history={"u": "NOT_FOUND"})
+    assert decode_state(ACCOUNTS, "a", encode_state(ACCOUNTS, state)) == state
 
 
 def test_outcome_records() -> None:
-    plan = plan_batch([Command("c1", "a1", "UpdateAccount", issued_at=1)], lambda _: None, history_limit=10)
+    plan = plan_batch(ACCOUNTS, [Command("c1", "a1", "UpdateAccount", issued_at=1)], lambda _: None, history_limit=10)
     outcome = plan.outcomes[0]
     assert not isinstance(outcome, type(None))
-    record = outcome_record(outcome, at=7)  # type: ignore[arg-type]
+    record = outcome_record(ACCOUNTS, outcome, at=7)  # type: ignore[arg-type]
     assert record["status"] == "rejected" and record["rejection"]["reason"] == "NOT_FOUND" and record["event"] is None
     assert outcome_status(codecs.dumps(record)) == "rejected"
-    assert outcome_status(codecs.dumps(pending_record("c1", "a1", at=1))) == "pending"
+    assert outcome_status(codecs.dumps(pending_record(ACCOUNTS, "c1", "a1", at=1))) == "pending"
 
 
 @pytest.mark.parametrize("ts", [-(2**70), -5, 0, 1, 1_700_000_000_000, 2**70])
