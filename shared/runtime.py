@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Protocol
 
 from fastapi import APIRouter, FastAPI
@@ -51,7 +52,12 @@ def run(service: StreamService, name: str, settings: Settings) -> None:
     """Create the service's topics if missing, then run its worker until SIGTERM.
 
     Exits, saying what is wrong and what to change, when the brokers refuse the service's
-    credentials or its user lacks an ACL it needs: the worker would not get further."""
+    credentials or its user lacks an ACL it needs: the worker would not get further.
+
+    With ``--describe`` it prints the service's topology instead (no broker needed)."""
+    if "--describe" in sys.argv[1:]:
+        print(service.engine.describe())
+        return
     try:
         ensure_topics(settings, service.topic_specs(), group=app_id(name, settings))
     except BrokerAccessDenied as exc:

@@ -52,6 +52,7 @@ from shared.engine._retry import (
 )
 from shared.engine._task import Handler, Registration, StepFailed, Task, TaskClients, TaskState
 from shared.engine._ticks import Ticker
+from shared.engine._topology import HandlerNode, Topology
 from shared.engine._trailing_holes import TrailingHoleWatch
 from shared.engine._versions import check_versions
 from shared.engine._warmup import WarmupWatch
@@ -302,6 +303,7 @@ class Engine:
         offsets: DurableTable | Sequence[DurableTable] | None,
         dead_letters: DeadLetterRoute | None = None,
         internal_partitions: int | None = None,
+        sends: Sequence[str] | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register a batch handler for ``topics``.
 
@@ -310,7 +312,10 @@ class Engine:
         partition count for a handler that writes none. ``None`` for a stateless handler of a
         topic with any partition count: its records are delivered at least once (a replay is
         handed over again), and it writes no rows. ``internal_partitions`` declares the
-        topics as the service's own (created with that partition count).
+        topics as the service's own (created with that partition count). ``sends`` names the
+        topics the handler sends to, for :meth:`describe` (a topic named at run time by what
+        names it, in angle brackets: ``"<dlq.retry.topic>"``); its dead-letter route's topic is
+        added. The topology driver checks that a handler that declared them sends nowhere else.
         """
 
         def register(fn: Handler) -> Handler:
@@ -338,6 +343,12 @@ class Engine:
                     else None
                 ),
                 dead_letters=dead_letters,
+                sends=(
+                    tuple(dict.fromkeys([*sends, *([dead_letters.topic] if dead_letters is not None else [])]))
+                    if sends is not None
+                    else None
+                ),
+                internal_partitions=internal_partitions,
             )
             self._handlers.append(reg)
             for topic in topics:
@@ -349,6 +360,28 @@ class Engine:
             return fn
 
         return register
+
+    def describe(self) -> Topology:
+        """The service's topology as its registrations declare it (see ``shared/engine/_topology.py``)."""
+        lanes = self._lanes()
+        tables = {str(table.name): table.partitions or self.settings.topic_partitions for table in self._app.tables.values()}
+        return Topology(
+            service=self.service,
+            tables=tuple(sorted(tables.items())),
+            handlers=tuple(
+                HandlerNode(
+                    name=reg.name,
+                    lane=lanes[reg.topics[0]],
+                    sources=reg.topics,
+                    tables=tuple(str(getattr(store, "name", store)) for store in reg.order.stores)
+                    if reg.order is not None
+                    else (),
+                    sinks=reg.sends,
+                    internal_partitions=reg.internal_partitions,
+                )
+                for reg in self._handlers
+            ),
+        )
 
     def _input_id(self, topic: str) -> str | None:
         """``topic``'s topic id as the brokers last reported it to this worker (None: not known)."""
@@ -630,6 +663,10 @@ class Engine:
         if denial is not None:
             log.error("%s cannot go on: %s", self.service, denial)
         await self._app.crash(exc)
+
+
+def _table_names(order: OrderedInput | None) -> tuple[str, ...]:
+    return tuple(str(getattr(store, "name", store)) for store in order.stores) if order is not None else ()
 
 
 class _CommitFailed(Exception):

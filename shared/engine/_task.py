@@ -57,6 +57,10 @@ class Registration:
     #: Its input's next offsets in its tables; None for a stateless handler (at-least-once, no rows).
     order: OrderedInput | None
     dead_letters: DeadLetterRoute | None
+    #: The topics it declared it sends to (see ``shared/engine/_topology.py``); None: not declared.
+    sends: tuple[str, ...] | None = None
+    #: Partitions of its topics when they are the service's own.
+    internal_partitions: int | None = None
 
 
 class TaskState(enum.Enum):

@@ -42,7 +42,7 @@ from shared.engine._instance import Instance
 from shared.engine._partitioning import partition_for
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions, Retry, record_too_large
 from shared.engine._restore import ChangelogReader, PartitionTarget, RestoreResult, write_batch
-from shared.engine._task import StepFailed, Task, TaskClients, TaskState
+from shared.engine._task import Registration, StepFailed, Task, TaskClients, TaskState
 from shared.settings import Settings
 
 T = TypeVar("T")
@@ -213,6 +213,23 @@ class TableView:
         return int(raw) if raw is not None else None
 
 
+class UndeclaredSink(AssertionError):
+    """A handler sent to a topic it did not declare (``Engine.handler(..., sends=...)``)."""
+
+
+def undeclared(registration: Registration | None, batch: InputBatch) -> None:
+    """Raise :class:`UndeclaredSink` when ``batch`` sent to a topic its handler did not declare
+    (a handler that declared none, or one named at run time, is not checked)."""
+    if registration is None or registration.sends is None or any(s.startswith("<") for s in registration.sends):
+        return
+    declared = set(registration.sends)
+    for record in batch.sends:
+        if record.topic not in declared:
+            raise UndeclaredSink(
+                f"{registration.name} sent to {record.topic!r}, which it does not declare (sends={list(registration.sends)})"
+            )
+
+
 class DriverInstance(Instance):
     """The instance a driven engine is: recovered, with no consumer group to wait for."""
 
@@ -337,9 +354,12 @@ class TopologyDriver:
         assert engine.registration_for(topic) is not None, f"{topic!r} has no handler"
         clients = TaskClients(producer=engine.producer, transactions=engine.transactions)
         try:
-            return await self.task(topic, partition).process(records, clients)
+            batch = await self.task(topic, partition).process(records, clients)
         except StepFailed as failed:
             raise cast(BaseException, failed.__cause__) from None
+        if batch is not None:
+            undeclared(engine.registration_for(topic), batch)
+        return batch
 
     # -- output ----------------------------------------------------------------------------------
 

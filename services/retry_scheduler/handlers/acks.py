@@ -22,7 +22,7 @@ class Acks:
     def __init__(self, engine: Engine, settings: Settings, topics: TopicNames, inbox_topic: str) -> None:
         self.settings = settings
         self.inbox_topic = inbox_topic
-        engine.handler(topics.retry_acks, name="retry-acks", offsets=None)(self.acknowledge)
+        engine.handler(topics.retry_acks, name="retry-acks", offsets=None, sends=(inbox_topic,))(self.acknowledge)
 
     async def acknowledge(self, batch: InputBatch) -> None:
         for record in batch.records:

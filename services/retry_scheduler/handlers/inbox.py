@@ -55,7 +55,15 @@ class Inbox:
         self.ordered = ordered
         # Every table the inbox handler writes keeps a copy of its next offsets, written with
         # the batch's rows; the input resumes from the smallest.
-        engine.handler(inbox_topic, name="inbox", internal_partitions=partitions, offsets=state.stores)(self.process_inbox)
+        engine.handler(
+            inbox_topic,
+            name="inbox",
+            internal_partitions=partitions,
+            offsets=state.stores,
+            # redeliveries go to each letter's retry topic; parked letters, ordered keys' state
+            # and the inbox's own follow-ups (ticks, groups, lanes) to the others
+            sends=("<dlq.retry.topic>", routing.topics.parking_lot, ordered.blocked_keys_topic, inbox_topic),
+        )(self.process_inbox)
 
     async def process_inbox(self, batch: InputBatch) -> None:
         for record in batch.records:

@@ -45,7 +45,9 @@ class Routing:
         # Redelivering to these would feed the message straight back into the scheduler.
         self.looping_topics = frozenset({topics.dead_letters, inbox_topic})
         self.ordered_topics = ordered_topics(settings.retry_ordered_topics)
-        engine.handler(topics.dead_letters, name="dead-letters", offsets=None)(self.route)
+        engine.handler(topics.dead_letters, name="dead-letters", offsets=None, sends=(inbox_topic, topics.parking_lot))(
+            self.route
+        )
 
     async def route(self, batch: InputBatch) -> None:
         received_at = now_ms()

@@ -86,12 +86,16 @@ class CommandBatches:
         self.topics = topics
         self.partitions = settings.topic_partitions
         self.store = engine.table("batches")
-        engine.handler(topics.command_batches, name="batches", offsets=self.store, dead_letters=topics.dead_letter_route())(
-            self.split_command_batches
-        )
-        engine.handler(topics.batch_outcomes, name="batch-outcomes", offsets=self.store, internal_partitions=self.partitions)(
-            self.record_batch_outcomes
-        )
+        engine.handler(
+            topics.command_batches,
+            name="batches",
+            offsets=self.store,
+            dead_letters=topics.dead_letter_route(),
+            sends=(topics.commands, topics.command_batches, topics.batch_outcomes),
+        )(self.split_command_batches)
+        engine.handler(
+            topics.batch_outcomes, name="batch-outcomes", offsets=self.store, internal_partitions=self.partitions, sends=()
+        )(self.record_batch_outcomes)
 
     async def split_command_batches(self, input_batch: InputBatch) -> None:
         """Each command batch's items onto the command topic, but those already decided."""

@@ -79,10 +79,20 @@ class Commands:
         self.store = engine.table("accounts")
         # Each input's next expected offsets live in the table its handler writes, so they
         # move with the partition and are restored with it.
-        engine.handler(topics.commands, name="commands", offsets=self.store, dead_letters=topics.dead_letter_route())(
-            self.validate
-        )
-        engine.handler(topics.retry, name="retry", offsets=self.store, dead_letters=topics.dead_letter_route())(self.redeliver)
+        engine.handler(
+            topics.commands,
+            name="commands",
+            offsets=self.store,
+            dead_letters=topics.dead_letter_route(),
+            sends=(topics.events, topics.rejections, topics.outcomes, topics.batch_outcomes, topics.commands),
+        )(self.validate)
+        engine.handler(
+            topics.retry,
+            name="retry",
+            offsets=self.store,
+            dead_letters=topics.dead_letter_route(),
+            sends=(topics.commands, topics.by_program),
+        )(self.redeliver)
 
     async def validate(self, input_batch: InputBatch) -> None:
         """Decide the input batch's commands in order, stage the outcomes, then the state they imply."""

@@ -53,7 +53,9 @@ class Outcomes:
         #: Per outcomes partition, the last expiry row deleted: later scans seek past the
         #: tombstones below it instead of stepping over them.
         self._expiry_from: dict[int, bytes] = {}
-        engine.handler(self.topic, name="outcomes", offsets=self.store, internal_partitions=self.partitions)(self.record_outcomes)
+        engine.handler(self.topic, name="outcomes", offsets=self.store, internal_partitions=self.partitions, sends=())(
+            self.record_outcomes
+        )
         engine.on_recovered(self.store, self._on_recovered)
 
     async def record_outcomes(self, input_batch: InputBatch) -> None:

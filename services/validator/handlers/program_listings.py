@@ -44,10 +44,10 @@ class ProgramListings:
         self.topics = topics
         self.partitions = settings.topic_partitions
         self.store = engine.table("program-accounts")
-        engine.handler(topics.events, name="events", offsets=self.store, dead_letters=topics.dead_letter_route())(
-            self.route_events
-        )
-        engine.handler(topics.by_program, name="by-program", offsets=self.store, internal_partitions=self.partitions)(
+        engine.handler(
+            topics.events, name="events", offsets=self.store, dead_letters=topics.dead_letter_route(), sends=(topics.by_program,)
+        )(self.route_events)
+        engine.handler(topics.by_program, name="by-program", offsets=self.store, internal_partitions=self.partitions, sends=())(
             self.project
         )
 
