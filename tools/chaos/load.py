@@ -35,6 +35,9 @@ class LoadStats:
     sent: Counter[str] = field(default_factory=Counter)
     #: The headers each dead letter was sent with, by its value (``dlq.failed.at`` is set at sending).
     dead_letter_headers: dict[bytes, tuple[tuple[str, bytes], ...]] = field(default_factory=dict)
+    #: The timestamp each dead letter was first sent with, by its value: a duplicate is the same
+    #: record sent again (as a producer's retry sends it), timestamp included, whenever it comes.
+    dead_letter_timestamps: dict[bytes, int] = field(default_factory=dict)
 
 
 class Load:
@@ -129,25 +132,32 @@ class Load:
 
     async def _send_record(self, step: RecordStep) -> None:
         headers = step.headers
+        timestamp_ms: int | None = None
         if step.kind == "dead_letter":
             headers = self.stats.dead_letter_headers.get(step.value, headers)
             if step.value not in self.stats.dead_letter_headers:
                 if step.failed_now:
                     headers = (*headers, ("dlq.failed.at", str(int(time.time() * 1000)).encode()))
                 self.stats.dead_letter_headers[step.value] = headers
+            timestamp_ms = self.stats.dead_letter_timestamps.setdefault(step.value, int(time.time() * 1000))
         topic = {"poison": self.topics.account_commands, "login": self.topics.logins, "dead_letter": self.topics.dead_letters}[
             step.kind
         ]
-        await self._produce(topic, step.key, step.value, headers)
+        await self._produce(topic, step.key, step.value, headers, timestamp_ms)
         self.stats.sent[f"{'duplicate ' if step.duplicate else ''}{step.kind.replace('_', ' ')}s"] += 1
 
-    async def _produce(self, topic: str, key: bytes | None, value: bytes, headers: tuple[tuple[str, bytes], ...]) -> None:
+    async def _produce(
+        self, topic: str, key: bytes | None, value: bytes, headers: tuple[tuple[str, bytes], ...], timestamp_ms: int | None = None
+    ) -> None:
         assert self._producer is not None
         partition = partition_for(key, self.partitions) if key is not None else self.rng.randrange(self.partitions)
         while True:
             try:
                 await asyncio.wait_for(
-                    self._producer.send_and_wait(topic, value, key=key, partition=partition, headers=list(headers)), 30
+                    self._producer.send_and_wait(
+                        topic, value, key=key, partition=partition, headers=list(headers), timestamp_ms=timestamp_ms
+                    ),
+                    30,
                 )
                 return
             except Exception:  # the broker is down or moving: send it again (a duplicate at worst)
