@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from services.tallies import DEFAULT_PORT, SERVICE
-from services.tallies.api import router
+from services.tallies.api import build_router
 from services.tallies.app import TalliesService
 from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings
@@ -18,9 +18,9 @@ def build(settings: Settings) -> tuple[TalliesService, FastAPI]:
         SERVICE,
         DEFAULT_PORT,
         settings,
-        router,
+        build_router(service.projection),
         title="statefleet tallies",
-        description="Running tallies per program (numberActive, numberInactive, lastLogin), from any instance.",
+        description=service.projection.description or f"Tallies of the {service.projection.name} projection, from any instance.",
     )
     return service, api
 
