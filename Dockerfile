@@ -73,7 +73,7 @@ COPY . .
 # The project itself, with nothing resolved anew.
 RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
     pip install --no-deps --target /opt/statefleet/app . \
-    && python -c "import services, shared, spark_jobs, pyspark"
+    && python -c "import services, shared, spark_jobs, examples.orders.projection, pyspark"
 
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

@@ -93,7 +93,7 @@ demo: up ## Start the fleet, send sample traffic, print what the APIs answer
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy $(wildcard services shared spark_jobs tools tests)
+	$(VENV)/bin/mypy $(wildcard services shared spark_jobs tools tests examples)
 
 .PHONY: test-unit
 test-unit: venv ## Unit tests (no Kafka)

@@ -8,7 +8,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ("services", "shared", "spark_jobs", "tools")
+PACKAGES = ("services", "shared", "spark_jobs", "tools", "examples")
 #: Modules that run in an environment of their own (the Quix Streams peer's virtualenv).
 OTHER_ENVIRONMENTS = {"tools.bench.peers.quix_tallies"}
 
