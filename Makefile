@@ -31,6 +31,15 @@ BROKERS ?=
 BROKERS_ARG = $(if $(BROKERS),--brokers $(BROKERS))
 # Port of the operator console `make up` starts (0: none).
 CONSOLE_PORT ?= 8000
+# The domain `make up` runs (e.g. `make up DOMAIN=orders`; empty: the accounts domain): its
+# validator domain and tallies projection, as the services' STATEFLEET_VALIDATOR_DOMAIN and
+# STATEFLEET_TALLIES_PROJECTION (pkg.module:attr).
+DOMAIN ?=
+DOMAIN_ENV_orders := STATEFLEET_VALIDATOR_DOMAIN=examples.orders.domain:DOMAIN \
+	STATEFLEET_TALLIES_PROJECTION=examples.orders.projection:PROJECTION
+DOMAINS := orders
+DOMAIN_ENV = $(if $(DOMAIN),$(if $(filter $(DOMAIN),$(DOMAINS)),$(DOMAIN_ENV_$(DOMAIN)),\
+	$(error DOMAIN=$(DOMAIN): unknown; one of: $(DOMAINS), or empty for the accounts domain)))
 
 .PHONY: help
 help: ## List the targets
@@ -70,8 +79,8 @@ broker: venv ## Resolve Kafka's jars (Maven), format KRaft storage once, start t
 	$(PY) -m tools.kafka_broker start $(BROKERS_ARG)
 
 .PHONY: up
-up: broker ## Start the broker, every service and the console (http://127.0.0.1:8000) in the background (TALLIES=n ... CONSOLE_PORT=p)
-	$(PY) -m tools.fleet up --tallies $(TALLIES) --validator $(VALIDATOR) --retry-scheduler $(RETRY_SCHEDULER) \
+up: broker ## Start the broker, every service and the console (http://127.0.0.1:8000) in the background (TALLIES=n ... CONSOLE_PORT=p, DOMAIN=orders)
+	$(DOMAIN_ENV) $(PY) -m tools.fleet up --tallies $(TALLIES) --validator $(VALIDATOR) --retry-scheduler $(RETRY_SCHEDULER) \
 		--console-port $(CONSOLE_PORT)
 
 .PHONY: down

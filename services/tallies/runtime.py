@@ -7,6 +7,7 @@ from fastapi import FastAPI
 from services.tallies import DEFAULT_PORT, SERVICE
 from services.tallies.api import build_router
 from services.tallies.app import TalliesService
+from shared.projection import ProjectionError
 from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings
 
@@ -27,5 +28,8 @@ def build(settings: Settings) -> tuple[TalliesService, FastAPI]:
 
 def main() -> None:
     settings = get_settings()
-    service, _ = build(settings)
+    try:
+        service, _ = build(settings)
+    except ProjectionError as exc:  # names the module and what is missing
+        raise SystemExit(f"error: {exc}") from None
     run(service, SERVICE, settings)
