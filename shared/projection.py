@@ -213,10 +213,11 @@ def delta(contribution: Callable[[str], tuple[int, ...]], before: str | None, af
     return tuple(a - b for a, b in zip(gained, contribution(before), strict=True))
 
 
-def add_to(totals: list[int], contribution: tuple[int, ...], sign: int = 1) -> None:
-    """Add ``contribution`` (times ``sign``) to ``totals`` in place."""
+def add_to(totals: list[int], contribution: tuple[int, ...]) -> None:
+    """Add ``contribution`` to ``totals`` in place."""
     for i, value in enumerate(contribution):
-        totals[i] += sign * value
+        if value:
+            totals[i] += value
 
 
 def latest(current: int | None, value: int) -> int:

@@ -366,14 +366,13 @@ class TalliesService:
         after the batch, where it differs from the one last published, with its new
         ``published-tallies`` row; returns how many."""
         deltas: dict[str, list[int]] = {}
-        contribution = self.counts.contribution
+        moved = self.counts.moved
         for program_id, before, after in moves:
             entry = deltas.get(program_id)
             if entry is None:
-                entry = deltas[program_id] = [0] * len(self.projection.counters)
-            add_to(entry, contribution(after))
-            if before is not None:
-                add_to(entry, contribution(before), -1)
+                deltas[program_id] = list(moved(before, after))
+            else:
+                add_to(entry, moved(before, after))
         staged = 0
         for program_id in sorted(programs):
             row = self.tally_after(batch, program_id, deltas.get(program_id))

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from services.tallies.domain import PROJECTION
 from shared import codecs
 from shared.engine import partition_for
-from shared.projection import Change, Mark, Membership, build_record, latest
+from shared.projection import Change, Mark, Membership, build_record, delta, latest
 
 Contribution = Callable[[str], tuple[int, ...]]
 
@@ -105,6 +105,12 @@ class ProgramCounts:
     matched: dict[int, int | None] = field(default_factory=dict)
     #: What a member of each status adds to its program's counts (the projection's, cached).
     contribution: Contribution = DEFAULT_CONTRIBUTION
+    #: How a program's counts move when an account goes from one status (None: new) to another
+    #: (:func:`shared.projection.delta`, remembered per pair: applied for every change).
+    moved: Callable[[str | None, str], tuple[int, ...]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.moved = lru_cache(maxsize=4096)(partial(delta, self.contribution))
 
     def current(self, partition: int, applied: int | None) -> bool:
         """Whether ``partition``'s counts match its rows, whose local copy has applied the
@@ -151,17 +157,17 @@ class ProgramCounts:
 
     def move(self, partition: int, program_id: str, before: str | None, after: str) -> None:
         """An account of ``program_id`` went from status ``before`` (None: new) to ``after``."""
-        gained = self.contribution(after)
-        programs = self.by_partition.setdefault(partition, {})
+        moved = self.moved(before, after)
+        programs = self.by_partition.get(partition)
+        if programs is None:
+            programs = self.by_partition[partition] = {}
         entry = programs.get(program_id)
         if entry is None:
-            entry = programs[program_id] = [0] * len(gained)
-        if before is None:
-            for i, value in enumerate(gained):
-                entry[i] += value
-        elif before != after:
-            for i, (value, lost) in enumerate(zip(gained, self.contribution(before), strict=True)):
-                entry[i] += value - lost
+            programs[program_id] = list(moved)
+        else:
+            for i, value in enumerate(moved):  # add_to, inlined: once per applied change
+                if value:
+                    entry[i] += value
 
     def holds(self, partition: int) -> bool:
         """Whether the counts of ``partition`` are kept here (it is, or was until now, owned)."""
