@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from services.tallies import DEFAULT_PORT, SERVICE
+from services.tallies import DEFAULT_PORT
 from services.tallies.api import build_router
 from services.tallies.app import TalliesService
 from shared.projection import ProjectionError
@@ -16,7 +16,7 @@ def build(settings: Settings) -> tuple[TalliesService, FastAPI]:
     service = TalliesService(settings)
     api = serve_http(
         service,
-        SERVICE,
+        service.name,
         DEFAULT_PORT,
         settings,
         build_router(service.projection),
@@ -32,4 +32,4 @@ def main() -> None:
         service, _ = build(settings)
     except ProjectionError as exc:  # names the module and what is missing
         raise SystemExit(f"error: {exc}") from None
-    run(service, SERVICE, settings)
+    run(service, service.name, settings)
