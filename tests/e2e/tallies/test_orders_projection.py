@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from shared import dead_letters as dl
+from tests.e2e.tallies.test_tallies_crash import applied
 from tests.e2e.tallies.test_tallies_e2e import all_tallies, latest_published, repeated_tallies
 from tests.support.kafka import create_topics, produce, read_all, unconsumed
 from tests.support.orders import expected_rows, history
@@ -107,8 +108,8 @@ def test_sigkill_mid_stream_keeps_exact_rows(
     proc = start(env, tmp_path / "tallies-0.log", port)
     half = len(events) // 2
     produce(order_topics["events"], records(events[:half]))
-    time.sleep(0.5)
-    proc.kill()  # mid-stream: some of the first half applied, some not
+    wait_for(lambda: applied(proc, "tallies-orders") > 0, timeout=30, message="the first records applied")
+    proc.kill()  # mid-stream: some of the first half applied, likely not all
     proc = start(env, tmp_path / "tallies-1.log", port)
     produce(order_topics["events"], records(events[half:] + events[: half // 2]))  # the rest, and a replay
     time.sleep(0.3)
