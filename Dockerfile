@@ -74,7 +74,7 @@ COPY . .
 # The project itself, with nothing resolved anew.
 RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
     pip install --no-deps --target /opt/statefleet/app . \
-    && python -c "import services, shared, spark_jobs, examples.orders.domain, pyspark"
+    && python -c "import services, shared, spark_jobs, examples.orders.domain, examples.orders.projection, pyspark"
 
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

@@ -31,6 +31,15 @@ BROKERS ?=
 BROKERS_ARG = $(if $(BROKERS),--brokers $(BROKERS))
 # Port of the operator console `make up` starts (0: none).
 CONSOLE_PORT ?= 8000
+# The domain `make up` runs (e.g. `make up DOMAIN=orders`; empty: the accounts domain): its
+# validator domain and tallies projection, as the services' STATEFLEET_VALIDATOR_DOMAIN and
+# STATEFLEET_TALLIES_PROJECTION (pkg.module:attr).
+DOMAIN ?=
+DOMAIN_ENV_orders := STATEFLEET_VALIDATOR_DOMAIN=examples.orders.domain:ORDERS \
+	STATEFLEET_TALLIES_PROJECTION=examples.orders.projection:PROJECTION
+DOMAINS := orders
+DOMAIN_ENV = $(if $(DOMAIN),$(if $(filter $(DOMAIN),$(DOMAINS)),$(DOMAIN_ENV_$(DOMAIN)),\
+	$(error DOMAIN=$(DOMAIN): unknown; one of: $(DOMAINS), or empty for the accounts domain)))
 
 .PHONY: help
 help: ## List the targets
@@ -69,16 +78,9 @@ venv: $(STAMP) ## Create the virtualenv and install the packages
 broker: venv ## Resolve Kafka's jars (Maven), format KRaft storage once, start the broker on 127.0.0.1:9092 (BROKERS=3: a cluster)
 	$(PY) -m tools.kafka_broker start $(BROKERS_ARG)
 
-# The domain `make up` runs: empty for the accounts domain, `DOMAIN=orders` for the example in
-# examples/orders (the validator's STATEFLEET_VALIDATOR_DOMAIN; docs/your-domain.md).
-DOMAIN ?=
-ifeq ($(DOMAIN),orders)
-up: export STATEFLEET_VALIDATOR_DOMAIN ?= examples.orders.domain:ORDERS
-endif
-
 .PHONY: up
-up: broker ## Start the broker, every service and the console (http://127.0.0.1:8000) in the background (TALLIES=n ... CONSOLE_PORT=p DOMAIN=orders)
-	$(PY) -m tools.fleet up --tallies $(TALLIES) --validator $(VALIDATOR) --retry-scheduler $(RETRY_SCHEDULER) \
+up: broker ## Start the broker, every service and the console (http://127.0.0.1:8000) in the background (TALLIES=n ... CONSOLE_PORT=p, DOMAIN=orders)
+	$(DOMAIN_ENV) $(PY) -m tools.fleet up --tallies $(TALLIES) --validator $(VALIDATOR) --retry-scheduler $(RETRY_SCHEDULER) \
 		--console-port $(CONSOLE_PORT)
 
 .PHONY: down

@@ -178,6 +178,11 @@ class Settings(BaseSettings):
 
     # Tallies
     tally_publish_interval_s: float = Field(1.0, gt=0, description="How often changed tallies are published")
+    tallies_projection: str | None = Field(
+        None,
+        description="The projection the tallies run, as pkg.module:attr (shared.projection.Projection); "
+        "unset: the accounts tallies (services.tallies.domain:PROJECTION)",
+    )
 
     # Validator
     validator_domain: str = Field(

@@ -1,10 +1,14 @@
-"""The tallies service: its topology and batch handlers on the engine.
+"""The tallies service: its topology and batch handlers on the engine, for the projection
+it runs (:mod:`shared.projection`; by default the accounts tallies of
+:mod:`services.tallies.domain`, in whose words this is written: a program is the
+projection's category, an account its entity, a login's ts its mark).
 
 Two hops, because inputs are keyed by account and tallies by program:
 
-1. ``route_inputs`` reads ``account-events``, ``logins`` and the service's retry topic,
-   validates each record (events as every reader of ``account-events`` does, through
-   :func:`shared.accounts.parse_event`; bad ones become dead letters, with the original
+1. ``route_inputs`` reads the projection's input topics (``account-events``, ``logins``) and
+   the service's retry topic, validates each record with the projection's reader (events as
+   every reader of ``account-events`` does, through :func:`shared.accounts.parse_event`; bad
+   ones become dead letters, with the original
    topic, partition and offset, and are never counted), and forwards them to the internal ``…-by-program`` topic,
    packed: one record per program partition per batch (:class:`PackedInputs`).
 2. ``apply_inputs`` reads that topic. Per program partition it holds the memberships
@@ -47,11 +51,12 @@ from itertools import takewhile
 from typing import Any
 
 from services.tallies import DEFAULT_PORT, SERVICE
-from services.tallies.domain import InvalidInput, Login, Tally, apply_change, count_delta, parse_account_change, parse_login
+from services.tallies.domain import PROJECTION
 from services.tallies.state import (
     PUBLISH_TICK,
     PackedInputs,
     ProgramCounts,
+    cached,
     count_memberships,
     decode_membership,
     encode_membership,
@@ -61,50 +66,67 @@ from services.tallies.state import (
     split_membership_key,
 )
 from shared import codecs, dead_letters
-from shared.accounts import AccountChange
 from shared.engine import DeadLetterRoute, Engine, InputBatch, OrderedRows, TopicSpec, app_id, partition_for
+from shared.projection import Change, InvalidInput, Mark, Projection, Reader, add_to, advance, load_projection
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
 
 log = logging.getLogger(__name__)
 
 
-def parse_input(topic: str, value: bytes | None, headers: Any, topics: TopicNames) -> AccountChange | Login:
+def parse_input(
+    topic: str, value: bytes | None, headers: Any, topics: TopicNames, projection: Projection = PROJECTION
+) -> Change | Mark:
     """Validate one input record; the topic (or, for a retry, its original topic) says what it is."""
     origin = topic
-    if topic == topics.service_retry(SERVICE):
+    if topic == topics.service_retry(service_name(projection)):
         origin = dead_letters.headers_dict(dead_letters.header_items(headers)).get(dead_letters.ORIGINAL_TOPIC, "")
-    parse = parser_for(origin, topics)
+    parse = parser_for(origin, topics, projection)
     if parse is None:
         raise InvalidInput(f"cannot tell what a record from topic {origin!r} is")
     return parse(value)
 
 
-def parse_change(value: bytes | None) -> AccountChange | Login:
-    return parse_account_change(codecs.loads_object(value))
-
-
-def parse_login_record(value: bytes | None) -> AccountChange | Login:
-    return parse_login(codecs.loads_object(value))
-
-
-def parser_for(origin: str, topics: TopicNames) -> Callable[[bytes | None], AccountChange | Login] | None:
+def parser_for(
+    origin: str, topics: TopicNames, projection: Projection = PROJECTION
+) -> Callable[[bytes | None], Change | Mark] | None:
     """How a record from topic ``origin`` is read (None: no input of this service comes from there)."""
-    if origin == topics.account_events:
-        return parse_change
-    if origin == topics.logins:
-        return parse_login_record
-    return None
+    read = projection.reader_for(origin, topics.prefix)
+    return None if read is None else _decoding(read)
+
+
+def _decoding(read: Reader) -> Callable[[bytes | None], Change | Mark]:
+    def parse(value: bytes | None) -> Change | Mark:
+        return read(codecs.loads_object(value))
+
+    return parse
+
+
+def service_name(projection: Projection) -> str:
+    """The engine's name for the service running ``projection``: its consumer group, changelogs,
+    retry topic and local data are named after it. ``tallies`` for the bundled default (as
+    before projections), ``tallies-<name>`` for any other, so two never share state."""
+    return SERVICE if projection.name == PROJECTION.name else f"{SERVICE}-{projection.name}"
+
+
+def configured_projection(settings: Settings) -> Projection:
+    """The projection ``STATEFLEET_TALLIES_PROJECTION`` names, else the accounts tallies."""
+    return load_projection(settings.tallies_projection) if settings.tallies_projection else PROJECTION
 
 
 class TalliesService:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, projection: Projection | None = None) -> None:
         self.settings = settings
+        self.projection = projection = projection if projection is not None else configured_projection(settings)
+        self.name = name = service_name(projection)
         self.topics = topics = topic_names(settings)
-        self.engine = engine = Engine(SERVICE, settings, DEFAULT_PORT)
+        self.input_topics = [topics.name(i.topic) for i in projection.inputs]
+        self.output_topic = topics.name(projection.output_topic)
+        self.engine = engine = Engine(name, settings, DEFAULT_PORT)
         self.partitions = partitions = settings.topic_partitions
-        self.by_program_topic_name = f"{app_id(SERVICE, settings)}-by-program"
-        self.retry_topic_name = topics.service_retry(SERVICE)
+        self.by_program_topic_name = f"{app_id(name, settings)}-by-program"
+        self.retry_topic_name = topics.service_retry(name)
+        self.evolve = projection.evolve
 
         self.memberships_store = engine.table("memberships")
         self.logins_store = engine.table("last-logins")
@@ -112,7 +134,8 @@ class TalliesService:
         # Added after deployments ran the by-program handler; a row lost with a cut-short batch
         # only republishes that tally (see rebuild_counts).
         self.published_store = engine.table("published-tallies", added_later=True)
-        self.counts = ProgramCounts()
+        # Every read of a status's contribution goes through the counts' cache of it.
+        self.counts = ProgramCounts(contribution=cached(projection.contribution))
         #: Per owned by-program partition, the programs whose tally may differ from the one published.
         self.dirty: dict[int, set[str]] = {}
         #: Publish ticks to the by-program partitions with programs to publish.
@@ -128,12 +151,11 @@ class TalliesService:
         # Hop 1 keeps no state of its own: its next offsets are rows of memberships, so
         # they move with the partition and are restored with it.
         engine.handler(
-            topics.account_events,
-            topics.logins,
+            *self.input_topics,
             self.retry_topic_name,
             name="inputs",
             offsets=self.memberships_store,
-            dead_letters=DeadLetterRoute(SERVICE, topics.dead_letters, self.retry_topic_name),
+            dead_letters=DeadLetterRoute(name, topics.dead_letters, self.retry_topic_name),
         )(self.route_inputs)
         engine.handler(
             self.by_program_topic_name,
@@ -148,27 +170,27 @@ class TalliesService:
     def topic_specs(self) -> list[TopicSpec]:
         n = self.settings.topic_partitions
         return [
-            TopicSpec(self.topics.account_events, n),
-            TopicSpec(self.topics.logins, n),
+            *(TopicSpec(topic, n) for topic in self.input_topics),
             TopicSpec(self.retry_topic_name, n),
             TopicSpec(self.topics.dead_letters, n),
-            TopicSpec(self.topics.program_tallies, n, compacted=True),
+            TopicSpec(self.output_topic, n, compacted=True),
             *self.engine.internal_topic_specs(),
         ]
 
     # -- hop 1: validate and pack by program partition ----------------------------------------
 
     async def route_inputs(self, batch: InputBatch) -> None:
-        items: list[AccountChange | Login] = []
+        items: list[Change | Mark] = []
         # Every record of a batch comes from one topic: one look-up of its reader, unless it is
         # the retry topic, whose records each say where they came from.
-        parse = parser_for(batch.topic, self.topics)
+        read = self.projection.reader_for(batch.topic, self.topics.prefix)
+        loads = codecs.loads_object
         for record in batch.records:
             try:
-                if parse is not None:
-                    items.append(parse(record.value))
+                if read is not None:
+                    items.append(read(loads(record.value)))
                 else:
-                    items.append(parse_input(record.topic, record.value, record.headers, self.topics))
+                    items.append(parse_input(record.topic, record.value, record.headers, self.topics, self.projection))
             except (codecs.DecodeError, InvalidInput) as exc:
                 batch.dead_letter(record, exc)
         for partition, packed in pack_by_partition(items, self.partitions):
@@ -236,18 +258,18 @@ class TalliesService:
         batch.after_commit(move_counts)
 
     def apply_change(
-        self, batch: InputBatch, change: AccountChange, moves: list[tuple[str, str | None, str]], programs: set[str]
+        self, batch: InputBatch, change: Change, moves: list[tuple[str, str | None, str]], programs: set[str]
     ) -> None:
         """Stage what ``change`` writes (read against this batch's earlier changes)."""
-        key = membership_key(change.program_id, change.account_id)
+        key = membership_key(change.category, change.entity)
         raw = batch.read(self.memberships_store, key)
         current = decode_membership(raw) if raw is not None else None
-        updated = apply_change(current, change)
+        updated = advance(self.evolve, current, change)
         if updated is None:
             return  # a replay: this version is already applied
         batch.write(self.memberships_store, key, encode_membership(updated))
-        moves.append((change.program_id, current.status if current else None, updated.status))
-        programs.add(change.program_id)
+        moves.append((change.category, current.status if current else None, updated.status))
+        programs.add(change.category)
 
     def apply_login(self, batch: InputBatch, program_id: str, ts: int, programs: set[str]) -> None:
         key = program_id.encode()
@@ -284,12 +306,12 @@ class TalliesService:
             sum(len(programs) for programs in self.dirty.values()),
         )
 
-    def tally(self, program_id: str) -> Tally | None:
-        """The program's tally from this instance's copy of its partition (active or not)."""
+    def tally(self, program_id: str) -> dict[str, Any] | None:
+        """The program's row (its tally) from this instance's copy of its partition (active or not)."""
         partition = self._partition(program_id)
         counts = self._program_counts(partition, program_id)
         raw_login = self.logins_store.get(partition, program_id.encode())
-        return tally_of(program_id, counts, raw_login)
+        return self.row_of(program_id, counts, raw_login)
 
     def _counts_current(self, partition: int) -> bool:
         """Whether the in-memory counts answer for ``partition``.
@@ -304,14 +326,14 @@ class TalliesService:
         as before the restore. Meanwhile the rows themselves answer, with the lag they have."""
         return self.counts.holds(partition) and self.engine.instance.ready()
 
-    def _program_counts(self, partition: int, program_id: str) -> tuple[int, int] | None:
+    def _program_counts(self, partition: int, program_id: str) -> tuple[int, ...] | None:
         if self._counts_current(partition):
             return self.counts.get(partition, program_id)
         # A copy this instance does not process (a standby, a partition it owned before, or one
         # it is restoring): its counts are not kept in memory, so they are counted from its memberships.
         prefix = program_prefix(program_id)
         rows = self.memberships_store.items(partition, from_key=prefix)
-        return count_memberships(takewhile(lambda row: row[0].startswith(prefix), rows))
+        return count_memberships(takewhile(lambda row: row[0].startswith(prefix), rows), self.counts.contribution)
 
     def owned_partitions(self) -> set[int]:
         return self.memberships_store.owned_partitions()
@@ -343,52 +365,47 @@ class TalliesService:
         """Stage on ``batch`` the tally of each of ``programs`` (of the batch's partition) as it is
         after the batch, where it differs from the one last published, with its new
         ``published-tallies`` row; returns how many."""
-        deltas: dict[str, tuple[int, int]] = {}
+        deltas: dict[str, list[int]] = {}
+        moved = self.counts.moved
         for program_id, before, after in moves:
-            d_active, d_inactive = count_delta(before, after)
-            active, inactive = deltas.get(program_id, (0, 0))
-            deltas[program_id] = (active + d_active, inactive + d_inactive)
+            entry = deltas.get(program_id)
+            if entry is None:
+                deltas[program_id] = list(moved(before, after))
+            else:
+                add_to(entry, moved(before, after))
         staged = 0
         for program_id in sorted(programs):
-            tally = self.tally_after(batch, program_id, deltas.get(program_id))
-            if tally is None:
+            row = self.tally_after(batch, program_id, deltas.get(program_id))
+            if row is None:
                 continue
             key = program_id.encode()
-            value = codecs.dumps(tally.to_json())
+            value = codecs.dumps(row)
             if batch.read(self.published_store, key) == value:
                 continue  # published already
-            batch.send(self.topics.program_tallies, key, value)
+            batch.send(self.output_topic, key, value)
             batch.write(self.published_store, key, value)
             staged += 1
         return staged
 
-    def tally_after(self, batch: InputBatch, program_id: str, delta: tuple[int, int] | None) -> Tally | None:
-        """The program's tally once ``batch`` is committed: the in-memory counts (moved only after
+    def tally_after(self, batch: InputBatch, program_id: str, delta: list[int] | None) -> dict[str, Any] | None:
+        """The program's row once ``batch`` is committed: the in-memory counts (moved only after
         the commit) with the batch's moves (``delta``), and the last login as the batch sees it."""
         partition = batch.partition
-        counts: tuple[int, int] | None
+        counts: tuple[int, ...] | None
         if self.counts.holds(partition):
             counts = self.counts.get(partition, program_id)
             if delta is not None:
-                active, inactive = counts if counts is not None else (0, 0)
-                counts = (active + delta[0], inactive + delta[1])
+                counts = tuple(c + d for c, d in zip(counts, delta, strict=True)) if counts is not None else tuple(delta)
         else:  # not counted in memory (yet): count the memberships as the batch sees them
-            counts = count_memberships(program_rows(batch.view(self.memberships_store), program_id))
+            counts = count_memberships(program_rows(batch.view(self.memberships_store), program_id), self.counts.contribution)
         raw_login = batch.read(self.logins_store, program_id.encode())
-        return tally_of(program_id, counts, raw_login)
+        return self.row_of(program_id, counts, raw_login)
 
-
-def tally_of(program_id: str, counts: tuple[int, int] | None, raw_login: bytes | None) -> Tally | None:
-    """A program's tally from its (active, inactive) counts and its last-logins row (None: neither)."""
-    if counts is None and raw_login is None:
-        return None
-    active, inactive = counts if counts is not None else (0, 0)
-    return Tally(
-        program_id=program_id,
-        numberActive=active,
-        numberInactive=inactive,
-        lastLogin=int(raw_login) if raw_login is not None else None,
-    )
+    def row_of(self, program_id: str, counts: tuple[int, ...] | None, raw_login: bytes | None) -> dict[str, Any] | None:
+        """A program's row from its counts and its last-logins row (None: neither)."""
+        if counts is None and raw_login is None:
+            return None
+        return self.projection.row(program_id, counts, int(raw_login) if raw_login is not None else None)
 
 
 def program_rows(view: OrderedRows, program_id: str) -> Iterable[tuple[bytes, bytes]]:

@@ -1,11 +1,13 @@
-"""Tally semantics, as pure functions. The Faust service and the Spark backfill both
-run exactly these, so there is one definition of what a tally is.
+"""The bundled default projection: the accounts tallies, written with the projection API
+(:mod:`shared.projection`) as any team's projection is. The Faust service and the Spark
+backfill both run exactly these rules, so there is one definition of what a tally is.
 
 An account counts by its status: active in numberActive, inactive (deactivated) in
 numberInactive, deleted in neither. Each account event carries the account's version;
 an event whose version is not newer than the one already applied is a replay and
 changes nothing, so duplicated or replayed input never counts twice. lastLogin is the
-largest login ``ts`` seen for the program, which replays cannot change either.
+largest login ``ts`` seen for the program (the projection's mark), which replays cannot
+change either.
 """
 
 from __future__ import annotations
@@ -14,28 +16,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from services.tallies.models import TallyOut
 from shared.accounts import AccountChange, InvalidEvent, parse_event, status_after, tally_counts
+from shared.projection import Change, Input, InvalidInput, Mark, Membership, Projection, advance, build_record, delta, fold
+from shared.topics import ACCOUNT_EVENTS, LOGINS, PROGRAM_TALLIES
 
-#: Builds a NamedTuple from its fields in C, without the Python-level ``__new__`` the class
-#: generates: these records are built several times per input record.
-build_record = tuple.__new__
-
-
-class InvalidInput(ValueError):
-    """A message that cannot be applied; it goes to dead-letters with this message."""
+__all__ = ["PROJECTION", "InvalidInput", "Login", "Membership", "Tally", "build_record"]
 
 
 class Login(NamedTuple):
     account_id: str
     program_id: str
     ts: int
-
-
-class Membership(NamedTuple):
-    """An account's standing in its program: its status after the newest applied version."""
-
-    status: str
-    version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +38,7 @@ class Tally:
     lastLogin: int | None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "program_id": self.program_id,
-            "numberActive": self.numberActive,
-            "numberInactive": self.numberInactive,
-            "lastLogin": self.lastLogin,
-        }
+        return tally_row(self.program_id, (self.numberActive, self.numberInactive), self.lastLogin)
 
 
 def _require_str(obj: Mapping[str, Any], name: str) -> str:
@@ -103,39 +90,62 @@ def parse_login(obj: Mapping[str, Any]) -> Login:
     return login
 
 
+def read_account_event(obj: Mapping[str, Any]) -> Change:
+    """The projection's reader of ``account-events``: the account's change
+    (:func:`parse_account_change`), its event being the event type."""
+    return build_record(Change, parse_account_change(obj)[:4])
+
+
+def read_login(obj: Mapping[str, Any]) -> Mark:
+    """The projection's reader of ``logins``: the login's ts, a mark of its program."""
+    login = parse_login(obj)
+    return build_record(Mark, (login.program_id, login.ts))
+
+
+def evolve(status: str | None, event_type: str) -> str:
+    """An account's status after an event of ``event_type`` (:func:`shared.accounts.status_after`)."""
+    return status_after(event_type, status)
+
+
+def tally_row(program_id: str, totals: tuple[int, ...] | None, last_login: int | None) -> dict[str, Any]:
+    """The published tally (the ``program-tallies`` value and the body of ``GET /tallies/{program_id}``)."""
+    active, inactive = totals if totals is not None else (0, 0)
+    return {"program_id": program_id, "numberActive": active, "numberInactive": inactive, "lastLogin": last_login}
+
+
+#: The accounts tallies, the projection the service runs unless ``STATEFLEET_TALLIES_PROJECTION``
+#: names another.
+PROJECTION = Projection(
+    name="accounts",
+    inputs=(Input(ACCOUNT_EVENTS, read_account_event), Input(LOGINS, read_login)),
+    output_topic=PROGRAM_TALLIES,
+    key_field="program_id",
+    counters=("numberActive", "numberInactive"),
+    evolve=evolve,
+    contribution=tally_counts,
+    row=tally_row,
+    row_model=TallyOut,
+    description="Running tallies per program (numberActive, numberInactive, lastLogin), from any instance.",
+)
+
+
+def as_change(change: AccountChange) -> Change:
+    return build_record(Change, change[:4])
+
+
 def apply_change(current: Membership | None, change: AccountChange) -> Membership | None:
     """The account's membership after ``change``, or ``None`` when it is a replay."""
-    if current is not None and change.version <= current.version:
-        return None
-    return build_record(Membership, (status_after(change.type, current.status if current is not None else None), change.version))
+    return advance(evolve, current, as_change(change))
 
 
-def count_delta(before: str | None, after: str) -> tuple[int, int]:
+def count_delta(before: str | None, after: str) -> tuple[int, ...]:
     """(Δ numberActive, Δ numberInactive) when an account moves from ``before`` to ``after``."""
-    after_active, after_inactive = tally_counts(after)
-    before_active, before_inactive = tally_counts(before)
-    return after_active - before_active, after_inactive - before_inactive
-
-
-def latest_login(current: int | None, ts: int) -> int:
-    return ts if current is None or ts > current else current
+    return delta(tally_counts, before, after)
 
 
 def fold_program(program_id: str, changes: Iterable[AccountChange], logins: Iterable[Login]) -> Tally:
-    """A program's tally from its whole history, in any order, duplicates included.
-
-    Changes are applied per account in version order through :func:`apply_change`, as
-    the stream applies them, so this equals what the service holds after the same input.
-    """
-    members: dict[str, Membership] = {}
-    for change in sorted(changes, key=lambda c: (c.account_id, c.version)):
-        updated = apply_change(members.get(change.account_id), change)
-        if updated is not None:
-            members[change.account_id] = updated
-    counts = [tally_counts(m.status) for m in members.values()]
-    active = sum(a for a, _ in counts)
-    inactive = sum(i for _, i in counts)
-    last: int | None = None
-    for login in logins:
-        last = latest_login(last, login.ts)
+    """A program's tally from its whole history, in any order, duplicates included
+    (:func:`shared.projection.fold` of :data:`PROJECTION`, as the service applies it)."""
+    totals, last = fold(PROJECTION, (as_change(c) for c in changes), (login.ts for login in logins))
+    active, inactive = totals if totals is not None else (0, 0)
     return Tally(program_id=program_id, numberActive=active, numberInactive=inactive, lastLogin=last)

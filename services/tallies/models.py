@@ -1,4 +1,5 @@
-"""HTTP models of the tallies service."""
+"""HTTP models of the tallies service: the accounts tally (the default projection's row).
+The page of GET /tallies is built from the projection's row model (:mod:`services.tallies.api`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,3 @@ class TallyOut(BaseModel):
     numberActive: int = Field(description="Accounts of the program whose status is active")
     numberInactive: int = Field(description="Accounts of the program that are deactivated")
     lastLogin: int | None = Field(description="Largest login ts (epoch ms) seen for the program; null before any")
-
-
-class TallyPage(BaseModel):
-    items: list[TallyOut]
-    next_cursor: str | None = Field(description="Pass as ?cursor= to get the next page; null on the last page")

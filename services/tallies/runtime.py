@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from services.tallies import DEFAULT_PORT, SERVICE
-from services.tallies.api import router
+from services.tallies import DEFAULT_PORT
+from services.tallies.api import build_router
 from services.tallies.app import TalliesService
+from shared.projection import ProjectionError
 from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings
 
@@ -15,17 +16,20 @@ def build(settings: Settings) -> tuple[TalliesService, FastAPI]:
     service = TalliesService(settings)
     api = serve_http(
         service,
-        SERVICE,
+        service.name,
         DEFAULT_PORT,
         settings,
-        router,
+        build_router(service.projection),
         title="statefleet tallies",
-        description="Running tallies per program (numberActive, numberInactive, lastLogin), from any instance.",
+        description=service.projection.description or f"Tallies of the {service.projection.name} projection, from any instance.",
     )
     return service, api
 
 
 def main() -> None:
     settings = get_settings()
-    service, _ = build(settings)
-    run(service, SERVICE, settings)
+    try:
+        service, _ = build(settings)
+    except ProjectionError as exc:  # names the module and what is missing
+        raise SystemExit(f"error: {exc}") from None
+    run(service, service.name, settings)

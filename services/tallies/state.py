@@ -1,4 +1,7 @@
-"""How tallies are kept in RocksDB, and the in-memory counts derived from it.
+"""How tallies are kept in RocksDB, and the in-memory counts derived from it, for any
+projection (:mod:`shared.projection`): a program below is the projection's category (a
+customer…), an account its entity (an order…), a login's ts its mark, and the counts its
+totals (numberActive, numberInactive for the accounts).
 
 The ``memberships`` table is the state: one row per (program, account) holding the
 account's status and the version it was last changed at. Counts are not stored;
@@ -20,13 +23,27 @@ their first byte is ``{``) or :data:`PUBLISH_TICK`, which no packed record ever 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache, partial
+from typing import Any
 
-from services.tallies.domain import Login, Membership, build_record, count_delta, latest_login
+from services.tallies.domain import PROJECTION
 from shared import codecs
-from shared.accounts import AccountChange, tally_counts
 from shared.engine import partition_for
+from shared.projection import Change, Mark, Membership, build_record, delta, latest
+
+Contribution = Callable[[str], tuple[int, ...]]
+
+
+def cached(contribution: Contribution) -> Contribution:
+    """``contribution`` remembered per status (statuses repeat: a few per projection, or a few
+    thousand where they hold an amount); it is called several times per applied change."""
+    return lru_cache(maxsize=4096)(contribution)
+
+
+#: The default projection's, for callers that name none.
+DEFAULT_CONTRIBUTION = cached(PROJECTION.contribution)
 
 SEPARATOR = b"\x00"
 
@@ -59,16 +76,18 @@ def program_prefix(program_id: str) -> bytes:
     return program_id.encode() + SEPARATOR
 
 
-def count_memberships(rows: Iterable[tuple[bytes, bytes]]) -> tuple[int, int] | None:
-    """(numberActive, numberInactive) over one program's membership rows; None when it has none."""
-    active = inactive = 0
-    seen = False
+def count_memberships(
+    rows: Iterable[tuple[bytes, bytes]], contribution: Contribution = DEFAULT_CONTRIBUTION
+) -> tuple[int, ...] | None:
+    """The totals (numberActive, numberInactive…) over one program's membership rows; None when it has none."""
+    totals: list[int] | None = None
     for _, raw in rows:
-        seen = True
-        a, i = tally_counts(decode_membership(raw).status)
-        active += a
-        inactive += i
-    return (active, inactive) if seen else None
+        counted = contribution(decode_membership(raw).status)
+        if totals is None:
+            totals = [0] * len(counted)
+        for i, value in enumerate(counted):
+            totals[i] += value
+    return tuple(totals) if totals is not None else None
 
 
 @dataclass
@@ -84,6 +103,14 @@ class ProgramCounts:
     by_partition: dict[int, dict[str, list[int]]] = field(default_factory=dict)
     #: Per partition counted here, the memberships changelog offset its counts match.
     matched: dict[int, int | None] = field(default_factory=dict)
+    #: What a member of each status adds to its program's counts (the projection's, cached).
+    contribution: Contribution = DEFAULT_CONTRIBUTION
+    #: How a program's counts move when an account goes from one status (None: new) to another
+    #: (:func:`shared.projection.delta`, remembered per pair: applied for every change).
+    moved: Callable[[str | None, str], tuple[int, ...]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.moved = lru_cache(maxsize=4096)(partial(delta, self.contribution))
 
     def current(self, partition: int, applied: int | None) -> bool:
         """Whether ``partition``'s counts match its rows, whose local copy has applied the
@@ -110,15 +137,18 @@ class ProgramCounts:
         kept = [p for p in keep if p in self.by_partition and p in self.matched]
         fresh: dict[int, dict[str, list[int]]] = {p: self.by_partition[p] for p in kept}
         matched: dict[int, int | None] = {p: self.matched[p] for p in kept}
+        contribution = self.contribution
         for partition, items in partitions.items():
             counts: dict[str, list[int]] = {}
             for key, raw in items:
                 rows += 1
                 program, _ = split_membership_key(key)
-                active, inactive = tally_counts(decode_membership(raw).status)
-                entry = counts.setdefault(program, [0, 0])
-                entry[0] += active
-                entry[1] += inactive
+                counted = contribution(decode_membership(raw).status)
+                entry = counts.get(program)
+                if entry is None:
+                    entry = counts[program] = [0] * len(counted)
+                for i, value in enumerate(counted):
+                    entry[i] += value
             fresh[partition] = counts
             matched[partition] = (applied or {}).get(partition)
         self.by_partition = fresh
@@ -126,18 +156,26 @@ class ProgramCounts:
         return rows
 
     def move(self, partition: int, program_id: str, before: str | None, after: str) -> None:
-        d_active, d_inactive = count_delta(before, after)
-        entry = self.by_partition.setdefault(partition, {}).setdefault(program_id, [0, 0])
-        entry[0] += d_active
-        entry[1] += d_inactive
+        """An account of ``program_id`` went from status ``before`` (None: new) to ``after``."""
+        moved = self.moved(before, after)
+        programs = self.by_partition.get(partition)
+        if programs is None:
+            programs = self.by_partition[partition] = {}
+        entry = programs.get(program_id)
+        if entry is None:
+            programs[program_id] = list(moved)
+        else:
+            for i, value in enumerate(moved):  # add_to, inlined: once per applied change
+                if value:
+                    entry[i] += value
 
     def holds(self, partition: int) -> bool:
         """Whether the counts of ``partition`` are kept here (it is, or was until now, owned)."""
         return partition in self.by_partition
 
-    def get(self, partition: int, program_id: str) -> tuple[int, int] | None:
+    def get(self, partition: int, program_id: str) -> tuple[int, ...] | None:
         entry = self.by_partition.get(partition, {}).get(program_id)
-        return (entry[0], entry[1]) if entry is not None else None
+        return tuple(entry) if entry is not None else None
 
     def programs_of(self, partition: int) -> Iterable[str]:
         return self.by_partition.get(partition, {}).keys()
@@ -156,10 +194,10 @@ MAX_CHANGES_PER_RECORD = 5000
 @dataclass
 class ProgramInputs:
     """One program's inputs from one batch: account changes in arrival order, and the largest
-    login ts. Applying them is the same per-change version check as applying one at a
+    login ts (mark). Applying them is the same per-change version check as applying one at a
     time, so a replayed record changes nothing."""
 
-    changes: list[AccountChange] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
     last_login: int | None = None
 
 
@@ -175,14 +213,14 @@ class PackedInputs:
     records: int = 0
     changes: int = 0
 
-    def add(self, item: AccountChange | Login) -> None:
-        inputs = self.programs.get(item.program_id)
+    def add(self, item: Change | Mark) -> None:
+        inputs = self.programs.get(item.category)
         if inputs is None:
-            inputs = self.programs[item.program_id] = ProgramInputs()
-        if isinstance(item, Login):
-            inputs.last_login = latest_login(inputs.last_login, item.ts)
+            inputs = self.programs[item.category] = ProgramInputs()
+        if isinstance(item, Mark):
+            inputs.last_login = latest(inputs.last_login, item.value)
         else:
-            inputs.changes.append(item)
+            inputs.changes.append(item)  # type: ignore[arg-type]
             self.changes += 1
         self.records += 1
 
@@ -190,7 +228,7 @@ class PackedInputs:
         return codecs.dumps(
             {
                 "p": [
-                    [program, [[c.account_id, c.type, c.version] for c in inputs.changes], inputs.last_login]
+                    [program, [[c.entity, c.event, c.version] for c in inputs.changes], inputs.last_login]
                     for program, inputs in self.programs.items()
                 ],
                 "n": self.records,
@@ -199,30 +237,31 @@ class PackedInputs:
 
     @staticmethod
     def decode(raw: bytes | None) -> PackedInputs:
-        obj = codecs.loads_object(raw)
+        obj: Any = codecs.loads_object(raw)
         packed = PackedInputs(records=int(obj["n"]))
         for program, changes, last_login in obj["p"]:
             packed.programs[program] = ProgramInputs(
-                changes=[build_record(AccountChange, (a, program, t, v, None)) for a, t, v in changes], last_login=last_login
+                changes=[build_record(Change, (a, program, e, v)) for a, e, v in changes], last_login=last_login
             )
             packed.changes += len(changes)
         return packed
 
 
-def pack_by_partition(items: Iterable[AccountChange | Login], partitions: int) -> list[tuple[int, PackedInputs]]:
+def pack_by_partition(items: Iterable[Change | Mark], partitions: int) -> list[tuple[int, PackedInputs]]:
     """Group a batch's inputs by the by-program partition of their program, keeping each
     account's changes in order; a partition's changes past :data:`MAX_CHANGES_PER_RECORD`
     start another record."""
     packed: dict[int, list[PackedInputs]] = {}
     partition_of: dict[str, int] = {}
     for item in items:
-        partition = partition_of.get(item.program_id)
+        category = item.category
+        partition = partition_of.get(category)
         if partition is None:
-            partition = partition_of[item.program_id] = partition_for(item.program_id, partitions)
+            partition = partition_of[category] = partition_for(category, partitions)
         parts = packed.get(partition)
         if parts is None:
             parts = packed[partition] = [PackedInputs()]
-        if isinstance(item, AccountChange) and parts[-1].changes >= MAX_CHANGES_PER_RECORD:
+        if not isinstance(item, Mark) and parts[-1].changes >= MAX_CHANGES_PER_RECORD:
             parts.append(PackedInputs())
         parts[-1].add(item)
     return [(partition, part) for partition, parts in packed.items() for part in parts]

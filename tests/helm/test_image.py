@@ -141,7 +141,7 @@ def test_spark_versions_agree_between_project_image_pom_and_chart():
 def test_build_context_lets_in_only_what_the_image_needs():
     ignore = (REPO / ".dockerignore").read_text().splitlines()
     assert ignore[ignore.index("*") + 1 :].count("!services/") == 1
-    for needed in ("!pyproject.toml", "!services/", "!shared/", "!spark_jobs/", "!tools/", "!helm/image/"):
+    for needed in ("!pyproject.toml", "!services/", "!shared/", "!spark_jobs/", "!tools/", "!examples/", "!helm/image/"):
         assert needed in ignore
     for source in re.findall(r"^COPY (?!--from)(\S+(?: \S+)*) \S+$", DOCKERFILE, flags=re.M):
         for path in source.split():

@@ -77,7 +77,7 @@ def test_sigkill_at_each_commit_step_keeps_exact_tallies(
         if guarantee == "exactly_once":
             prefix = service_env["STATEFLEET_TOPIC_PREFIX"]
             changes = Counter(
-                (change.account_id, change.version)
+                (change.entity, change.version)
                 for r in read_all(f"{prefix}statefleet-tallies-by-program", isolation_level="read_committed")
                 if r.value != PUBLISH_TICK
                 for inputs in PackedInputs.decode(r.value).programs.values()

@@ -43,10 +43,10 @@ LOGINS_PER_PROGRAM = 50
 KILLS = ((3000, False), (3000, True), (None, False), (3000, True))
 
 
-def applied(proc: ServiceProcess) -> int:
-    """Input records the second hop of this worker process has applied so far."""
+def applied(proc: ServiceProcess, service: str = "tallies") -> int:
+    """Input records the second hop of this worker process (of engine ``service``) has applied so far."""
     text = web.get(proc.url + "/metrics", timeout=5).text
-    m = re.search(r'statefleet_messages_processed_total\{service="tallies",stream="by-program"\} ([0-9.e+]+)', text)
+    m = re.search(rf'statefleet_messages_processed_total\{{service="{service}",stream="by-program"\}} ([0-9.e+]+)', text)
     return int(float(m.group(1))) if m else 0
 
 

@@ -25,8 +25,8 @@ from tools import web
 pytestmark = pytest.mark.e2e
 
 
-def all_tallies(proc: ServiceProcess, limit: int = 7) -> dict[str, dict[str, Any]]:
-    """Every tally through the paginated list, checking pages do not overlap."""
+def all_tallies(proc: ServiceProcess, limit: int = 7, key: str = "program_id") -> dict[str, dict[str, Any]]:
+    """Every tally through the paginated list (by its ``key`` field), checking pages do not overlap."""
     out: dict[str, dict[str, Any]] = {}
     cursor = None
     while True:
@@ -35,8 +35,8 @@ def all_tallies(proc: ServiceProcess, limit: int = 7) -> dict[str, dict[str, Any
             params["cursor"] = cursor
         body = web.get(proc.url + "/tallies", params=params, timeout=5).raise_for_status().json()
         for item in body["items"]:
-            assert item["program_id"] not in out, "a program appeared on two pages"
-            out[item["program_id"]] = item
+            assert item[key] not in out, "a program appeared on two pages"
+            out[item[key]] = item
         cursor = body["next_cursor"]
         if cursor is None:
             return out

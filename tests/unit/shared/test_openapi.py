@@ -10,13 +10,20 @@ import pytest
 from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
+from examples.orders.projection import PROJECTION as ORDERS
 from services.retry_scheduler.api import router as retry_router
+from services.tallies.api import build_router
 from services.tallies.api import router as tallies_router
 from services.validator.api import router as validator_router
 from shared.http.api import create_api
 from shared.settings import Settings
 
-ROUTERS = {"validator": validator_router, "tallies": tallies_router, "retry_scheduler": retry_router}
+ROUTERS = {
+    "validator": validator_router,
+    "tallies": tallies_router,
+    "tallies_orders": build_router(ORDERS),
+    "retry_scheduler": retry_router,
+}
 
 
 def service_api(router: APIRouter) -> FastAPI:
@@ -48,6 +55,7 @@ EXPECTED = {
     ("get", "/accounts/{account_id}"): {"200", "404", "422", "503"},
     ("get", "/programs/{program_id}/accounts"): {"200", "400", "422", "503"},
     ("get", "/tallies/{program_id}"): {"200", "404", "422", "503"},
+    ("get", "/tallies/{key}"): {"200", "404", "422", "503"},
     ("get", "/tallies"): {"200", "400", "422", "503"},
     ("get", "/retries"): {"200", "400", "422", "503"},
     ("get", "/retries/{dlq_id}"): {"200", "404", "422", "503"},
@@ -81,6 +89,7 @@ def test_the_statuses_each_operation_can_answer_are_documented(service: str) -> 
         ("validator", "PATCH", "/commands", "POST"),
         ("tallies", "POST", "/tallies/a/b", "GET"),
         ("tallies", "DELETE", "/healthz", "GET"),
+        ("tallies_orders", "POST", "/tallies/a/b", "GET"),
     ],
 )
 def test_405_names_every_method_the_path_takes(service: str, method: str, path: str, allow: str) -> None:

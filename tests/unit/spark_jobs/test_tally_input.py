@@ -10,6 +10,7 @@ from services.tallies.app import parse_input as service_parse_input
 from services.tallies.domain import InvalidInput, Login
 from shared import codecs
 from shared.accounts import AccountChange
+from shared.projection import Change, Mark
 from shared.topics import TopicNames
 from spark_jobs.tally_input import CHANGE, LOGIN, parse_input
 
@@ -43,9 +44,18 @@ CASES = [
 
 def outcome(fn: Any, *args: Any) -> Any:
     try:
-        return fn(*args)
+        return as_projection_input(fn(*args))
     except (codecs.DecodeError, InvalidInput) as exc:
         return type(exc).__name__, str(exc)
+
+
+def as_projection_input(item: Any) -> Any:
+    """The backfill's AccountChange or Login as the service's projection reads it (Change, Mark)."""
+    if isinstance(item, AccountChange):
+        return Change(*item[:4])
+    if isinstance(item, Login):
+        return Mark(item.program_id, item.ts)
+    return item
 
 
 @pytest.mark.parametrize(("kind", "value"), CASES)

@@ -8,10 +8,11 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from services.tallies.app import TalliesService
-from services.tallies.domain import Membership
+from services.tallies.domain import PROJECTION, Membership
 from services.tallies.state import ProgramCounts, decode_membership, encode_membership, membership_key
-from shared.accounts import ACTIVE, INACTIVE, AccountChange
+from shared.accounts import ACTIVE, INACTIVE
 from shared.engine import InputBatch
+from shared.projection import Change
 
 
 class Store:
@@ -26,7 +27,7 @@ class Store:
 
 
 def service(memberships: Store, logins: Store) -> TalliesService:
-    return SimpleNamespace(memberships_store=memberships, logins_store=logins)  # type: ignore[return-value]
+    return SimpleNamespace(memberships_store=memberships, logins_store=logins, evolve=PROJECTION.evolve)  # type: ignore[return-value]
 
 
 def test_changes_in_one_batch_see_each_other_and_replays_write_nothing() -> None:
@@ -37,11 +38,11 @@ def test_changes_in_one_batch_see_each_other_and_replays_write_nothing() -> None
     moves: list[tuple[str, str | None, str]] = []
     programs: set[str] = set()
     for change in (
-        AccountChange("a", "P", "AccountCreated", 1),
-        AccountChange("a", "P", "AccountDeactivated", 2),
-        AccountChange("a", "P", "AccountCreated", 1),  # a replay within the batch
-        AccountChange("old", "P", "AccountUpdated", 3),  # a replay of a stored version
-        AccountChange("old", "P", "AccountDeactivated", 4),
+        Change("a", "P", "AccountCreated", 1),
+        Change("a", "P", "AccountDeactivated", 2),
+        Change("a", "P", "AccountCreated", 1),  # a replay within the batch
+        Change("old", "P", "AccountUpdated", 3),  # a replay of a stored version
+        Change("old", "P", "AccountDeactivated", 4),
     ):
         TalliesService.apply_change(svc, batch, change, moves, programs)
     rows = batch.rows[cast(Any, memberships)]
