@@ -29,6 +29,12 @@ REDELIVERY_FAILED = Counter(
     registry=REGISTRY,
 )
 PARKED = Counter("statefleet_retry_parked_total", "Messages published to the parking lot", registry=REGISTRY)
+PARKED_REMOVED = Counter(
+    "statefleet_retry_parked_removed_total",
+    "Parked messages removed without a redelivery (how: deleted over HTTP, expired by the retention)",
+    ["how"],
+    registry=REGISTRY,
+)
 CANCELLED = Counter("statefleet_retry_cancelled_total", "Scheduled messages cancelled over HTTP", registry=REGISTRY)
 TICK_SECONDS = Histogram(
     "statefleet_retry_tick_seconds",

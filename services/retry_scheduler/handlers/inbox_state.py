@@ -305,13 +305,13 @@ class InboxState:
         self.totals["parked"] += 1
         log.info("parked dlq.id=%s attempt=%s from %s: %s", entry.id, entry.attempt, entry.origin_topic, entry.parked_reason)
 
-    def unparked(self, batch: InputBatch, entry: Entry, action: str) -> None:
+    def unparked(self, batch: InputBatch, entry: Entry, action: str, actor: str | None = None) -> None:
         """A parked entry was redelivered: out of the parked table, with a done marker and its history kept."""
         idk = id_key(entry.id)
         if self.delete(batch, self.parked, idk):
             self.counts.add("parked", batch.partition, entry.counted_as, -1)
         self.mark_done(batch, idk, entry.id, DONE_UNPARKED, entry.attempt, entry.fingerprints)
-        self.keep_history(batch, entry.with_history(Replayed(now_ms(), action, entry.attempt)))
+        self.keep_history(batch, entry.with_history(Replayed(now_ms(), action, entry.attempt, actor)))
 
     # -- what the handler puts out ----------------------------------------------------------------------
 

@@ -1,0 +1,108 @@
+"""A service many teams share: DELETE /parked/{id} through the inbox, and the actor in each history entry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from services.retry_scheduler.app import RetrySchedulerService
+from services.retry_scheduler.entries import Replayed, decode_history, encode_history
+from services.retry_scheduler.handlers.kinds import KIND_DELETE_PARKED, KIND_UNPARK
+from services.retry_scheduler.metrics import PARKED_REMOVED
+from shared.engine import partition_for
+from shared.engine.testing import TopologyDriver
+from shared.settings import Settings
+from tests.support.dead_letters import letter_headers
+
+PARTITIONS = 4
+RETRY_TOPIC = "retry-orders"
+HOUR_MS = 3_600_000
+
+
+@pytest.fixture
+def scheduler(tmp_path: Path) -> Iterator[tuple[RetrySchedulerService, TopologyDriver]]:
+    service = RetrySchedulerService(
+        Settings(
+            data_dir=tmp_path,
+            topic_partitions=PARTITIONS,
+            retry_max_attempts=3,
+            retry_base_delay_ms=HOUR_MS,
+            retry_max_delay_ms=HOUR_MS,
+            retry_jitter="none",
+        )
+    )
+    with TopologyDriver(service.engine) as driver:
+        yield service, driver
+
+
+def park(service: RetrySchedulerService, driver: TopologyDriver, dlq_id: str) -> list[tuple[str, bytes]]:
+    headers = letter_headers(dlq_id, RETRY_TOPIC, attempt=3)
+    driver.pipe(service.topics.dead_letters, b"key", b"value", headers=headers)
+    assert service.stats.parked_entry(dlq_id) is not None
+    return headers
+
+
+def command(service: RetrySchedulerService, driver: TopologyDriver, kind: bytes, body: dict[str, object]) -> None:
+    dlq_id = str(body["id"])
+    driver.pipe(service.inbox_topic_name, dlq_id.encode(), kind + orjson.dumps(body), partition=partition_for(dlq_id, PARTITIONS))
+
+
+def removed(how: str) -> float:
+    return float(PARKED_REMOVED.labels(how=how)._value.get())
+
+
+def test_a_deleted_parked_message_is_gone_never_redelivered_and_its_copy_is_dropped(
+    scheduler: tuple[RetrySchedulerService, TopologyDriver],
+) -> None:
+    service, driver = scheduler
+    headers = park(service, driver, "d1")
+    before = removed("delete")
+    command(service, driver, KIND_DELETE_PARKED, {"id": "d1", "actor": "admin"})
+    assert service.stats.parked_entry("d1") is None
+    assert removed("delete") == before + 1
+    # recorded in the history kept with the done marker, with who asked
+    event = service.stats.last_event("d1", partition_for("d1", PARTITIONS))
+    assert event is not None and (event.action, event.attempt, event.actor) == ("delete", 3, "admin")
+    # the same dead-letter record read again (a crash before its offset was committed): dropped
+    driver.pipe(service.topics.dead_letters, b"key", b"value", headers=headers)
+    assert service.stats.parked_entry("d1") is None and service.stats.scheduled_entry("d1") is None
+    assert driver.outputs(RETRY_TOPIC) == []
+
+
+def test_deleting_what_is_not_parked_changes_nothing(scheduler: tuple[RetrySchedulerService, TopologyDriver]) -> None:
+    service, driver = scheduler
+    driver.pipe(service.topics.dead_letters, b"key", b"value", headers=letter_headers("s1", RETRY_TOPIC, attempt=1))
+    before = removed("delete")
+    command(service, driver, KIND_DELETE_PARKED, {"id": "s1", "actor": "admin"})  # scheduled, not parked
+    command(service, driver, KIND_DELETE_PARKED, {"id": "nobody", "actor": "admin"})
+    assert service.stats.scheduled_entry("s1") is not None
+    assert removed("delete") == before
+
+
+def test_an_unpark_records_its_actor_and_older_commands_without_one_record_none(
+    scheduler: tuple[RetrySchedulerService, TopologyDriver],
+) -> None:
+    service, driver = scheduler
+    park(service, driver, "d1")
+    command(service, driver, KIND_UNPARK, {"id": "d1", "actor": "admin"})
+    assert len(driver.outputs(RETRY_TOPIC)) == 1
+    # it fails again: its next dead letter takes the history back, actor included
+    driver.pipe(service.topics.dead_letters, b"key", b"value", headers=letter_headers("d1", RETRY_TOPIC, attempt=4))
+    entry = service.stats.parked_entry("d1")
+    assert entry is not None and [(h.action, h.actor) for h in entry.history] == [("unpark", "admin")]
+    command(service, driver, KIND_UNPARK, {"id": "d1"})  # a command written before actors were
+    driver.pipe(service.topics.dead_letters, b"key", b"value", headers=letter_headers("d1", RETRY_TOPIC, attempt=5))
+    entry = service.stats.parked_entry("d1")
+    assert entry is not None and [(h.action, h.actor) for h in entry.history] == [("unpark", "admin"), ("unpark", None)]
+
+
+def test_history_with_and_without_actors_round_trips_and_old_rows_read_alike() -> None:
+    events = (Replayed(10, "unpark", 2), Replayed(20, "delete", 3, "admin"))
+    raw = encode_history(events)
+    assert orjson.loads(raw) == [[10, "unpark", 2], [20, "delete", 3, "admin"]]  # no actor: the old three elements
+    assert decode_history(raw) == events
+    assert decode_history(b'[[1,"replay",1]]') == (Replayed(1, "replay", 1, None),)
+    assert Replayed(1, "replay", 1).to_json() == {"at": 1, "action": "replay", "attempt": 1, "actor": None}
