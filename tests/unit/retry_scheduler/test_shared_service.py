@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import orjson
-import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
 from services.retry_scheduler.entries import Replayed, decode_history, encode_history
@@ -14,28 +10,9 @@ from services.retry_scheduler.handlers.kinds import KIND_DELETE_PARKED, KIND_UNP
 from services.retry_scheduler.metrics import PARKED_REMOVED
 from shared.engine import partition_for
 from shared.engine.testing import TopologyDriver
-from shared.settings import Settings
 from tests.support.dead_letters import letter_headers
-
-PARTITIONS = 4
-RETRY_TOPIC = "retry-orders"
-HOUR_MS = 3_600_000
-
-
-@pytest.fixture
-def scheduler(tmp_path: Path) -> Iterator[tuple[RetrySchedulerService, TopologyDriver]]:
-    service = RetrySchedulerService(
-        Settings(
-            data_dir=tmp_path,
-            topic_partitions=PARTITIONS,
-            retry_max_attempts=3,
-            retry_base_delay_ms=HOUR_MS,
-            retry_max_delay_ms=HOUR_MS,
-            retry_jitter="none",
-        )
-    )
-    with TopologyDriver(service.engine) as driver:
-        yield service, driver
+from tests.unit.retry_scheduler.test_handlers import PARTITIONS, RETRY_TOPIC
+from tests.unit.retry_scheduler.test_handlers import scheduler as scheduler  # the fixture: max 3 attempts, 1 h backoff
 
 
 def park(service: RetrySchedulerService, driver: TopologyDriver, dlq_id: str) -> list[tuple[str, bytes]]:
