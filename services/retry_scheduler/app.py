@@ -30,7 +30,7 @@ from services.retry_scheduler.handlers.commands import HttpCommands
 from services.retry_scheduler.handlers.inbox import Inbox
 from services.retry_scheduler.handlers.inbox_state import InboxState
 from services.retry_scheduler.handlers.ordered import OrderedLanes
-from services.retry_scheduler.handlers.parking import Parking
+from services.retry_scheduler.handlers.parking import ParkedRetention, Parking
 from services.retry_scheduler.handlers.routing import Routing
 from services.retry_scheduler.handlers.stats import Stats
 from services.retry_scheduler.handlers.ticks import Ticks
@@ -53,6 +53,11 @@ class RetrySchedulerService:
         self.parking = parking = Parking(state, inbox_topic)
         self.ordered = ordered = OrderedLanes(settings, self.topics, state, parking)
         self.commands = commands = HttpCommands(engine, state, parking, ordered, inbox_topic)
+        self.retention = retention = ParkedRetention(
+            settings, state, parking, lambda batch, entry: ordered.lane_headed_by(batch, entry) is not None
+        )
+        if retention.enabled:
+            ticks.sweep_parked = retention.sweep
         self.inbox = Inbox(engine, state, routing, ticks, commands, ordered, inbox_topic, settings.topic_partitions)
         # Acknowledgements are read only where ordered retries are on: unordered, nothing changes.
         self.acks = Acks(engine, settings, self.topics, inbox_topic) if routing.ordered_topics else None

@@ -9,6 +9,7 @@ other work of the partition is not held up.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -20,11 +21,17 @@ from services.retry_scheduler.metrics import CANCELLED, PARKED_REMOVED
 from services.retry_scheduler.scans import GroupFilter, scan_parked_matching
 from services.retry_scheduler.state import DONE_CANCELLED, id_key, id_of
 from shared.engine import InputBatch
+from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
 #: What a group command may do with the parked messages it covers.
 GROUP_ACTIONS = ("replay", "cancel")
+#: Parked rows the retention examines per partition per tick: a partition's parked messages are
+#: swept a slice at a time, so a tick stays short however many are parked.
+RETENTION_SCAN_BUDGET = 1000
+#: Most parked messages a partition's tick removes for the retention.
+RETENTION_LIMIT = 500
 #: Most parked messages one group command acts on, and rows it examines, before it goes on
 #: in a record of its own (so other work of the partition is not held up).
 GROUP_CHUNK = 500
@@ -140,3 +147,60 @@ class Parking:
             "failed": failed,
             "more": resume is not None,
         }
+
+
+class ParkedRetention:
+    """``STATEFLEET_PARKED_RETENTION_S``: each tick of a partition examines the next slice of its
+    parked messages (:data:`RETENTION_SCAN_BUDGET` rows, going round the table) and removes those
+    parked longer ago than the retention, as ``DELETE /parked/{id}`` does (history event
+    ``expire``, no actor). A parked head of an ordered key is kept: the key's records wait behind
+    it until an operator acts."""
+
+    def __init__(self, settings: Settings, state: InboxState, parking: Parking, is_head: Callable[[InputBatch, Entry], bool]):
+        self.retention_ms = int(settings.parked_retention_s * 1000)
+        self.state = state
+        self.parking = parking
+        self.is_head = is_head
+        #: Where each partition's sweep goes on (an id key; None: from the start).
+        self.resume: dict[int, bytes | None] = {}
+        self.expired_total = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.retention_ms > 0
+
+    def sweep(self, batch: InputBatch, now: int) -> int:
+        """Remove the expired parked messages of the next slice of this partition; how many."""
+        if not self.enabled:
+            return 0
+        partition = batch.partition
+        flt = GroupFilter(parked_to=now - self.retention_ms)
+        found, resume = scan_parked_matching(
+            batch.view(self.state.parked),
+            flt,
+            after=self.resume.get(partition),
+            limit=RETENTION_LIMIT,
+            budget=RETENTION_SCAN_BUDGET,
+        )
+        self.resume[partition] = resume
+        expired = 0
+        for _, raw, _ in found:
+            entry = decode_entry(raw)
+            if self.is_head(batch, entry):
+                continue
+            self.parking.remove(batch, entry, EXPIRED, None)
+            expired += 1
+        if expired:
+            self.state.write_expiry(batch)
+            self.expired_total += expired
+            log.info(
+                "parked retention (%ss): removed %d parked messages of partition %s parked before %s",
+                self.retention_ms / 1000,
+                expired,
+                partition,
+                now - self.retention_ms,
+            )
+        return expired
+
+    def forget_partitions(self) -> None:
+        self.resume = {}

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
+import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
 from services.retry_scheduler.entries import Replayed, decode_history, encode_history
+from services.retry_scheduler.handlers import routing, ticks
+from services.retry_scheduler.handlers.inbox_state import now_ms
 from services.retry_scheduler.handlers.kinds import KIND_DELETE_PARKED, KIND_UNPARK
 from services.retry_scheduler.metrics import PARKED_REMOVED
 from shared.engine import partition_for
 from shared.engine.testing import TopologyDriver
+from shared.settings import Settings
 from tests.support.dead_letters import letter_headers
-from tests.unit.retry_scheduler.test_handlers import PARTITIONS, RETRY_TOPIC
+from tests.unit.retry_scheduler.test_handlers import HOUR_MS, PARTITIONS, RETRY_TOPIC, tick_every_partition
 from tests.unit.retry_scheduler.test_handlers import scheduler as scheduler  # the fixture: max 3 attempts, 1 h backoff
 
 
@@ -83,3 +89,32 @@ def test_history_with_and_without_actors_round_trips_and_old_rows_read_alike() -
     assert decode_history(raw) == events
     assert decode_history(b'[[1,"replay",1]]') == (Replayed(1, "replay", 1, None),)
     assert Replayed(1, "replay", 1).to_json() == {"at": 1, "action": "replay", "attempt": 1, "actor": None}
+
+
+def test_the_retention_removes_parked_messages_older_than_it_at_a_tick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(data_dir=tmp_path, topic_partitions=PARTITIONS, retry_max_attempts=3, parked_retention_s=1800)
+    service = RetrySchedulerService(settings)
+    real = now_ms()
+    with TopologyDriver(service.engine) as driver:
+        headers = park(service, driver, "old")
+        monkeypatch.setattr(routing, "now_ms", lambda: real + 2 * HOUR_MS)  # "new" is parked 2 h later
+        park(service, driver, "new")
+        monkeypatch.setattr(ticks, "now_ms", lambda: real + HOUR_MS)  # the tick, 1 h after "old" was parked
+        before = removed("expire")
+        tick_every_partition(service, driver)
+        assert service.stats.parked_entry("old") is None
+        assert service.stats.parked_entry("new") is not None  # parked less than the retention ago
+        assert removed("expire") == before + 1 and service.retention.expired_total == 1
+        event = service.stats.last_event("old", partition_for("old", PARTITIONS))
+        assert event is not None and (event.action, event.actor) == ("expire", None)
+        driver.pipe(service.topics.dead_letters, b"key", b"value", headers=headers)  # a copy read again: dropped
+        assert service.stats.parked_entry("old") is None and service.stats.scheduled_entry("old") is None
+        assert driver.outputs(RETRY_TOPIC) == []
+
+
+def test_without_a_retention_parked_messages_stay(scheduler: tuple[RetrySchedulerService, TopologyDriver]) -> None:
+    service, driver = scheduler
+    park(service, driver, "d1")
+    assert not service.retention.enabled and service.ticks.sweep_parked is None
+    tick_every_partition(service, driver)
+    assert service.stats.parked_entry("d1") is not None
