@@ -206,6 +206,9 @@ class Settings(BaseSettings):
         "", description="YAML file of retry policy rules (origin topic and error class, first match wins); empty: none"
     )
     retry_batch_limit: int = Field(5000, ge=1, description="Most entries redelivered per partition per tick")
+    retry_metrics_origin_topics: int = Field(
+        50, ge=0, description="Origin topics the retry scheduler's counters label by name (the most frequent); the rest: other"
+    )
     parked_retention_s: float = Field(
         0.0, ge=0, description="How long a parked message is kept before the scheduler's ticks remove it; 0: for ever"
     )

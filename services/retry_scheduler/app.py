@@ -34,6 +34,7 @@ from services.retry_scheduler.handlers.parking import ParkedRetention, Parking
 from services.retry_scheduler.handlers.routing import Routing
 from services.retry_scheduler.handlers.stats import Stats
 from services.retry_scheduler.handlers.ticks import Ticks
+from services.retry_scheduler.metrics import ORIGIN_TOPICS
 from shared.engine import Engine, TopicSpec, app_id
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
@@ -46,6 +47,7 @@ class RetrySchedulerService:
         self.engine = engine = Engine(SERVICE, settings, DEFAULT_PORT)
         self.inbox_topic_name = inbox_topic = f"{app_id(SERVICE, settings)}-inbox"
 
+        ORIGIN_TOPICS.configure(settings.retry_metrics_origin_topics)
         self.state = state = InboxState(engine, settings, self.topics)
         self.routing = routing = Routing(engine, settings, self.topics, inbox_topic)
         state.decide_fate = routing.decide_fate  # a re-failure's next attempt is decided like any letter

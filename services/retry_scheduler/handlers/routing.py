@@ -28,7 +28,7 @@ from services.retry_scheduler.entries import Decided, Entry, encode_decided, ent
 from services.retry_scheduler.handlers.inbox_state import now_ms
 from services.retry_scheduler.handlers.kinds import KIND_DECIDED
 from services.retry_scheduler.handlers.ordered import deferred_entry, is_deferred, ordered_letter_record
-from services.retry_scheduler.metrics import PARKED
+from services.retry_scheduler.metrics import OTHER, PARKED
 from shared import dead_letters
 from shared.engine import Engine, InputBatch, partition_for
 from shared.engine import Record as InRecord
@@ -130,7 +130,7 @@ class Routing:
         headers = [*dead_letters.header_items(record.headers), ("dlq.parked.reason", f"unreadable: {exc}"[:2000].encode())]
         value = record.value if record.key is not None or record.value is not None else b""
         batch.send(self.topics.parking_lot, record.key, value, headers=headers)
-        PARKED.inc()
+        PARKED.labels(OTHER).inc()  # its origin could not be read
 
     def decide_fate(self, entry: Entry, now: int) -> Entry:
         """``entry`` scheduled for its next delivery, or parked when that cannot or must not be."""

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client import Counter
 
 from services.retry_scheduler.app import RetrySchedulerService
 from services.retry_scheduler.entries import Replayed, decode_history, encode_history
 from services.retry_scheduler.handlers import routing, ticks
 from services.retry_scheduler.handlers.inbox_state import now_ms
 from services.retry_scheduler.handlers.kinds import KIND_DELETE_PARKED, KIND_UNPARK
-from services.retry_scheduler.metrics import PARKED_REMOVED
+from services.retry_scheduler.metrics import PARKED, PARKED_REMOVED, REDELIVERED, SCHEDULED, OriginTopicLabels
 from shared.engine import partition_for
 from shared.engine.testing import TopologyDriver
 from shared.settings import Settings
@@ -118,3 +119,31 @@ def test_without_a_retention_parked_messages_stay(scheduler: tuple[RetrySchedule
     assert not service.retention.enabled and service.ticks.sweep_parked is None
     tick_every_partition(service, driver)
     assert service.stats.parked_entry("d1") is not None
+
+
+def test_origin_topic_labels_are_bounded_to_the_most_frequent_topics_plus_other() -> None:
+    labels = OriginTopicLabels(max_topics=2)
+    assert [labels.label(t) for t in ("a", "b", "c", "a")] == ["a", "b", "other", "a"]
+    # "c" becomes more than twice as frequent as "b" (the least seen labelled topic): it takes its place
+    assert [labels.label("c") for _ in range(2)] == ["other", "c"]
+    assert labels.label("b") == "other" and set(labels.seen) == {"a", "c"}
+    # many rare topics: memory stays bounded (4 x max_topics candidates), all counted as other
+    assert {labels.label(f"rare-{i}") for i in range(1000)} == {"other"}
+    assert len(labels.candidates) <= 8 and len(labels.seen) == 2
+    assert OriginTopicLabels(max_topics=0).label("a") == "other"
+
+
+def test_the_counters_carry_the_origin_topic(scheduler: tuple[RetrySchedulerService, TopologyDriver]) -> None:
+    service, driver = scheduler
+    topic = "orders"  # letter_headers' default origin topic
+
+    def value(counter: Counter, *labels: str) -> float:
+        return float(counter.labels(*labels)._value.get())
+
+    scheduled, parked = value(SCHEDULED, topic), value(PARKED, topic)
+    driver.pipe(service.topics.dead_letters, b"key", b"value", headers=letter_headers("m1", RETRY_TOPIC, attempt=1))
+    park(service, driver, "m2")
+    assert value(SCHEDULED, topic) == scheduled + 1 and value(PARKED, topic) == parked + 1
+    unparked = value(REDELIVERED, "unpark", topic)
+    command(service, driver, KIND_UNPARK, {"id": "m2", "actor": "admin"})
+    assert value(REDELIVERED, "unpark", topic) == unparked + 1
