@@ -417,6 +417,13 @@ def build_policy_book(
             f"retry policy overrides: {catch_all.label} matches every origin topic and error class, "
             f"so the policy file's rules are never used ({file.rules[0].label} first)"
         )
+    env_names = {rule.name: rule.label for rule in env.rules if rule.name is not None}
+    for rule in file.rules:
+        if rule.name in env_names:
+            raise PolicyError(
+                f"policy file: {rule.label}: name {rule.name!r} is already the name of "
+                f"{env_names[rule.name]} of STATEFLEET_RETRY_POLICY_OVERRIDES"
+            )
     rules = env.rules + file.rules
     default = Policy(max_attempts=max_attempts, base_delay_ms=base_delay_ms, max_delay_ms=max_delay_ms, jitter=jitter)
     return PolicyBook(default=default, by_origin_topic=by_topic, by_error_class=classes, topic_prefix=topic_prefix, rules=rules)

@@ -149,6 +149,11 @@ def test_an_environment_catch_all_rule_would_hide_the_file_s_rules() -> None:
         book(RULES, overrides='{"rules": [{"name": "all", "max_attempts": 2}]}')
 
 
+def test_a_rule_name_is_unique_across_the_file_and_the_environment() -> None:
+    with pytest.raises(PolicyError, match=r"rule 2 \(payments\): name 'payments' is already the name of rule 1 \(payments\)"):
+        book(RULES, overrides='{"rules": [{"name": "payments", "origin_topic": "x", "max_attempts": 2}]}')
+
+
 def test_read_policy_file(tmp_path: Path) -> None:
     assert read_policy_file("") is None
     good = tmp_path / "policy.yaml"
