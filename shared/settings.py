@@ -209,8 +209,17 @@ class Settings(BaseSettings):
     retry_base_delay_ms: int = Field(1000, ge=0)
     retry_max_delay_ms: int = Field(3_600_000, ge=0)
     retry_jitter: Literal["full", "equal", "none"] = "equal"
-    retry_policy_overrides: str = Field("", description="JSON: per origin topic / error class overrides")
+    retry_policy_overrides: str = Field("", description="JSON: per origin topic / error class overrides, and rules")
+    retry_policy_file: str = Field(
+        "", description="YAML file of retry policy rules (origin topic and error class, first match wins); empty: none"
+    )
     retry_batch_limit: int = Field(5000, ge=1, description="Most entries redelivered per partition per tick")
+    retry_metrics_origin_topics: int = Field(
+        50, ge=0, description="Origin topics the retry scheduler's counters label by name (the most frequent); the rest: other"
+    )
+    parked_retention_s: float = Field(
+        0.0, ge=0, description="How long a parked message is kept before the scheduler's ticks remove it; 0: for ever"
+    )
     retry_ordered_topics: str = Field(
         "", description="Comma-separated origin topics whose dead letters keep per-key order (ordered retries); empty: none"
     )

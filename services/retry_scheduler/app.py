@@ -30,10 +30,11 @@ from services.retry_scheduler.handlers.commands import HttpCommands
 from services.retry_scheduler.handlers.inbox import Inbox
 from services.retry_scheduler.handlers.inbox_state import InboxState
 from services.retry_scheduler.handlers.ordered import OrderedLanes
-from services.retry_scheduler.handlers.parking import Parking
+from services.retry_scheduler.handlers.parking import ParkedRetention, Parking
 from services.retry_scheduler.handlers.routing import Routing
 from services.retry_scheduler.handlers.stats import Stats
 from services.retry_scheduler.handlers.ticks import Ticks
+from services.retry_scheduler.metrics import ORIGIN_TOPICS
 from shared.engine import Engine, TopicSpec, app_id
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
@@ -46,6 +47,7 @@ class RetrySchedulerService:
         self.engine = engine = Engine(SERVICE, settings, DEFAULT_PORT)
         self.inbox_topic_name = inbox_topic = f"{app_id(SERVICE, settings)}-inbox"
 
+        ORIGIN_TOPICS.configure(settings.retry_metrics_origin_topics)
         self.state = state = InboxState(engine, settings, self.topics)
         self.routing = routing = Routing(engine, settings, self.topics, inbox_topic)
         state.decide_fate = routing.decide_fate  # a re-failure's next attempt is decided like any letter
@@ -53,6 +55,11 @@ class RetrySchedulerService:
         self.parking = parking = Parking(state, inbox_topic)
         self.ordered = ordered = OrderedLanes(settings, self.topics, state, parking)
         self.commands = commands = HttpCommands(engine, state, parking, ordered, inbox_topic)
+        self.retention = retention = ParkedRetention(
+            settings, state, parking, lambda batch, entry: ordered.lane_headed_by(batch, entry) is not None
+        )
+        if retention.enabled:
+            ticks.sweep_parked = retention.sweep
         self.inbox = Inbox(engine, state, routing, ticks, commands, ordered, inbox_topic, settings.topic_partitions)
         # Acknowledgements are read only where ordered retries are on: unordered, nothing changes.
         self.acks = Acks(engine, settings, self.topics, inbox_topic) if routing.ordered_topics else None

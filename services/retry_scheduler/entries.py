@@ -30,9 +30,12 @@ class Replayed:
     at: int
     action: str
     attempt: int
+    #: Who acted: the name of the token the call carried ("admin" for the one admin token); None
+    #: for events recorded before actors were, and for the scheduler's own (retention).
+    actor: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"at": self.at, "action": self.action, "attempt": self.attempt}
+        return {"at": self.at, "action": self.action, "attempt": self.attempt, "actor": self.actor}
 
 
 # binascii directly: base64's wrappers cost more than the encoding, a dozen times per entry.
@@ -195,11 +198,14 @@ def encode_entry(e: Entry) -> bytes:
 
 
 def _history_json(history: Iterable[Replayed]) -> list[list[Any]]:
-    return [[h.at, h.action, h.attempt] for h in history]
+    # The actor is a fourth element only when there is one: events written before read alike.
+    return [[h.at, h.action, h.attempt] if h.actor is None else [h.at, h.action, h.attempt, h.actor] for h in history]
 
 
 def _history_of(raw: Any) -> tuple[Replayed, ...]:
-    return tuple(Replayed(int(at), str(action), int(attempt)) for at, action, attempt in raw or ())
+    return tuple(
+        Replayed(int(at), str(action), int(attempt), str(rest[0]) if rest else None) for at, action, attempt, *rest in raw or ()
+    )
 
 
 def decode_entry(raw: bytes) -> Entry:

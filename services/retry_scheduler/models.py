@@ -14,9 +14,15 @@ class HistoryOut(BaseModel):
     at: int = Field(description="When the operator's action was applied (epoch ms)")
     action: str = Field(
         description="replay (a scheduled message sent at once), unpark (one parked message "
-        "replayed) or group replay (replayed with its group)"
+        "replayed), group replay (replayed with its group), delete (a parked message deleted) or "
+        "expire (a parked message removed by the retention)"
     )
     attempt: int = Field(description="The dlq.attempt it was replayed with")
+    actor: str | None = Field(
+        None,
+        description='Who acted: the name of the token the call carried ("admin", the admin token); '
+        "null for the scheduler's own actions (retention) and for events recorded before actors were",
+    )
 
 
 class RetryOut(BaseModel):
@@ -139,7 +145,7 @@ class GroupActionOut(BaseModel):
 
 class CommandOut(BaseModel):
     id: str
-    status: str = Field(description="redelivered, cancelled, or accepted (applied asynchronously)")
+    status: str = Field(description="redelivered, cancelled, deleted, or accepted (applied asynchronously)")
     attempt: int | None = None
     topic: str | None = Field(None, description="Topic it was redelivered to")
 

@@ -7,12 +7,17 @@ from fastapi import FastAPI
 from services.retry_scheduler import DEFAULT_PORT, SERVICE
 from services.retry_scheduler.api import router
 from services.retry_scheduler.app import RetrySchedulerService
+from services.retry_scheduler.domain import PolicyError
 from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings
 
 
 def build(settings: Settings) -> tuple[RetrySchedulerService, FastAPI]:
-    service = RetrySchedulerService(settings)
+    """The service and its HTTP API. Exits, saying which rule and what is wrong, when the retry policy is not valid."""
+    try:
+        service = RetrySchedulerService(settings)
+    except PolicyError as exc:
+        raise SystemExit(f"error: {SERVICE} cannot start: the retry policy is not valid: {exc}") from None
     api = serve_http(
         service,
         SERVICE,

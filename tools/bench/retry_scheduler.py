@@ -306,11 +306,12 @@ class ServiceRun:
 
 
 def scheduled_total(url: str) -> int:
-    """``statefleet_retry_scheduled_total``: dead letters scheduled since the worker started."""
+    """``statefleet_retry_scheduled_total``: dead letters scheduled since the worker started (every origin topic's)."""
+    total = 0.0
     for line in web.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("statefleet_retry_scheduled_total "):
-            return int(float(line.split()[1]))
-    return 0
+        if line.startswith(("statefleet_retry_scheduled_total ", "statefleet_retry_scheduled_total{")):
+            total += float(line.rsplit(None, 1)[1])
+    return int(total)
 
 
 def wait_until(predicate: Any, timeout: float, what: str) -> Any:

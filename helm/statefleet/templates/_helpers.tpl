@@ -255,3 +255,13 @@ imagePullSecrets:
 {{- else if and (eq (toString .flag) "auto") (.ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind)) -}}true
 {{- end -}}
 {{- end -}}
+
+{{/* The retry scheduler's policy ConfigMap. */}}
+{{- define "statefleet.retryPolicyName" -}}
+{{- printf "%s-policy" (include "statefleet.componentName" (dict "ctx" . "component" "retry-scheduler")) -}}
+{{- end -}}
+
+{{/* The policy file's text from services.retryScheduler.policy (call with the policy). */}}
+{{- define "statefleet.retryPolicyFile" -}}
+{{- toYaml (dict "rules" .rules) -}}
+{{- end -}}

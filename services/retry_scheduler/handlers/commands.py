@@ -16,11 +16,18 @@ from typing import Any
 
 import orjson
 
-from services.retry_scheduler.entries import Replayed
+from services.retry_scheduler.entries import Replayed, decode_entry
 from services.retry_scheduler.handlers.inbox_state import InboxState, now_ms
-from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_GROUP, KIND_LANE, KIND_REPLAY, KIND_UNPARK
+from services.retry_scheduler.handlers.kinds import (
+    KIND_CANCEL,
+    KIND_DELETE_PARKED,
+    KIND_GROUP,
+    KIND_LANE,
+    KIND_REPLAY,
+    KIND_UNPARK,
+)
 from services.retry_scheduler.handlers.ordered import OrderedLanes, lane_command_body, lane_of_command
-from services.retry_scheduler.handlers.parking import Parking
+from services.retry_scheduler.handlers.parking import DELETED, Parking, actor_of
 from services.retry_scheduler.metrics import CANCELLED
 from services.retry_scheduler.scans import GroupFilter
 from services.retry_scheduler.state import DONE_CANCELLED, DONE_REDELIVERED, Done, id_key
@@ -43,20 +50,26 @@ class HttpCommands:
 
     # -- the API's side ------------------------------------------------------------------------------
 
-    async def request(self, kind: bytes, dlq_id: str, partition: int, timeout_s: float) -> dict[str, Any]:
-        """Send a command on ``dlq_id`` to its partition and wait for the handler's answer.
+    async def request(
+        self, kind: bytes, dlq_id: str, partition: int, timeout_s: float, actor: str | None = None
+    ) -> dict[str, Any]:
+        """Send a command on ``dlq_id`` to its partition and wait for the handler's answer;
+        ``actor`` (who asked) goes into the message's history.
 
         ``{"status": "accepted"}`` when the answer does not come within ``timeout_s`` (the
         partition moved meanwhile): the command is still applied, by the new owner.
         """
-        return await self._ask(dlq_id.encode(), kind, {"id": dlq_id}, partition, timeout_s, {"id": dlq_id, "status": "accepted"})
+        body: dict[str, Any] = {"id": dlq_id} if actor is None else {"id": dlq_id, "actor": actor}
+        return await self._ask(dlq_id.encode(), kind, body, partition, timeout_s, {"id": dlq_id, "status": "accepted"})
 
-    async def request_group(self, partition: int, action: str, flt: GroupFilter, timeout_s: float) -> dict[str, Any]:
+    async def request_group(
+        self, partition: int, action: str, flt: GroupFilter, timeout_s: float, actor: str | None = None
+    ) -> dict[str, Any]:
         """Send a group command to ``partition`` and wait for the handler's answer (as :meth:`request`)."""
         return await self._ask(
             None,
             KIND_GROUP,
-            {"action": action, "filter": flt.to_json()},
+            {"action": action, "filter": flt.to_json(), "actor": actor},
             partition,
             timeout_s,
             {"partition": partition, "status": "accepted"},
@@ -87,10 +100,13 @@ class HttpCommands:
         dlq_id = body["id"]
         if not isinstance(dlq_id, str):
             raise ValueError("command without a string id")
+        actor = actor_of(body)
         if kind == KIND_UNPARK:
-            result = await self.parking.unpark(batch, dlq_id)
+            result = await self.parking.unpark(batch, dlq_id, actor)
+        elif kind == KIND_DELETE_PARKED:
+            result = await self._delete_parked(batch, dlq_id, actor)
         else:
-            result = await self._replay_or_cancel(batch, kind, dlq_id)
+            result = await self._replay_or_cancel(batch, kind, dlq_id, actor)
         self._answer(batch, body, result)
 
     async def group_command(self, batch: InputBatch, body: dict[str, Any]) -> None:
@@ -99,7 +115,22 @@ class HttpCommands:
     async def lane_command(self, batch: InputBatch, body: dict[str, Any]) -> None:
         self._answer(batch, body, await self.ordered.command(batch, lane_of_command(body), str(body["action"])))
 
-    async def _replay_or_cancel(self, batch: InputBatch, kind: bytes, dlq_id: str) -> dict[str, Any]:
+    async def _delete_parked(self, batch: InputBatch, dlq_id: str, actor: str | None) -> dict[str, Any]:
+        raw = batch.read(self.state.parked, id_key(dlq_id))
+        if raw is None:
+            return {"id": dlq_id, "status": "not_found"}
+        entry = decode_entry(raw)
+        lane = self.ordered.lane_headed_by(batch, entry)
+        if lane is not None:
+            # A parked head of a key: the records held behind it go on, as skip-head does.
+            await self.ordered.command(batch, lane, "skip-head")
+            log.info("deleted parked dlq.id=%s attempt=%s (the head of its key) by %s", dlq_id, entry.attempt, actor)
+            return {"id": dlq_id, "status": "deleted", "attempt": entry.attempt}
+        self.parking.remove(batch, entry, DELETED, actor)
+        self.state.write_expiry(batch)
+        return {"id": dlq_id, "status": "deleted", "attempt": entry.attempt}
+
+    async def _replay_or_cancel(self, batch: InputBatch, kind: bytes, dlq_id: str, actor: str | None) -> dict[str, Any]:
         state = self.state
         current = state.index_state(batch, id_key(dlq_id))
         if current is None or isinstance(current, Done) or kind not in (KIND_REPLAY, KIND_CANCEL):
@@ -121,7 +152,7 @@ class HttpCommands:
         [d] = await state.redeliver(batch, [(key, raw)], trigger="replay")
         if d.error is not None:
             return {"id": dlq_id, "status": "failed", "detail": d.error}
-        replayed = entry.with_history(Replayed(now_ms(), REPLAYED_NOW, entry.attempt))
+        replayed = entry.with_history(Replayed(now_ms(), REPLAYED_NOW, entry.attempt, actor))
         state.finish(batch, key, replayed, done=DONE_REDELIVERED)
         state.write_expiry(batch)
         return {"id": dlq_id, "status": "redelivered", "attempt": entry.attempt, "topic": entry.retry_topic}

@@ -23,6 +23,7 @@ from services.retry_scheduler.entries import Decided, Entry, Replayed, decode_en
 from services.retry_scheduler.metrics import (
     DUPLICATES,
     LATENESS_SECONDS,
+    ORIGIN_TOPICS,
     PARKED,
     REDELIVERED,
     REDELIVERY_FAILED,
@@ -282,7 +283,7 @@ class InboxState:
         low = self.low_water.get(partition)
         if low is not None and key < low:
             self.low_water[partition] = key
-        SCHEDULED.inc()
+        SCHEDULED.labels(ORIGIN_TOPICS.label(counted_as[0])).inc()
         self.totals["scheduled"] += 1
 
     # -- parking ----------------------------------------------------------------------------------------
@@ -301,17 +302,17 @@ class InboxState:
             self.counts.add("parked", partition, decode_entry(previous_raw).counted_as, -1)
         batch.write(self.parked, idk, encode_entry(entry))
         self.counts.add("parked", partition, entry.counted_as)
-        PARKED.inc()
+        PARKED.labels(ORIGIN_TOPICS.label(entry.origin_topic)).inc()
         self.totals["parked"] += 1
         log.info("parked dlq.id=%s attempt=%s from %s: %s", entry.id, entry.attempt, entry.origin_topic, entry.parked_reason)
 
-    def unparked(self, batch: InputBatch, entry: Entry, action: str) -> None:
+    def unparked(self, batch: InputBatch, entry: Entry, action: str, actor: str | None = None) -> None:
         """A parked entry was redelivered: out of the parked table, with a done marker and its history kept."""
         idk = id_key(entry.id)
         if self.delete(batch, self.parked, idk):
             self.counts.add("parked", batch.partition, entry.counted_as, -1)
         self.mark_done(batch, idk, entry.id, DONE_UNPARKED, entry.attempt, entry.fingerprints)
-        self.keep_history(batch, entry.with_history(Replayed(now_ms(), action, entry.attempt)))
+        self.keep_history(batch, entry.with_history(Replayed(now_ms(), action, entry.attempt, actor)))
 
     # -- what the handler puts out ----------------------------------------------------------------------
 
@@ -348,7 +349,7 @@ class InboxState:
                     late = sent_at - d.entry.due_at
                     self.lateness_ms.append(late)
                     LATENESS_SECONDS.observe(max(late, 0) / 1000)
-                REDELIVERED.labels(trigger).inc()
+                REDELIVERED.labels(trigger, ORIGIN_TOPICS.label(d.entry.origin_topic)).inc()
                 self.totals["redelivered"] += 1
             else:
                 REDELIVERY_FAILED.inc()

@@ -11,7 +11,8 @@ KIND_TICK = b"T"
 KIND_REPLAY = b"R"
 KIND_CANCEL = b"C"
 KIND_UNPARK = b"U"
-COMMANDS = (KIND_REPLAY, KIND_CANCEL, KIND_UNPARK)
+KIND_DELETE_PARKED = b"X"  # delete a parked message: never redelivered
+COMMANDS = (KIND_REPLAY, KIND_CANCEL, KIND_UNPARK, KIND_DELETE_PARKED)
 KIND_GROUP = b"G"  # replay or cancel the parked messages of a group in one partition
 # Ordered retries (handlers/ordered.py): a dead letter of an ordered topic, placed by its lane;
 # a consumer's acknowledgement of a head; an operator's command on a lane.

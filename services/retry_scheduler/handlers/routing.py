@@ -13,12 +13,22 @@ from __future__ import annotations
 
 import logging
 
-from services.retry_scheduler.domain import Park, PolicyBook, build_policy_book, decide
+import yaml
+
+from services.retry_scheduler.domain import (
+    Park,
+    PolicyBook,
+    PolicyError,
+    PolicySections,
+    build_policy_book,
+    decide,
+    parse_policy_document,
+)
 from services.retry_scheduler.entries import Decided, Entry, encode_decided, entry_from_letter
 from services.retry_scheduler.handlers.inbox_state import now_ms
 from services.retry_scheduler.handlers.kinds import KIND_DECIDED
 from services.retry_scheduler.handlers.ordered import deferred_entry, is_deferred, ordered_letter_record
-from services.retry_scheduler.metrics import PARKED
+from services.retry_scheduler.metrics import OTHER, PARKED
 from shared import dead_letters
 from shared.engine import Engine, InputBatch, partition_for
 from shared.engine import Record as InRecord
@@ -27,6 +37,25 @@ from shared.settings import Settings
 from shared.topics import TopicNames
 
 log = logging.getLogger(__name__)
+
+
+def read_policy_file(path: str) -> PolicySections | None:
+    """The policy file's sections (``STATEFLEET_RETRY_POLICY_FILE``, YAML), or None when no file is set.
+
+    Raises :class:`PolicyError` saying what is wrong: unreadable, not YAML, or a bad rule."""
+    if not path:
+        return None
+    source = f"retry policy file {path}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except OSError as exc:
+        raise PolicyError(f"{source}: cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{source}: is not UTF-8 text: {exc.reason}") from None
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{source}: is not valid YAML: {' '.join(str(exc).split())}") from None
+    return parse_policy_document(raw, source)
 
 
 class Routing:
@@ -41,6 +70,7 @@ class Routing:
             jitter=settings.retry_jitter,
             overrides=settings.retry_policy_overrides,
             topic_prefix=settings.topic_prefix,
+            file_sections=read_policy_file(settings.retry_policy_file),
         )
         # Redelivering to these would feed the message straight back into the scheduler.
         self.looping_topics = frozenset({topics.dead_letters, inbox_topic})
@@ -102,7 +132,7 @@ class Routing:
         headers = [*dead_letters.header_items(record.headers), ("dlq.parked.reason", f"unreadable: {exc}"[:2000].encode())]
         value = record.value if record.key is not None or record.value is not None else b""
         batch.send(self.topics.parking_lot, record.key, value, headers=headers)
-        PARKED.inc()
+        PARKED.labels(OTHER).inc()  # its origin could not be read
 
     def decide_fate(self, entry: Entry, now: int) -> Entry:
         """``entry`` scheduled for its next delivery, or parked when that cannot or must not be."""

@@ -8,12 +8,21 @@ import logging
 import time
 from typing import Any
 
-from services.retry_scheduler.entries import Entry, decode_entry
+from services.retry_scheduler.entries import Entry, Replayed, decode_entry, decode_history
 from services.retry_scheduler.handlers.inbox_state import InboxState
 from services.retry_scheduler.handlers.ticks import Ticks
 from services.retry_scheduler.metrics import STORED
 from services.retry_scheduler.scans import LaneCounts, count_lanes, first_due_key
-from services.retry_scheduler.state import Done, decode_index, decode_lane, held_key, id_key, is_held_key, lane_row_key
+from services.retry_scheduler.state import (
+    Done,
+    decode_index,
+    decode_lane,
+    held_key,
+    history_key,
+    id_key,
+    is_held_key,
+    lane_row_key,
+)
 from shared.engine import Engine, partition_for
 
 log = logging.getLogger(__name__)
@@ -68,6 +77,17 @@ class Stats:
         p = self.state.partition_of(dlq_id) if partition is None else partition
         raw = self.state.parked.get(p, id_key(dlq_id))
         return decode_entry(raw) if raw is not None else None
+
+    def last_event(self, dlq_id: str, partition: int) -> Replayed | None:
+        """The latest event of the history an id keeps while it is away (replayed, deleted, expired), or None."""
+        raw = self.state.index.get(partition, history_key(dlq_id))
+        if raw is None:
+            return None
+        try:
+            history = decode_history(raw)
+        except ValueError:
+            return None
+        return history[-1] if history else None
 
     def held_entry(self, dlq_id: str, partition: int) -> Entry | None:
         """A record held behind its key's head (ordered retries), as it will be redelivered."""

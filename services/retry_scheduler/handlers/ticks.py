@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,8 @@ class Ticks:
         self.ticker = engine.ticker(inbox_topic, KIND_TICK, interval_s=settings.retry_tick_interval_s, name="tick of inbox")
         self.last_ticks: dict[int, TickReport] = {}
         self.busy_ticks: deque[TickReport] = deque(maxlen=BUSY_TICKS)
+        #: The parked retention's sweep of a partition (handlers/parking.py), set by the app.
+        self.sweep_parked: Callable[[InputBatch, int], int] | None = None
         engine.timer(settings.retry_tick_interval_s, name="tick")(self.send_ticks)
 
     def forget_partitions(self) -> None:
@@ -123,6 +126,8 @@ class Ticks:
                 failed_keys.append(d.key)
         state.write_expiry(batch)
         expired = self._expire_done_markers(batch, now, limit)
+        if self.sweep_parked is not None:
+            self.sweep_parked(batch, now)
         state.low_water[partition] = next_low_water(start, now, scan, failed_keys)
         seconds = time.perf_counter() - started
         report = TickReport(

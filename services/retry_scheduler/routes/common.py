@@ -16,6 +16,9 @@ from shared.http.deps import Located, located_key
 from shared.http.errors import NotFound, Unavailable, error_responses
 from shared.http.pagination import CursorParam
 
+#: Who a changing call's history entries name: the name of the token it carried. With the one
+#: admin token (STATEFLEET_ADMIN_TOKEN) that is "admin".
+ADMIN_ACTOR = "admin"
 #: Most entries one partition examines for one list request (filters can skip many).
 SCAN_BUDGET = 50_000
 MAX_ID_LENGTH = 1024
@@ -78,7 +81,9 @@ async def command_on(ctx: ServiceContext, kind: bytes, letter: Located, *, held:
     its handler did; 404 unless the message is ``what`` it must be (``held``)."""
     if not held:
         raise NotFound(f"no {what} message with dlq.id {letter.key!r}")
-    result = await service_of(ctx).commands.request(kind, letter.key, letter.partition, ctx.settings.forward_timeout_s)
+    result = await service_of(ctx).commands.request(
+        kind, letter.key, letter.partition, ctx.settings.forward_timeout_s, actor=ADMIN_ACTOR
+    )
     status = result.get("status")
     if status == "not_found":
         raise NotFound(f"no such message with dlq.id {result['id']!r}")

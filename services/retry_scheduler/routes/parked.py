@@ -13,9 +13,11 @@ import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
 from services.retry_scheduler.app import RetrySchedulerService
 from services.retry_scheduler.domain import MAX_DUE_MS
 from services.retry_scheduler.entries import decode_entry
-from services.retry_scheduler.handlers.kinds import KIND_UNPARK
+from services.retry_scheduler.handlers.kinds import KIND_DELETE_PARKED, KIND_UNPARK
+from services.retry_scheduler.handlers.parking import DELETED, EXPIRED
 from services.retry_scheduler.models import CommandOut, GroupActionOut, ParkedGroupsOut, ParkedOut, ParkedPage, entry_json
 from services.retry_scheduler.routes.common import (
+    ADMIN_ACTOR,
     AUTH,
     LIST_ERRORS,
     SCAN_BUDGET,
@@ -96,13 +98,18 @@ async def list_parked(
     "/parked/{dlq_id:id}",
     response_model=ParkedOut,
     summary="One parked message",
-    responses=error_responses(404, 422, 503, _404="Not parked"),
+    responses=error_responses(404, 422, 503, _404="Not parked (never parked, replayed, deleted or expired)"),
 )
 async def get_parked(letter: ReadId, ctx: Ctx) -> Any:
     svc = service_of(ctx)
     entry = svc.stats.parked_entry(letter.key, letter.partition)
     if entry is None:
-        raise NotFound(f"no parked message with dlq.id {letter.key!r}")
+        last = svc.stats.last_event(letter.key, letter.partition)
+        hint = ""
+        if last is not None and last.action in (DELETED, EXPIRED):
+            by = f" by {last.actor}" if last.actor else ""
+            hint = f" (attempt {last.attempt} was {'deleted' if last.action == DELETED else 'expired'} at {last.at}{by})"
+        raise NotFound(f"no parked message with dlq.id {letter.key!r}{hint}")
     return entry_json(entry, with_value=True)
 
 
@@ -116,6 +123,23 @@ async def get_parked(letter: ReadId, ctx: Ctx) -> Any:
 async def replay_parked(letter: CommandId, ctx: Ctx) -> Any:
     held = service_of(ctx).stats.parked_entry(letter.key, letter.partition) is not None
     return await command_on(ctx, KIND_UNPARK, letter, held=held, what="parked")
+
+
+@router.delete(
+    "/parked/{dlq_id:id}",
+    response_model=CommandOut,
+    dependencies=[Admin],
+    summary="Delete a parked message: it is never redelivered, and a copy of its dead letter read later is dropped",
+    description=(
+        "Applied by the partition's handler through the inbox, as replays are. The deletion is recorded in the "
+        "message's history with who asked; a parked head of an ordered key is skipped (the records held behind "
+        "it go on)."
+    ),
+    responses=command_responses("Not parked"),
+)
+async def delete_parked(letter: CommandId, ctx: Ctx) -> Any:
+    held = service_of(ctx).stats.parked_entry(letter.key, letter.partition) is not None
+    return await command_on(ctx, KIND_DELETE_PARKED, letter, held=held, what="parked")
 
 
 # -- parked groups -----------------------------------------------------------------------------------
@@ -227,7 +251,11 @@ async def act_on_parked_group(
         if dry_run:
             return await _groups_of(svc, flt, partitions)
         timeout = ctx.settings.forward_timeout_s
-        return {"answers": list(await asyncio.gather(*(svc.commands.request_group(p, action, flt, timeout) for p in partitions)))}
+        return {
+            "answers": list(
+                await asyncio.gather(*(svc.commands.request_group(p, action, flt, timeout, ADMIN_ACTOR) for p in partitions))
+            )
+        }
 
     if is_local_scope(request):
         return JSONResponse(await local(owned_partitions_named(ctx, request, svc.stats.owned())))

@@ -64,6 +64,7 @@ EXPECTED = {
     ("delete", "/retries/{dlq_id}"): {"200", "202", "401", "404", "422", "503"},
     ("get", "/parked"): {"200", "400", "422", "503"},
     ("post", "/parked/{dlq_id}/replay"): {"200", "202", "401", "404", "422", "503"},
+    ("delete", "/parked/{dlq_id}"): {"200", "202", "401", "404", "422", "503"},
     ("get", "/readyz"): {"200", "503"},
 }
 
@@ -85,7 +86,7 @@ def test_the_statuses_each_operation_can_answer_are_documented(service: str) -> 
         ("retry_scheduler", "OPTIONS", "/parked/x/replay", "POST"),  # not GET of the parked id "x/replay"
         ("retry_scheduler", "PUT", "/retries/x/replay", "POST"),
         ("retry_scheduler", "OPTIONS", "/retries/stats", "GET"),
-        ("retry_scheduler", "PATCH", "/parked/a/b", "GET"),
+        ("retry_scheduler", "PATCH", "/parked/a/b", "GET, DELETE"),  # the parked id "a/b" (DELETE /parked/{id})
         ("validator", "PATCH", "/commands", "POST"),
         ("tallies", "POST", "/tallies/a/b", "GET"),
         ("tallies", "DELETE", "/healthz", "GET"),
