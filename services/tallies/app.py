@@ -156,12 +156,14 @@ class TalliesService:
             name="inputs",
             offsets=self.memberships_store,
             dead_letters=DeadLetterRoute(name, topics.dead_letters, self.retry_topic_name),
+            sends=(self.by_program_topic_name,),
         )(self.route_inputs)
         engine.handler(
             self.by_program_topic_name,
             name="by-program",
             internal_partitions=partitions,
             offsets=[self.memberships_store, self.logins_store, self.published_store],
+            sends=(self.output_topic,),
         )(self.apply_inputs)
         engine.watch_trailing_holes()
         engine.timer(settings.tally_publish_interval_s, name="publish")(self.send_publish_ticks)
