@@ -9,9 +9,16 @@ from pathlib import Path
 
 import pytest
 from aiokafka.errors import KafkaError
+from hypothesis import settings
+
 
 from tests.support.kafka import delete_topics_with_prefix
 from tools import kafka_broker
+
+# Property tests find counterexamples; they do not time code. Hypothesis' per-example deadline
+# (200 ms) failed examples on a two-core machine busy with brokers and service processes.
+settings.register_profile("statefleet", deadline=None)
+settings.load_profile("statefleet")
 
 
 @pytest.fixture(scope="session")
