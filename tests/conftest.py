@@ -11,7 +11,6 @@ import pytest
 from aiokafka.errors import KafkaError
 from hypothesis import settings
 
-
 from tests.support.kafka import delete_topics_with_prefix
 from tools import kafka_broker
 
