@@ -287,6 +287,12 @@ def transactional_id(group_id: str, topic: str, partition: int) -> str:
     return f"{group_id}.{topic}.{partition}"
 
 
+class NoTransactionalProducer(RuntimeError):
+    """A batch's partition has no transactional producer here: it was closed with a revocation that
+    raced the batch's delivery, or after a failed commit. The engine delivers the batch again once
+    it knows the partition is still its own, with a producer initialised afresh."""
+
+
 class PartitionTransactions:
     """One transactional producer per input partition this instance owns.
 
@@ -378,7 +384,7 @@ class PartitionTransactions:
         the producer still can) and raises: nothing of it is visible to committed readers."""
         producer = self._producers.get((topic, partition))
         if producer is None:
-            raise RuntimeError(f"{what}: no transactional producer for {topic}[{partition}] (not assigned here)")
+            raise NoTransactionalProducer(f"{what}: no transactional producer for {topic}[{partition}]")
         try:
             await producer.begin_transaction()
         except AssertionError as exc:

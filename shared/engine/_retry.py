@@ -36,6 +36,7 @@ from aiokafka.errors import IllegalOperation, KafkaError
 from faust.exceptions import ProducerSendError
 
 from shared.engine._durable import DurableTable
+from shared.engine._producer import NoTransactionalProducer
 from shared.engine._rocksdb import persisted_offset, set_persisted_offset
 
 #: Wait before the first delivery again, and the longest wait between two.
@@ -57,10 +58,11 @@ def broker_failure(exc: BaseException, *, transactional: bool) -> bool:
     that moved, a fenced or timed-out transaction, a lost connection), Faust's wrapper of a
     failed send, a step that ran out of time, and, with transactions, what aiokafka raises
     for a producer whose transaction the coordinator ended meanwhile (``IllegalOperation``: a
-    send "while not in transaction") or that is in its fatal state (an assertion)."""
+    send "while not in transaction"), that is in its fatal state (an assertion) or that is not
+    there (a revocation raced the batch: :class:`NoTransactionalProducer`)."""
     if isinstance(exc, KafkaError | ProducerSendError | TimeoutError):
         return True
-    return transactional and isinstance(exc, AssertionError | IllegalOperation)
+    return transactional and isinstance(exc, AssertionError | IllegalOperation | NoTransactionalProducer)
 
 
 def retry_reason(exc: BaseException) -> str:

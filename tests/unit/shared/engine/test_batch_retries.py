@@ -16,7 +16,7 @@ from shared.engine import Engine, InputBatch
 from shared.engine import _engine as engine_module
 from shared.engine._consumer import NotAMember
 from shared.engine._engine import faust_app
-from shared.engine._producer import Outgoing
+from shared.engine._producer import NoTransactionalProducer, Outgoing
 from shared.engine.testing import MemoryProducer, MemoryTransactions, TopologyDriver
 from shared.metrics import REGISTRY
 from shared.settings import Settings
@@ -223,3 +223,19 @@ def test_a_refusal_for_want_of_an_acl_still_stops_the_worker(tmp_path: Path) -> 
         with pytest.raises(TopicAuthorizationFailedError):
             deliver(driver)
         assert [type(c) for c in crashes] == [TopicAuthorizationFailedError] and flaky.renewed == []
+
+
+def test_a_batch_whose_partition_lost_its_producer_gets_a_fresh_one_while_the_partition_is_ours(tmp_path: Path) -> None:
+    # A revocation closed the partition's producer while its batch was being delivered, and the
+    # partition came back: the batch is delivered again with a producer initialised afresh,
+    # rather than the worker stopping over the missing producer.
+    eng = counting_engine(tmp_path, "retry-no-producer", "exactly_once")
+    with TopologyDriver(eng) as driver:
+        flaky = FlakyTransactions(eng.settings, memory_producer(eng), [(BEFORE, NoTransactionalProducer("in[0]"))])
+        eng.transactions = flaky
+        checks = still_owner(eng)
+        driver.send("in", b"a", b"")
+        deliver(driver)
+        assert [r.value for r in driver.outputs("events")] == [b"0:1"]
+        assert flaky.renewed == [("in", 0)] and len(checks) == 1
+        assert retries("retry-no-producer", "NoTransactionalProducer") == 1
