@@ -88,12 +88,18 @@ class _EngineApp(AppHooks):
     consumer_class: type[BatchConsumer] = BatchConsumer
     #: Set by the engine before the worker starts.
     delivery: Delivery | None = None
-    #: Called by the table recovery once it completed for consumer generation ``n`` (the
-    #: engine's tasks then run).
-    on_restored: Callable[[int], None] | None = None
+    #: Called once the recovery of the current assignment completed (the engine's tasks then run).
+    on_restored: Callable[[], None] | None = None
 
     def consumer_options(self) -> dict[str, Any]:
         return {"delivery": self.delivery}
+
+    def on_rebalance_end(self) -> None:
+        # Faust calls it last in both of its ways to finish a rebalance's recovery (with tables,
+        # and without: an app of stateless handlers), for the current generation only.
+        super().on_rebalance_end()
+        if self.on_restored is not None:
+            self.on_restored()
 
     @property
     def input_topics(self) -> frozenset[str]:
@@ -254,7 +260,7 @@ class Engine:
                 self._unsettled.pop((tp.topic, tp.partition), None)
             await self.transactions.revoke([(tp.topic, tp.partition) for tp in tps])
 
-    def _restored(self, generation: int) -> None:
+    def _restored(self) -> None:
         """The table recovery of the current assignment completed: its tasks run."""
         for task in self.tasks.values():
             task.restored()

@@ -449,9 +449,6 @@ class BulkRestoringRecovery(RecoveryHooks):
         if standbys:
             await consumer.seek_wait({tp: max(int(self.standby_offsets[tp]), 0) for tp in standbys})
             consumer.resume_partitions(standbys)
-        restored = getattr(self.app, "on_restored", None)
-        if restored is not None:
-            restored(generation_id)
         context = context_of(self.app)
         tally, service = self._tally, context.service if context is not None else None
         if tally is None:

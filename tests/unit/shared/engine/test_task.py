@@ -12,6 +12,7 @@ import pytest
 from shared.engine import Engine, InputBatch, Table
 from shared.engine._batch import BatchStateError, BatchStatus, commit
 from shared.engine._consumer import NotAMember
+from shared.engine._engine import faust_app
 from shared.engine._faults import FaultPoints
 from shared.engine._producer import Outgoing, Retry
 from shared.engine._task import StepFailed, Task, TaskClients, TaskState, TaskStateError
@@ -268,3 +269,14 @@ def test_timers_run_on_the_drivers_clock_and_tickers_read_it(tmp_path: Path) -> 
         driver.advance(5.0)
         assert taken == [0, 1, 2, 3]
         assert driver.clock == 13.5
+
+
+def test_the_end_of_a_rebalance_runs_the_restored_tasks_with_or_without_tables(tmp_path: Path) -> None:
+    # Faust ends a rebalance's recovery with on_rebalance_end() on both of its paths (an app of
+    # stateless handlers skips the table recovery): a partition that gets no record is ready too.
+    engine, _ = counting_engine(tmp_path)
+    restoring = [engine.task("in", 0), engine.task("log", 1)]
+    for task in restoring:
+        task.restore()
+    faust_app(engine).on_rebalance_end()
+    assert engine.tasks_in(TaskState.RUNNING) == restoring
