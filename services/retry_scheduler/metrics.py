@@ -135,3 +135,11 @@ def _remove_series(topic: str) -> None:
 REDELIVERY_TRIGGERS = ("tick", "replay", "unpark", "group-replay", "ordered")
 #: The process's labels (configured by the service from ``STATEFLEET_RETRY_METRICS_ORIGIN_TOPICS``).
 ORIGIN_TOPICS = OriginTopicLabels()
+
+# Every counter by origin topic has its ``other`` series from the start, at 0: the dashboard's
+# rates and the alerts read a series before the first dead letter comes (an unlabelled
+# counter has one from the start; a labelled one only once a label is used).
+for _counter in (SCHEDULED, PARKED):
+    _counter.labels(OTHER)
+for _trigger in REDELIVERY_TRIGGERS:
+    REDELIVERED.labels(_trigger, OTHER)
