@@ -31,7 +31,6 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.group import HeartbeatRequest
 
-from shared.engine._faust import send_to_broker
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -159,7 +158,7 @@ async def check_group(settings: Settings, admin: Any, group: str) -> None:
     hint = grant_hint(settings, f"group {group}", "READ and DESCRIBE")
     try:
         coordinator = await admin.find_coordinator(group)
-        response = await send_to_broker(admin, HeartbeatRequest(group, -1, ""), coordinator)
+        response = await admin.send_to_broker(HeartbeatRequest(group, -1, ""), coordinator)
     except GroupAuthorizationFailedError:
         raise BrokerAccessDenied(f"{who(settings)} is not authorized to describe consumer group {group!r}: {hint}") from None
     except (KafkaError, TimeoutError) as exc:

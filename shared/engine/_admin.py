@@ -15,9 +15,11 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import ClusterAuthorizationFailedError, KafkaTimeoutError, TopicAlreadyExistsError, for_code
 
 from shared.engine._access import BrokerAccessDenied, check_created, check_group, check_visible, who
@@ -28,10 +30,30 @@ log = logging.getLogger(__name__)
 
 
 class _Admin(AIOKafkaAdminClient):  # type: ignore[misc]
-    """aiokafka's admin client, stopped by ``stop`` like its other clients."""
+    """aiokafka's admin client, stopped by ``stop`` like its other clients, with a cluster client
+    beside it for the requests the admin client has no method for (a group heartbeat that
+    checks access, LeaveGroup): :meth:`send_to_broker`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cluster = AIOKafkaClient(**kwargs)
+
+    async def start(self) -> None:
+        await super().start()
+        await self.cluster.bootstrap()
+
+    async def close(self) -> None:
+        try:
+            await self.cluster.close()
+        finally:
+            await super().close()
 
     async def stop(self) -> None:
         await self.close()
+
+    async def send_to_broker(self, request: Any, node_id: int) -> Any:
+        """Send one request to broker ``node_id`` and return its answer."""
+        return await self.cluster.send(node_id, request)
 
 
 @dataclass(frozen=True)

@@ -73,9 +73,10 @@ from typing import Any, Protocol
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from shared.engine._assignor import active_partitions, all_owner_urls, partition_owner_url
 from shared.engine._clients import ISOLATION_LEVEL, client_kwargs, started_when_reachable
 from shared.engine._copies import Copy, local_copy
-from shared.engine._faust import AnyTable, active_partitions, all_owner_urls, partition_db, partition_items, partition_owner_url
+from shared.engine._faust import AnyTable, partition_db, partition_items
 from shared.engine._rocksdb import NEXT_OFFSET_PREFIX as NEXT_OFFSET_PREFIX  # re-exported
 from shared.engine._rocksdb import PartitionWrite, family_for, persisted_offset
 from shared.metrics import LOCAL_STATE_DISCARDED

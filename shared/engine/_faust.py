@@ -23,23 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, MutableMapping
 from typing import Any, NoReturn, TextIO, cast
 
 import faust
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.client import AIOKafkaClient
-from aiokafka.cluster import ClusterMetadata
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
-from faust.assignor import PartitionAssignor
-from faust.assignor.client_assignment import ClientAssignment, ClientMetadata
 from faust.tables.manager import TableManager
 from faust.tables.recovery import RebalanceAgain, Recovery
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP, ConsumerT, TableT
 from rocksdict import Rdict
 
+from shared.engine._assignor import Partition
 from shared.engine._context import AppContext
 
 log = logging.getLogger(__name__)
@@ -77,29 +74,6 @@ def partition_items(
         yield cast(bytes, key), cast(bytes, value)
 
 
-def active_partitions(app: faust.App, table: AnyTable) -> set[int]:
-    """Changelog partitions of ``table`` this instance currently owns as active."""
-    topic = table.changelog_topic.get_topic_name()
-    return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topic}
-
-
-def _tps_url(app: faust.App) -> dict[TP, str]:
-    return cast(dict[TP, str], cast(Any, app.assignor)._tps_url)
-
-
-def partition_owner_url(app: faust.App, table: AnyTable, partition: int) -> str | None:
-    """Canonical URL of the instance that owns ``partition`` of ``table`` as active, if known."""
-    topic = table.changelog_topic.get_topic_name()
-    url = _tps_url(app).get(TP(topic, partition))
-    return str(url).rstrip("/") if url else None
-
-
-def all_owner_urls(app: faust.App, table: AnyTable) -> set[str]:
-    """Every instance URL that owns at least one active partition of ``table``."""
-    topic = table.changelog_topic.get_topic_name()
-    return {str(url).rstrip("/") for tp, url in _tps_url(app).items() if tp.topic == topic}
-
-
 def recovery_done(app: faust.App) -> bool:
     """True once table recovery after the last rebalance has finished."""
     recovery = cast(Any, app.tables).recovery
@@ -112,31 +86,6 @@ def tps_with_unacked_messages(app: faust.App) -> set[TP]:
 
 
 # -- Fleet view (GET /instance): what this instance owns and how far behind it is -------------------
-
-
-#: A topic partition as the fleet view gives it: (topic, partition), a plain tuple.
-Partition = tuple[str, int]
-
-
-def assigned_partitions(app: faust.App) -> tuple[set[Partition], set[Partition]]:
-    """(active, standby) topic partitions Faust's assignor gave this instance at the last rebalance."""
-    assignor = cast(Any, app.assignor)
-    return _plain(assignor.assigned_actives()), _plain(assignor.assigned_standbys())
-
-
-def _plain(tps: Iterable[TP]) -> set[Partition]:
-    return {(tp.topic, tp.partition) for tp in tps}
-
-
-def changelog_topics(app: faust.App) -> set[str]:
-    """The changelog topic of every table of ``app``."""
-    return {table.changelog_topic.get_topic_name() for table in app.tables.values()}
-
-
-def known_instance_urls(app: faust.App) -> set[str]:
-    """Canonical URLs of every instance the last assignment gave changelog partitions to."""
-    distribution = cast(Any, app.assignor).changelog_distribution or {}
-    return {str(url).rstrip("/") for url in distribution}
 
 
 def input_lag(app: faust.App, tps: set[Partition]) -> dict[Partition, int | None]:
@@ -157,14 +106,6 @@ def input_lag(app: faust.App, tps: set[Partition]) -> dict[Partition, int | None
             highwater = None
         out[(topic, partition)] = None if highwater is None else max(0, int(highwater) - int(committed.get(tp) or 0))
     return out
-
-
-def member_urls(app: faust.App) -> set[str]:
-    """Canonical URLs of every instance the last assignment gave active partitions to, of tables
-    or of other topics (the assignor publishes both maps to every member)."""
-    assignor = cast(Any, app.assignor)
-    distributions = (assignor.changelog_distribution or {}, assignor.external_topic_distribution or {})
-    return {str(url).rstrip("/") for distribution in distributions for url in distribution}
 
 
 def consumer_coordinator(app: faust.App) -> Any | None:
@@ -227,12 +168,6 @@ def kafka_client(consumer: AIOKafkaConsumer) -> AIOKafkaClient:
 def coordinator_client(coordinator: Any) -> AIOKafkaClient:
     """The cluster client of an aiokafka group coordinator."""
     return cast(AIOKafkaClient, coordinator._client)
-
-
-async def send_to_broker(admin: Any, request: Any, node_id: int) -> Any:
-    """Send one request to broker ``node_id`` through an aiokafka admin client and return its answer
-    (for the group requests aiokafka's admin client has no method for: LeaveGroup)."""
-    return await admin._send_request(request, node_id)
 
 
 _original_wait_on_metadata = AIOKafkaClient._wait_on_metadata
@@ -443,73 +378,6 @@ class TableManagerHooks(TableManager):
         if self._recovery is None:
             self._recovery = self.recovery_class(self.app, self, beacon=self.beacon, loop=self.loop)
         return self._recovery
-
-
-class AssignorHooks(PartitionAssignor):  # type: ignore[misc]  # Faust's class is untyped at its base
-    """Faust's partition assignor, with the steps of its assignment under public names (a
-    leader's assignment is Faust's ``_perform_assignment`` written out from these steps)."""
-
-    @property
-    def _metadata(self) -> ClientMetadata:
-        return self.join_metadata()
-
-    def _perform_assignment(
-        self, cluster: ClusterMetadata, member_metadata: MutableMapping[str, ConsumerProtocolMemberMetadata]
-    ) -> MutableMapping[str, ConsumerProtocolMemberAssignment]:
-        return self.perform_assignment(cluster, member_metadata)
-
-    def join_metadata(self) -> ClientMetadata:
-        """What this member tells the leader when it joins (Faust's: its assignment and URL)."""
-        return super()._metadata
-
-    def perform_assignment(
-        self, cluster: ClusterMetadata, member_metadata: MutableMapping[str, ConsumerProtocolMemberMetadata]
-    ) -> MutableMapping[str, ConsumerProtocolMemberAssignment]:
-        """The leader's assignment of every member."""
-        return super()._perform_assignment(cluster, member_metadata)
-
-    # -- Faust's steps of an assignment --------------------------------------------------
-
-    def client_metadata(self, metadata: ConsumerProtocolMemberMetadata) -> ClientMetadata:
-        """A member's join metadata, decoded."""
-        return self._get_client_metadata(metadata)
-
-    def copartitioned_groups(
-        self, topics: set[str], cluster: ClusterMetadata, subscriptions: MutableMapping[str, list[str]]
-    ) -> Mapping[int, Any]:
-        """Partition count → groups of topics assigned together."""
-        return cast(Mapping[int, Any], self._get_copartitioned_groups(topics, cluster, subscriptions))
-
-    def remember_member_urls(self, clients_metadata: MutableMapping[str, ClientMetadata]) -> None:
-        self._update_member_urls(clients_metadata)
-
-    def member_url(self, member: str) -> str:
-        return self._member_urls[member]
-
-    @property
-    def changelog_topics(self) -> set[str]:
-        return set(self._table_manager.changelog_topics)
-
-    def with_global_table_standbys(
-        self, assignments: MutableMapping[str, ClientAssignment], partitions_by_topic: Mapping[str, int]
-    ) -> MutableMapping[str, ClientAssignment]:
-        return self._global_table_standby_assignments(assignments, partitions_by_topic)
-
-    def changelog_distribution_of(self, assignments: MutableMapping[str, ClientAssignment]) -> Any:
-        return self._get_changelog_distribution(assignments)
-
-    def external_distribution_of(self, assignments: MutableMapping[str, ClientAssignment]) -> Any:
-        return self._get_external_topic_distribution(assignments)
-
-    def kafka_assignment(self, assignment: ClientAssignment) -> list[Any]:
-        """A member's assignment as the Kafka protocol carries it."""
-        return sorted(assignment.kafka_protocol_assignment(self._table_manager))
-
-    def compress(self, data: bytes) -> bytes:
-        return self._compress(data)
-
-    def decompress(self, data: bytes) -> bytes:
-        return self._decompress(data)
 
 
 class AppHooks(faust.App):

@@ -8,9 +8,10 @@ from collections.abc import Callable, Iterable
 
 import faust
 
+from shared.engine._assignor import Partition, assigned_partitions, changelog_topics, known_instance_urls
 from shared.engine._copies import Copy, assigned_copies
 from shared.engine._coverage import ready, unowned_input_topics
-from shared.engine._faust import Partition, assigned_partitions, changelog_topics, input_lag, known_instance_urls
+from shared.engine._faust import input_lag
 from shared.engine._membership import note_peer_restarting
 from shared.engine._warmup import rejoin_for_peer, warmup_partitions
 

@@ -63,9 +63,10 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from aiokafka.protocol.group import LeaveGroupRequest
 
 from shared.engine._admin import _Admin
+from shared.engine._assignor import member_urls
 from shared.engine._clients import client_kwargs, started_when_reachable
 from shared.engine._context import context_of
-from shared.engine._faust import member_urls, request_rejoin, send_to_broker
+from shared.engine._faust import request_rejoin
 from shared.engine._loops import run_every
 from shared.metrics import PEER_FAILOVERS, PEER_RESTARTS_ANNOUNCED
 from shared.settings import Settings
@@ -443,7 +444,7 @@ class PeerWatch:
         # v1 (the highest aiokafka has) carries no instance id: the broker then removes the
         # member by its id, static or not.
         response = await asyncio.wait_for(
-            send_to_broker(admin, LeaveGroupRequest(self.group_id, member_id), coordinator), COORDINATOR_TIMEOUT_S
+            admin.send_to_broker(LeaveGroupRequest(self.group_id, member_id), coordinator), COORDINATOR_TIMEOUT_S
         )
         if response.error_code not in (0, UNKNOWN_MEMBER_ID):
             raise RuntimeError(f"LeaveGroup {self.group_id} {member_id}: error code {response.error_code}")

@@ -37,20 +37,19 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, List, Protocol, cast  # noqa: UP035 (Faust's Record fields need typing's List)
 
 import faust
 import httpx
 from aiokafka.cluster import ClusterMetadata
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
-from faust.assignor.client_assignment import ClientAssignment, ClientMetadata
-from faust.assignor.cluster_assignment import ClusterAssignment
-from faust.assignor.copartitioned_assignor import CopartitionedAssignor
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+from faust.assignor.client_assignment import ClientMetadata, CopartitionedAssignment
 
+from shared.engine._assignor import TableAssignor, decompress, member_urls
 from shared.engine._copies import Copy, lag_without_copy, local_copy
 from shared.engine._coverage import MetadataChase
-from shared.engine._faust import AnyTable, AssignorHooks, member_urls, recovery_done, request_rejoin
+from shared.engine._faust import AnyTable, recovery_done, request_rejoin
 from shared.engine._loops import run_every
 from shared.settings import Settings
 
@@ -141,7 +140,7 @@ class StatefleetClientMetadata(ClientMetadata, serializer="json", include_metada
     warmups: Mapping[str, List[int]] | None = None  # noqa: UP006 (changelog topic -> partitions)
 
 
-class WarmupAssignor(AssignorHooks):
+class WarmupAssignor(TableAssignor):
     """Faust's partition assignor with warm-up copies (see the module docs).
 
     ``caught_up`` is what this member reports at its next join (kept current by
@@ -165,84 +164,53 @@ class WarmupAssignor(AssignorHooks):
 
     # -- a member --------------------------------------------------------------------------
 
-    def join_metadata(self) -> ClientMetadata:
-        base = super().join_metadata()
-        if not self.enabled:
-            return base
-        return StatefleetClientMetadata(
-            assignment=base.assignment,
-            url=base.url,
-            changelog_distribution=base.changelog_distribution,
-            external_topic_distribution=base.external_topic_distribution,
-            topic_groups=base.topic_groups,
-            caught_up=dict(self.caught_up or {}),
-            warmups={},
-        )
+    metadata_class = StatefleetClientMetadata
+
+    def join_extras(self) -> dict[str, Any]:
+        # A member with warm-ups off reports no copies (Faust's metadata): it counts as caught up.
+        return {"caught_up": dict(self.caught_up or {}), "warmups": {}} if self.enabled else {}
 
     def on_assignment(self, assignment: ConsumerProtocolMemberMetadata) -> None:
         super().on_assignment(assignment)
-        raw = json.loads(self.decompress(assignment.user_data))
+        raw = json.loads(decompress(assignment.user_data))
         self.warmups = {topic: sorted(parts) for topic, parts in (raw.get("warmups") or {}).items() if parts}
         self.assigned_at = time.monotonic()
 
     # -- the leader ------------------------------------------------------------------------
 
-    def perform_assignment(
-        self, cluster: ClusterMetadata, member_metadata: Mapping[str, ConsumerProtocolMemberMetadata]
-    ) -> MutableMapping[str, ConsumerProtocolMemberAssignment]:
-        # Faust's own _perform_assignment (faust-streaming 0.15), with the two warm-up steps
-        # around its CopartitionedAssignor and the warm-ups added to each member's assignment.
-        cluster_assignment = ClusterAssignment()
-        clients_metadata = {member: self.client_metadata(m) for member, m in member_metadata.items()}
-        subscriptions = {member: cast(list[str], m.subscription) for member, m in member_metadata.items()}
-        for member in member_metadata:
-            cluster_assignment.add_client(member, subscriptions[member], clients_metadata[member])
-        groups = self.copartitioned_groups(cluster_assignment.topics(), cluster, subscriptions)
-        # Faust skips a topic the cluster metadata does not show yet: nobody would own it until
+    def begin_assignment(
+        self, topics: set[str], cluster: ClusterMetadata, clients_metadata: Mapping[str, ClientMetadata]
+    ) -> None:
+        # A topic the cluster metadata does not show yet is skipped: nobody would own it until
         # the next rebalance, which only a metadata change minutes later would bring.
-        self.metadata_chase.start(t for t in cluster_assignment.topics() if not cluster.partitions_for_topic(t))
-        self.remember_member_urls(clients_metadata)
-        assignments: MutableMapping[str, ClientAssignment] = {
-            member: ClientAssignment(actives={}, standbys={}) for member in member_metadata
-        }
-        topic_to_group_id: dict[str, int] = {}
-        partitions_by_topic: dict[str, int] = {}
-        changelogs = self.changelog_topics
-        warmups: dict[str, dict[str, list[int]]] = defaultdict(dict)
+        self.metadata_chase.start(t for t in topics if not cluster.partitions_for_topic(t))
         self.last_moves, self.last_holds = [], {}
-        for group_id, (num_partitions, topic_groups) in enumerate(sorted(groups.items())):
-            for topics in topic_groups:
-                for topic in topics:
-                    topic_to_group_id[topic] = group_id
-                    partitions_by_topic[topic] = num_partitions
-                previous = cluster_assignment.copartitioned_assignments(topics)
-                group_changelogs = sorted(set(topics) & changelogs)
-                caught_up = self._caught_up(clients_metadata, group_changelogs)
-                if self.enabled and group_changelogs:
-                    for p, donor, receiver in hand_over_to_caught_up(previous, num_partitions, caught_up):
-                        self.last_moves.extend((topic, p, donor, receiver) for topic in group_changelogs)
-                previous_owner = {p: member for member, a in sorted(previous.items()) for p in a.actives}
-                assigned = CopartitionedAssignor(
-                    topics=topics, cluster_asgn=previous, num_partitions=num_partitions, replicas=self.replicas
-                ).get_assignment()
-                # A leader that has not measured the changelogs yet (it has just started, as in a
-                # fleet starting at once) cannot tell small tables from large: Faust's assignment.
-                if self.enabled and group_changelogs and self.small is not None:
-                    for member, held in hold_until_warm(assigned, previous_owner, caught_up).items():
-                        for topic in group_changelogs:
-                            warmups[member][topic] = sorted(held)
-                for member, copartitioned in assigned.items():
-                    assignments[member].add_copartitioned_assignment(copartitioned)
-        self.last_holds = dict(warmups)
+
+    def assign_group(
+        self,
+        topics: set[str],
+        previous: Mapping[str, CopartitionedAssignment],
+        num_partitions: int,
+        clients_metadata: Mapping[str, ClientMetadata],
+    ) -> Mapping[str, CopartitionedAssignment]:
+        # The two warm-up steps around Faust's sticky assignment.
+        group_changelogs = sorted(set(topics) & self.changelog_topics)
+        caught_up = self._caught_up(clients_metadata, group_changelogs)
+        if self.enabled and group_changelogs:
+            for p, donor, receiver in hand_over_to_caught_up(previous, num_partitions, caught_up):
+                self.last_moves.extend((topic, p, donor, receiver) for topic in group_changelogs)
+        previous_owner = {p: member for member, a in sorted(previous.items()) for p in a.actives}
+        assigned = super().assign_group(topics, previous, num_partitions, clients_metadata)
+        # A leader that has not measured the changelogs yet (it has just started, as in a
+        # fleet starting at once) cannot tell small tables from large: Faust's assignment.
+        if self.enabled and group_changelogs and self.small is not None:
+            for member, held in hold_until_warm(assigned, previous_owner, caught_up).items():
+                for topic in group_changelogs:
+                    self.last_holds.setdefault(member, {})[topic] = sorted(held)
+        return assigned
+
+    def end_assignment(self, clients_metadata: Mapping[str, ClientMetadata]) -> None:
         self._log_assignment(clients_metadata)
-        assignments = self.with_global_table_standbys(assignments, partitions_by_topic)
-        return self._with_warmups(
-            assignments,
-            self.changelog_distribution_of(assignments),
-            self.external_distribution_of(assignments),
-            topic_to_group_id,
-            warmups,
-        )
 
     def _caught_up(self, clients_metadata: Mapping[str, ClientMetadata], changelogs: list[str]) -> CaughtUp:
         reported: dict[str, dict[str, set[int]] | None] = {}
@@ -281,33 +249,9 @@ class WarmupAssignor(AssignorHooks):
                     parts,
                 )
 
-    def _with_warmups(
-        self,
-        assignments: Mapping[str, ClientAssignment],
-        changelog_distribution: Any,
-        external_topic_distribution: Any,
-        topic_groups: Mapping[str, int],
-        warmups: Mapping[str, dict[str, list[int]]],
-    ) -> MutableMapping[str, ConsumerProtocolMemberAssignment]:
-        # Faust's _protocol_assignments, with each member's warm-ups in its metadata.
-        return {
-            member: ConsumerProtocolMemberAssignment(
-                self.version,
-                self.kafka_assignment(assignment),
-                self.compress(
-                    StatefleetClientMetadata(
-                        assignment=assignment,
-                        url=self.member_url(member),
-                        changelog_distribution=changelog_distribution,
-                        external_topic_distribution=external_topic_distribution,
-                        topic_groups=topic_groups,
-                        caught_up={},
-                        warmups=dict(warmups.get(member, {})),
-                    ).dumps()
-                ),
-            )
-            for member, assignment in assignments.items()
-        }
+    def assignment_extras(self, member: str) -> dict[str, Any]:
+        # Each member's warm-ups travel in its assignment's metadata.
+        return {"caught_up": {}, "warmups": dict(self.last_holds.get(member, {}))}
 
 
 def rejoin_for_peer(app: faust.App, url: str, own_url: str) -> bool:

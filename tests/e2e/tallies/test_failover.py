@@ -17,11 +17,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.group import LeaveGroupRequest
 
 from services.tallies.state import SEPARATOR, decode_membership
 from shared.engine import partition_for
+from shared.engine._admin import _Admin
 from shared.engine._membership import member_url
 from tests.e2e.tallies.test_tallies_e2e import all_tallies, assert_tallies_settle, latest_published
 from tests.support.accounts import History, event, generate
@@ -50,14 +50,14 @@ def remove_member(group: str, url: str) -> int:
     """What a peer does for a gone one: the group's members with ``url`` removed by member id."""
 
     async def run() -> int:
-        admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+        admin = _Admin(bootstrap_servers=BOOTSTRAP)
         await admin.start()
         try:
             node = await admin.find_coordinator(group)
             [described] = await admin.describe_consumer_groups([group], group_coordinator_id=node)
             ids = [m[0] for g in described.groups for m in g[5] if member_url(m[3]) == url]
             for member_id in ids:
-                response = await admin._send_request(LeaveGroupRequest(group, member_id), node)
+                response = await admin.send_to_broker(LeaveGroupRequest(group, member_id), node)
                 assert response.error_code == 0
             return len(ids)
         finally:

@@ -1,7 +1,7 @@
 """A worker whose input topic had no metadata at its group's first assignment gets the topic's
 partitions once it has, within seconds.
 
-Faust's assignor skips such a topic ("Ignoring missing topic"); without the engine's metadata
+The assignor skips such a topic (as Faust's does); without the engine's metadata
 chase nobody would own it until a metadata refresh minutes later (see shared/engine/_coverage.py).
 The topic here is created by the broker when the worker's first metadata request names it, so
 that request finds it without partitions yet, as a fleet started right after the broker finds
@@ -28,7 +28,7 @@ def test_a_topic_skipped_for_want_of_metadata_is_assigned_within_seconds(
     worker = ServiceProcess("tests.support.probe_worker", {**service_env, "PROBE_TOPIC": topic}, tmp_path / "probe.log").start()
     try:
         wait_for(
-            lambda: "Ignoring missing topic" in worker.log_tail(200_000),
+            lambda: "which the cluster metadata does not show yet" in worker.log_tail(200_000),
             timeout=60,
             message="the first assignment to skip the topic",
         )

@@ -31,7 +31,7 @@ class Cluster:
 
 
 def join(assignor: WarmupAssignor, url: str) -> ConsumerProtocolMemberMetadata:
-    changelog = next(iter(assignor._table_manager.changelog_topics))
+    changelog = next(iter(assignor.changelog_topics))
     meta = ClientMetadata(
         assignment=ClientAssignment(actives={}, standbys={}),
         url=url,
@@ -48,13 +48,13 @@ def actives(assignment: Any) -> dict[str, list[int]]:
 
 def test_an_assignment_that_skips_a_topic_without_metadata_chases_it(assignor: WarmupAssignor) -> None:
     members = {"m-a": join(assignor, "http://a"), "m-b": join(assignor, "http://b")}
-    out = assignor._perform_assignment(Cluster({SOURCE}), members)  # type: ignore[arg-type]
+    out = assignor.assign(Cluster({SOURCE}), members)  # type: ignore[arg-type]
     # Faust's assignor gives nobody the topic it cannot see...
     assert all(not actives(a).get(SOURCE) for a in out.values())
     # ...so the leader keeps asking for its metadata.
     assert assignor.metadata_chase.topics == {SOURCE}
 
-    out = assignor._perform_assignment(Cluster(set()), members)  # type: ignore[arg-type]
+    out = assignor.assign(Cluster(set()), members)  # type: ignore[arg-type]
     assert sorted(p for a in out.values() for p in actives(a)[SOURCE]) == list(range(PARTITIONS))
     assert assignor.metadata_chase.topics == set()
 

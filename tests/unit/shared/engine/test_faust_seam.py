@@ -75,4 +75,4 @@ def test_the_check_sees_overrides_and_self_uses() -> None:
     found = _private_uses(ENGINE / ADAPTER)
     assert any("ConsumerHooks._drain_messages" in use for use in found)
     assert any("ConsumerHooks._read_offset" in use for use in found)
-    assert any("AssignorHooks._perform_assignment" in use for use in found)
+    assert any("RecoveryHooks._build_highwaters" in use for use in found)

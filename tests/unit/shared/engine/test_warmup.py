@@ -83,7 +83,7 @@ class Cluster:
 
 
 def changelog(assignor: WarmupAssignor) -> str:
-    return next(iter(assignor._table_manager.changelog_topics))
+    return next(iter(assignor.changelog_topics))
 
 
 def member(assignor: WarmupAssignor, url: str, actives: list[int], caught_up: list[int] | None) -> Any:
@@ -113,7 +113,7 @@ def test_a_new_member_without_copies_warms_up_and_takes_nothing_over(assignor: W
         "m-b": member(assignor, "http://b", [4, 5, 6, 7], list(range(PARTITIONS))),
         "m-new": member(assignor, "http://new", [], []),
     }
-    out = assignor._perform_assignment(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
+    out = assignor.assign(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
     new = decode(out["m-new"])
     assert new["assignment"]["actives"][SOURCE] == []
     # Warm-ups are standbys (besides those Faust gives it as replicas).
@@ -129,7 +129,7 @@ def test_once_caught_up_the_new_member_takes_its_share(assignor: WarmupAssignor)
         "m-b": member(assignor, "http://b", [4, 5, 6, 7], list(range(PARTITIONS))),
         "m-new": member(assignor, "http://new", [], [2, 3, 6]),
     }
-    out = assignor._perform_assignment(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
+    out = assignor.assign(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
     new = decode(out["m-new"])
     assert sorted(new["assignment"]["actives"][SOURCE]) == [2, 6]  # its share of 8 // 3, from each donor
     assert new["warmups"] == {}
@@ -143,7 +143,7 @@ def test_members_that_report_no_copies_get_fausts_assignment(assignor: WarmupAss
         "m-b": member(assignor, "http://b", [4, 5, 6, 7], None),
         "m-new": member(assignor, "http://new", [], None),
     }
-    out = assignor._perform_assignment(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
+    out = assignor.assign(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
     assert decode(out["m-new"])["assignment"]["actives"][SOURCE] != []
     assert assignor.last_holds == {}
 
@@ -151,7 +151,7 @@ def test_members_that_report_no_copies_get_fausts_assignment(assignor: WarmupAss
 def test_a_gone_owners_partitions_are_not_held(assignor: WarmupAssignor) -> None:
     cl = changelog(assignor)
     members = {"m-a": member(assignor, "http://a", [0, 1, 2, 3], [0, 1, 2, 3]), "m-new": member(assignor, "http://new", [], [])}
-    out = assignor._perform_assignment(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
+    out = assignor.assign(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
     a = decode(out["m-a"])["assignment"]["actives"][SOURCE]
     new = decode(out["m-new"])["assignment"]["actives"][SOURCE]
     assert sorted(a + new) == list(range(PARTITIONS))
@@ -160,9 +160,9 @@ def test_a_gone_owners_partitions_are_not_held(assignor: WarmupAssignor) -> None
 
 def test_a_disabled_assignor_reports_no_copies(assignor: WarmupAssignor) -> None:
     assignor.caught_up = {"x": [1]}
-    assert "caught_up" in json.loads(assignor._metadata.dumps())
+    assert "caught_up" in json.loads(assignor.join_metadata().dumps())
     assignor.enabled = False
-    assert "caught_up" not in json.loads(assignor._metadata.dumps())
+    assert "caught_up" not in json.loads(assignor.join_metadata().dumps())
 
 
 # -- the member's probe --------------------------------------------------------------------------
@@ -233,7 +233,7 @@ def test_a_leaving_members_partitions_go_to_the_members_with_their_standbys(assi
 
     # c (partitions 6, 7) has left; a kept a standby of 6, b of 7.
     members = {"m-a": with_standbys("http://a", [0, 1, 2], [3, 6]), "m-b": with_standbys("http://b", [3, 4, 5], [0, 7])}
-    out = assignor._perform_assignment(Cluster(topics), members)  # type: ignore[arg-type]
+    out = assignor.assign(Cluster(topics), members)  # type: ignore[arg-type]
     a = set(decode(out["m-a"])["assignment"]["actives"][SOURCE])
     b = set(decode(out["m-b"])["assignment"]["actives"][SOURCE])
     assert 6 in a and 7 in b
@@ -250,7 +250,7 @@ def test_a_small_changelog_is_handed_over_even_to_a_member_that_reports_no_copie
         "m-b": member(assignor, "http://b", [4, 5, 6, 7], list(range(PARTITIONS))),
         "m-new": member(assignor, "http://new", [], []),
     }
-    out = assignor._perform_assignment(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
+    out = assignor.assign(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
     assert decode(out["m-new"])["assignment"]["actives"][SOURCE] != []
     assert assignor.last_holds == {}
 
@@ -276,6 +276,6 @@ def test_a_leader_that_has_not_measured_the_changelogs_holds_nothing(assignor: W
     cl = changelog(assignor)
     assert assignor.small is None
     members = {"m-a": member(assignor, "http://a", list(range(PARTITIONS)), []), "m-new": member(assignor, "http://new", [], [])}
-    out = assignor._perform_assignment(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
+    out = assignor.assign(Cluster([SOURCE, cl]), members)  # type: ignore[arg-type]
     assert decode(out["m-new"])["assignment"]["actives"][SOURCE] != []
     assert assignor.last_holds == {}
