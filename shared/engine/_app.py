@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from pathlib import Path
 from typing import Any, TextIO, cast
 
 import faust
 from fastapi import FastAPI
 from faust.contrib.asgi import serve_asgi
+from mode.utils.logging import cry
 
 from shared.engine._admin import TopicSpec
 from shared.engine._clients import require_sasl_credentials, ssl_context
 from shared.engine._context import AppContext
-from shared.engine._faust import AppHooks, WorkerHooks, print_thread_loop_tasks, track_used_topics
+from shared.engine._faust import AppHooks, print_thread_loop_tasks, track_used_topics
 from shared.engine._instance_lock import hold_data_dir
 from shared.engine._membership import ANNOUNCE_TIMEOUT_S, announce_restart
 from shared.engine._restore import BulkRestoringTableManager
@@ -155,10 +157,37 @@ def serve_api(app: faust.App, api: FastAPI, settings: Settings, default_port: in
     )
 
 
-class _Worker(WorkerHooks):
-    """Faust's worker, telling the peers it is restarting as soon as a signal stops it."""
+class _Worker(faust.Worker):
+    """Faust's worker, with signal handlers of its own (mode's public ``install_signal_handlers``):
+    SIGTERM and SIGINT tell the peers this instance is restarting before it stops, and SIGUSR1's
+    stack dump includes the consumer thread's tasks."""
 
-    async def before_stop_on_signal(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The task that runs :meth:`start` (mode's command line runs it until the worker stops).
+        self.starting_task: asyncio.Task[Any] | None = None
+        #: The stop a signal began (None until one comes; later signals change nothing).
+        self.signal_stop: asyncio.Task[None] | None = None
+
+    def install_signal_handlers(self) -> None:
+        self.loop.add_signal_handler(signal.SIGTERM, self.on_stop_signal, signal.SIGTERM)
+        self.loop.add_signal_handler(signal.SIGINT, self.on_stop_signal, signal.SIGINT)
+        self.loop.add_signal_handler(signal.SIGUSR1, self.on_stack_dump_signal)
+
+    async def start(self) -> None:
+        self.starting_task = asyncio.current_task()
+        await super().start()
+        # The worker's start returns as soon as a stop begins; the command line then shuts the
+        # loop down and cancels every task left. A stop a signal began finishes first.
+        if self.signal_stop is not None:
+            await asyncio.shield(self.signal_stop)
+
+    def on_stop_signal(self, received: signal.Signals) -> None:
+        if self.signal_stop is None:
+            self.signal_stop = asyncio.ensure_future(self.stop_on_signal(received))
+
+    async def stop_on_signal(self, received: signal.Signals) -> None:
+        log.info("signal received: %s; stopping", received.name)
         # First of all: stopping the consumer waits for the running batch and its commit, and
         # only then would Faust's on_before_shutdown run; peers probing meanwhile would find the
         # API gone and remove this member, when a restart keeps it (see _membership).
@@ -166,11 +195,19 @@ class _Worker(WorkerHooks):
             await asyncio.wait_for(announce_restart(cast(faust.App, self.app)), ANNOUNCE_TIMEOUT_S * 2)
         except Exception as exc:
             log.warning("could not tell the peers this instance is restarting: %r", exc)
+        await self.stop()
+        # A signal during the start (a restore, say) ends the start too, as mode's handler does.
+        if self.starting_task is not None and not self.starting_task.done():
+            self.starting_task.cancel()
 
-    def after_stack_dump(self) -> None:
-        # SIGUSR1: mode writes every thread's stack and the tasks of this (the main) loop; the
-        # consumer thread runs a loop of its own (group coordinator, fetcher, the calls Faust
+    def on_stack_dump_signal(self) -> None:
+        self.add_future(self.dump_stacks())
+
+    async def dump_stacks(self) -> None:
+        # SIGUSR1: every thread's stack and the tasks of this (the main) loop, as mode writes
+        # them; then the consumer thread's loop (group coordinator, fetcher, the calls Faust
         # hands to it), whose tasks tell where a call to the consumer waits.
+        cry(file=cast(TextIO, self.stderr))
         print_thread_loop_tasks(cast(faust.App, self.app), cast(TextIO, self.stderr))
 
 

@@ -240,7 +240,7 @@ async def stop_tracking(app: faust.App) -> None:
         await ends.stop()
 
 
-def _store(table: AnyTable) -> Any:
+def table_store(table: AnyTable) -> Any:
     return cast(Any, table).data
 
 
@@ -255,7 +255,7 @@ def copy_source(app: faust.App, table: AnyTable, partition: int) -> Source | Non
     if tp in assignor.assigned_standbys():
         return "standby"
     # A partition this instance owned or kept before: its database is still on disk.
-    path: Path = _store(table).partition_path(partition)
+    path: Path = table_store(table).partition_path(partition)
     return "standby" if path.is_dir() else None
 
 
@@ -325,7 +325,7 @@ async def _table_copy(app: faust.App, table: AnyTable, partition: int, *, exact:
     tp = TP(table.changelog_topic.get_topic_name(), partition)
     ends = _ends(app)
     try:
-        db = store_partition_db(_store(table), partition)
+        db = store_partition_db(table_store(table), partition)
         if ends is not None and not recorded_is_current(db, ends.incarnations.get(tp.topic)):
             # Not checked against the changelog there is now (a copy from before the topics
             # were recreated, say): never read from until a recovery has checked it.

@@ -114,10 +114,10 @@ class Engine:
         self.service = service
         self.settings = settings
         self.default_port = default_port
-        self._app: faust.App = create_app(service, settings, default_port, app_class=_EngineApp)
+        self._faust_app: faust.App = create_app(service, settings, default_port, app_class=_EngineApp)
         #: The running worker as the HTTP API sees it.
-        self.instance = Instance(self._app, settings.url_for(default_port), restoring=self._tasks_restoring)
-        track_copies(self._app, settings)
+        self.instance = Instance(self._faust_app, settings.url_for(default_port), restoring=self._tasks_restoring)
+        track_copies(self._faust_app, settings)
         self.backfill = Backfill(settings)
         self._by_topic: dict[str, Registration] = {}
         self._handlers: list[Registration] = []
@@ -141,7 +141,7 @@ class Engine:
             on_revoked=self._revoked,
             service=service,
         )
-        app = cast(_EngineApp, self._app)
+        app = cast(_EngineApp, self._faust_app)
         app.delivery = self.delivery
         app.on_restored = self._restored
         self._trailing_holes: TrailingHoleWatch | None = None
@@ -151,7 +151,7 @@ class Engine:
         self.batch_producer = BatchProducer(
             settings,
             client_id=f"{service}-{settings.instance_id}-batches",
-            gate=lambda: cast(BatchConsumer, self._app.consumer).may_write(),
+            gate=lambda: cast(BatchConsumer, self._faust_app.consumer).may_write(),
         )
         self.transactions: PartitionTransactions | None = None
         #: exactly_once: input partitions whose last commit failed with its outcome unknown, and the
@@ -164,27 +164,29 @@ class Engine:
         self._restoring = asyncio.Lock()
         if exactly_once(settings):
             self._exactly_once()
-        self._app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
+        self._faust_app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
         # Peers watched, and a dead one's group member removed, so its partitions move at once.
         self.peer_watch: PeerWatch | None = None
         if settings.peer_watch:
-            self.peer_watch = PeerWatch(self._app, service, app_id(service, settings), settings.url_for(default_port), settings)
-            self._app.task(self.peer_watch.run)
+            self.peer_watch = PeerWatch(
+                self._faust_app, service, app_id(service, settings), settings.url_for(default_port), settings
+            )
+            self._faust_app.task(self.peer_watch.run)
         # Copies measured for the next join, and warm-ups taken over once caught up.
         self.warmup_watch: WarmupWatch | None = None
         if settings.warmups:
-            self.warmup_watch = WarmupWatch(self._app, settings, settings.url_for(default_port))
-            self._app.task(self.warmup_watch.run)
+            self.warmup_watch = WarmupWatch(self._faust_app, settings, settings.url_for(default_port))
+            self._faust_app.task(self.warmup_watch.run)
         # The engine's own clients connect as the worker starts: each one's first metadata
         # fetch covers every topic of the cluster, which is better paid before the first batch.
-        self._app.task(self._start_clients)
+        self._faust_app.task(self._start_clients)
 
     async def _start_clients(self) -> None:
         freeze_startup_objects()
         await self.producer.start()
         if self.transactions is None:
             await self.batch_producer.start()
-        await start_tracking(self._app)
+        await start_tracking(self._faust_app)
         if any(reg.order is not None for reg in self._handlers):
             await self.backfill.start()
 
@@ -202,7 +204,7 @@ class Engine:
         await self.batch_producer.stop()
         await self.backfill.stop()
         await self.changelogs.stop()
-        await stop_tracking(self._app)
+        await stop_tracking(self._faust_app)
 
     def _exactly_once(self) -> None:
         """Batches commit as transactions of one producer per input partition (see
@@ -276,7 +278,7 @@ class Engine:
         return TaskClients(
             producer=self.batch_producer,
             transactions=self.transactions,
-            member=None if transactional else cast(BatchConsumer, self._app.consumer).ensure_member,
+            member=None if transactional else cast(BatchConsumer, self._faust_app.consumer).ensure_member,
             commit_timeout_s=TRANSACTION_COMMIT_TIMEOUT_S if transactional else None,
         )
 
@@ -284,11 +286,11 @@ class Engine:
 
     def serve(self, api: FastAPI) -> None:
         """Serve ``api`` with uvicorn on the worker's event loop, once the worker runs."""
-        serve_api(self._app, api, self.settings, self.default_port)
+        serve_api(self._faust_app, api, self.settings, self.default_port)
 
     def run(self) -> None:
         """Run the worker in this process until SIGTERM/SIGINT."""
-        run_worker(self._app, self.service, self.settings)
+        run_worker(self._faust_app, self.service, self.settings)
 
     # -- declaring a service -------------------------------------------------------------
 
@@ -299,8 +301,10 @@ class Engine:
         run, and its rows of a batch can be rebuilt by the handler when lost (a cache of what
         was last sent, say): until its first batch, a partition resumes from the handler's other
         tables rather than from the log start (see :meth:`OrderedInput.next_offset`)."""
-        table = self._app.Table(name, partitions=partitions or self.settings.topic_partitions, key_type=bytes, value_type=bytes)
-        return DurableTable(self._app, table, added_later=added_later)
+        table = self._faust_app.Table(
+            name, partitions=partitions or self.settings.topic_partitions, key_type=bytes, value_type=bytes
+        )
+        return DurableTable(self._faust_app, table, added_later=added_later)
 
     def handler(
         self,
@@ -328,14 +332,14 @@ class Engine:
             for topic in topics:
                 if topic in self._by_topic:
                     raise ValueError(f"topic {topic!r} already has the handler {self._by_topic[topic].name!r}")
-            channel = self._app.topic(
+            channel = self._faust_app.topic(
                 *topics,
                 key_type=bytes,
                 value_type=bytes,
                 partitions=internal_partitions,
                 internal=internal_partitions is not None,
             )
-            self._app.topics.add(channel)
+            self._faust_app.topics.add(channel)
             reg = Registration(
                 name=f"{self.service}.{name}",
                 stream=name,
@@ -343,7 +347,12 @@ class Engine:
                 handle=fn,
                 order=(
                     OrderedInput(
-                        self._app, offsets, self.backfill, read_committed=True, service=self.service, input_ids=self._input_id
+                        self._faust_app,
+                        offsets,
+                        self.backfill,
+                        read_committed=True,
+                        service=self.service,
+                        input_ids=self._input_id,
                     )
                     if offsets is not None
                     else None
@@ -370,7 +379,9 @@ class Engine:
     def describe(self) -> Topology:
         """The service's topology as its registrations declare it (see ``shared/engine/_topology.py``)."""
         lanes = self._lanes()
-        tables = {str(table.name): table.partitions or self.settings.topic_partitions for table in self._app.tables.values()}
+        tables = {
+            str(table.name): table.partitions or self.settings.topic_partitions for table in self._faust_app.tables.values()
+        }
         return Topology(
             service=self.service,
             tables=tuple(sorted(tables.items())),
@@ -391,7 +402,7 @@ class Engine:
 
     def _input_id(self, topic: str) -> str | None:
         """``topic``'s topic id as the brokers last reported it to this worker (None: not known)."""
-        incarnation = incarnation_of(self._app, topic)
+        incarnation = incarnation_of(self._faust_app, topic)
         return incarnation.topic_id if incarnation is not None else None
 
     def internal_topic_specs(self) -> list[TopicSpec]:
@@ -399,7 +410,7 @@ class Engine:
         its tables' changelogs (see :func:`faust_topic_specs`), to create before the worker starts."""
         return [
             *(TopicSpec(topic, partitions) for topic, partitions in self._internal_topics.items()),
-            *faust_topic_specs(self._app, self.settings),
+            *faust_topic_specs(self._faust_app, self.settings),
         ]
 
     @property
@@ -454,7 +465,7 @@ class Engine:
     def watch_trailing_holes(self) -> None:
         """Look for input records skipped at a partition's end (see :mod:`shared.engine._trailing_holes`)."""
         self._trailing_holes = TrailingHoleWatch(
-            self._app,
+            self._faust_app,
             self.service,
             {topic: reg.order for topic, reg in self._by_topic.items() if reg.order is not None},
             self.settings.trailing_hole_check_s,
@@ -467,7 +478,7 @@ class Engine:
         crash the whole worker over it, and what a timer does (publish, send ticks) is done
         again by its next run, while a crash stops every partition (the broker away for a
         moment was enough)."""
-        timer: Callable[[Callable[[], Awaitable[None]]], Any] = self._app.timer(interval_s, name=f"{self.service}.{name}")
+        timer: Callable[[Callable[[], Awaitable[None]]], Any] = self._faust_app.timer(interval_s, name=f"{self.service}.{name}")
 
         def register(fn: Callable[[], Awaitable[None]]) -> Any:
             self.timers.append(Timer(name, interval_s, fn))
@@ -581,7 +592,7 @@ class Engine:
             await self._ensure_owner(tp)
 
     async def _ensure_owner(self, tp: TP) -> None:
-        await cast(BatchConsumer, self._app.consumer).ensure_owner(tp)
+        await cast(BatchConsumer, self._faust_app.consumer).ensure_owner(tp)
 
     async def _deliver_once(self, reg: Registration, tp: TP, fetched: Sequence[Any], continues_from: int | None) -> None:
         """One delivery of a fetched batch through its task (:meth:`Task.process`). A broker
@@ -668,7 +679,7 @@ class Engine:
             denial = explain_denial(exc, self.settings.kafka_sasl_username, app_id(self.service, self.settings), reading=False)
         if denial is not None:
             log.error("%s cannot go on: %s", self.service, denial)
-        await self._app.crash(exc)
+        await self._faust_app.crash(exc)
 
 
 def _table_names(order: OrderedInput | None) -> tuple[str, ...]:
@@ -682,4 +693,4 @@ class _CommitFailed(Exception):
 
 def faust_app(engine: Engine) -> faust.App:
     """The Faust app an engine runs (for the topology driver, which runs its handlers without it)."""
-    return engine._app  # noqa: SLF001 (this module's own class)
+    return engine._faust_app  # noqa: SLF001 (this module's own class)

@@ -80,11 +80,6 @@ def recovery_done(app: faust.App) -> bool:
     return bool(recovery.completed.is_set()) and not recovery.in_recovery and not app.rebalancing
 
 
-def tps_with_unacked_messages(app: faust.App) -> set[TP]:
-    """The partitions with a record handed to a stream and not yet acknowledged by its stream."""
-    return {message.tp for message in list(cast(Any, app.consumer)._unacked_messages)}
-
-
 # -- Fleet view (GET /instance): what this instance owns and how far behind it is -------------------
 
 
@@ -402,22 +397,3 @@ class AppHooks(faust.App):
             loop=transport.loop,
             **self.consumer_options(),
         )
-
-
-class WorkerHooks(faust.Worker):
-    """Faust's worker, with a step before it stops on a signal and one after its stack dump."""
-
-    async def _stop_on_signal(self, signal: Any) -> None:
-        await self.before_stop_on_signal()
-        await super()._stop_on_signal(signal)
-
-    async def _cry(self) -> None:
-        await super()._cry()
-        self.after_stack_dump()
-
-    async def before_stop_on_signal(self) -> None:
-        """Runs first when SIGTERM or SIGINT stops the worker."""
-
-    def after_stack_dump(self) -> None:
-        """Runs after the stack dump of SIGUSR1 (mode writes every thread's stack and the tasks
-        of the main loop)."""

@@ -34,7 +34,7 @@ import faust
 from aiokafka.errors import IllegalStateError
 from faust.types import TP
 
-from shared.engine._faust import recovery_done, tps_with_unacked_messages
+from shared.engine._faust import recovery_done
 from shared.metrics import TRAILING_HOLES_REREAD
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class TrailingHoleWatch:
             self._suspects.clear()
             return
         seen: dict[TP, tuple[int, int]] = {}
-        in_streams = tps_with_unacked_messages(self.app)
+        in_streams = {message.tp for message in list(self.app.consumer.unacked)}  # handed to a stream, not yet acknowledged
         for tp in sorted(self.app.consumer.assignment()):
             reader = self.inputs.get(tp.topic)
             if reader is None:

@@ -26,7 +26,7 @@ def test_an_exception_out_of_a_timer_is_logged_and_the_timer_goes_on(tmp_path: P
 
         return register
 
-    engine._app.timer = fake_timer  # type: ignore[method-assign,assignment]
+    engine._faust_app.timer = fake_timer  # type: ignore[method-assign,assignment]
     runs: list[int] = []
 
     async def publish() -> None:

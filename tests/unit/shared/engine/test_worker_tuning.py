@@ -26,11 +26,11 @@ def restore_gc() -> Iterator[None]:
 async def test_the_worker_consumer_holds_fetches_no_longer_than_the_setting(tmp_path: Path) -> None:
     settings = Settings(data_dir=str(tmp_path), consumer_fetch_max_wait_ms=35, topic_prefix="unit.")
     engine = Engine("tuning", settings, 18999)
-    app_consumer = engine._app.consumer
+    app_consumer = engine._faust_app.consumer
     assert isinstance(app_consumer, BatchConsumer)  # the engine's, over Faust's aiokafka driver
     thread = app_consumer._thread
     assert isinstance(thread, AIOKafkaConsumerThread)
-    transport = engine._app.transport
+    transport = engine._faust_app.transport
     assert isinstance(transport, Transport)
     consumer = thread._create_worker_consumer(transport)
     assert consumer._fetch_max_wait_ms == 35  # Faust's own choice is 1500
@@ -60,7 +60,7 @@ def test_handlers_share_a_lane_exactly_when_they_write_a_common_table(tmp_path: 
     engine.handler("more", name="more", offsets=extra)(handle)
     engine.handler("dead-letters", "other", name="stateless", offsets=None)(handle)
 
-    app = engine._app
+    app = engine._faust_app
     assert isinstance(app, _EngineApp) and app.delivery is engine.delivery  # what its consumer is given
     lanes = engine.delivery.lanes
     assert lanes["commands"] == lanes["retry"]
@@ -75,7 +75,7 @@ async def test_the_tables_start_at_once_without_faust_s_second_for_late_tables(
 ) -> None:
     settings = Settings(data_dir=str(tmp_path), topic_prefix="unit.")
     engine = Engine("tuning", settings, 18999)
-    tables = engine._app.tables
+    tables = engine._faust_app.tables
     assert isinstance(tables, TableManagerHooks)  # the engine's, over Faust's
     steps: list[str] = []
 
