@@ -1,6 +1,7 @@
 """The client of ordered retries (shared.retry_client) against the scheduler's handlers on the
 in-memory topology driver: a consumer whose handler fails on one record of a key processes that
-key's records in their order all the same, each after the one before it succeeded."""
+key's records in their order all the same, each after the one before it succeeded; and so does
+a consumer that restarts before it committed, reading the key's records again."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from pathlib import Path
 import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
-from shared.engine import Record
+from services.retry_scheduler.state import decode_lane, lane_row_key
+from shared.engine import Record, partition_for
 from shared.engine.testing import TopologyDriver
+from shared.ordered_retries import lane_key
 from shared.retry_client import ConsumedRecord, OrderedRecords, Outgoing
 from shared.settings import Settings
 
 PARTITIONS = 4
 TOPIC, RETRY_TOPIC = "orders", "retry-orders"
+LANE = lane_key(TOPIC, b"k")
 ROUNDS = 20
 
 
@@ -105,9 +109,12 @@ def test_a_consumer_restarted_before_its_commit_hands_no_record_to_the_handler_b
         second.records.blocked_keys_record(r.key, r.value, r.headers)
     for offset, (key, value) in enumerate(inputs):
         second.consume(Record(TOPIC, 0, offset, key, value, [], 0))
+    driver.process()
+    lane = decode_lane(driver.table("index").get(lane_row_key(LANE), partition=partition_for(LANE, PARTITIONS)) or b"")
+    assert lane.held == 1  # k-4 only: k-1 and k-2 are not held (nor would a park-key park them)
     for _ in range(ROUNDS):
         second.follow()
-        if not second.records.blocked.is_blocked(b"orders\x00k"):
+        if not second.records.blocked.is_blocked(LANE):
             break
     calls = second.processed
     assert [v for v in calls if v and v.startswith(b"k")] == [b"k-1", b"k-2", b"k-3", b"k-4"]  # none behind a later one
