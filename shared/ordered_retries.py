@@ -17,8 +17,13 @@ each after the consumer acknowledged the one before it.
 - An *acknowledgement* (on ``retry-acks``, key = lane key, value = the ``dlq.id``) says a
   redelivered head was processed; only then is the next held record released.
 - ``retry-blocked-keys`` (compacted; key = lane key, value = the head's ``dlq.id``, header
-  :data:`LAST_TAKEN` = the last ``dlq.id`` of the lane the scheduler has taken in; a
-  tombstone once the lane is free).
+  :data:`LAST_TAKEN` = the last ``dlq.id`` of the lane the scheduler has taken in, headers
+  :data:`HEAD_PARTITION` and :data:`HEAD_OFFSET` = where the head was read on its origin
+  topic; a tombstone once the lane is free).
+- A record a consumer reads again (after a crash or a rebalance, its offset not committed)
+  on the head's partition at or before the head's offset is *in hand*: it was processed
+  before the key was blocked, or its letter is the head or was released before it. It is
+  neither processed nor deferred again (:meth:`BlockedKeys.in_hand`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ HELD_BEHIND = f"{DLQ_PREFIX}held.behind"
 #: On a blocked-keys record: the last ``dlq.id`` of the lane the scheduler has taken in
 #: (held, made head, or parked past the cap), so a client knows its own letters arrived.
 LAST_TAKEN = f"{DLQ_PREFIX}ordered.last"
+#: On a blocked-keys record: the partition and the offset (decimal text) of the head's record
+#: on its origin topic (its letter's ``dlq.original.partition`` and ``dlq.original.offset``).
+HEAD_PARTITION = f"{DLQ_PREFIX}ordered.head.partition"
+HEAD_OFFSET = f"{DLQ_PREFIX}ordered.head.offset"
 #: The attempt a deferred record is written with: it has not failed yet, so its first real
 #: failure (attempt 1) is newer and not taken for a copy of it.
 DEFERRED_ATTEMPT = 0
@@ -75,6 +84,19 @@ def header(headers: Iterable[tuple[str, bytes]], name: str) -> bytes | None:
     return None
 
 
+def head_position(headers: Iterable[tuple[str, bytes]]) -> tuple[int, int] | None:
+    """(partition, offset) of a blocked-keys record's head on its origin topic, or ``None``
+    when the record does not say it (or says it unreadably: then nothing is taken as in hand)."""
+    items = list(headers)
+    partition, offset = header(items, HEAD_PARTITION), header(items, HEAD_OFFSET)
+    if partition is None or offset is None:
+        return None
+    try:
+        return int(partition), int(offset)
+    except ValueError:
+        return None
+
+
 # -- the client's blocked keys ---------------------------------------------------------------------
 
 
@@ -88,10 +110,16 @@ class BlockedKeys:
     is free *after* showing the consumer's last letter of the lane taken in: a tombstone read
     before that belongs to an earlier head, and freeing the lane then would let a later record
     overtake the letter still on its way.
+
+    Where the scheduler's head was read (:data:`HEAD_PARTITION`, :data:`HEAD_OFFSET`) tells
+    which records of the lane are *in hand* (:meth:`in_hand`).
     """
 
     #: Lane → head ``dlq.id``, as the blocked-keys topic says.
     heads: dict[bytes, str] = field(default_factory=dict)
+    #: Lane → (partition, offset) of the head's record on its origin topic, when the
+    #: blocked-keys topic says it.
+    head_positions: dict[bytes, tuple[int, int]] = field(default_factory=dict)
     #: Lane → the last ``dlq.id`` this consumer wrote for it, not yet seen taken in.
     in_flight: dict[bytes, str] = field(default_factory=dict)
 
@@ -106,11 +134,29 @@ class BlockedKeys:
         """This consumer wrote a dead letter (failed or deferred) of ``lane``: it is blocked now."""
         self.in_flight[lane] = dlq_id
 
-    def apply(self, lane: bytes, head: str | None, last_taken: str | None) -> None:
-        """A blocked-keys record: ``head`` None for a tombstone."""
+    def in_hand(self, lane: bytes, partition: int, offset: int) -> bool:
+        """Whether the record at ``offset`` of ``partition`` of the lane's origin topic is at or
+        before the scheduler's head of the lane, on the head's partition.
+
+        Such a record, read again (its offset was not committed when its consumer stopped), was
+        handled before: a consumer reads a partition in offset order, and every record of the
+        lane before the head was processed before the key was blocked, or its letter was taken
+        in and released ahead of the head (or skipped or parked by an operator); the head's own
+        letter is with the scheduler. Deferring it would hand it to the handler again behind
+        later records of its key."""
+        position = self.head_positions.get(lane)
+        return position is not None and position[0] == partition and offset <= position[1]
+
+    def apply(self, lane: bytes, head: str | None, last_taken: str | None, position: tuple[int, int] | None = None) -> None:
+        """A blocked-keys record: ``head`` None for a tombstone; ``position``: where the head was
+        read on its origin topic (partition, offset), when the record says it."""
         if last_taken is not None and self.in_flight.get(lane) == last_taken:
             del self.in_flight[lane]
         if head is None:
             self.heads.pop(lane, None)
         else:
             self.heads[lane] = head
+        if head is None or position is None:
+            self.head_positions.pop(lane, None)
+        else:
+            self.head_positions[lane] = position

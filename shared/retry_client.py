@@ -11,6 +11,11 @@ records in order through failures.
 - A redelivery (from the retry topic) is processed whatever its key's state (it is the head);
   once the user's handler returns, its success is acknowledged on ``retry-acks``, and the
   scheduler releases the next record of the key.
+- A record read again (its offset not committed when a consumer crashed or lost the partition)
+  at or before its key's head on the head's partition is *in hand*: processed before its key
+  was blocked, or its letter taken in already. It is skipped, neither processed nor deferred,
+  so that it never reaches the handler behind later records of its key
+  (:meth:`shared.ordered_retries.BlockedKeys.in_hand`).
 
 :class:`OrderedRecords` is the bookkeeping, without Kafka; :class:`OrderedRetryConsumer` runs it
 on the engine's plain clients. Offsets are committed after the letters and acknowledgements of
@@ -35,7 +40,7 @@ from shared.engine.clients import (
     client_kwargs,
     refresh_metadata,
 )
-from shared.ordered_retries import DEFERRED_ATTEMPT, HELD_BEHIND, LAST_TAKEN, BlockedKeys, header, lane_key
+from shared.ordered_retries import DEFERRED_ATTEMPT, HELD_BEHIND, LAST_TAKEN, BlockedKeys, head_position, header, lane_key
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
 
@@ -92,7 +97,13 @@ class OrderedRecords:
         self.blocked = blocked if blocked is not None else BlockedKeys()
 
     async def handle(self, record: ConsumedRecord, handler: Handler) -> Outgoing | None:
-        """Process one record with ``handler``, or defer it; what to send for it, if anything."""
+        """Process one record with ``handler``, defer it, or skip it (in hand already); what to
+        send for it, if anything."""
+        if self.in_hand(record):
+            log.info(
+                "record %s[%s]@%s skipped: read again, at or before its key's head", record.topic, record.partition, record.offset
+            )
+            return None
         if self.must_wait(record):
             return self.deferred(record)
         try:
@@ -116,8 +127,11 @@ class OrderedRecords:
         """A record of ``retry-blocked-keys`` (a tombstone frees its key)."""
         if key is None:
             return
-        last = header(header_items(headers), LAST_TAKEN)
-        self.blocked.apply(key, value.decode() if value is not None else None, last.decode() if last else None)
+        items = header_items(headers)
+        last = header(items, LAST_TAKEN)
+        self.blocked.apply(
+            key, value.decode() if value is not None else None, last.decode() if last else None, head_position(items)
+        )
         if key not in self.blocked.in_flight:  # every letter of the lane taken in: their records may be committed
             for offsets in self.letters_in_flight.values():
                 for offset in [o for o, lane in offsets.items() if lane == key]:
@@ -128,6 +142,15 @@ class OrderedRecords:
         record whose letter is not taken in yet, if any."""
         offsets = self.letters_in_flight.get((topic, partition))
         return min(offsets, default=next_offset) if offsets else next_offset
+
+    def in_hand(self, record: ConsumedRecord) -> bool:
+        """A record of the topic read again, at or before its key's head on the head's partition:
+        processed before its key was blocked, or its letter taken in already (a redelivery is
+        never in hand: it is processed whatever its key's state)."""
+        lane = self.lane_of(record)
+        return (
+            record.topic != self.retry_topic and lane is not None and self.blocked.in_hand(lane, record.partition, record.offset)
+        )
 
     def must_wait(self, record: ConsumedRecord) -> bool:
         """A record of the topic whose key is blocked: deferred rather than processed. A

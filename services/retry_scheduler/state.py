@@ -253,27 +253,53 @@ class Lane:
     """A blocked (origin topic, key): its head's ``dlq.id``, and its held records, numbered
     ``next_held`` (the next to release) up to ``end_held`` (exclusive; the next to append).
     ``parking``: an operator's park-key is under way (it goes on in records of its own), so
-    nothing is released meanwhile."""
+    nothing is released meanwhile.
+
+    ``head_partition`` and ``head_offset``: where the head was read on its origin topic (its
+    letter's ``dlq.original.partition`` and ``dlq.original.offset``), published with the head
+    so that a consumer re-reading that partition after a crash knows the records up to there
+    are in hand (``docs/dead-letter-protocol.md``, "Ordered retries"). ``None`` in a row
+    written before they were kept."""
 
     head: str
     next_held: int = 0
     end_held: int = 0
     parking: bool = False
+    head_partition: int | None = None
+    head_offset: int | None = None
 
     @property
     def held(self) -> int:
         return self.end_held - self.next_held
 
 
-_LANE_HEAD = struct.Struct(">QQ?")
+#: next_held, end_held, flags (:data:`_PARKING`, :data:`_HEAD_POSITION`); then, with
+#: :data:`_HEAD_POSITION`, :data:`_LANE_POSITION`; then the head's id. A row of before the
+#: position was kept has a flags byte of 0 or 1 (it was the ``parking`` bool): read alike.
+_LANE_HEAD = struct.Struct(">QQB")
+_LANE_POSITION = struct.Struct(">qq")
+_PARKING = 0x01
+_HEAD_POSITION = 0x02
 
 
 def encode_lane(lane: Lane) -> bytes:
-    return _LANE_HEAD.pack(lane.next_held, lane.end_held, lane.parking) + lane.head.encode()
+    flags = _PARKING if lane.parking else 0
+    position = b""
+    if lane.head_partition is not None and lane.head_offset is not None:
+        flags |= _HEAD_POSITION
+        position = _LANE_POSITION.pack(lane.head_partition, lane.head_offset)
+    return _LANE_HEAD.pack(lane.next_held, lane.end_held, flags) + position + lane.head.encode()
 
 
 def decode_lane(raw: bytes) -> Lane:
     if len(raw) < _LANE_HEAD.size:
         raise ValueError(f"not a lane: {raw[:40]!r}")
-    next_held, end_held, parking = _LANE_HEAD.unpack_from(raw)
-    return Lane(raw[_LANE_HEAD.size :].decode(), next_held, end_held, parking)
+    next_held, end_held, flags = _LANE_HEAD.unpack_from(raw)
+    at = _LANE_HEAD.size
+    partition = offset = None
+    if flags & _HEAD_POSITION:
+        if len(raw) < at + _LANE_POSITION.size:
+            raise ValueError(f"not a lane: {raw[:40]!r}")
+        partition, offset = _LANE_POSITION.unpack_from(raw, at)
+        at += _LANE_POSITION.size
+    return Lane(raw[at:].decode(), next_held, end_held, bool(flags & _PARKING), partition, offset)

@@ -2,13 +2,19 @@
 own (``python -m tests.support.ordered_consumer``) that a test can SIGKILL, built on
 :class:`shared.retry_client.OrderedRetryConsumer` as a user's consumer would be.
 
-Each input value is JSON ``{"key", "seq", "fails"}``; ``fails`` says how its handler fails, so
-that the test decides it when it produces the record and a restarted consumer fails alike:
+Each input value is JSON ``{"key", "seq", "fails", "waits"}``; ``fails`` says how its handler
+fails, so that the test decides it when it produces the record and a restarted consumer fails
+alike:
 
 - absent: never;
 - ``"first:N"``: its first N attempts (a redelivery's ``dlq.attempt`` counts the failed ones);
 - ``"until:NAME"``: while the file NAME does not exist in ``--control-dir`` (the test creates it);
 - ``"always"``: every time.
+
+With ``"waits": NAME``, unless the file NAME exists in ``--control-dir``, the handler waits
+before anything else until the process is told to stop (SIGTERM): a record still being
+processed, so that a test can SIGKILL the consumer once it processed the records fetched with
+it and before it commits their offsets (and then creates NAME for the consumer it restarts).
 
 Each record takes ``--work-ms`` of the handler's time (a handler that does some work), so that
 a SIGKILL lands in the middle of a fetched batch rather than between two.
@@ -67,8 +73,11 @@ def must_fail(fails: str | None, attempts: int, control_dir: Path) -> bool:
 class OutputHandler:
     """The user's handler: fail as the record asks, else write (key, seq) to the output topic."""
 
-    def __init__(self, producer: PlainProducer, output_topic: str, control_dir: Path, work_s: float) -> None:
+    def __init__(
+        self, producer: PlainProducer, output_topic: str, control_dir: Path, work_s: float, stopping: asyncio.Event
+    ) -> None:
         self.producer = producer
+        self.stopping = stopping
         self.output_topic = output_topic
         self.control_dir = control_dir
         self.work_s = work_s
@@ -76,6 +85,9 @@ class OutputHandler:
     async def __call__(self, record: ConsumedRecord) -> None:
         await asyncio.sleep(self.work_s)
         body = orjson.loads(record.value or b"{}")
+        if body.get("waits") and not (self.control_dir / body["waits"]).exists():
+            log.info("%s#%s waits until the consumer stops", body["key"], body["seq"])
+            await self.stopping.wait()
         attempts = failed_attempts(record)
         if must_fail(body.get("fails"), attempts, self.control_dir):
             raise FailureInjected(f"{body['key']}#{body['seq']} fails ({body['fails']}, attempt {attempts + 1})")
@@ -97,7 +109,7 @@ async def run(args: argparse.Namespace) -> None:
             topic=args.topic,
             retry_topic=args.retry_topic,
             group_id=args.group,
-            handler=OutputHandler(producer, args.output, Path(args.control_dir), args.work_ms / 1000),
+            handler=OutputHandler(producer, args.output, Path(args.control_dir), args.work_ms / 1000, stop),
         )
         await consumer.run(stop)
     finally:

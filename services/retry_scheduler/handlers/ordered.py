@@ -43,7 +43,7 @@ from services.retry_scheduler.state import (
 )
 from shared.dead_letters import ATTEMPT
 from shared.engine import InputBatch
-from shared.ordered_retries import DEFERRED_ATTEMPT, HELD_BEHIND, LAST_TAKEN, header, lane_key
+from shared.ordered_retries import DEFERRED_ATTEMPT, HEAD_OFFSET, HEAD_PARTITION, HELD_BEHIND, LAST_TAKEN, header, lane_key
 from shared.settings import Settings
 from shared.topics import TopicNames
 
@@ -73,6 +73,11 @@ def deferred_entry(entry: Entry) -> Entry:
     real failure, attempt 1, is newer than it and not dropped as a copy."""
     headers = merge_headers(list(entry.headers), [(ATTEMPT, str(DEFERRED_ATTEMPT).encode())])
     return replace(entry, attempt=DEFERRED_ATTEMPT, headers=tuple(headers))
+
+
+def headed_by(entry: Entry, next_held: int = 0, end_held: int = 0) -> Lane:
+    """A lane row whose head is ``entry``, with where it was read on its origin topic."""
+    return Lane(entry.id, next_held, end_held, head_partition=entry.origin_partition, head_offset=entry.origin_offset)
 
 
 def held_behind(entry: Entry, head: str) -> Entry:
@@ -178,10 +183,10 @@ class OrderedLanes:
             return
         if current is None:
             if deferred and not letter.parked:  # nothing to wait for: it is the head, redelivered at once
-                self._write_lane(batch, lane, Lane(letter.id), last_taken=letter.id)
+                self._write_lane(batch, lane, headed_by(decode_entry(letter.stored)), last_taken=letter.id)
                 await self._deliver_now(batch, letter.id, letter.stored, letter.counted_as)
             elif await state.store_decided(batch, letter):
-                self._write_lane(batch, lane, Lane(letter.id), last_taken=letter.id)
+                self._write_lane(batch, lane, headed_by(decode_entry(letter.stored)), last_taken=letter.id)
             else:  # a copy of an attempt already stored
                 self._taken_in(batch, lane, None, letter.id)
             return
@@ -189,7 +194,7 @@ class OrderedLanes:
         if current.held >= self.max_held:
             reason = f"{current.held} records of its key already held behind {current.head} (ordered retries cap)"
             await state.park(batch, entry.parked(now_ms(), reason, entry.max_attempts))
-            self._publish(batch, lane, current.head, last_taken=letter.id)
+            self._publish(batch, lane, current, last_taken=letter.id)
             ORDERED.labels("parked-over-cap").inc()
             return
         hk = held_key(lane, current.end_held)
@@ -236,7 +241,7 @@ class OrderedLanes:
                 continue
             batch.write(state.index, hk, None)
             entry = decode_entry(raw)
-            self._write_lane(batch, lane, Lane(entry.id, sequence + 1, current.end_held), last_taken=None)
+            self._write_lane(batch, lane, headed_by(entry, sequence + 1, current.end_held), last_taken=None)
             if entry.parked_at is not None:  # its fate was the parking lot (out of attempts): a parked head
                 batch.write(state.index, id_key(entry.id), None)
                 await state.park(batch, entry.parked(now_ms(), entry.parked_reason or "", entry.max_attempts))
@@ -264,20 +269,24 @@ class OrderedLanes:
 
     def _write_lane(self, batch: InputBatch, lane: bytes, row: Lane, *, last_taken: str | None) -> None:
         batch.write(self.state.index, lane_row_key(lane), encode_lane(row))
-        self._publish(batch, lane, row.head, last_taken=last_taken)
+        self._publish(batch, lane, row, last_taken=last_taken)
 
     def _taken_in(self, batch: InputBatch, lane: bytes, current: Lane | None, dlq_id: str) -> None:
         """Tell the letter's writer it was taken in, though it changed nothing (the head's next
         attempt, or a copy): a writer keeps the key blocked until it has seen its last letter taken in."""
         if current is not None:
-            self._publish(batch, lane, current.head, last_taken=dlq_id)
+            self._publish(batch, lane, current, last_taken=dlq_id)
         else:
             batch.send(self.blocked_keys_topic, lane, None, headers=[(LAST_TAKEN, dlq_id.encode())])
 
-    def _publish(self, batch: InputBatch, lane: bytes, head: str, *, last_taken: str | None) -> None:
-        """The lane's head on the compacted blocked-keys topic (sent with this batch's commit)."""
+    def _publish(self, batch: InputBatch, lane: bytes, row: Lane, *, last_taken: str | None) -> None:
+        """The lane's head on the compacted blocked-keys topic (sent with this batch's commit),
+        with where the head was read: a consumer re-reading that partition skips the records up
+        to there, in hand already (``docs/dead-letter-protocol.md``, "Ordered retries")."""
         headers = [(LAST_TAKEN, last_taken.encode())] if last_taken is not None else []
-        batch.send(self.blocked_keys_topic, lane, head.encode(), headers=headers)
+        if row.head_partition is not None and row.head_offset is not None:
+            headers += [(HEAD_PARTITION, str(row.head_partition).encode()), (HEAD_OFFSET, str(row.head_offset).encode())]
+        batch.send(self.blocked_keys_topic, lane, row.head.encode(), headers=headers)
 
     # -- operators ----------------------------------------------------------------------------------
 
@@ -350,7 +359,7 @@ class OrderedLanes:
             await state.park(batch, entry.parked(now, PARKED_WITH_KEY, entry.max_attempts))
             parked += 1
         if stop < current.end_held:
-            batch.write(state.index, lane_row_key(lane), encode_lane(Lane(current.head, stop, current.end_held, parking=True)))
+            batch.write(state.index, lane_row_key(lane), encode_lane(replace(current, next_held=stop, parking=True)))
             follow = orjson.dumps(lane_command_body(lane, "park-key"))
             batch.send(batch.topic, lane, KIND_LANE + follow, partition=batch.partition)
             return {"status": "parked", "head": current.head, "parked": parked, "continuing": True}

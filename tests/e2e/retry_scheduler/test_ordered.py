@@ -4,11 +4,15 @@ retries, a parked head's replay and a skip, with the consumer SIGKILLed once whi
 blocked with records held behind their heads. Other keys go on meanwhile.
 
 Processing is at least once: a record may be processed again after the kill. What must hold,
-per key: every record but the skipped one is processed, and none before every earlier record
-of its key (but the skipped one) has been processed at least once."""
+per key: every record but the skipped one is processed, none before every earlier record
+of its key (but the skipped one) has been processed at least once, and a record processed again
+is followed by every later one of its key processed again (never an older value applied last).
+A record the consumer reads again that it processed before its key was blocked is not processed
+again at all (docs/dead-letter-protocol.md, "Ordered retries")."""
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -21,9 +25,10 @@ import orjson
 import pytest
 
 from shared import dead_letters as dl
+from shared.engine import partition_for
 from shared.ordered_retries import HELD_BEHIND
 from tests.integration.retry_scheduler.helpers import TOKEN, scheduler_env, start_scheduler
-from tests.support.kafka import Record, create_topics, produce, read_all
+from tests.support.kafka import Record, committed_offsets, create_topics, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
 from tools import web
 
@@ -75,6 +80,10 @@ class Fleet:
     @property
     def output(self) -> str:
         return f"{self.prefix}processed"
+
+    @property
+    def group(self) -> str:
+        return f"{self.prefix}users"
 
     def start_consumer(self) -> ServiceProcess:
         log = self.log_dir / f"ordered-consumer-{uuid.uuid4().hex[:4]}.log"
@@ -262,6 +271,9 @@ def test_a_keys_records_come_out_in_order_through_failures_a_replay_a_skip_and_a
 
     assert out_of_order(processed, skipped) == []
     assert skipped not in {(k, s) for k, s, _ in processed}
+    for key in KEYS:  # the records processed again after the SIGKILL too
+        calls = [seq for k, seq, _ in processed if k == key]
+        assert calls_out_of_order(calls, sorted(expected[key])) == [], key
     assert (stats["scheduled"], stats["parked"]) == (0, 0)
     assert all(fleet.lane(key) is None for key in KEYS)
     # The retried heads succeeded on their third and second attempts (an earlier one fails
@@ -283,3 +295,99 @@ def test_a_keys_records_come_out_in_order_through_failures_a_replay_a_skip_and_a
 
 def retried_body() -> dict[str, Any]:
     return {"key": RETRIED, "seq": RETRIED_SEQ, "fails": FAILS[RETRIED, RETRIED_SEQ]}
+
+
+#: The key of the SIGKILL between processing and commit: its records 0 to CRASH_SEQ - 1 are
+#: processed, CRASH_SEQ fails once (the key's head), the rest are held behind it.
+CRASHED, CRASH_SEQ, CRASHED_RECORDS = "crashed", 5, 8
+#: The control file that lets the handler of the last record fetched return.
+RELEASE = "release-last"
+#: The origin topic's partitions (the fixture's topics have create_topics' default).
+ORIGIN_PARTITIONS = 8
+
+
+def calls_out_of_order(calls: list[int], records: list[int]) -> list[str]:
+    """What keeps a key's handler calls (seqs, in the order processed) from being in order, first
+    processing and repeats alike, where ``records`` are the key's records to process, in their
+    order: each call is the key's first record, the one after the call before it, or one
+    processed already (a repeat goes back, and on in order from there); the last call is the
+    key's last record. So no record is processed behind a later one unless that later one is
+    processed again after it: 0 1 2 0 1 2 is in order, 0 1 2 3 1 2 4 is not."""
+    place = {seq: i for i, seq in enumerate(records)}
+    wrong: list[str] = []
+    previous: int | None = None  # the call before, of the records to process
+    for i, seq in enumerate(calls):
+        if seq not in place:
+            wrong.append(f"#{seq} is not to be processed")
+            continue
+        before = -1 if previous is None else place[previous]
+        if place[seq] > before + 1 or (place[seq] <= before and seq not in calls[:i]):
+            wrong.append(f"#{seq} after #{previous}")
+        previous = seq
+    if calls and calls[-1] != records[-1]:
+        wrong.append(f"the last call is #{calls[-1]}, not #{records[-1]}")
+    return wrong
+
+
+def test_calls_out_of_order_finds_an_older_record_processed_behind_a_newer_one() -> None:
+    assert calls_out_of_order([0, 1, 2, 3], [0, 1, 2, 3]) == []
+    assert calls_out_of_order([0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 3]) == []  # read again from an earlier offset
+    assert calls_out_of_order([0, 1, 2, 3, 1, 2, 4], [0, 1, 2, 3, 4]) == ["#4 after #2"]  # what issue 46 saw
+    assert calls_out_of_order([0, 2, 1], [0, 1, 2]) == ["#2 after #0", "#1 after #2", "the last call is #1, not #2"]
+    assert calls_out_of_order([0, 2, 3], [0, 2, 3]) == []  # 1 skipped by an operator
+    assert calls_out_of_order([0, 1, 2], [0, 2]) == ["#1 is not to be processed"]
+
+
+def test_records_processed_before_their_key_was_blocked_are_not_processed_again_behind_later_ones_after_a_sigkill(
+    fleet: Fleet,
+) -> None:
+    """The consumer processes CRASHED's first records, fails on CRASH_SEQ (the scheduler makes it
+    the key's head) and defers the rest, and is SIGKILLed before it commits any of them; its
+    successor reads them all again. Those processed before the key was blocked, and the head,
+    are in hand: skipped, never handed to the handler behind the records after them. A key that
+    is not blocked, read again, is processed again in its order."""
+    same_partition = (f"steady-{i}" for i in itertools.count())
+    steady = next(k for k in same_partition if partition_for(k, ORIGIN_PARTITIONS) == partition_for(CRASHED, ORIGIN_PARTITIONS))
+
+    def record(key: str, seq: int, **extra: str) -> tuple[bytes, bytes]:
+        return key.encode(), orjson.dumps({"key": key, "seq": seq, **extra})
+
+    crashed = [record(CRASHED, seq, **({"fails": "first:1"} if seq == CRASH_SEQ else {})) for seq in range(CRASHED_RECORDS)]
+    # One partition, produced before the consumer starts: fetched together, and the last one's
+    # handler waits for RELEASE, so none of them is committed until then.
+    produce(
+        fleet.origin,
+        [crashed[0], record(steady, 0), *crashed[1:3], record(steady, 1), *crashed[3:], record(steady, 2, waits=RELEASE)],
+    )
+    [partition] = {r.partition for r in read_all(fleet.origin)}
+    consumer = fleet.start_consumer()
+    try:
+        wait_for(
+            lambda: (lane := fleet.lane(CRASHED)) is not None and lane["held"] == CRASHED_RECORDS - CRASH_SEQ - 1,
+            timeout=45,
+            message=f"{CRASHED}#{CRASH_SEQ} failed, its key's head, with the records after it held behind it",
+        )
+        processed = fleet.processed()
+        assert seqs_of(processed, CRASHED) == set(range(CRASH_SEQ)) and seqs_of(processed, steady) == {0, 1}
+        assert committed_offsets(fleet.group, fleet.origin, ORIGIN_PARTITIONS)[partition] is None  # processed, not committed
+        consumer.kill()
+        (fleet.log_dir / "control" / RELEASE).touch()
+        consumer = fleet.start_consumer()
+        wait_for(
+            lambda: seqs_of(fleet.processed(), CRASHED) == set(range(CRASHED_RECORDS)) and fleet.lane(CRASHED) is None,
+            timeout=60,
+            message=f"every record of {CRASHED} processed and the key free",
+        )
+        wait_for(lambda: 2 in seqs_of(fleet.processed(), steady), timeout=30, message=f"{steady}'s last record processed")
+    finally:
+        consumer.kill()
+
+    processed = fleet.processed()
+    calls = {key: [seq for k, seq, _ in processed if k == key] for key in (CRASHED, steady)}
+    assert calls_out_of_order(calls[CRASHED], list(range(CRASHED_RECORDS))) == []
+    assert calls_out_of_order(calls[steady], [0, 1, 2]) == []
+    # The records of the blocked key read again were skipped, the head's included (it was
+    # redelivered, and processed on its second attempt); the free key's were processed again.
+    assert calls[CRASHED] == list(range(CRASHED_RECORDS))
+    assert [a for k, s, a in processed if (k, s) == (CRASHED, CRASH_SEQ)] == [1]
+    assert calls[steady] == [0, 1, 0, 1, 2]

@@ -19,12 +19,12 @@ from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_DECIDED, K
 from services.retry_scheduler.routes.ordered import blocked_cursor, blocked_key_json, blocked_sort, decode_blocked_cursor
 from services.retry_scheduler.routes.pages import merge_pages
 from services.retry_scheduler.scans import scan_lanes
-from services.retry_scheduler.state import decode_lane, lane_row_key
+from services.retry_scheduler.state import Lane, decode_lane, lane_row_key
 from shared import dead_letters as dl
 from shared.engine import Record, partition_for
 from shared.engine.testing import TopologyDriver
 from shared.http.pagination import InvalidCursor, encode_cursor
-from shared.ordered_retries import HELD_BEHIND, LAST_TAKEN, header, lane_key
+from shared.ordered_retries import HELD_BEHIND, LAST_TAKEN, head_position, header, lane_key
 from shared.settings import Settings
 from tests.support.dead_letters import letter_headers
 
@@ -64,23 +64,30 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def headers_of(dlq_id: str, *, attempt: int, failed_at: int, origin: str = ORDERED_TOPIC) -> list[tuple[str, bytes]]:
-    return letter_headers(dlq_id, RETRY_TOPIC, attempt=attempt, failed_at=failed_at, origin=origin)
+def headers_of(
+    dlq_id: str, *, attempt: int, failed_at: int, origin: str = ORDERED_TOPIC, offset: int | None = None
+) -> list[tuple[str, bytes]]:
+    """A letter's headers; ``offset``: its record's offset on its origin topic (partition 0)."""
+    headers = letter_headers(dlq_id, RETRY_TOPIC, attempt=attempt, failed_at=failed_at, origin=origin)
+    if offset is None:
+        return headers
+    return [(k, v) for k, v in headers if k != dl.ORIGINAL_OFFSET] + [(dl.ORIGINAL_OFFSET, str(offset).encode())]
 
 
-def fail(s: Scheduler, dlq_id: str, *, attempt: int = 1, due_now: bool = False, key: bytes = KEY) -> None:
+def fail(
+    s: Scheduler, dlq_id: str, *, attempt: int = 1, due_now: bool = False, key: bytes = KEY, offset: int | None = None
+) -> None:
     """A consumer's failure of a record: a dead letter (due at once with ``due_now``)."""
     service, driver = s
     failed_at = now_ms() - (2 * HOUR_MS if due_now else 0)
-    driver.pipe(
-        service.topics.dead_letters, key, dlq_id.encode(), headers=headers_of(dlq_id, attempt=attempt, failed_at=failed_at)
-    )
+    headers = headers_of(dlq_id, attempt=attempt, failed_at=failed_at, offset=offset)
+    driver.pipe(service.topics.dead_letters, key, dlq_id.encode(), headers=headers)
 
 
-def defer(s: Scheduler, dlq_id: str, behind: str, *, key: bytes = KEY) -> None:
+def defer(s: Scheduler, dlq_id: str, behind: str, *, key: bytes = KEY, offset: int | None = None) -> None:
     """A record its consumer did not process because the key was blocked."""
     service, driver = s
-    headers = [*headers_of(dlq_id, attempt=0, failed_at=now_ms()), (HELD_BEHIND, behind.encode())]
+    headers = [*headers_of(dlq_id, attempt=0, failed_at=now_ms(), offset=offset), (HELD_BEHIND, behind.encode())]
     driver.pipe(service.topics.dead_letters, key, dlq_id.encode(), headers=headers)
 
 
@@ -114,6 +121,14 @@ def blocked_keys(s: Scheduler) -> list[tuple[bytes | None, str | None, str | Non
         last = header(r.headers, LAST_TAKEN)
         out.append((r.key, r.value.decode() if r.value is not None else None, last.decode() if last else None))
     return out
+
+
+def head_positions(s: Scheduler) -> list[tuple[str | None, tuple[int, int] | None]]:
+    """(head, where it was read on its origin topic) of every blocked-keys record so far."""
+    return [
+        (r.value.decode() if r.value is not None else None, head_position(r.headers))
+        for r in s[1].outputs(s[0].topics.retry_blocked_keys)
+    ]
 
 
 def parked_reason(s: Scheduler, dlq_id: str) -> str | None:
@@ -173,6 +188,23 @@ def test_held_records_are_released_one_at_a_time_in_order_on_acknowledgement(sch
     assert blocked_keys(scheduler)[-3:] == [(LANE, "d2", None), (LANE, "d3", None), (LANE, None, None)]
     tick(scheduler)
     assert redelivered(scheduler) == ["d1", "d2", "d3"]
+
+
+def test_every_blocked_keys_record_says_where_its_head_was_read_on_its_origin_topic(scheduler: Scheduler) -> None:
+    driver = scheduler[1]
+    fail(scheduler, "d1", due_now=True, offset=9)
+    defer(scheduler, "d2", behind="d1", offset=10)
+    defer(scheduler, "d2", behind="d1", offset=10)  # a copy: taken in again, the head unchanged
+    assert head_positions(scheduler) == [("d1", (0, 9))] * 3
+    tick(scheduler)
+    ack(scheduler, "d1")  # d2 released: the head, and its place, move on
+    assert head_positions(scheduler)[-1] == ("d2", (0, 10))
+    ack(scheduler, "d2")
+    assert head_positions(scheduler)[-1] == (None, None)  # free: nothing in hand any more
+    fail(scheduler, "d3", offset=20)  # blocked again: the new head's place, kept in its lane row
+    assert head_positions(scheduler)[-1] == ("d3", (0, 20))
+    raw = driver.table("index").get(lane_row_key(LANE), partition=partition_for(LANE, PARTITIONS))
+    assert raw is not None and decode_lane(raw) == Lane("d3", head_partition=0, head_offset=20)
 
 
 def test_a_released_record_that_fails_is_the_head_and_waits_its_backoff(scheduler: Scheduler) -> None:

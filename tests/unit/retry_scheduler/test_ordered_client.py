@@ -1,6 +1,7 @@
 """The client of ordered retries (shared.retry_client) against the scheduler's handlers on the
 in-memory topology driver: a consumer whose handler fails on one record of a key processes that
-key's records in their order all the same, each after the one before it succeeded."""
+key's records in their order all the same, each after the one before it succeeded; and so does
+a consumer that restarts before it committed, reading the key's records again."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from pathlib import Path
 import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
-from shared.engine import Record
+from services.retry_scheduler.state import decode_lane, lane_row_key
+from shared.engine import Record, partition_for
 from shared.engine.testing import TopologyDriver
+from shared.ordered_retries import lane_key
 from shared.retry_client import ConsumedRecord, OrderedRecords, Outgoing
 from shared.settings import Settings
 
 PARTITIONS = 4
 TOPIC, RETRY_TOPIC = "orders", "retry-orders"
+LANE = lane_key(TOPIC, b"k")
 ROUNDS = 20
 
 
@@ -85,3 +89,34 @@ def test_a_keys_records_are_processed_in_order_through_a_failure(scheduler: tupl
             break
     assert consumer.processed == [b"k-1", b"j-1", b"k-2", b"k-3", b"k-4"]
     assert driver.outputs(service.topics.retry_blocked_keys)[-1].value is None  # the key is free again, here too
+
+
+def test_a_consumer_restarted_before_its_commit_hands_no_record_to_the_handler_behind_a_later_one(
+    scheduler: tuple[RetrySchedulerService, TopologyDriver],
+) -> None:
+    service, driver = scheduler
+    inputs = [(b"k", b"k-1"), (b"k", b"k-2"), (b"j", b"j-1"), (b"k", b"k-3"), (b"k", b"k-4"), (b"j", b"j-2")]
+    first = Consumer(service, driver, failing={b"k-3": 1})
+    for offset, (key, value) in enumerate(inputs):
+        first.consume(Record(TOPIC, 0, offset, key, value, [], 0))
+    driver.process()  # the scheduler takes k-3's letter in (the key's head) and k-4's (held)
+    assert first.processed == [b"k-1", b"k-2", b"j-1", b"j-2"]
+    # Killed before it committed anything: its successor starts from the blocked keys (read to
+    # their end) and reads every record again; the handler's calls go on in the same list.
+    second = Consumer(service, driver, failing=first.failing)
+    second.processed = first.processed
+    for r in second.new(service.topics.retry_blocked_keys):
+        second.records.blocked_keys_record(r.key, r.value, r.headers)
+    for offset, (key, value) in enumerate(inputs):
+        second.consume(Record(TOPIC, 0, offset, key, value, [], 0))
+    driver.process()
+    lane = decode_lane(driver.table("index").get(lane_row_key(LANE), partition=partition_for(LANE, PARTITIONS)) or b"")
+    assert lane.held == 1  # k-4 only: k-1 and k-2 are not held (nor would a park-key park them)
+    for _ in range(ROUNDS):
+        second.follow()
+        if not second.records.blocked.is_blocked(LANE):
+            break
+    calls = second.processed
+    assert [v for v in calls if v and v.startswith(b"k")] == [b"k-1", b"k-2", b"k-3", b"k-4"]  # none behind a later one
+    assert [v for v in calls if v and v.startswith(b"j")] == [b"j-1", b"j-2", b"j-1", b"j-2"]  # free: read again in order
+    assert driver.outputs(service.topics.retry_blocked_keys)[-1].value is None

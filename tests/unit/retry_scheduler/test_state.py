@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -42,10 +43,13 @@ from services.retry_scheduler.state import (
     BadKey,
     Counts,
     Done,
+    Lane,
     decode_index,
+    decode_lane,
     due_key,
     due_prefix,
     encode_done,
+    encode_lane,
     history_key,
     id_key,
     id_of,
@@ -322,6 +326,33 @@ def test_entries_stored_before_history_existed_still_decode() -> None:
     old = orjson.loads(encode_entry(e))
     assert "hi" not in old  # an entry without history is stored as before
     assert decode_entry(orjson.dumps(old)).history == ()
+
+
+@given(
+    st.integers(min_value=0, max_value=2**64 - 1),
+    st.integers(min_value=0, max_value=2**64 - 1),
+    st.booleans(),
+    st.one_of(
+        st.none(),
+        st.tuples(st.integers(min_value=-(2**63), max_value=2**63 - 1), st.integers(min_value=-(2**63), max_value=2**63 - 1)),
+    ),
+    ids,
+)
+def test_lane_rows_round_trip_with_their_heads_position_or_without(
+    next_held: int, end_held: int, parking: bool, position: tuple[int, int] | None, head: str
+) -> None:
+    partition, offset = position if position is not None else (None, None)
+    lane = Lane(head, next_held, end_held, parking, head_partition=partition, head_offset=offset)
+    assert decode_lane(encode_lane(lane)) == lane
+
+
+def test_lane_rows_written_before_the_heads_position_was_kept_still_decode() -> None:
+    # As they were written: next and end held (8 bytes each), the parking bool, the head's id.
+    old = struct.pack(">QQ?", 3, 5, True) + b"d1"
+    assert decode_lane(old) == Lane("d1", 3, 5, parking=True)
+    assert decode_lane(struct.pack(">QQ?", 0, 0, False) + b"d2") == Lane("d2")
+    with pytest.raises(ValueError):
+        decode_lane(struct.pack(">QQB", 0, 0, 2) + b"short")  # says a position follows, has none
 
 
 def test_history_round_trips_with_the_entry_and_keeps_the_latest() -> None:

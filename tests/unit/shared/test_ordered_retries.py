@@ -8,16 +8,19 @@ from dataclasses import dataclass, field
 
 from shared import dead_letters as dl
 from shared.ordered_retries import (
+    HEAD_OFFSET,
+    HEAD_PARTITION,
     HELD_BEHIND,
     LAST_TAKEN,
     BlockedKeys,
+    head_position,
     header,
     is_ordered,
     lane_key,
     ordered_topics,
     split_lane_key,
 )
-from shared.retry_client import OrderedRecords
+from shared.retry_client import ConsumedRecord, OrderedRecords
 from shared.topics import TopicNames
 
 TOPIC, RETRY = "orders", "retry-orders"
@@ -100,3 +103,65 @@ def test_a_record_is_committed_only_once_the_scheduler_took_its_letter_in() -> N
     records.blocked_keys_record(LANE, first, [(LAST_TAKEN, last)])
     assert records.commit_offset(TOPIC, 0, 20) == 12  # the other key's letter is still on its way
     assert records.commit_offset(TOPIC, 1, 20) == 20
+
+
+def head_at(head: str, partition: int, offset: int, last: str | None = None) -> list[tuple[str, bytes]]:
+    """The headers of a blocked-keys record whose head was read at ``offset`` of ``partition``."""
+    return [(LAST_TAKEN, (last or head).encode()), (HEAD_PARTITION, str(partition).encode()), (HEAD_OFFSET, str(offset).encode())]
+
+
+class Handler:
+    """A user's handler that records the values it was handed."""
+
+    def __init__(self) -> None:
+        self.calls: list[bytes | None] = []
+
+    async def __call__(self, record: ConsumedRecord) -> None:
+        self.calls.append(record.value)
+
+
+def test_a_head_is_read_with_where_it_was_read_and_only_then_puts_records_in_hand() -> None:
+    assert head_position(head_at("d9", 2, 9)) == (2, 9)
+    assert head_position([(LAST_TAKEN, b"d9")]) is None  # a scheduler that does not say it
+    assert head_position([(HEAD_PARTITION, b"2"), (HEAD_OFFSET, b"nine")]) is None
+    blocked = BlockedKeys()
+    blocked.apply(LANE, "d9", "d9", (2, 9))
+    assert blocked.in_hand(LANE, 2, 7) and blocked.in_hand(LANE, 2, 9)  # before the head, and the head itself
+    assert not blocked.in_hand(LANE, 2, 10)  # after it: deferred, as before
+    assert not blocked.in_hand(LANE, 1, 7)  # another partition tells nothing
+    assert not blocked.in_hand(lane_key(TOPIC, b"other"), 2, 7)
+    blocked.apply(LANE, "d10", None, (2, 10))  # the next record released: the head moves on
+    assert blocked.in_hand(LANE, 2, 10)
+    blocked.apply(LANE, "d10", "d10", None)  # a record without the head's place: nothing in hand
+    assert not blocked.in_hand(LANE, 2, 7) and blocked.is_blocked(LANE)
+    blocked.apply(LANE, "d10", None, (2, 10))
+    blocked.apply(LANE, None, None)  # free: records read again are processed again, in their order
+    assert not blocked.in_hand(LANE, 2, 7)
+
+
+async def test_a_record_read_again_at_or_before_its_keys_head_is_skipped_not_deferred_behind_it() -> None:
+    # A consumer processed k@7 and k@8, failed on k@9 and deferred k@10, and was killed before
+    # it committed: its successor reads the blocked keys, then k@7 onwards again.
+    records = OrderedRecords(TopicNames(), TOPIC, RETRY)
+    records.blocked_keys_record(LANE, b"d9", head_at("d9", 0, 9, last="d10"))
+    handler = Handler()
+    for offset in (7, 8, 9):  # processed before the key was blocked, and the head itself
+        assert await records.handle(Rec(TOPIC, offset, value=f"k-{offset}".encode()), handler) is None
+    assert handler.calls == [] and records.commit_offset(TOPIC, 0, 10) == 10  # skipped, and committed
+    deferred = await records.handle(Rec(TOPIC, 10), handler)  # after the head: waits behind it, as before
+    assert deferred is not None and header(deferred.headers, HELD_BEHIND) == b"d9" and handler.calls == []
+    assert await records.handle(Rec(TOPIC, 8, key=b"other", value=b"other-8"), handler) is None
+    assert handler.calls == [b"other-8"]  # another key read again: processed again, in its order
+    redelivery = Rec(RETRY, 3, value=b"k-9", headers=[(dl.ID, b"d9"), (dl.ORIGINAL_TOPIC, TOPIC.encode()), (dl.ATTEMPT, b"1")])
+    ack = await records.handle(redelivery, handler)  # a redelivery is never in hand: it is the head
+    assert handler.calls == [b"other-8", b"k-9"] and ack is not None and ack.value == b"d9"
+
+
+async def test_without_the_heads_place_a_record_read_again_is_deferred_as_before() -> None:
+    records = OrderedRecords(TopicNames(), TOPIC, RETRY)
+    records.blocked_keys_record(LANE, b"d9", [(LAST_TAKEN, b"d9")])
+    handler = Handler()
+    deferred = await records.handle(Rec(TOPIC, 7), handler)
+    assert deferred is not None and header(deferred.headers, HELD_BEHIND) == b"d9" and handler.calls == []
+    records.blocked_keys_record(LANE, b"d9", head_at("d9", 1, 9))  # the head was read on another partition
+    assert await records.handle(Rec(TOPIC, 7), handler) is not None and handler.calls == []
