@@ -88,6 +88,9 @@ def test_a_named_domain_and_projection_reach_their_services_and_the_topic_job(re
     assert job_env["STATEFLEET_VALIDATOR_DOMAIN"]["value"] == domain
     assert job_env["STATEFLEET_TALLIES_PROJECTION"]["value"] == projection
     assert json.loads(job_env["STATEFLEET_TOPIC_DEFAULT_CONFIGS"]["value"]) == {"min.insync.replicas": "2"}
+    # The Spark jobs that read the accounts topics are off in that release.
+    assert not m.has("Deployment", f"{NAME}-activation-join")
+    assert [c["metadata"]["name"] for c in m.all("CronJob")] == [f"{NAME}-replay-dead-letters"]
     # The accounts release's Job gets none of them: its list stands as rendered.
     assert (
         not (named | {"STATEFLEET_TOPIC_DEFAULT_CONFIGS"})
