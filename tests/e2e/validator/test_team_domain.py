@@ -8,7 +8,6 @@ module and what is missing."""
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -21,6 +20,8 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.support.guide import guide_files as read_guide_files
+from tests.support.guide import write_files
 from tests.support.kafka import read_all
 from tests.support.services import REPO, ServiceProcess
 from tools import web
@@ -28,13 +29,11 @@ from tools import web
 pytestmark = pytest.mark.e2e
 
 GUIDE = REPO / "docs" / "your-domain.md"
-#: A code block of the guide that is a file: ``<!-- file: PATH -->`` on the line before it.
-FILE_BLOCK = re.compile(r"^<!-- file: (\S+) -->\n```\w*\n(.*?)^```$", re.S | re.M)
 
 
 def guide_files() -> dict[str, str]:
     """The files the guide's code blocks are, by path."""
-    files = dict(FILE_BLOCK.findall(GUIDE.read_text()))
+    files = read_guide_files(GUIDE)
     assert {"tickets/domain.py", "Containerfile"} <= files.keys(), f"the guide's files are {sorted(files)}"
     return files
 
@@ -43,10 +42,7 @@ def derived_image(tmp: Path, files: dict[str, str]) -> tuple[Path, dict[str, str
     """The guide's derived image without a build: ``files`` as its build context, the
     Containerfile's COPY lines applied under ``tmp/root`` (the image's ``/``), and the
     environment its ENV lines set, with the image's paths in PYTHONPATH under that root."""
-    context, root = tmp / "context", tmp / "root"
-    for name, text in files.items():
-        (context / name).parent.mkdir(parents=True, exist_ok=True)
-        (context / name).write_text(text)
+    context, root = write_files(files, tmp / "context"), tmp / "root"
     env: dict[str, str] = {}
     for line in files["Containerfile"].replace("\\\n", " ").splitlines():
         instruction, _, rest = line.strip().partition(" ")
