@@ -575,6 +575,11 @@ ENVELOPE_FIELDS = ("command_id", "expected_version", "data", "issued_at")
 _CALLABLES = ("decide", "evolve", "state_to_json", "state_from_json")
 
 
+def _names(value: Any) -> bool:
+    """Whether ``value`` is a collection of non-empty strings (a tuple, list, set or frozenset)."""
+    return isinstance(value, (tuple, list, set, frozenset)) and all(isinstance(v, str) and v for v in value)
+
+
 def check_domain(domain: Any, where: str) -> Domain[Any]:
     """``domain`` when it is a complete :class:`Domain`, else :class:`DomainError` saying what is missing."""
     if not isinstance(domain, Domain):
@@ -586,26 +591,31 @@ def check_domain(domain: Any, where: str) -> Domain[Any]:
     for name in ("check_command", "guard"):
         if getattr(domain, name) is not None and not callable(getattr(domain, name)):
             missing.append(f"{name} (a function or None)")
+    for name in ("name", "noun", "aggregate_id_field", "message_id_field"):
+        if not isinstance(getattr(domain, name), str) or not getattr(domain, name):
+            missing.append(f"{name} (a non-empty string)")
+    if not _names(domain.command_fields):
+        missing.append("command_fields (a tuple of field names)")
     model = domain.command_model
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         missing.append("command_model (a pydantic model)")
-    else:
+    elif isinstance(domain.aggregate_id_field, str) and _names(domain.command_fields):
         needed = ("type", domain.aggregate_id_field, *ENVELOPE_FIELDS, *domain.command_fields)
         absent = [name for name in needed if name not in model.model_fields]
         if absent:
             missing.append(f"command_model fields {', '.join(absent)}")
-    if not domain.command_types:
+    if not domain.command_types or not _names(domain.command_types):
         missing.append("command_types (at least one)")
-    if not domain.creates or not domain.creates <= frozenset(domain.command_types):
+    elif not domain.creates or not _names(domain.creates) or not set(domain.creates) <= set(domain.command_types):
         missing.append("creates (one or more of command_types)")
-    if not domain.event_types:
+    if not domain.event_types or not _names(domain.event_types):
         missing.append("event_types (at least one)")
+    if not _names(domain.reasons):
+        missing.append("reasons (a tuple of rejection reasons)")
     for name in ("commands", "events", "rejections", "command_batches"):
-        if not getattr(domain.topics, name, None):
+        topic = getattr(domain.topics, name, None)
+        if not isinstance(topic, str) or not topic:
             missing.append(f"topics.{name}")
-    for name in ("aggregate_id_field", "message_id_field", "noun", "name"):
-        if not getattr(domain, name):
-            missing.append(name)
     if missing:
         raise DomainError(f"{where} lacks part of the domain API: {'; '.join(missing)}")
     return domain

@@ -73,6 +73,10 @@ from shared.topics import TopicNames, topic_names
 
 log = logging.getLogger(__name__)
 
+#: The service's tables, each with its changelog ``<app id>-<table>-changelog`` (compacted):
+#: the chart's topic Job creates them for any projection (tools/helm_topics.py).
+MEMBERSHIPS, LAST_LOGINS, PUBLISHED_TALLIES = TABLES = ("memberships", "last-logins", "published-tallies")
+
 
 def parse_input(
     topic: str, value: bytes | None, headers: Any, topics: TopicNames, projection: Projection = PROJECTION
@@ -128,12 +132,12 @@ class TalliesService:
         self.retry_topic_name = topics.service_retry(name)
         self.evolve = projection.evolve
 
-        self.memberships_store = engine.table("memberships")
-        self.logins_store = engine.table("last-logins")
+        self.memberships_store = engine.table(MEMBERSHIPS)
+        self.logins_store = engine.table(LAST_LOGINS)
         #: Per program, the tally last staged for ``program-tallies`` (its JSON).
         # Added after deployments ran the by-program handler; a row lost with a cut-short batch
         # only republishes that tally (see rebuild_counts).
-        self.published_store = engine.table("published-tallies", added_later=True)
+        self.published_store = engine.table(PUBLISHED_TALLIES, added_later=True)
         # Every read of a status's contribution goes through the counts' cache of it.
         self.counts = ProgramCounts(contribution=cached(projection.contribution))
         #: Per owned by-program partition, the programs whose tally may differ from the one published.

@@ -30,6 +30,7 @@ def main() -> None:
     settings = get_settings()
     try:
         service, _ = build(settings)
-    except ProjectionError as exc:  # names the module and what is missing
-        raise SystemExit(f"error: {exc}") from None
+    except ProjectionError as exc:
+        # Stops the worker at start, naming the module and what is missing (no traceback to read through).
+        raise SystemExit(f"statefleet tallies: STATEFLEET_TALLIES_PROJECTION: {exc}") from None
     run(service, service.name, settings)

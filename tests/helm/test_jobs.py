@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 from typing import Any
 
 import kubernetes_validate
 import yaml
 
-from tests.helm.chart import KUBE_VERSION, NAMESPACE, RELEASE, Manifest
+from tests.helm.chart import KUBE_VERSION, NAMESPACE, RELEASE, REPO, Manifest
 from tools.helm_topics import parse_specs
 
 NAME = f"{RELEASE}-statefleet"
@@ -67,6 +70,70 @@ def test_topic_job_creates_every_topic_with_the_right_configs(render):
     ]
     for name in changelogs:
         assert specs[name].config["cleanup.policy"] == "compact"
+
+
+def test_a_named_domain_and_projection_reach_their_services_and_the_topic_job(render):
+    """helm/statefleet/ci/orders-values.yaml: the orders example (`make up DOMAIN=orders`)."""
+    m = render("orders")
+    domain, projection = "examples.orders.domain:ORDERS", "examples.orders.projection:PROJECTION"
+    named = {"STATEFLEET_VALIDATOR_DOMAIN", "STATEFLEET_TALLIES_PROJECTION"}
+    for service, expected in (
+        ("validator", {"STATEFLEET_VALIDATOR_DOMAIN": domain}),
+        ("tallies", {"STATEFLEET_TALLIES_PROJECTION": projection}),
+        ("retry-scheduler", {}),
+    ):
+        e = env(m.get("StatefulSet", f"{NAME}-{service}")["spec"]["template"]["spec"]["containers"][0])
+        assert {name: e[name]["value"] for name in named & e.keys()} == expected, service
+    job_env = env(topic_job(m)["spec"]["template"]["spec"]["containers"][0])
+    assert job_env["STATEFLEET_VALIDATOR_DOMAIN"]["value"] == domain
+    assert job_env["STATEFLEET_TALLIES_PROJECTION"]["value"] == projection
+    assert json.loads(job_env["STATEFLEET_TOPIC_DEFAULT_CONFIGS"]["value"]) == {"min.insync.replicas": "2"}
+    # The Spark jobs that read the accounts topics are off in that release.
+    assert not m.has("Deployment", f"{NAME}-activation-join")
+    assert [c["metadata"]["name"] for c in m.all("CronJob")] == [f"{NAME}-replay-dead-letters"]
+    # The accounts release's Job gets none of them: its list stands as rendered.
+    assert (
+        not (named | {"STATEFLEET_TOPIC_DEFAULT_CONFIGS"})
+        & env(topic_job(render())["spec"]["template"]["spec"]["containers"][0]).keys()
+    )
+
+
+def test_the_topic_job_of_a_named_domain_creates_its_topics(render):
+    """What the Job's tool, run with the rendered Job's environment, would create."""
+    job_env = env(topic_job(render("orders"))["spec"]["template"]["spec"]["containers"][0])
+    literal = {name: e["value"] for name, e in job_env.items() if "value" in e and name != "HOME"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.helm_topics", "--print"],
+        cwd=REPO,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO), **literal},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    specs = {s.name: s for s in parse_specs(proc.stdout)}
+    assert sorted(specs) == sorted(
+        f"shop.{name}"
+        for name in (
+            "order-commands",
+            "order-command-batches",
+            "order-events",
+            "order-rejections",
+            "order-tallies",
+            "retry-tallies-orders",
+            "statefleet-tallies-orders-memberships-changelog",
+            "statefleet-tallies-orders-last-logins-changelog",
+            "statefleet-tallies-orders-published-tallies-changelog",
+            "dead-letters",
+            "retry",
+            "parking-lot",
+            "activations",
+            "retry-validator",
+        )
+    )
+    assert all(s.partitions == 8 and s.config["min.insync.replicas"] == "2" for s in specs.values())
+    compacted = {name for name, s in specs.items() if s.config.get("cleanup.policy") == "compact"}
+    assert compacted == {"shop.order-tallies", *(n for n in specs if n.endswith("-changelog"))}
 
 
 def test_topic_job_uses_the_kafka_credentials_too(render):

@@ -56,6 +56,18 @@ def reject(sets: list[str]) -> str:
         (["spark.batch.jobs.backfillTallies.schedule=daily"], "at '/spark/batch/jobs/backfillTallies/schedule'"),
         (["image.digest=latest"], "at '/image/digest': 'latest' does not match pattern"),
         (["logLevel=LOUD"], "at '/logLevel': value must be one of"),
+        (
+            ["services.validator.domain=examples/orders/domain.py"],
+            "at '/services/validator/domain': 'examples/orders/domain.py' does not match",
+        ),
+        (
+            ["services.tallies.projection=examples.orders.projection"],
+            "at '/services/tallies/projection': 'examples.orders.projection' does not",
+        ),
+        (
+            ["services.tallies.domain=examples.orders.domain:ORDERS"],
+            "at '/services/tallies': additional properties 'domain' not allowed",
+        ),
     ],
 )
 def test_schema_rejects_bad_values_with_the_path_and_reason(sets, expected):
@@ -164,3 +176,11 @@ def test_notes_tell_the_operator_how_to_query(tmp_path: Path):
     assert re.search(r"TOKEN=\$\(kubectl -n streaming get secret sf-statefleet-admin .*base64 -d\)", text)
     assert "create job --from=cronjob/sf-statefleet-backfill-tallies" in text
     assert 'topic prefix "prod."' in text
+    domain = [
+        "services.validator.domain=examples.orders.domain:ORDERS",
+        "services.tallies.projection=examples.orders.projection:PROJECTION",
+    ]
+    out = run_helm(chart, [], domain, [])
+    text = next(d for d in yaml.safe_load_all(out) if d and d["metadata"]["name"] == "notes")["data"]["notes"]
+    assert "curl -s localhost:8002/tallies/<key>" in text and "localhost:8001/aggregates/<aggregate_id>" in text
+    assert "CreateAccount" not in text

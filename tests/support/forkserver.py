@@ -168,6 +168,10 @@ def become(request: Request, log_fd: int) -> None:
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
+    # As `python -m` would: the requested PYTHONPATH's folders come first on the import path
+    # (a team's package outside the repository, tests/e2e/test_team_module.py).
+    extra = [entry for entry in request.env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry not in sys.path]
+    sys.path[:0] = extra
     if request.env.get("PYTHONUNBUFFERED"):
         sys.stdout.reconfigure(write_through=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(write_through=True)  # type: ignore[union-attr]

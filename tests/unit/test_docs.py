@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from shared.settings import Settings
+from tests.support.guide import guide_files, write_files
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -63,3 +67,23 @@ def test_the_configuration_table_lists_exactly_the_settings() -> None:
     table = readme_config_variables()
     assert sorted(settings - table) == [], "settings missing from the README's configuration table"
     assert sorted(table - settings) == [], "the README's configuration table names variables Settings does not read"
+
+
+def test_the_domain_guides_code_passes_its_own_tests(tmp_path: Path) -> None:
+    """docs/your-domain.md: the tickets domain, written from scratch there, and its tests, run as
+    a team runs them: the module and the tests in a folder of their own, outside the repository."""
+    files = guide_files(REPO / "docs" / "your-domain.md")
+    assert {"tickets/domain.py", "test_tickets.py"} <= files.keys(), sorted(files)
+    team = write_files({name: text for name, text in files.items() if name.endswith(".py")}, tmp_path / "team")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "pt"), "test_tickets.py"],
+        cwd=team,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("STATEFLEET_")},
+            "PYTHONPATH": os.pathsep.join([str(team), str(REPO)]),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]

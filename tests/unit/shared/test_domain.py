@@ -54,6 +54,16 @@ def test_load_domain_takes_a_domain_or_a_function_returning_one() -> None:
         ({"event_types": frozenset()}, "event_types (at least one)"),
         ({"topics": api.DomainTopics("c", "", "r", "b")}, "topics.events"),
         ({"noun": ""}, "noun"),
+        ({"noun": 5}, "noun (a non-empty string)"),
+        ({"aggregate_id_field": None}, "aggregate_id_field (a non-empty string)"),
+        ({"command_fields": None}, "command_fields (a tuple of field names)"),
+        ({"command_fields": "customer_id"}, "command_fields (a tuple of field names)"),
+        ({"command_types": "PlaceOrder"}, "command_types (at least one)"),
+        ({"command_types": ("PlaceOrder", 3)}, "command_types (at least one)"),
+        ({"creates": "PlaceOrder"}, "creates (one or more of command_types)"),
+        ({"event_types": "OrderPlaced"}, "event_types (at least one)"),
+        ({"reasons": None}, "reasons (a tuple of rejection reasons)"),
+        ({"topics": {"commands": "c"}}, "topics.commands; topics.events; topics.rejections; topics.command_batches"),
     ],
 )
 def test_an_incomplete_domain_is_refused(change: dict[str, Any], missing: str) -> None:
@@ -61,6 +71,11 @@ def test_an_incomplete_domain_is_refused(change: dict[str, Any], missing: str) -
     with pytest.raises(DomainError) as raised:
         check_domain(broken, "team.domain:BROKEN")
     assert str(raised.value).startswith("team.domain:BROKEN lacks part of the domain API: ") and missing in str(raised.value)
+
+
+def test_the_names_may_come_in_any_collection() -> None:
+    listed = dataclasses.replace(ORDERS, creates=["PlaceOrder"], event_types={"OrderPlaced", "OrderPaid"})  # type: ignore[arg-type]
+    assert check_domain(listed, "team.domain:LISTED") is listed
 
 
 def test_a_malformed_record_cannot_be_answered() -> None:

@@ -16,6 +16,7 @@ if __name__ == "__main__":
                 "preloaded": "faust" in sys.modules,
                 "project_imported": any(m.split(".")[0] in ("services", "shared") for m in sys.modules),
                 "main": __name__,
+                "path": sys.path,
             }
         ),
         flush=True,

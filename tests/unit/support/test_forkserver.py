@@ -46,6 +46,17 @@ def test_a_child_runs_the_module_as_main_with_its_own_environment_folder_and_arg
     assert seen["preloaded"] is True and seen["project_imported"] is False
 
 
+def test_a_child_imports_from_the_pythonpath_it_is_given(server: forkserver.ForkServer, tmp_path: Path) -> None:
+    team = tmp_path / "team"
+    log = tmp_path / "child.log"
+    env = {"PATH": "/usr/bin", "PYTHONPATH": os.pathsep.join([str(team), os.environ.get("PYTHONPATH", "")])}
+    with open(log, "ab") as out:
+        child = server.spawn(PROBE, ["0"], env, tmp_path, out.fileno())
+    assert child.wait(30) == 0
+    path = report(log)["path"]
+    assert isinstance(path, list) and path[0] == str(team)
+
+
 def test_a_killed_child_reports_the_signal_as_popen_does(server: forkserver.ForkServer, tmp_path: Path) -> None:
     child, log = spawn(server, tmp_path, "sleep")
     assert child.poll() is None
