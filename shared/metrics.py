@@ -22,6 +22,14 @@ BATCH_SECONDS = Histogram(
     registry=REGISTRY,
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+BATCH_STEP_SECONDS = Histogram(
+    "statefleet_batch_step_seconds",
+    "Time one batch spent in each step: read (input read back), handle, send (outputs acknowledged), "
+    "log (changelog rows acknowledged), apply (local write)",
+    ["service", "stream", "step"],
+    registry=REGISTRY,
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 TRAILING_HOLES_REREAD = Counter(
     "statefleet_input_trailing_holes_reread_total",
     "Times the consumer was sent back to input records the stream had skipped with nothing after them",

@@ -46,7 +46,7 @@ from typing import Any
 from shared.dead_letters import DeadLetter, dead_letter_for
 from shared.engine._durable import Batch, DurableTable, InRecord, OrderedInput, Rows
 from shared.engine._producer import BatchProducer, Outgoing, PartitionTransactions
-from shared.metrics import BATCH_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
+from shared.metrics import BATCH_SECONDS, BATCH_STEP_SECONDS, DEAD_LETTERS_WRITTEN, MESSAGES_PROCESSED
 
 Headers = Sequence[tuple[str, bytes]] | None
 #: Raises when this consumer may no longer be the member that owns the batch's partition.
@@ -108,6 +108,9 @@ class InputBatch:
     status: BatchStatus = BatchStatus.STAGED
     #: Told of each status the batch reaches (its task's hooks).
     on_status: Callable[[InputBatch, BatchStatus], None] | None = None
+    #: When (``time.perf_counter()``) the batch was staged and reached each later status.
+    staged_at: float = field(default_factory=time.perf_counter)
+    reached_at: dict[BatchStatus, float] = field(default_factory=dict)
     _dbs: dict[tuple[DurableTable, int], Any] = field(default_factory=dict)
 
     def advance(self, status: BatchStatus) -> None:
@@ -117,6 +120,7 @@ class InputBatch:
                 f"batch of {self.topic}[{self.partition}] is {self.status.value}: it cannot become {status.value}"
             )
         self.status = status
+        self.reached_at[status] = time.perf_counter()
         if self.on_status is not None:
             self.on_status(self, status)
 
@@ -318,6 +322,29 @@ async def _commit_transaction(
     batch.advance(BatchStatus.APPLIED)
 
 
+def batch_steps(batch: InputBatch, started: float) -> dict[str, float]:
+    """Seconds of each step of a batch's delivery: ``read`` (its records, skipped ones read back),
+    ``handle`` (the handler), ``send`` (outputs acknowledged; exactly_once: the transaction
+    committed), ``log`` (changelog rows acknowledged), ``apply`` (the local write). A step the
+    batch did not reach is left out."""
+    at = batch.reached_at
+    marks = [
+        ("read", batch.staged_at),
+        ("handle", at.get(BatchStatus.COMMITTING)),
+        ("send", at.get(BatchStatus.SENT)),
+        ("log", at.get(BatchStatus.LOGGED)),
+        ("apply", at.get(BatchStatus.APPLIED)),
+    ]
+    steps: dict[str, float] = {}
+    previous = started
+    for step, mark in marks:
+        if mark is None:
+            continue
+        steps[step] = max(0.0, mark - previous)
+        previous = mark
+    return steps
+
+
 def changelog_records(pending: Sequence[tuple[DurableTable, Rows]]) -> list[Outgoing]:
     return [
         Outgoing(table.changelog, key, value, partition=partition)
@@ -333,8 +360,11 @@ def apply_local(pending: Sequence[tuple[DurableTable, Rows]], last: dict[tuple[s
 
 
 def observe(service: str, stream: str, batch: InputBatch, started: float) -> None:
+    """A processed batch's counts and times (``started``: when its delivery began, on ``time.perf_counter()``)."""
     MESSAGES_PROCESSED.labels(service, stream).inc(len(batch.records) if batch.counted is None else batch.counted)
     BATCH_SECONDS.labels(service, stream).observe(time.perf_counter() - started)
+    for step, seconds in batch_steps(batch, started).items():
+        BATCH_STEP_SECONDS.labels(service, stream, step).observe(seconds)
     for letter in batch.dead_letters:
         DEAD_LETTERS_WRITTEN.labels(service, letter.error_class).inc()
 

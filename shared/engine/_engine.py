@@ -30,7 +30,7 @@ from shared import metrics
 from shared.engine._access import explain_denial
 from shared.engine._admin import TopicSpec
 from shared.engine._app import app_id, create_app, faust_topic_specs, run_worker, serve_api
-from shared.engine._batch import DeadLetterRoute, InputBatch, observe
+from shared.engine._batch import DeadLetterRoute, InputBatch
 from shared.engine._clients import exactly_once
 from shared.engine._consumer import BatchConsumer, Delivery, NotAMember
 from shared.engine._copies import incarnation_of, start_tracking, stop_tracking, track_copies
@@ -343,6 +343,7 @@ class Engine:
             reg = Registration(
                 name=f"{self.service}.{name}",
                 stream=name,
+                service=self.service,
                 topics=tuple(topics),
                 handle=fn,
                 order=(
@@ -598,12 +599,11 @@ class Engine:
         """One delivery of a fetched batch through its task (:meth:`Task.process`). A broker
         failure of the read-back or the commit raises :class:`_CommitFailed`; any other failure
         stops the worker."""
-        started = time.perf_counter()
         # aiokafka's records are handed over as they are: they have every field a handler reads.
         records = cast(Sequence[InRecord], fetched)
         transactional = self.transactions is not None
         try:
-            batch = await self._task_for(tp).process(records, self._task_clients(), continues_from)
+            await self._task_for(tp).process(records, self._task_clients(), continues_from)
         except NotAMember:
             raise  # nothing more of the batch is written; the consumer fetches it again
         except StepFailed as failed:
@@ -622,8 +622,6 @@ class Engine:
             assert failed.batch is not None
             await self._leave_unsettled(reg, tp, failed.batch)
             raise _CommitFailed(f"{reg.name}: the commit failed") from exc
-        if batch is not None:
-            observe(self.service, reg.stream, batch, started)
 
     async def _leave_unsettled(self, reg: Registration, tp: TP, batch: InputBatch) -> None:
         """exactly_once: the batch's transaction may or may not have committed. Its producer is

@@ -29,11 +29,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shared.engine._batch import BatchStatus, DeadLetterRoute, Fence, InputBatch, commit
+from shared.engine._batch import BatchStatus, DeadLetterRoute, Fence, InputBatch, commit, observe
 from shared.engine._consumer import NotAMember
 from shared.engine._durable import InRecord, OrderedInput
 from shared.engine._faults import FaultPoints
@@ -61,6 +62,8 @@ class Registration:
     sends: tuple[str, ...] | None = None
     #: Partitions of its topics when they are the service's own.
     internal_partitions: int | None = None
+    #: The ``service`` label of its metrics.
+    service: str = ""
 
 
 class TaskState(enum.Enum):
@@ -167,6 +170,7 @@ class Task:
         :class:`NotAMember` when the task no longer runs or the group may have moved the
         partition (nothing more of the batch is written), and :class:`StepFailed` when reading
         back, the handler or the commit failed."""
+        started = time.perf_counter()
         if self.state is TaskState.RESTORING:
             # Faust resumes fetching a partition only once its tables are recovered: its first
             # batch may come before the recovery's completion reaches the task.
@@ -211,6 +215,7 @@ class Task:
             raise
         except Exception as exc:
             raise StepFailed("commit", batch, exc) from exc
+        observe(reg.service, reg.stream, batch, started)
         return batch
 
     def _reached(self, batch: InputBatch, status: BatchStatus) -> None:

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from shared.engine import Engine, InputBatch, Table
-from shared.engine._batch import BatchStateError, BatchStatus, commit
+from shared.engine._batch import BatchStateError, BatchStatus, batch_steps, commit
 from shared.engine._consumer import NotAMember
 from shared.engine._engine import faust_app
 from shared.engine._faults import FaultPoints
 from shared.engine._producer import Outgoing, Retry
 from shared.engine._task import StepFailed, Task, TaskClients, TaskState, TaskStateError
 from shared.engine.testing import MemoryProducer, TopologyDriver
+from shared.metrics import REGISTRY
 from shared.settings import Settings
 
 Hook = Callable[[InputBatch, BatchStatus], None]
@@ -280,3 +281,34 @@ def test_the_end_of_a_rebalance_runs_the_restored_tasks_with_or_without_tables(t
         task.restore()
     faust_app(engine).on_rebalance_end()
     assert engine.tasks_in(TaskState.RUNNING) == restoring
+
+
+def test_a_batch_s_steps_are_timed_in_order_and_a_step_not_reached_is_left_out() -> None:
+    batch = InputBatch("in", 0, [])
+    batch.staged_at = 10.0
+    batch.reached_at = {BatchStatus.COMMITTING: 10.5, BatchStatus.SENT: 12.0, BatchStatus.APPLIED: 12.25}
+    # no LOGGED: the handler wrote no table, so the apply follows the send
+    assert batch_steps(batch, started=9.0) == {"read": 1.0, "handle": 0.5, "send": 1.5, "apply": 0.25}
+
+
+def step_counts() -> dict[str, float]:
+    """The batches of the probe's ``count`` handler observed per step so far."""
+    return {
+        sample.labels["step"]: sample.value
+        for metric in REGISTRY.collect()
+        if metric.name == "statefleet_batch_step_seconds"
+        for sample in metric.samples
+        if sample.name.endswith("_count") and sample.labels["service"] == "probe" and sample.labels["stream"] == "count"
+    }
+
+
+def test_every_step_of_a_processed_batch_is_observed(tmp_path: Path) -> None:
+    engine, _ = counting_engine(tmp_path, RecordedFaults())
+    before = step_counts()
+    with TopologyDriver(engine) as driver:
+        driver.send("in", b"k", b"v", partition=0)
+        driver.process()
+    after = step_counts()
+    assert {step: after[step] - before.get(step, 0) for step in after} == dict.fromkeys(
+        ("read", "handle", "send", "log", "apply"), 1
+    )

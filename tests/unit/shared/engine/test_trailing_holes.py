@@ -19,7 +19,7 @@ OTHER = TP("other", 0)
 @dataclass
 class FakeConsumer:
     positions: dict[TP, int]
-    _unacked_messages: list[Any] = field(default_factory=list)
+    unacked: list[Any] = field(default_factory=list)
     seeks: list[dict[TP, int]] = field(default_factory=list)
 
     def assignment(self) -> set[TP]:
@@ -89,7 +89,7 @@ def test_progress_between_checks_is_not_a_hole() -> None:
 
 
 def test_records_still_in_the_stream_or_a_recovery_are_left_alone() -> None:
-    consumer = FakeConsumer({EVENTS: 12}, _unacked_messages=[SimpleNamespace(tp=EVENTS)])
+    consumer = FakeConsumer({EVENTS: 12}, unacked=[SimpleNamespace(tp=EVENTS)])
     watch = TrailingHoleWatch(fake_app(consumer), "svc", {"events": FakeInput({("events", 0): 10})}, 5.0)
     checks(watch, 3)
     assert consumer.seeks == []
