@@ -1,5 +1,5 @@
 """HTTP models of the tallies service: the accounts tally (the default projection's row).
-The page of GET /tallies is built from the projection's row model (:mod:`services.tallies.api`)."""
+The page of GET /tallies is built from the projection's row model (:mod:`services.tallies.routes`)."""
 
 from __future__ import annotations
 

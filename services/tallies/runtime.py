@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from services.tallies import DEFAULT_PORT
-from services.tallies.api import build_router
 from services.tallies.app import TalliesService
+from services.tallies.routes import build_router
 from shared.projection import ProjectionError
 from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from services.validator import DEFAULT_PORT, SERVICE
-from services.validator.api import build_router
 from services.validator.app import ValidatorService
 from services.validator.domain import ACCOUNTS
+from services.validator.routes import build_router
 from shared.domain import DomainError
 from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings

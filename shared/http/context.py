@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from shared.engine import Instance, partition_for
 from shared.settings import Settings
 from shared.topics import TopicNames
+
+
+#: The object a service's worker runs (its topology and state), as its routes see it.
+ServiceT = TypeVar("ServiceT")
 
 
 @dataclass
@@ -53,3 +57,12 @@ class ServiceContext:
 
     def partition_for(self, key: str | bytes) -> int:
         return partition_for(key, self.settings.topic_partitions)
+
+
+def service_of(ctx: ServiceContext, kind: type[ServiceT]) -> ServiceT:
+    """The service object the worker behind ``ctx`` runs, typed: every route reaches its
+    service this way (or through the ``Annotated`` dependency its routes module makes of it)."""
+    service = ctx.extras.get("service")
+    if not isinstance(service, kind):
+        raise TypeError(f"this API serves {type(service).__name__}, not {kind.__name__}")
+    return service

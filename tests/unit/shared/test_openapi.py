@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 
 from examples.orders.projection import PROJECTION as ORDERS
 from services.retry_scheduler.api import router as retry_router
-from services.tallies.api import build_router
-from services.tallies.api import router as tallies_router
-from services.validator.api import router as validator_router
+from services.tallies.routes import build_router
+from services.tallies.routes import router as tallies_router
+from services.validator.routes import router as validator_router
 from shared.http.api import create_api
 from shared.settings import Settings
 

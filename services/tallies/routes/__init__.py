@@ -13,7 +13,9 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field, create_model
 
 import shared.http.paths  # noqa: F401  (registers the {name:id} path convertor)
+from services.tallies.app import TalliesService
 from services.tallies.domain import PROJECTION
+from shared.http.context import ServiceContext, service_of
 from shared.http.deps import Ctx, owned_key
 from shared.http.errors import NotFound, error_responses
 from shared.http.forwarding import READS_STATE, gather, is_local_scope, local_scope_partitions
@@ -26,8 +28,9 @@ LIST_NAME = "tallies"
 MAX_PROGRAM_ID_LENGTH = 1024
 
 
-def _service(ctx: Any) -> Any:
-    return ctx.extras["service"]
+def tallies(ctx: ServiceContext) -> TalliesService:
+    """The tallies service behind ``ctx``."""
+    return service_of(ctx, TalliesService)
 
 
 def _key_of_path(name: str) -> Callable[..., Awaitable[str]]:
@@ -57,10 +60,10 @@ def build_router(projection: Projection) -> APIRouter:
     router = APIRouter(tags=["tallies"])
     key_field = projection.key_field
     #: A key whose row this instance answers for (the owner of its partition of memberships).
-    TalliedKey = Annotated[str, owned_key(_key_of_path(key_field), lambda ctx: _service(ctx).memberships_store)]
+    TalliedKey = Annotated[str, owned_key(_key_of_path(key_field), lambda ctx: tallies(ctx).memberships_store)]
 
     async def get_tally(key: str, ctx: Ctx) -> Any:
-        row = _service(ctx).tally(key)
+        row = tallies(ctx).tally(key)
         if row is None:
             raise NotFound(f"no tally for {key_field} {key!r}")
         return row
@@ -84,7 +87,7 @@ def build_router(projection: Projection) -> APIRouter:
     async def list_tallies(
         request: Request, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=1000)] = 100, cursor: CursorParam = None
     ) -> Any:
-        svc = _service(ctx)
+        svc = tallies(ctx)
         after = decode_cursor(cursor, LIST_NAME)
 
         async def local_page(partitions: list[int]) -> dict[str, Any]:
