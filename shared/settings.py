@@ -1,7 +1,7 @@
 """All configuration, read once from environment variables (prefix ``STATEFLEET_``).
 
 Every field below is one variable: ``kafka_bootstrap_servers`` is
-``STATEFLEET_KAFKA_BOOTSTRAP_SERVERS``. The README's configuration table lists them.
+``STATEFLEET_KAFKA_BOOTSTRAP_SERVERS``. docs/configuration.md lists them.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def exactly_once(settings: Settings) -> bool:
 #: records of a transaction that was aborted (or is still open) never reach a table, a handler
 #: or a restore. Under at_least_once nothing is written in transactions and read_committed
 #: reads what read_uncommitted would; but topics written while the deployment ran
-#: exactly_once keep their markers and aborted records, and after a switch back (README,
+#: exactly_once keep their markers and aborted records, and after a switch back (docs/architecture.md,
 #: "Switching the guarantee") neither may those records be applied nor the marker at a
 #: changelog's end be waited for as if it were a record.
 ISOLATION_LEVEL = "read_committed"

@@ -49,9 +49,10 @@ def test_every_relative_link_resolves(doc: Path) -> None:
     assert not broken, f"broken links in {doc.relative_to(REPO)}: {broken}"
 
 
-def readme_config_variables() -> set[str]:
-    """Every variable the README's configuration table names; ``/ `_X`` continues the previous name."""
-    section = REPO.joinpath("README.md").read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+def config_table_variables() -> set[str]:
+    """Every variable the configuration table (docs/configuration.md, "Settings") names; ``/ `_X``
+    continues the previous name."""
+    section = REPO.joinpath("docs", "configuration.md").read_text().split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
     names: set[str] = set()
     for row in re.findall(r"^\|\s*(`STATEFLEET_[^|]*)\|", section, re.M):
         previous = ""
@@ -64,9 +65,9 @@ def readme_config_variables() -> set[str]:
 
 def test_the_configuration_table_lists_exactly_the_settings() -> None:
     settings = {f"STATEFLEET_{name.upper()}" for name in Settings.model_fields}
-    table = readme_config_variables()
-    assert sorted(settings - table) == [], "settings missing from the README's configuration table"
-    assert sorted(table - settings) == [], "the README's configuration table names variables Settings does not read"
+    table = config_table_variables()
+    assert sorted(settings - table) == [], "settings missing from the configuration table (docs/configuration.md)"
+    assert sorted(table - settings) == [], "docs/configuration.md's table names variables Settings does not read"
 
 
 def test_the_domain_guides_code_passes_its_own_tests(tmp_path: Path) -> None:

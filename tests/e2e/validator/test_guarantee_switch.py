@@ -1,5 +1,5 @@
 """Switching a running deployment between at_least_once and exactly_once is a rolling
-restart with the new setting (README, "Exactly-once"): for a while both kinds of instance
+restart with the new setting (docs/architecture.md, "Exactly-once"): for a while both kinds of instance
 share the consumer group, then only the new kind is left. Here: at_least_once → exactly_once
 → at_least_once, with commands arriving throughout; afterwards every command's event is on
 ``account-events`` once per (account, version), in order, read committed."""
