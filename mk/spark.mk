@@ -5,15 +5,15 @@
 SPARK_JOIN_ARGS ?= --available-now
 
 .PHONY: spark-join
-spark-join: broker ## Activation join (account-events x logins -> activations); default --available-now, override with ARGS=
+spark-join: broker ## The join, by default the activation join (account-events x logins -> activations; ARGS= for another domain's, docs/spark.md); default --available-now, override with ARGS=
 	$(PY) -m spark_jobs.activation_join $(if $(ARGS),$(ARGS),$(SPARK_JOIN_ARGS))
 
 .PHONY: backfill
-backfill: broker ## Rebuild every program's tallies from the full history into Parquet (ARGS="--verify-against URL")
+backfill: broker ## Rebuild a tallies projection (default: every program's tallies) from the full history into Parquet (ARGS="--projection pkg.module:attr --verify-against URL")
 	$(PY) -m spark_jobs.backfill_tallies $(ARGS)
 
 .PHONY: archive
-archive: broker ## Archive account-events to Parquet by event date (ARGS="--available-now" to stop when done)
+archive: broker ## Archive a topic (default account-events) to Parquet by event date (ARGS="--topic T --available-now")
 	$(PY) -m spark_jobs.archive_events $(ARGS)
 
 .PHONY: replay-dead-letters

@@ -1,25 +1,29 @@
-"""Comparing backfilled tallies with the live tallies service (``GET /tallies``)."""
+"""Comparing backfilled tallies with the live tallies service (``GET /tallies``): rows of any
+projection, each a JSON object keyed by the projection's ``key_field``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
-from services.tallies.domain import Tally
-
 PAGE = 1000
+
+Row = Mapping[str, Any]
 
 
 class LiveServiceError(RuntimeError):
     """The tallies service could not be read; the message says what to check."""
 
 
-def fetch_live_tallies(base_url: str, timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None) -> dict[str, Tally]:
-    """Every tally the service holds, following ``next_cursor`` page by page."""
+def fetch_live_tallies(
+    base_url: str, key_field: str = "program_id", timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None
+) -> dict[str, dict[str, Any]]:
+    """Every row the service holds, by its ``key_field``, following ``next_cursor`` page by page."""
     url = base_url.rstrip("/") + "/tallies"
-    out: dict[str, Tally] = {}
+    out: dict[str, dict[str, Any]] = {}
     cursor: str | None = None
     with httpx.Client(timeout=timeout_s, transport=transport) as client:
         while True:
@@ -34,12 +38,11 @@ def fetch_live_tallies(base_url: str, timeout_s: float = 30.0, transport: httpx.
                 raise LiveServiceError(f"GET {response.url} answered {response.status_code}: {response.text[:500]}")
             body = response.json()
             for item in body.get("items", []):
-                out[item["program_id"]] = Tally(
-                    program_id=item["program_id"],
-                    numberActive=int(item["numberActive"]),
-                    numberInactive=int(item["numberInactive"]),
-                    lastLogin=int(item["lastLogin"]) if item.get("lastLogin") is not None else None,
-                )
+                if key_field not in item:
+                    raise LiveServiceError(
+                        f"GET {response.url} answered rows without {key_field!r}: does the service run the same projection?"
+                    )
+                out[str(item[key_field])] = dict(item)
             cursor = body.get("next_cursor")
             if not cursor:
                 return out
@@ -47,28 +50,29 @@ def fetch_live_tallies(base_url: str, timeout_s: float = 30.0, transport: httpx.
 
 @dataclass(frozen=True)
 class Difference:
-    program_id: str
-    backfill: Tally | None
-    live: Tally | None
+    key: str
+    backfill: Row | None
+    live: Row | None
 
     def describe(self) -> str:
         if self.live is None:
-            return f"{self.program_id}: only in the backfill {self.backfill}"
+            return f"{self.key}: only in the backfill {dict(self.backfill or {})}"
         if self.backfill is None:
-            return f"{self.program_id}: only in the live service {self.live}"
+            return f"{self.key}: only in the live service {dict(self.live)}"
+        names = list(dict.fromkeys([*self.backfill, *self.live]))
         fields = [
-            f"{name} backfill={getattr(self.backfill, name)} live={getattr(self.live, name)}"
-            for name in ("numberActive", "numberInactive", "lastLogin")
-            if getattr(self.backfill, name) != getattr(self.live, name)
+            f"{name} backfill={self.backfill.get(name)} live={self.live.get(name)}"
+            for name in names
+            if self.backfill.get(name) != self.live.get(name)
         ]
-        return f"{self.program_id}: " + ", ".join(fields)
+        return f"{self.key}: " + ", ".join(fields)
 
 
-def differences(backfill: Mapping[str, Tally], live: Mapping[str, Tally]) -> list[Difference]:
-    """Programs whose tallies differ, or that only one side has, in program_id order."""
+def differences(backfill: Mapping[str, Row], live: Mapping[str, Row]) -> list[Difference]:
+    """Keys whose rows differ, or that only one side has, in key order."""
     out = []
-    for program in sorted(set(backfill) | set(live)):
-        b, lv = backfill.get(program), live.get(program)
+    for key in sorted(set(backfill) | set(live)):
+        b, lv = backfill.get(key), live.get(key)
         if b != lv:
-            out.append(Difference(program, b, lv))
+            out.append(Difference(key, b, lv))
     return out

@@ -1,33 +1,26 @@
-"""Reading tally inputs exactly as the tallies service does.
+"""Reading a projection's inputs exactly as the tallies service does.
 
 The service (``services.tallies.app.parse_input``) decodes a record's value with
-``shared.codecs.loads_object`` and reads it with ``parse_account_change`` (every reader's
-``shared.accounts.parse_event``) or ``parse_login`` from ``services.tallies.domain``.
-Records it rejects go to dead letters and never count; the backfill skips the same
-records and reports them. This module runs on Spark's Python workers, so it imports only
-pure modules (no Faust).
+``shared.codecs.loads_object`` and reads it with the reader its projection gives the
+record's topic (:meth:`shared.projection.Projection.reader_for`): a
+:class:`~shared.projection.Change` of one entity or a :class:`~shared.projection.Mark` of one
+category. Records it rejects go to dead letters and never count; the backfill skips the
+same records and reports them. This module runs on Spark's Python workers, so it imports
+only pure modules (no Faust).
 """
 
 from __future__ import annotations
 
-from services.tallies.domain import InvalidInput, Login, parse_account_change, parse_login
 from shared import codecs
-from shared.accounts import AccountChange
-
-CHANGE = "change"
-LOGIN = "login"
+from shared.projection import Change, InvalidInput, Mark, Projection
 
 
-def parse_input(kind: str, value: bytes | None) -> AccountChange | Login:
-    """An AccountChange (``kind`` ``"change"``, from account-events) or Login (``"login"``, from logins).
+def read_input(projection: Projection, topic: str, value: bytes | None, prefix: str = "") -> Change | Mark:
+    """A record of ``topic`` (its full name, under ``prefix``) as ``projection`` reads it.
 
     Raises ``codecs.DecodeError`` or ``InvalidInput`` for a record the service would reject.
     """
-    obj = codecs.loads_object(value)
-    if kind == LOGIN:
-        item: AccountChange | Login = parse_login(obj)
-    elif kind == CHANGE:
-        item = parse_account_change(obj)
-    else:
-        raise InvalidInput(f"unknown input kind {kind!r}")
-    return item
+    read = projection.reader_for(topic, prefix)
+    if read is None:
+        raise InvalidInput(f"cannot tell what a record from topic {topic!r} is")
+    return read(codecs.loads_object(value))

@@ -13,7 +13,6 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from services.tallies.domain import Tally
 from spark_jobs import backfill_tallies
 from tests.support.kafka import create_topics, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
@@ -206,5 +205,5 @@ def test_malformed_account_events_are_skipped_reported_and_never_counted(
     output = str(tmp_path / "backfill")
     result = backfill_tallies.run(spark, settings, spark_settings, output)
     assert result.invalid_records == 2 and result.input_records == 3
-    assert result.tallies == {program: Tally(program, 1, 0, None)}
+    assert result.rows == {program: {"program_id": program, "numberActive": 1, "numberInactive": 0, "lastLogin": None}}
     assert json.loads((tmp_path / "backfill" / "_manifest.json").read_text())["invalid_records"] == 2

@@ -8,14 +8,16 @@ import random
 import pandas as pd
 import pytest
 
+from examples.orders.projection import PROJECTION as ORDERS
+from services.tallies.domain import PROJECTION
 from spark_jobs.backfill_tallies import PARQUET_COLUMNS, parse_records, parsed_inputs, tallies
-from spark_jobs.tally_input import CHANGE, LOGIN
+from tests.support import orders
 
 pytestmark = pytest.mark.spark
 
+PREFIX = "p."
 EVENTS = "p.account-events"
 LOGINS = "p.logins"
-KINDS = {EVENTS: CHANGE, LOGINS: LOGIN}
 STATUS = {
     "AccountCreated": "active",
     "AccountDeactivated": "inactive",
@@ -100,10 +102,10 @@ def test_parse_records_marks_what_the_service_rejects() -> None:
             ],
         }
     )
-    (out,) = list(parse_records(KINDS)(iter([frame])))
+    (out,) = list(parse_records(PROJECTION, PREFIX)(iter([frame])))
     assert out.astype(object).where(out.notna(), None).values.tolist() == [
-        ["change", "p", "a", "AccountCreated", 1, None, None],
-        ["login", "p", "a", None, None, 5, None],
+        ["change", "p", "a", '"AccountCreated"', 1, None, None],
+        ["mark", "p", None, None, None, 5, None],
         ["invalid", None, None, None, None, None, "p.account-events: expected a JSON object, got list"],
     ]
 
@@ -113,9 +115,27 @@ def test_tallies_through_spark_equal_the_model(spark) -> None:  # type: ignore[n
     df = spark.createDataFrame(records, "topic string, value binary").repartition(3)
     got = {
         r["program_id"]: (r["numberActive"], r["numberInactive"], r["lastLogin"])
-        for r in tallies(parsed_inputs(df, KINDS)).select(*PARQUET_COLUMNS).collect()
+        for r in tallies(parsed_inputs(df, PROJECTION, PREFIX)).select(*PARQUET_COLUMNS).collect()
     }
     expected = model(records)
     assert got == expected
     assert expected["prog-login-only"] == (0, 0, 77)
     assert "prog-9" not in expected
+
+
+def test_any_projection_through_spark_equals_its_contract(spark) -> None:  # type: ignore[no-untyped-def]
+    """The orders example's projection: rows per customer by the contract (tests/support/orders.py),
+    from its events shuffled, with duplicates and junk, folded with the projection's own code."""
+    events = orders.history(seed=11, orders=60, customers=5)
+    rng = random.Random(3)
+    values = [json.dumps(e).encode() for e in events + rng.sample(events, 20)]
+    values.append(b'{"type": "OrderShipped", "aggregate_id": "o-x", "version": 2}')  # no data: refused
+    rng.shuffle(values)
+    df = spark.createDataFrame([("p.order-events", v) for v in values], "topic string, value binary").repartition(3)
+    parsed = parsed_inputs(df, ORDERS, PREFIX)
+    assert parsed.where("kind = 'invalid'").count() == 1
+    rows = tallies(parsed, ORDERS)
+    assert rows.columns == ["_key", "_value", "key", "open", "shipped", "cancelled", "revenue_cents"]
+    expected = orders.expected_rows(events)
+    assert {r["_key"]: json.loads(r["_value"]) for r in rows.collect()} == expected
+    assert {r["key"]: r.asDict() for r in rows.drop("_key", "_value").collect()} == expected

@@ -73,3 +73,34 @@ def test_spark_options_become_spark_settings() -> None:
 def test_conf_needs_key_and_value() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
         cli.conf_pair("spark.master")
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "message"),
+    [
+        (
+            "spark_jobs.backfill_tallies",
+            ["--projection", "examples.orders.nowhere:PROJECTION"],
+            "cannot import projection module 'examples.orders.nowhere'",
+        ),
+        (
+            "spark_jobs.backfill_tallies",
+            ["--projection", "examples.orders.projection:ORDER_EVENTS"],
+            "examples.orders.projection:ORDER_EVENTS is a str, not a shared.projection.Projection",
+        ),
+        (
+            "spark_jobs.activation_join",
+            ["--first-topic", "order-events"],
+            "--output-topic is required when the join is not the accounts' activation join",
+        ),
+        ("spark_jobs.archive_events", ["--topic", "order-events", "--fields", "offset"], "'offset' is a column of the archive"),
+    ],
+)
+def test_a_job_given_arguments_it_cannot_use_stops_before_spark_and_says_why(
+    main: str, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = __import__(main, fromlist=["main"])
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

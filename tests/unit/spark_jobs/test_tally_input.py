@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from examples.orders.projection import PROJECTION as ORDERS
 from services.tallies.app import parse_input as service_parse_input
-from services.tallies.domain import InvalidInput, Login
+from services.tallies.domain import PROJECTION, InvalidInput
 from shared import codecs
-from shared.accounts import AccountChange
 from shared.projection import Change, Mark
 from shared.topics import TopicNames
-from spark_jobs.tally_input import CHANGE, LOGIN, parse_input
+from spark_jobs.tally_input import read_input
+
+CHANGE = "change"
+LOGIN = "login"
 
 pytestmark = pytest.mark.spark
 
@@ -42,28 +46,48 @@ CASES = [
 ]
 
 
-def outcome(fn: Any, *args: Any) -> Any:
+def outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
-        return as_projection_input(fn(*args))
+        return fn(*args, **kwargs)
     except (codecs.DecodeError, InvalidInput) as exc:
         return type(exc).__name__, str(exc)
-
-
-def as_projection_input(item: Any) -> Any:
-    """The backfill's AccountChange or Login as the service's projection reads it (Change, Mark)."""
-    if isinstance(item, AccountChange):
-        return Change(*item[:4])
-    if isinstance(item, Login):
-        return Mark(item.program_id, item.ts)
-    return item
 
 
 @pytest.mark.parametrize(("kind", "value"), CASES)
 def test_same_outcome_as_the_service(kind: str, value: bytes | None) -> None:
     topic = TOPICS.account_events if kind == CHANGE else TOPICS.logins
-    assert outcome(parse_input, kind, value) == outcome(service_parse_input, topic, value, None, TOPICS)
+    assert outcome(read_input, PROJECTION, topic, value, TOPICS.prefix) == outcome(
+        service_parse_input, topic, value, None, TOPICS
+    )
+
+
+def order(**changes: object) -> bytes:
+    event = {"type": "OrderPlaced", "aggregate_id": "o1", "version": 1, "data": {"customer_id": "c1", "amount_cents": 5}}
+    return json.dumps({**event, **changes}).encode()
+
+
+ORDER_CASES = [
+    order(),
+    order(type="OrderShipped", version=3),
+    order(type="OrderLost"),
+    order(version=0),
+    order(data={"customer_id": "c1", "amount_cents": True}),
+    order(data=[]),
+    b"not json",
+]
+
+
+@pytest.mark.parametrize("value", ORDER_CASES)
+def test_same_outcome_as_the_service_for_any_projection(value: bytes) -> None:
+    topic = TOPICS.name("order-events")
+    assert outcome(read_input, ORDERS, topic, value, TOPICS.prefix) == outcome(
+        service_parse_input, topic, value, None, TOPICS, projection=ORDERS
+    )
 
 
 def test_values() -> None:
-    assert parse_input(CHANGE, EVENT) == AccountChange("a", "p1", "AccountCreated", 1)
-    assert parse_input(LOGIN, b'{"account_id":"a","program_id":"p1","ts":10}') == Login("a", "p1", 10)
+    assert read_input(PROJECTION, TOPICS.account_events, EVENT, TOPICS.prefix) == Change("a", "p1", "AccountCreated", 1)
+    assert read_input(PROJECTION, TOPICS.logins, b'{"account_id":"a","program_id":"p1","ts":10}', "p.") == Mark("p1", 10)
+    assert read_input(ORDERS, "p.order-events", order(), "p.") == Change("o1", "c1", "placed:5", 1)
+    with pytest.raises(InvalidInput, match=r"cannot tell what a record from topic 'p\.order-events' is"):
+        read_input(PROJECTION, "p.order-events", order(), "p.")
