@@ -12,7 +12,6 @@ from shared.engine import Instance, partition_for
 from shared.settings import Settings
 from shared.topics import TopicNames
 
-
 #: The object a service's worker runs (its topology and state), as its routes see it.
 ServiceT = TypeVar("ServiceT")
 
