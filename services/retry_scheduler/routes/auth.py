@@ -42,18 +42,20 @@ def token_book(ctx: Any) -> TokenBook:
     return book
 
 
-def _token_of(ctx: Any, credentials: HTTPAuthorizationCredentials | None, needed: str) -> Token:
-    if credentials is None:
-        raise Unauthorized(f"{needed} needs 'Authorization: Bearer <token>'")
-    token = token_book(ctx).find(credentials.credentials.strip())
+def _token_of(ctx: Any, credentials: HTTPAuthorizationCredentials | None, needed: str, scope: Scope) -> Token:
+    """The valid token ``credentials`` carry; 401, saying the ``scope`` needed, without one."""
+    token = None if credentials is None else token_book(ctx).find(credentials.credentials.strip())
     if token is None:
-        raise Unauthorized("the bearer token is not valid")
+        given = "the bearer token is not valid" if credentials is not None else "no bearer token was given"
+        exc = Unauthorized(f"{needed} needs 'Authorization: Bearer <token>' of a token with the {scope} scope: {given}")
+        exc.extra["scope"] = scope
+        raise exc
     return token
 
 
 async def acting_token(ctx: Ctx, credentials: Credentials) -> Token:
     """The valid token of a changing call (401 without one); what it may act on is checked with :func:`allow`."""
-    return _token_of(ctx, credentials, "a changing call")
+    return _token_of(ctx, credentials, "a changing call", ACT)
 
 
 async def reading_token(ctx: Ctx, credentials: Credentials) -> Token | None:
@@ -61,14 +63,16 @@ async def reading_token(ctx: Ctx, credentials: Credentials) -> Token | None:
     STATEFLEET_PAYLOADS_REQUIRE_TOKEN, a valid one (401 without)."""
     if not ctx.settings.payloads_require_token:
         return None
-    return _token_of(ctx, credentials, "reading a message's key, value and headers (STATEFLEET_PAYLOADS_REQUIRE_TOKEN is on)")
+    return _token_of(
+        ctx, credentials, "reading a message's key, value and headers (STATEFLEET_PAYLOADS_REQUIRE_TOKEN is on)", READ
+    )
 
 
 async def listing_token(ctx: Ctx, credentials: Credentials) -> Token | None:
     """The token of a list: None without one (the list then leaves out the payloads it must); 401 for one that is not valid."""
     if credentials is None or not ctx.settings.payloads_require_token:
         return None
-    return _token_of(ctx, credentials, "a list")
+    return _token_of(ctx, credentials, "a list showing payloads", READ)
 
 
 Acting = Annotated[Token, Depends(acting_token)]

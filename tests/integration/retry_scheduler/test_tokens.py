@@ -115,6 +115,8 @@ def test_a_read_only_token_reads_payloads_but_cannot_act(scoped: Scoped) -> None
     read = scoped.call("GET", f"/parked/{dlq_id}", AUDITOR_TOKEN)
     assert read.status_code == 200, read.text
     assert base64.b64decode(read.json()["value_base64"]) == b"the-value" and read.json()["key"] == "the-key"
+    anonymous = scoped.call("POST", f"/parked/{dlq_id}/replay", None)
+    assert anonymous.status_code == 401 and anonymous.json()["scope"] == "act", anonymous.text
     for method, path in (("POST", f"/parked/{dlq_id}/replay"), ("DELETE", f"/parked/{dlq_id}")):
         refused = scoped.call(method, path, AUDITOR_TOKEN)
         assert refused.status_code == 403, (method, refused.text)
@@ -130,7 +132,11 @@ def test_payload_reads_need_a_token_covering_the_topic_and_lists_hide_the_rest(s
     assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
     assert missing.json()["error"] == "unauthorized"
     assert "STATEFLEET_PAYLOADS_REQUIRE_TOKEN is on" in missing.json()["detail"]
-    assert scoped.call("GET", f"/parked/{orders_id}", "not-a-token").status_code == 401
+    assert "a token with the read scope: no bearer token was given" in missing.json()["detail"]
+    assert missing.json()["scope"] == "read"
+    wrong = scoped.call("GET", f"/parked/{orders_id}", "not-a-token")
+    assert wrong.status_code == 401 and wrong.json()["detail"].endswith("the bearer token is not valid")
+    assert "not-a-token" not in wrong.text
     assert scoped.call("GET", f"/parked/{orders_id}", ORDERS_TOKEN).json()["key"] == "the-key"
     other = scoped.call("GET", f"/parked/{billing_id}", ORDERS_TOKEN)
     assert other.status_code == 403 and (other.json()["topic"], other.json()["scope"]) == ("billing", "read"), other.text
