@@ -127,6 +127,16 @@ class Settings(BaseSettings):
     http_port: int | None = Field(None, description="Defaults: validator 8001, tallies 8002, retry scheduler 8003, console 8000")
     advertised_url: str | None = Field(None, description="URL peers use to forward queries here; default http://<host>:<port>")
     admin_token: str = Field(DEV_ADMIN_TOKEN, description="Bearer token for changing calls (retry scheduler)")
+    tokens_file: str = Field(
+        "",
+        description="YAML (or JSON) file of the retry scheduler's named tokens, each with its origin topics and "
+        "scopes (read, act, admin); empty: the admin token only",
+    )
+    payloads_require_token: bool = Field(
+        False,
+        description="The retry scheduler answers a message's key, value and headers only to a token with the read "
+        "scope on its origin topic (lists leave them out for the others)",
+    )
     max_body_bytes: int = Field(
         786_432,
         ge=1024,

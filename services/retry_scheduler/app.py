@@ -35,6 +35,7 @@ from services.retry_scheduler.handlers.routing import Routing
 from services.retry_scheduler.handlers.stats import Stats
 from services.retry_scheduler.handlers.ticks import Ticks
 from services.retry_scheduler.metrics import ORIGIN_TOPICS
+from services.retry_scheduler.tokens import TokenBook, build_token_book
 from shared.engine import Engine, TopicSpec, app_id
 from shared.settings import Settings
 from shared.topics import TopicNames, topic_names
@@ -48,6 +49,8 @@ class RetrySchedulerService:
         self.inbox_topic_name = inbox_topic = f"{app_id(SERVICE, settings)}-inbox"
 
         ORIGIN_TOPICS.configure(settings.retry_metrics_origin_topics)
+        #: The API's tokens (raises TokenError, naming the entry, for a bad tokens file).
+        self.tokens: TokenBook = build_token_book(settings.admin_token, settings.tokens_file)
         self.state = state = InboxState(engine, settings, self.topics)
         self.routing = routing = Routing(engine, settings, self.topics, inbox_topic)
         state.decide_fate = routing.decide_fate  # a re-failure's next attempt is decided like any letter

@@ -47,6 +47,11 @@ class RetryOut(BaseModel):
     history: list[HistoryOut] = Field(
         default_factory=list, description="Replays so far, oldest first; kept across its later attempts"
     )
+    payload_hidden: bool = Field(
+        False,
+        description="In a list with STATEFLEET_PAYLOADS_REQUIRE_TOKEN: the call's token does not cover this message's "
+        "origin topic with read, so its key and headers are left out (key, key_base64 null, headers empty)",
+    )
 
 
 class ParkedOut(RetryOut):

@@ -43,6 +43,13 @@ class Unauthorized(ApiError):
         super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
 
 
+class Forbidden(ApiError):
+    """A valid token that may not do this; ``extra`` says which token, topic and scope."""
+
+    status = 403
+    code = "forbidden"
+
+
 class Conflict(ApiError):
     status = 409
     code = "conflict"
@@ -75,7 +82,7 @@ class ErrorOut(BaseModel):
 
     error: str = Field(
         description=(
-            "What went wrong, for programs: bad_request, invalid_cursor, unauthorized, not_found, "
+            "What went wrong, for programs: bad_request, invalid_cursor, unauthorized, forbidden, not_found, "
             "method_not_allowed, conflict, payload_too_large, invalid_request, unavailable"
         )
     )
@@ -85,11 +92,16 @@ class ErrorOut(BaseModel):
         description=("With 503 for ?max_lag: changelog records the freshest copy that could answer is behind (null: not known)"),
     )
     max_lag: int | None = Field(None, description="With 503 for ?max_lag: the max_lag asked for")
+    token: str | None = Field(None, description="With 403: the name of the token the call carried")
+    topic: str | None = Field(None, description="With 403: the origin topic the token does not cover for that scope")
+    scope: str | None = Field(None, description="With 401 and 403: the scope needed (read or act)")
 
 
 ERROR_DESCRIPTIONS: dict[int, str] = {
     400: "Malformed request: a cursor this API did not make, a body that cannot be parsed, a forbidden character",
     401: "Missing or wrong 'Authorization: Bearer <token>' header",
+    403: "The token is valid but lacks the scope on the message's origin topic: the body names the token, the "
+    "topic and the scope",
     404: "No such resource",
     405: "Method not allowed on this path; the Allow header lists those that are",
     409: "Conflicts with the current state",

@@ -498,6 +498,8 @@ async def _gather_partitions(
         params[LOCAL_SCOPE_PARAM] = "local"
         params[PARTITIONS_PARAM] = ",".join(map(str, partitions))
         headers = {FORWARDED_BY: ctx.url, **({READ_COPY: "1"} if copy else {})}
+        if "authorization" in request.headers:  # a list may show each caller only what its token covers
+            headers["Authorization"] = request.headers["authorization"]
         try:
             resp = await ctx.http.get(url + raw_path(request), params=params, headers=headers, timeout=_owner_timeout(ctx))
         except httpx.HTTPError:

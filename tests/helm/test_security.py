@@ -66,12 +66,27 @@ def test_service_account_tokens_are_not_mounted(render, scenario):
             assert pod["automountServiceAccountToken"] is False, where
 
 
+#: Settings whose names look secret but hold a flag.
+FLAGS = {"STATEFLEET_PAYLOADS_REQUIRE_TOKEN"}
+
+
 def test_no_credential_is_inlined(render, scenario):
     m = render(scenario)
     for where, pod in m.pod_specs():
+        from_secrets = {
+            mount["mountPath"]
+            for c in containers(pod)
+            for mount in c.get("volumeMounts", [])
+            for v in pod.get("volumes", [])
+            if v["name"] == mount["name"] and "secret" in v
+        }
         for c in containers(pod):
             for e in c.get("env", []):
-                if SECRETISH.search(e["name"]):
+                if e["name"] in FLAGS:
+                    assert e["value"] in ("true", "false"), f"{where}: {e['name']}"
+                elif SECRETISH.search(e["name"]) and e["name"].endswith("_FILE"):  # a file of secrets: from a Secret's volume
+                    assert any(e["value"].startswith(path + "/") for path in from_secrets), f"{where}: {e['name']}"
+                elif SECRETISH.search(e["name"]):
                     assert "value" not in e, f"{where}: {e['name']} has an inline value"
                     assert "secretKeyRef" in e["valueFrom"], f"{where}: {e['name']}"
 
@@ -137,6 +152,7 @@ def test_every_secret_reference_is_to_a_rendered_or_named_secret(render, scenari
     m = render(scenario)
     rendered = {s["metadata"]["name"] for s in m.all("Secret")}
     named = {"statefleet-kafka-scram", "statefleet-kafka-tls", "statefleet-admin-token", "kafka-ca"}
+    named |= {"statefleet-api-tokens"}  # the retry scheduler's named tokens (replicas)
     # The cluster run's: one Secret per principal, and the broker's CA.
     named |= {f"statefleet-kafka-{n}" for n in ("admin", "tallies", "validator", "retry-scheduler", "spark", "ca")}
     for where, pod in m.pod_specs():

@@ -50,18 +50,20 @@ async def filtered_page(
     error_class: str | None,
     attempt: int | None,
     max_pages: int = FILTER_SCAN_PAGES,
+    token: str | None = None,
 ) -> tuple[list[dict[str, Any]], str | None, int]:
     """Items of the API's list that pass the console's own filters (error class, attempt).
 
     The API filters by origin topic and due time itself; the other filters are applied
     here, reading the API's pages (through its cursor) until ``limit`` items pass or
     ``max_pages`` were read. Returns the items, the API cursor to go on from, and how
-    many items were examined.
+    many items were examined. ``token``, the operator's, shows the keys and headers it covers
+    where the scheduler puts payloads behind a token.
     """
     items: list[dict[str, Any]] = []
     examined = 0
     for _ in range(max_pages):
-        body = await client.get(path, params={**params, "limit": limit, "cursor": cursor})
+        body = await client.get(path, params={**params, "limit": limit, "cursor": cursor}, token=token)
         examined += len(body["items"])
         items.extend(i for i in body["items"] if matches_filter(i, error_class, attempt))
         cursor = body.get("next_cursor")
@@ -105,6 +107,7 @@ async def retries(
                 limit=PAGE_LIMIT,
                 error_class=error_class,
                 attempt=attempt_n,
+                token=token_of(request),
             ),
         )
     except UpstreamError as exc:
@@ -184,6 +187,7 @@ async def parked(
                 limit=PAGE_LIMIT,
                 error_class=error_class,
                 attempt=attempt_n,
+                token=token_of(request),
             ),
         )
     except UpstreamError as exc:
@@ -209,11 +213,12 @@ async def parked(
 async def retry_message(request: Request, id: Annotated[str, Query(min_length=1, max_length=1024)]) -> Response:
     client = clients_of(request).retry_scheduler
     try:
-        item = await client.get(f"/scheduled/{path_id(id)}")  # /retries/{id} cannot ask for the id "stats"
+        # /retries/{id} cannot ask for the id "stats"; the token: payloads may need one (the scheduler's setting)
+        item = await client.get(f"/scheduled/{path_id(id)}", token=token_of(request))
     except UpstreamError as exc:
         if exc.status == 404:
             try:
-                if await client.get_or_none(f"/parked/{path_id(id)}") is not None:
+                if await client.get_or_none(f"/parked/{path_id(id)}", token=token_of(request)) is not None:
                     return RedirectResponse(f"/parked/message?{query_string(id=id)}", status_code=303)
             except UpstreamError:
                 pass
@@ -227,7 +232,7 @@ async def retry_message(request: Request, id: Annotated[str, Query(min_length=1,
 async def parked_message(request: Request, id: Annotated[str, Query(min_length=1, max_length=1024)]) -> HTMLResponse:
     client = clients_of(request).retry_scheduler
     try:
-        item = await client.get(f"/parked/{path_id(id)}")
+        item = await client.get(f"/parked/{path_id(id)}", token=token_of(request))
     except UpstreamError as exc:
         return page(
             request, "message.html", status_code=refused(exc), nav="parked", kind="parked", item=None, dlq_id=id, error=str(exc)
@@ -324,6 +329,7 @@ async def act(request: Request) -> HTMLResponse:
 def explain_refusal(exc: UpstreamError) -> str:
     hint = {
         401: " Enter the admin token (or a valid one) on the token page.",
+        403: " The token entered does not cover this message's origin topic with that scope; enter one that does.",
         409: " The message changed meanwhile; reload it.",
         503: " The owning instance is recovering or rebalancing; try again shortly.",
     }.get(exc.status or 0, "")

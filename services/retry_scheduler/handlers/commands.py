@@ -75,10 +75,11 @@ class HttpCommands:
             {"partition": partition, "status": "accepted"},
         )
 
-    async def request_lane(self, lane: bytes, action: str, timeout_s: float) -> dict[str, Any]:
-        """Send a command on an ordered lane to the lane's partition and wait for the handler's answer."""
+    async def request_lane(self, lane: bytes, action: str, timeout_s: float, actor: str | None = None) -> dict[str, Any]:
+        """Send a command on an ordered lane to the lane's partition and wait for the handler's answer (as :meth:`request`)."""
         partition = partition_for(lane, self.engine.settings.topic_partitions)
-        return await self._ask(lane, KIND_LANE, lane_command_body(lane, action), partition, timeout_s, {"status": "accepted"})
+        body = lane_command_body(lane, action, actor)
+        return await self._ask(lane, KIND_LANE, body, partition, timeout_s, {"status": "accepted"})
 
     async def _ask(
         self, key: bytes | None, kind: bytes, body: dict[str, Any], partition: int, timeout_s: float, accepted: dict[str, Any]
@@ -113,7 +114,7 @@ class HttpCommands:
         self._answer(batch, body, await self.parking.group_action(batch, body))
 
     async def lane_command(self, batch: InputBatch, body: dict[str, Any]) -> None:
-        self._answer(batch, body, await self.ordered.command(batch, lane_of_command(body), str(body["action"])))
+        self._answer(batch, body, await self.ordered.command(batch, lane_of_command(body), str(body["action"]), actor_of(body)))
 
     async def _delete_parked(self, batch: InputBatch, dlq_id: str, actor: str | None) -> dict[str, Any]:
         raw = batch.read(self.state.parked, id_key(dlq_id))

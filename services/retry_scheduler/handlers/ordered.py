@@ -114,9 +114,12 @@ def decode_ordered_letter(raw: bytes) -> tuple[bytes, bool, Decided]:
     return lane, rest[:1] == b"\x01", decode_decided(rest[1:])
 
 
-def lane_command_body(lane: bytes, action: str) -> dict[str, Any]:
-    """The JSON body of a :data:`~services.retry_scheduler.handlers.kinds.KIND_LANE` record."""
-    return {"lane": b64encode(lane).decode(), "action": action}
+def lane_command_body(lane: bytes, action: str, actor: str | None = None) -> dict[str, Any]:
+    """The JSON body of a :data:`~services.retry_scheduler.handlers.kinds.KIND_LANE` record; ``actor``: who asked."""
+    body: dict[str, Any] = {"lane": b64encode(lane).decode(), "action": action}
+    if actor is not None:
+        body["actor"] = actor
+    return body
 
 
 def lane_of_command(body: dict[str, Any]) -> bytes:
@@ -290,8 +293,9 @@ class OrderedLanes:
 
     # -- operators ----------------------------------------------------------------------------------
 
-    async def command(self, batch: InputBatch, lane: bytes, action: str) -> dict[str, Any]:
-        """Replay the parked head, skip the head (releasing the next), or park the whole key."""
+    async def command(self, batch: InputBatch, lane: bytes, action: str, actor: str | None = None) -> dict[str, Any]:
+        """Replay the parked head, skip the head (releasing the next), or park the whole key; ``actor``
+        (who asked) goes into the replayed head's history and the log."""
         if action not in LANE_ACTIONS:
             raise ValueError(f"unknown lane action {action!r}")
         current = self.lane(batch, lane)
@@ -303,11 +307,11 @@ class OrderedLanes:
         if action == "replay-head":
             if status != "parked":
                 return {"status": "not_parked", "head": current.head, "head_status": status}
-            return {**await self.parking.unpark(batch, current.head), "head": current.head}
+            return {**await self.parking.unpark(batch, current.head, actor), "head": current.head}
         if action == "skip-head":
             self._drop_head(batch, current.head, status)
             new_head = await self.release_next(batch, lane, current)
-            log.info("skipped head %s of an ordered key; new head %s", current.head, new_head)
+            log.info("skipped head %s of an ordered key by %s; new head %s", current.head, actor, new_head)
             return {"status": "skipped", "skipped": current.head, "head": new_head}
         return await self._park_key(batch, lane, current, status)
 

@@ -20,13 +20,14 @@ from pydantic import BaseModel, Field
 
 from services.retry_scheduler.handlers.ordered import LANE_ACTIONS, LaneAction
 from services.retry_scheduler.models import key_text
+from services.retry_scheduler.routes.auth import ACT, Acting, allow
 from services.retry_scheduler.routes.common import AUTH, BUSY, COMMAND_BUSY, LIST_ERRORS, SCAN_BUDGET, Cursor, Limit, service_of
 from services.retry_scheduler.routes.pages import cursor_after, merge_pages
 from services.retry_scheduler.scans import scan_lanes
 from services.retry_scheduler.state import LANE_PREFIX, decode_lane, lane_row_key
 from shared.engine import Table, partition_for
 from shared.http.context import ServiceContext
-from shared.http.deps import Admin, Ctx, owned_key
+from shared.http.deps import Ctx, owned_key
 from shared.http.errors import Conflict, NotFound, Unavailable, error_responses
 from shared.http.forwarding import READS_STATE, gather, is_local_scope, local_scope_partitions
 from shared.http.pagination import InvalidCursor, decode_cursor, encode_cursor
@@ -204,8 +205,11 @@ async def get_lane(lane: ReadLane, ctx: Ctx) -> Any:
     return view
 
 
-async def act_on_lane(action: LaneAction, lane: CommandLane, ctx: Ctx) -> Any:
-    result = await service_of(ctx).commands.request_lane(b64decode(lane), action, ctx.settings.forward_timeout_s)
+async def act_on_lane(action: LaneAction, token: Acting, origin_topic: str, lane: CommandLane, ctx: Ctx) -> Any:
+    allow(ctx, token, ACT, origin_topic)
+    result = await service_of(ctx).commands.request_lane(
+        b64decode(lane), action, ctx.settings.forward_timeout_s, actor=token.name
+    )
     status = result.get("status")
     if status == "not_found":
         raise NotFound("the key is not blocked")
@@ -220,9 +224,9 @@ async def act_on_lane(action: LaneAction, lane: CommandLane, ctx: Ctx) -> Any:
     return result
 
 
-def _lane_command(action: LaneAction) -> Callable[[str, ServiceContext], Awaitable[Any]]:
-    async def command(lane: CommandLane, ctx: Ctx) -> Any:
-        return await act_on_lane(action, lane, ctx)
+def _lane_command(action: LaneAction) -> Callable[..., Awaitable[Any]]:
+    async def command(token: Acting, origin_topic: OrderedTopic, lane: CommandLane, ctx: Ctx) -> Any:
+        return await act_on_lane(action, token, origin_topic, lane, ctx)
 
     command.__name__ = f"{action.replace('-', '_')}_of_lane"
     return command
@@ -236,7 +240,6 @@ for _action in LANE_ACTIONS:
         _lane_command(_action),  # type: ignore[arg-type]
         methods=["POST"],
         response_model=LaneCommandOut,
-        dependencies=[Admin],
         summary={
             "replay-head": "Replay a blocked key's parked head",
             "skip-head": "Skip a blocked key's head, releasing the next record",

@@ -16,10 +16,12 @@ from services.retry_scheduler.entries import decode_entry
 from services.retry_scheduler.handlers.kinds import KIND_DELETE_PARKED, KIND_UNPARK
 from services.retry_scheduler.handlers.parking import DELETED, EXPIRED
 from services.retry_scheduler.models import CommandOut, GroupActionOut, ParkedGroupsOut, ParkedOut, ParkedPage, entry_json
+from services.retry_scheduler.routes.auth import ACT, OPTIONAL_BEARER, READ, Acting, Listing, Reading, allow, listed_entry
 from services.retry_scheduler.routes.common import (
-    ADMIN_ACTOR,
     AUTH,
+    LIST_AUTH,
     LIST_ERRORS,
+    READ_AUTH,
     SCAN_BUDGET,
     CommandId,
     Cursor,
@@ -33,7 +35,7 @@ from services.retry_scheduler.routes.common import (
 from services.retry_scheduler.routes.pages import cursor_after, merge_pages, parked_sort
 from services.retry_scheduler.scans import GroupFilter, ParkedGroup, scan_ids, scan_parked_groups
 from services.retry_scheduler.state import id_key, id_of
-from shared.http.deps import Admin, Ctx
+from shared.http.deps import Ctx
 from shared.http.errors import NotFound, Unprocessable, error_responses
 from shared.http.forwarding import (
     READS_STATE,
@@ -62,11 +64,14 @@ PARKED = "parked"
     "/parked",
     response_model=ParkedPage,
     summary="Parked messages, ordered by dlq.id",
-    responses=LIST_ERRORS,
+    description="With STATEFLEET_PAYLOADS_REQUIRE_TOKEN, the key and headers of a message whose origin topic the "
+    "call's token does not cover with read are left out (payload_hidden).",
+    responses={**LIST_ERRORS, **LIST_AUTH},
     dependencies=[READS_STATE],
+    openapi_extra=OPTIONAL_BEARER,
 )
 async def list_parked(
-    request: Request, ctx: Ctx, limit: Limit = 100, origin_topic: OriginTopic = None, cursor: Cursor = None
+    token: Listing, request: Request, ctx: Ctx, limit: Limit = 100, origin_topic: OriginTopic = None, cursor: Cursor = None
 ) -> Any:
     svc = service_of(ctx)
     after_id = decode_cursor(cursor, PARKED)
@@ -78,7 +83,7 @@ async def list_parked(
             scan = scan_ids(svc.state.parked.view(p), after=after, limit=limit, origin_topic=origin_topic, budget=SCAN_BUDGET)
             pages.append(
                 {
-                    "items": [entry_json(decode_entry(raw)) for _, raw in scan.items],
+                    "items": [listed_entry(ctx, token, decode_entry(raw)) for _, raw in scan.items],
                     "frontier": id_of(scan.frontier) if scan.frontier is not None else None,
                 }
             )
@@ -98,9 +103,10 @@ async def list_parked(
     "/parked/{dlq_id:id}",
     response_model=ParkedOut,
     summary="One parked message",
-    responses=error_responses(404, 422, 503, _404="Not parked (never parked, replayed, deleted or expired)"),
+    responses={**error_responses(404, 422, 503, _404="Not parked (never parked, replayed, deleted or expired)"), **READ_AUTH},
+    openapi_extra=OPTIONAL_BEARER,
 )
-async def get_parked(letter: ReadId, ctx: Ctx) -> Any:
+async def get_parked(token: Reading, letter: ReadId, ctx: Ctx) -> Any:
     svc = service_of(ctx)
     entry = svc.stats.parked_entry(letter.key, letter.partition)
     if entry is None:
@@ -110,25 +116,25 @@ async def get_parked(letter: ReadId, ctx: Ctx) -> Any:
             by = f" by {last.actor}" if last.actor else ""
             hint = f" (attempt {last.attempt} was {'deleted' if last.action == DELETED else 'expired'} at {last.at}{by})"
         raise NotFound(f"no parked message with dlq.id {letter.key!r}{hint}")
+    if token is not None:
+        allow(ctx, token, READ, entry.origin_topic)
     return entry_json(entry, with_value=True)
 
 
 @router.post(
     "/parked/{dlq_id:id}/replay",
     response_model=CommandOut,
-    dependencies=[Admin],
     summary="Redeliver a parked message to its retry topic (dlq.attempt unchanged) and unpark it",
     responses=command_responses("Not parked"),
 )
-async def replay_parked(letter: CommandId, ctx: Ctx) -> Any:
-    held = service_of(ctx).stats.parked_entry(letter.key, letter.partition) is not None
-    return await command_on(ctx, KIND_UNPARK, letter, held=held, what="parked")
+async def replay_parked(token: Acting, letter: CommandId, ctx: Ctx) -> Any:
+    held = service_of(ctx).stats.parked_entry(letter.key, letter.partition)
+    return await command_on(ctx, KIND_UNPARK, letter, token, held=held, what="parked")
 
 
 @router.delete(
     "/parked/{dlq_id:id}",
     response_model=CommandOut,
-    dependencies=[Admin],
     summary="Delete a parked message: it is never redelivered, and a copy of its dead letter read later is dropped",
     description=(
         "Applied by the partition's handler through the inbox, as replays are. The deletion is recorded in the "
@@ -137,9 +143,9 @@ async def replay_parked(letter: CommandId, ctx: Ctx) -> Any:
     ),
     responses=command_responses("Not parked"),
 )
-async def delete_parked(letter: CommandId, ctx: Ctx) -> Any:
-    held = service_of(ctx).stats.parked_entry(letter.key, letter.partition) is not None
-    return await command_on(ctx, KIND_DELETE_PARKED, letter, held=held, what="parked")
+async def delete_parked(token: Acting, letter: CommandId, ctx: Ctx) -> Any:
+    held = service_of(ctx).stats.parked_entry(letter.key, letter.partition)
+    return await command_on(ctx, KIND_DELETE_PARKED, letter, token, held=held, what="parked")
 
 
 # -- parked groups -----------------------------------------------------------------------------------
@@ -223,7 +229,6 @@ async def parked_groups(
 @router.post(
     "/parked-groups/{action}",
     response_model=GroupActionOut,
-    dependencies=[Admin],
     summary="Replay or cancel every parked message of a group (optionally parked within a time range); "
     "dry_run=true only counts them",
     description=(
@@ -235,6 +240,7 @@ async def parked_groups(
     responses={**AUTH, **error_responses(422, 503, _503="An owner is recovering or rebalancing; retry")},
 )
 async def act_on_parked_group(
+    token: Acting,
     request: Request,
     ctx: Ctx,
     action: Annotated[Literal["replay", "cancel"], Path(description="replay or cancel")],
@@ -246,6 +252,7 @@ async def act_on_parked_group(
 ) -> Any:
     svc = service_of(ctx)
     flt = _group_filter(origin_topic, error_class, parked_from, parked_to)
+    allow(ctx, token, ACT, origin_topic)
 
     async def local(partitions: list[int]) -> dict[str, Any]:
         if dry_run:
@@ -253,7 +260,7 @@ async def act_on_parked_group(
         timeout = ctx.settings.forward_timeout_s
         return {
             "answers": list(
-                await asyncio.gather(*(svc.commands.request_group(p, action, flt, timeout, ADMIN_ACTOR) for p in partitions))
+                await asyncio.gather(*(svc.commands.request_group(p, action, flt, timeout, token.name) for p in partitions))
             )
         }
 

@@ -13,9 +13,12 @@ from services.retry_scheduler.domain import MAX_DUE_MS, percentile
 from services.retry_scheduler.entries import Entry, decode_entry
 from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_REPLAY
 from services.retry_scheduler.models import CommandOut, RetryOut, RetryPage, StatsOut, entry_json
+from services.retry_scheduler.routes.auth import OPTIONAL_BEARER, READ, Acting, Listing, Reading, allow, listed_entry
 from services.retry_scheduler.routes.common import (
     BUSY,
+    LIST_AUTH,
     LIST_ERRORS,
+    READ_AUTH,
     SCAN_BUDGET,
     CommandId,
     Cursor,
@@ -37,7 +40,7 @@ from services.retry_scheduler.routes.pages import (
 )
 from services.retry_scheduler.scans import PageScan, scan_page
 from services.retry_scheduler.state import Done, split_due_key
-from shared.http.deps import Admin, Ctx
+from shared.http.deps import Ctx
 from shared.http.errors import NotFound, error_responses
 from shared.http.forwarding import READS_STATE, gather, gather_owners, is_local_scope, local_scope_partitions
 from shared.ordered_retries import HELD_BEHIND, header
@@ -122,10 +125,14 @@ async def retry_stats(request: Request, ctx: Ctx) -> Any:
     "/retries",
     response_model=RetryPage,
     summary="Scheduled messages in due order",
-    responses=LIST_ERRORS,
+    description="With STATEFLEET_PAYLOADS_REQUIRE_TOKEN, the key and headers of a message whose origin topic the "
+    "call's token does not cover with read are left out (payload_hidden).",
+    responses={**LIST_ERRORS, **LIST_AUTH},
     dependencies=[READS_STATE],
+    openapi_extra=OPTIONAL_BEARER,
 )
 async def list_retries(
+    token: Listing,
     request: Request,
     ctx: Ctx,
     limit: Limit = 100,
@@ -150,7 +157,7 @@ async def list_retries(
             )
             pages.append(
                 {
-                    "items": [entry_json(decode_entry(raw)) for _, raw in scan.items],
+                    "items": [listed_entry(ctx, token, decode_entry(raw)) for _, raw in scan.items],
                     "frontier": list(split_due_key(scan.frontier)) if scan.frontier is not None else None,
                 }
             )
@@ -166,23 +173,35 @@ async def list_retries(
     return {"items": items, "next_cursor": next_cursor}
 
 
-_GET_RETRY: Responses = error_responses(404, 422, 503, _404="Not scheduled (never seen, redelivered, cancelled or parked)")
+_GET_RETRY: Responses = {
+    **error_responses(404, 422, 503, _404="Not scheduled (never seen, redelivered, cancelled or parked)"),
+    **READ_AUTH,
+}
 
 
 # GET /retries/stats comes first, so the id "stats" cannot be asked for as /retries/stats:
 # /scheduled/{id} has no literal path beside it and answers for every id.
-@router.get("/retries/{dlq_id:id}", response_model=RetryOut, summary="One scheduled message", responses=_GET_RETRY)
+@router.get(
+    "/retries/{dlq_id:id}",
+    response_model=RetryOut,
+    summary="One scheduled message",
+    responses=_GET_RETRY,
+    openapi_extra=OPTIONAL_BEARER,
+)
 @router.get(
     "/scheduled/{dlq_id:id}",
     response_model=RetryOut,
     responses=_GET_RETRY,
     summary='One scheduled message, any id (GET /retries/stats answers the stats, this the id "stats")',
+    openapi_extra=OPTIONAL_BEARER,
 )
-async def get_retry(letter: ReadId, ctx: Ctx) -> Any:
+async def get_retry(token: Reading, letter: ReadId, ctx: Ctx) -> Any:
     svc = service_of(ctx)
     dlq_id, partition = letter.key, letter.partition
     state = svc.stats.index_entry(dlq_id, partition)
     if isinstance(state, Entry):
+        if token is not None:
+            allow(ctx, token, READ, state.origin_topic)
         return entry_json(state, with_value=True)
     held = svc.stats.held_entry(dlq_id, partition)
     if held is not None:
@@ -200,22 +219,20 @@ async def get_retry(letter: ReadId, ctx: Ctx) -> Any:
 @router.post(
     "/retries/{dlq_id:id}/replay",
     response_model=CommandOut,
-    dependencies=[Admin],
     summary="Redeliver a scheduled message now",
     responses=command_responses("Not scheduled"),
 )
-async def replay_retry(letter: CommandId, ctx: Ctx) -> Any:
-    held = service_of(ctx).stats.scheduled_entry(letter.key, letter.partition) is not None
-    return await command_on(ctx, KIND_REPLAY, letter, held=held, what="scheduled")
+async def replay_retry(token: Acting, letter: CommandId, ctx: Ctx) -> Any:
+    held = service_of(ctx).stats.scheduled_entry(letter.key, letter.partition)
+    return await command_on(ctx, KIND_REPLAY, letter, token, held=held, what="scheduled")
 
 
 @router.delete(
     "/retries/{dlq_id:id}",
     response_model=CommandOut,
-    dependencies=[Admin],
     summary="Cancel a scheduled message (it is not redelivered)",
     responses=command_responses("Not scheduled"),
 )
-async def cancel_retry(letter: CommandId, ctx: Ctx) -> Any:
-    held = service_of(ctx).stats.scheduled_entry(letter.key, letter.partition) is not None
-    return await command_on(ctx, KIND_CANCEL, letter, held=held, what="scheduled")
+async def cancel_retry(token: Acting, letter: CommandId, ctx: Ctx) -> Any:
+    held = service_of(ctx).stats.scheduled_entry(letter.key, letter.partition)
+    return await command_on(ctx, KIND_CANCEL, letter, token, held=held, what="scheduled")

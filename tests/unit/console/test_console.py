@@ -87,6 +87,9 @@ def scheduler(request: httpx.Request, calls: list[httpx.Request]) -> httpx.Respo
     calls.append(request)
     path = request.url.path
     authorized = request.headers.get("authorization") == f"Bearer {TOKEN}"
+    if path == "/parked/billing-1/replay" and request.headers.get("authorization") == "Bearer orders-team-token":
+        detail = "token 'orders-team' may not act on messages of origin topic 'billing'"
+        return httpx.Response(403, json={"error": "forbidden", "detail": detail, "token": "orders-team", "topic": "billing"})
     if request.method != "GET" and not authorized:
         return httpx.Response(401, json={"error": "unauthorized", "detail": "a valid bearer token is required"})
     if path == "/retries/stats":
@@ -265,6 +268,28 @@ def test_a_refused_call_is_shown_with_its_status(console: TestClient, calls: lis
     cancelled = console.post("/act", data={"kind": "retry", "action": "cancel", "id": "m1"})
     assert cancelled.status_code == 200 and "m1: cancelled" in cancelled.text
     assert calls[-1].method == "DELETE"
+
+
+def test_payloads_are_read_with_the_operators_token_and_a_refusal_says_which_token_to_enter(
+    console: TestClient, calls: list[httpx.Request]
+) -> None:
+    console.get("/retries/message", params={"id": "m1"})
+    assert "authorization" not in calls[-1].headers  # no token entered: none sent
+    console.cookies.set(TOKEN_COOKIE, TOKEN)
+    pages: list[tuple[str, dict[str, str]]] = [("/retries/message", {"id": "m1"}), ("/parked/message", {"id": "h1"})]
+    for path, params in [*pages, ("/retries", {}), ("/parked", {})]:
+        assert console.get(path, params=params).status_code == 200, path
+    payload_reads = [c for c in calls if c.url.path in ("/scheduled/m1", "/parked/h1", "/retries", "/parked")]
+    assert {c.url.path for c in payload_reads if c.headers.get("authorization") == f"Bearer {TOKEN}"} == {
+        "/scheduled/m1",
+        "/parked/h1",
+        "/retries",
+        "/parked",
+    }
+    console.cookies.set(TOKEN_COOKIE, "orders-team-token")
+    refused = console.post("/act", data={"kind": "parked", "action": "replay", "id": "billing-1"})
+    assert refused.status_code == 403, refused.text
+    assert "does not cover this message&#39;s origin topic" in refused.text and "token &#39;orders-team&#39;" in refused.text
 
 
 def test_confirmation_comes_before_any_change(console: TestClient, calls: list[httpx.Request]) -> None:

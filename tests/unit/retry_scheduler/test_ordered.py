@@ -7,7 +7,6 @@ parked; every change of a lane's head is published on the blocked-keys topic."""
 from __future__ import annotations
 
 import time
-from base64 import b64encode
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
 from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_DECIDED, KIND_LANE, KIND_ORDERED
+from services.retry_scheduler.handlers.ordered import lane_command_body
 from services.retry_scheduler.routes.ordered import blocked_cursor, blocked_key_json, blocked_sort, decode_blocked_cursor
 from services.retry_scheduler.routes.pages import merge_pages
 from services.retry_scheduler.scans import scan_lanes
@@ -103,9 +103,9 @@ def tick(s: Scheduler) -> None:
     driver.process()
 
 
-def lane_command(s: Scheduler, action: str) -> None:
+def lane_command(s: Scheduler, action: str, actor: str | None = None) -> None:
     service, driver = s
-    body = orjson.dumps({"lane": b64encode(LANE).decode(), "action": action})
+    body = orjson.dumps(lane_command_body(LANE, action, actor))
     driver.pipe(service.inbox_topic_name, LANE, KIND_LANE + body, partition=partition_for(LANE, PARTITIONS))
 
 
@@ -243,6 +243,16 @@ def test_a_parked_head_keeps_the_rest_held_until_it_is_replayed(scheduler: Sched
     assert redelivered(scheduler) == ["d1"] and parked_reason(scheduler, "d1") is None
     ack(scheduler, "d1")
     assert redelivered(scheduler) == ["d1", "d2"]
+
+
+def test_a_replayed_head_records_who_replayed_it(scheduler: Scheduler) -> None:
+    service, _ = scheduler
+    fail(scheduler, "d1", attempt=3)
+    lane_command(scheduler, "replay-head", actor="orders-team")
+    assert redelivered(scheduler) == ["d1"]
+    fail(scheduler, "d1", attempt=4)  # it fails again: parked, its history naming the token that replayed it
+    entry = service.stats.parked_entry("d1", partition_for(LANE, PARTITIONS))
+    assert entry is not None and [(h.action, h.attempt, h.actor) for h in entry.history] == [("unpark", 3, "orders-team")]
 
 
 def test_skipping_a_parked_head_releases_the_next(scheduler: Scheduler) -> None:

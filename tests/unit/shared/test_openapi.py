@@ -57,14 +57,17 @@ EXPECTED = {
     ("get", "/tallies/{program_id}"): {"200", "404", "422", "503"},
     ("get", "/tallies/{key}"): {"200", "404", "422", "503"},
     ("get", "/tallies"): {"200", "400", "422", "503"},
-    ("get", "/retries"): {"200", "400", "422", "503"},
-    ("get", "/retries/{dlq_id}"): {"200", "404", "422", "503"},
-    ("get", "/scheduled/{dlq_id}"): {"200", "404", "422", "503"},
-    ("post", "/retries/{dlq_id}/replay"): {"200", "202", "401", "404", "422", "503"},
-    ("delete", "/retries/{dlq_id}"): {"200", "202", "401", "404", "422", "503"},
-    ("get", "/parked"): {"200", "400", "422", "503"},
-    ("post", "/parked/{dlq_id}/replay"): {"200", "202", "401", "404", "422", "503"},
-    ("delete", "/parked/{dlq_id}"): {"200", "202", "401", "404", "422", "503"},
+    ("get", "/retries"): {"200", "400", "401", "422", "503"},
+    ("get", "/retries/{dlq_id}"): {"200", "401", "403", "404", "422", "503"},
+    ("get", "/scheduled/{dlq_id}"): {"200", "401", "403", "404", "422", "503"},
+    ("post", "/retries/{dlq_id}/replay"): {"200", "202", "401", "403", "404", "422", "503"},
+    ("delete", "/retries/{dlq_id}"): {"200", "202", "401", "403", "404", "422", "503"},
+    ("get", "/parked"): {"200", "400", "401", "422", "503"},
+    ("get", "/parked/{dlq_id}"): {"200", "401", "403", "404", "422", "503"},
+    ("post", "/parked/{dlq_id}/replay"): {"200", "202", "401", "403", "404", "422", "503"},
+    ("delete", "/parked/{dlq_id}"): {"200", "202", "401", "403", "404", "422", "503"},
+    ("post", "/parked-groups/{action}"): {"200", "401", "403", "422", "503"},
+    ("post", "/ordered-keys/replay-head"): {"200", "202", "401", "403", "404", "409", "422", "503"},
     ("get", "/readyz"): {"200", "503"},
 }
 
@@ -120,3 +123,22 @@ def test_query_values_with_control_characters_or_spaces_are_refused(value: str) 
     assert resp.status_code == 422
     assert resp.json()["error"] == "invalid_request"
     assert resp.json()["detail"][0]["loc"] == ["query", "limit"]
+
+
+def test_the_retry_scheduler_documents_its_bearer_tokens() -> None:
+    schema = service_api(retry_router).openapi()
+    assert schema["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": schema["components"]["securitySchemes"]["bearer"]["description"],
+    }
+    ops = {(method, path): op for path, method, op in operations(schema)}
+    for key in [("post", "/parked/{dlq_id}/replay"), ("delete", "/parked/{dlq_id}"), ("post", "/parked-groups/{action}")]:
+        assert ops[key]["security"] == [{"bearer": []}], key
+    for key in [("get", "/parked/{dlq_id}"), ("get", "/retries/{dlq_id}"), ("get", "/parked")]:
+        assert ops[key]["security"] == [{"bearer": []}, {}], key  # optional: needed only with STATEFLEET_PAYLOADS_REQUIRE_TOKEN
+    assert "security" not in ops[("get", "/retries/stats")]
+    forbidden = ops[("post", "/parked/{dlq_id}/replay")]["responses"]["403"]
+    assert "names the token, the topic and the scope" in forbidden["description"]
+    error_fields = schema["components"]["schemas"]["ErrorOut"]["properties"]
+    assert {"token", "topic", "scope"} <= set(error_fields)

@@ -290,3 +290,16 @@ async def test_a_list_whose_owner_is_restoring_takes_those_partitions_from_copie
     assert sorted(str(page["partitions"]) for page in pages) == ["0", "1", "2", "3", "4,5,6,7"]
     assert all(page["from"] == PEER_B for page in pages if page["partitions"] in ("0", "1", "2", "3"))
     assert read_from_headers(req.state.read_from) == {SOURCE: "standby", LAG: "0"}
+
+
+async def test_a_list_asks_each_peer_with_the_callers_token_and_nothing_else_of_its_headers(fleet: Fleet) -> None:
+    split_owners(fleet)
+    fleet.answers = {OWNER: (200, None), PEER_A: (200, None)}
+    req = request(headers={"Authorization": "Bearer team-secret", "Cookie": "c=1"})
+    await forwarding.gather(context(fleet, topic_partitions=8), req, TABLE, local_pages)
+    assert len(fleet.asked) == 2
+    for asked in fleet.asked:  # a peer's part shows the payloads this caller's token covers, no more
+        assert asked.headers["authorization"] == "Bearer team-secret" and "cookie" not in asked.headers
+    fleet.asked.clear()
+    await forwarding.gather(context(fleet, topic_partitions=8), request(), TABLE, local_pages)
+    assert [a.headers.get("authorization") for a in fleet.asked] == [None, None]
