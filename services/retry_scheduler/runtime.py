@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from services.retry_scheduler import DEFAULT_PORT, SERVICE
-from services.retry_scheduler.api import router
 from services.retry_scheduler.app import RetrySchedulerService
 from services.retry_scheduler.domain import PolicyError
+from services.retry_scheduler.routes import router
 from services.retry_scheduler.tokens import TokenError
 from shared.runtime import run, serve_http
 from shared.settings import Settings, get_settings

@@ -14,7 +14,7 @@ from services.retry_scheduler.models import CommandOut
 from services.retry_scheduler.routes.auth import ACT, allow
 from services.retry_scheduler.tokens import Token
 from shared.engine import Table
-from shared.http.context import ServiceContext
+from shared.http.context import ServiceContext, service_of
 from shared.http.deps import Located, located_key
 from shared.http.errors import NotFound, Unavailable, error_responses
 from shared.http.pagination import CursorParam
@@ -54,9 +54,9 @@ def command_responses(not_found: str) -> Responses:
     return {**ACCEPTED, **AUTH, **error_responses(404, 422, _404=not_found), **COMMAND_BUSY}
 
 
-def service_of(ctx: Any) -> RetrySchedulerService:
-    svc: RetrySchedulerService = ctx.extras["service"]
-    return svc
+def scheduler(ctx: ServiceContext) -> RetrySchedulerService:
+    """The retry scheduler service behind ``ctx``."""
+    return service_of(ctx, RetrySchedulerService)
 
 
 async def _dlq_id(dlq_id: DlqId) -> str:
@@ -66,7 +66,7 @@ async def _dlq_id(dlq_id: DlqId) -> str:
 def _places_of(ctx: ServiceContext, dlq_id: str) -> list[int]:
     """Where a message may be: its id's partition, and with ordered retries on, every other
     (a dead letter of an ordered topic lives in its key's partition, which its id does not tell)."""
-    svc = service_of(ctx)
+    svc = scheduler(ctx)
     home = svc.state.partition_of(dlq_id)
     if not svc.routing.ordered_topics:
         return [home]
@@ -74,11 +74,11 @@ def _places_of(ctx: ServiceContext, dlq_id: str) -> list[int]:
 
 
 def _holds(ctx: ServiceContext, dlq_id: str, partition: int) -> bool:
-    return service_of(ctx).stats.knows(dlq_id, partition)
+    return scheduler(ctx).stats.knows(dlq_id, partition)
 
 
 def _schedule(ctx: ServiceContext) -> Table:
-    return service_of(ctx).state.schedule
+    return scheduler(ctx).state.schedule
 
 
 #: A dlq.id this instance answers a read of (the owner of the partition it is in, or a copy).
@@ -94,7 +94,7 @@ async def command_on(ctx: ServiceContext, kind: bytes, letter: Located, token: T
     if held is None:
         raise NotFound(f"no {what} message with dlq.id {letter.key!r}")
     allow(ctx, token, ACT, held.origin_topic)
-    result = await service_of(ctx).commands.request(
+    result = await scheduler(ctx).commands.request(
         kind, letter.key, letter.partition, ctx.settings.forward_timeout_s, actor=token.name
     )
     status = result.get("status")

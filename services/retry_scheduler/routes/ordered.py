@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from services.retry_scheduler.handlers.ordered import LANE_ACTIONS, LaneAction
 from services.retry_scheduler.models import key_text
 from services.retry_scheduler.routes.auth import ACT, Acting, allow
-from services.retry_scheduler.routes.common import AUTH, BUSY, COMMAND_BUSY, LIST_ERRORS, SCAN_BUDGET, Cursor, Limit, service_of
+from services.retry_scheduler.routes.common import AUTH, BUSY, COMMAND_BUSY, LIST_ERRORS, SCAN_BUDGET, Cursor, Limit, scheduler
 from services.retry_scheduler.routes.pages import cursor_after, merge_pages
 from services.retry_scheduler.scans import scan_lanes
 from services.retry_scheduler.state import LANE_PREFIX, decode_lane, lane_row_key
@@ -54,7 +54,7 @@ def _partition_of_lane(ctx: ServiceContext, lane_name: str) -> int:
 
 
 def _index(ctx: ServiceContext) -> Table:
-    return service_of(ctx).state.index
+    return scheduler(ctx).state.index
 
 
 ReadLane = Annotated[str, owned_key(_lane_name, _index, _partition_of_lane)]
@@ -167,7 +167,7 @@ async def list_blocked_keys(
     ] = None,
     cursor: Cursor = None,
 ) -> Any:
-    svc = service_of(ctx)
+    svc = scheduler(ctx)
     after_lane = decode_blocked_cursor(cursor)
     after = lane_row_key(after_lane) if after_lane is not None else None
 
@@ -199,7 +199,7 @@ async def list_blocked_keys(
     responses={**BUSY, **error_responses(404, _404="The key is not blocked")},
 )
 async def get_lane(lane: ReadLane, ctx: Ctx) -> Any:
-    view = service_of(ctx).stats.lane_view(b64decode(lane), HELD_LISTED)
+    view = scheduler(ctx).stats.lane_view(b64decode(lane), HELD_LISTED)
     if view is None:
         raise NotFound("the key is not blocked")
     return view
@@ -207,9 +207,7 @@ async def get_lane(lane: ReadLane, ctx: Ctx) -> Any:
 
 async def act_on_lane(action: LaneAction, token: Acting, origin_topic: str, lane: CommandLane, ctx: Ctx) -> Any:
     allow(ctx, token, ACT, origin_topic)
-    result = await service_of(ctx).commands.request_lane(
-        b64decode(lane), action, ctx.settings.forward_timeout_s, actor=token.name
-    )
+    result = await scheduler(ctx).commands.request_lane(b64decode(lane), action, ctx.settings.forward_timeout_s, actor=token.name)
     status = result.get("status")
     if status == "not_found":
         raise NotFound("the key is not blocked")

@@ -30,7 +30,7 @@ from services.retry_scheduler.routes.common import (
     ReadId,
     command_on,
     command_responses,
-    service_of,
+    scheduler,
 )
 from services.retry_scheduler.routes.pages import cursor_after, merge_pages, parked_sort
 from services.retry_scheduler.scans import GroupFilter, ParkedGroup, scan_ids, scan_parked_groups
@@ -73,7 +73,7 @@ PARKED = "parked"
 async def list_parked(
     token: Listing, request: Request, ctx: Ctx, limit: Limit = 100, origin_topic: OriginTopic = None, cursor: Cursor = None
 ) -> Any:
-    svc = service_of(ctx)
+    svc = scheduler(ctx)
     after_id = decode_cursor(cursor, PARKED)
     after = id_key(after_id) if after_id is not None else None
 
@@ -107,7 +107,7 @@ async def list_parked(
     openapi_extra=OPTIONAL_BEARER,
 )
 async def get_parked(token: Reading, letter: ReadId, ctx: Ctx) -> Any:
-    svc = service_of(ctx)
+    svc = scheduler(ctx)
     entry = svc.stats.parked_entry(letter.key, letter.partition)
     if entry is None:
         last = svc.stats.last_event(letter.key, letter.partition)
@@ -128,7 +128,7 @@ async def get_parked(token: Reading, letter: ReadId, ctx: Ctx) -> Any:
     responses=command_responses("Not parked"),
 )
 async def replay_parked(token: Acting, letter: CommandId, ctx: Ctx) -> Any:
-    held = service_of(ctx).stats.parked_entry(letter.key, letter.partition)
+    held = scheduler(ctx).stats.parked_entry(letter.key, letter.partition)
     return await command_on(ctx, KIND_UNPARK, letter, token, held=held, what="parked")
 
 
@@ -144,7 +144,7 @@ async def replay_parked(token: Acting, letter: CommandId, ctx: Ctx) -> Any:
     responses=command_responses("Not parked"),
 )
 async def delete_parked(token: Acting, letter: CommandId, ctx: Ctx) -> Any:
-    held = service_of(ctx).stats.parked_entry(letter.key, letter.partition)
+    held = scheduler(ctx).stats.parked_entry(letter.key, letter.partition)
     return await command_on(ctx, KIND_DELETE_PARKED, letter, token, held=held, what="parked")
 
 
@@ -213,7 +213,7 @@ async def parked_groups(
     parked_from: Annotated[int | None, Query(ge=0, le=MAX_DUE_MS, description="Only parked at or after (epoch ms)")] = None,
     parked_to: Annotated[int | None, Query(ge=0, le=MAX_DUE_MS, description="Only parked at or before (epoch ms)")] = None,
 ) -> Any:
-    svc = service_of(ctx)
+    svc = scheduler(ctx)
     flt = _group_filter(origin_topic, error_class, parked_from, parked_to)
 
     async def local(partitions: list[int]) -> dict[str, Any]:
@@ -250,7 +250,7 @@ async def act_on_parked_group(
     parked_to: Annotated[int | None, Query(ge=0, le=MAX_DUE_MS, description="Only parked at or before (epoch ms)")] = None,
     dry_run: Annotated[bool, Query(description="Only count what the action would cover; change nothing")] = False,
 ) -> Any:
-    svc = service_of(ctx)
+    svc = scheduler(ctx)
     flt = _group_filter(origin_topic, error_class, parked_from, parked_to)
     allow(ctx, token, ACT, origin_topic)
 

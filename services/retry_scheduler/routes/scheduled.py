@@ -28,7 +28,7 @@ from services.retry_scheduler.routes.common import (
     Responses,
     command_on,
     command_responses,
-    service_of,
+    scheduler,
 )
 from services.retry_scheduler.routes.pages import (
     cursor_after,
@@ -56,7 +56,7 @@ router = APIRouter(tags=["retries"])
     dependencies=[READS_STATE],
 )
 async def retry_stats(request: Request, ctx: Ctx) -> Any:
-    svc = service_of(ctx)
+    svc = scheduler(ctx)
 
     async def local() -> dict[str, Any]:
         owned = svc.stats.owned()
@@ -140,7 +140,7 @@ async def list_retries(
     origin_topic: OriginTopic = None,
     cursor: Cursor = None,
 ) -> Any:
-    svc = service_of(ctx)
+    svc = scheduler(ctx)
     after = decode_retry_cursor(cursor)
 
     async def local(partitions: list[int]) -> dict[str, Any]:
@@ -196,7 +196,7 @@ _GET_RETRY: Responses = {
     openapi_extra=OPTIONAL_BEARER,
 )
 async def get_retry(token: Reading, letter: ReadId, ctx: Ctx) -> Any:
-    svc = service_of(ctx)
+    svc = scheduler(ctx)
     dlq_id, partition = letter.key, letter.partition
     state = svc.stats.index_entry(dlq_id, partition)
     if isinstance(state, Entry):
@@ -223,7 +223,7 @@ async def get_retry(token: Reading, letter: ReadId, ctx: Ctx) -> Any:
     responses=command_responses("Not scheduled"),
 )
 async def replay_retry(token: Acting, letter: CommandId, ctx: Ctx) -> Any:
-    held = service_of(ctx).stats.scheduled_entry(letter.key, letter.partition)
+    held = scheduler(ctx).stats.scheduled_entry(letter.key, letter.partition)
     return await command_on(ctx, KIND_REPLAY, letter, token, held=held, what="scheduled")
 
 
@@ -234,5 +234,5 @@ async def replay_retry(token: Acting, letter: CommandId, ctx: Ctx) -> Any:
     responses=command_responses("Not scheduled"),
 )
 async def cancel_retry(token: Acting, letter: CommandId, ctx: Ctx) -> Any:
-    held = service_of(ctx).stats.scheduled_entry(letter.key, letter.partition)
+    held = scheduler(ctx).stats.scheduled_entry(letter.key, letter.partition)
     return await command_on(ctx, KIND_CANCEL, letter, token, held=held, what="scheduled")

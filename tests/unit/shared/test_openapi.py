@@ -11,7 +11,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
 from examples.orders.projection import PROJECTION as ORDERS
-from services.retry_scheduler.api import router as retry_router
+from services.retry_scheduler.routes import router as retry_router
 from services.tallies.routes import build_router
 from services.tallies.routes import router as tallies_router
 from services.validator.routes import router as validator_router
