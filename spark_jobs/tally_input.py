@@ -1,6 +1,6 @@
 """Reading a projection's inputs exactly as the tallies service does.
 
-The service (``services.tallies.app.parse_input``) decodes a record's value with
+The service (``services.tallies.handlers.inputs.parse_input``) decodes a record's value with
 ``shared.codecs.loads_object`` and reads it with the reader its projection gives the
 record's topic (:meth:`shared.projection.Projection.reader_for`): a
 :class:`~shared.projection.Change` of one entity or a :class:`~shared.projection.Mark` of one

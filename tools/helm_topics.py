@@ -98,7 +98,8 @@ def domain_topics(settings: Settings, domain: Domain[Any], projection: Projectio
     compacted: the domain's command, command batch, event and rejection topics; the
     projection's inputs, its output, the tallies' retry topic and table changelogs (named
     after the projection, as the service names them)."""
-    from services.tallies.app import TABLES, service_name
+    from services.tallies.app import TABLES
+    from services.tallies.state import service_name
     from services.validator.handlers.topics import ValidatorTopics
     from shared.engine import app_id
     from shared.topics import topic_names

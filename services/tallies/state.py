@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import Any
 
+from services.tallies import SERVICE
 from services.tallies.domain import PROJECTION
 from shared import codecs
 from shared.engine import partition_for
-from shared.projection import Change, Mark, Membership, build_record, delta, latest
+from shared.projection import Change, Mark, Membership, Projection, build_record, delta, latest
 
 Contribution = Callable[[str], tuple[int, ...]]
 
@@ -265,3 +266,10 @@ def pack_by_partition(items: Iterable[Change | Mark], partitions: int) -> list[t
             parts.append(PackedInputs())
         parts[-1].add(item)
     return [(partition, part) for partition, parts in packed.items() for part in parts]
+
+
+def service_name(projection: Projection) -> str:
+    """The engine's name for the service running ``projection``: its consumer group, changelogs,
+    retry topic and local data are named after it. ``tallies`` for the bundled default (as
+    before projections), ``tallies-<name>`` for any other, so two never share state."""
+    return SERVICE if projection.name == PROJECTION.name else f"{SERVICE}-{projection.name}"

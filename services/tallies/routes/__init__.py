@@ -63,7 +63,7 @@ def build_router(projection: Projection) -> APIRouter:
     TalliedKey = Annotated[str, owned_key(_key_of_path(key_field), lambda ctx: tallies(ctx).memberships_store)]
 
     async def get_tally(key: str, ctx: Ctx) -> Any:
-        row = tallies(ctx).tally(key)
+        row = tallies(ctx).by_program.tally(key)
         if row is None:
             raise NotFound(f"no tally for {key_field} {key!r}")
         return row
@@ -91,12 +91,14 @@ def build_router(projection: Projection) -> APIRouter:
         after = decode_cursor(cursor, LIST_NAME)
 
         async def local_page(partitions: list[int]) -> dict[str, Any]:
-            keys = sorted(p for p in svc.programs_in(partitions) if after is None or p > after)[:limit]
-            items = [row for row in (svc.tally(k) for k in keys) if row is not None]
+            keys = sorted(p for p in svc.by_program.programs_in(partitions) if after is None or p > after)[:limit]
+            items = [row for row in (svc.by_program.tally(k) for k in keys) if row is not None]
             return {"items": items, "next_cursor": None}
 
         if is_local_scope(request):
-            return await local_page(await local_scope_partitions(ctx, request, svc.memberships_store, svc.owned_partitions()))
+            return await local_page(
+                await local_scope_partitions(ctx, request, svc.memberships_store, svc.by_program.owned_partitions())
+            )
         pages = await gather(ctx, request, svc.memberships_store, local_page)
         items = merge_pages(pages, key=key_field, limit=limit)
         next_cursor = encode_cursor(items[-1][key_field], LIST_NAME) if len(items) == limit else None

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from services.retry_scheduler.domain import Park, build_policy_book, decide
-from services.tallies.app import parse_input as tallies_parse_input
 from services.tallies.domain import InvalidInput, parse_account_change
+from services.tallies.handlers.inputs import parse_input as tallies_parse_input
 from shared import codecs
 from shared.accounts import MAX_ID_LENGTH, AccountChange, InvalidEvent, parse_event
 from shared.topics import TopicNames

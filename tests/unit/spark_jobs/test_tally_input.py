@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from examples.orders.projection import PROJECTION as ORDERS
-from services.tallies.app import parse_input as service_parse_input
 from services.tallies.domain import PROJECTION, InvalidInput
+from services.tallies.handlers.inputs import parse_input as service_parse_input
 from shared import codecs
 from shared.projection import Change, Mark
 from shared.topics import TopicNames

@@ -7,8 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
-from services.tallies.app import TalliesService
 from services.tallies.domain import PROJECTION, Membership
+from services.tallies.handlers.by_program import ByProgram
 from services.tallies.state import ProgramCounts, decode_membership, encode_membership, membership_key
 from shared.accounts import ACTIVE, INACTIVE
 from shared.engine import InputBatch
@@ -26,7 +26,7 @@ class Store:
         return {key: value for (p, key), value in self.rows.items() if p == partition}
 
 
-def service(memberships: Store, logins: Store) -> TalliesService:
+def service(memberships: Store, logins: Store) -> ByProgram:
     return SimpleNamespace(memberships_store=memberships, logins_store=logins, evolve=PROJECTION.evolve)  # type: ignore[return-value]
 
 
@@ -44,7 +44,7 @@ def test_changes_in_one_batch_see_each_other_and_replays_write_nothing() -> None
         Change("old", "P", "AccountUpdated", 3),  # a replay of a stored version
         Change("old", "P", "AccountDeactivated", 4),
     ):
-        TalliesService.apply_change(svc, batch, change, moves, programs)
+        ByProgram.apply_change(svc, batch, change, moves, programs)
     rows = batch.rows[cast(Any, memberships)]
     assert {k: decode_membership(v) for k, v in rows.items() if v is not None} == {
         (2, membership_key("P", "a")): Membership(INACTIVE, 2),
@@ -64,10 +64,10 @@ def test_logins_keep_the_largest_ts_across_the_batch_and_the_table() -> None:
     svc = service(Store(), logins)
     batch = InputBatch("by-program", 1, [])
     programs: set[str] = set()
-    TalliesService.apply_login(svc, batch, "P", 40, programs)
+    ByProgram.apply_login(svc, batch, "P", 40, programs)
     assert batch.rows == {} and programs == set()
-    TalliesService.apply_login(svc, batch, "P", 70, programs)
-    TalliesService.apply_login(svc, batch, "P", 60, programs)
+    ByProgram.apply_login(svc, batch, "P", 70, programs)
+    ByProgram.apply_login(svc, batch, "P", 60, programs)
     assert batch.rows[cast(Any, logins)] == {(1, b"P"): b"70"} and programs == {"P"}
 
 
@@ -87,7 +87,7 @@ def test_counts_kept_in_memory_answer_only_once_the_recovery_is_done() -> None:
     counts.rebuild({2: rows[:1]})  # the counts of before the stop
     memberships = SimpleNamespace(items=lambda p, from_key=None: iter(rows))
     svc: Any = SimpleNamespace(counts=counts, engine=engine, memberships_store=memberships)
-    svc._counts_current = lambda p: TalliesService._counts_current(svc, p)
-    assert TalliesService._program_counts(svc, 2, "P") == (2, 0)
+    svc._counts_current = lambda p: ByProgram._counts_current(svc, p)
+    assert ByProgram._program_counts(svc, 2, "P") == (2, 0)
     recovered[0] = True  # the recovery's rebuild would have counted both; the counts answer from here on
-    assert TalliesService._program_counts(svc, 2, "P") == (1, 0)
+    assert ByProgram._program_counts(svc, 2, "P") == (1, 0)

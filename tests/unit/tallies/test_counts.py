@@ -53,7 +53,7 @@ def test_a_partition_moved_before_it_was_ever_counted_is_not_taken_for_counted()
 @pytest.fixture
 def tallies(tmp_path: Path) -> Iterator[tuple[TalliesService, TopologyDriver]]:
     service = TalliesService(Settings(data_dir=tmp_path, topic_partitions=PARTITIONS))
-    service.owned_partitions = lambda: set(range(PARTITIONS))  # type: ignore[method-assign]
+    service.by_program.owned_partitions = lambda: set(range(PARTITIONS))  # type: ignore[method-assign]
     with TopologyDriver(service.engine) as driver:
         yield service, driver
 
@@ -69,13 +69,13 @@ def test_a_rebalance_recounts_only_the_partition_restored_into(
     for n in range(6):
         create(service, driver, f"a{n}", f"P{n}")
     driver.process()
-    driver.run(service.rebuild_counts())  # the first count: every partition
+    driver.run(service.by_program.rebuild_counts())  # the first count: every partition
     create(service, driver, "b0", "P0")  # processed on: the counts move with the rows
     driver.process()
-    caplog.set_level("INFO", logger="services.tallies.app")
-    driver.run(service.rebuild_counts())
+    caplog.set_level("INFO", logger="services.tallies.handlers.by_program")
+    driver.run(service.by_program.rebuild_counts())
     assert "counted 0 memberships in 0 of 4 owned partitions" in caplog.text
-    assert service.tally("P0") is not None and service.tally("P0")["numberActive"] == 2  # type: ignore[index]
+    assert service.by_program.tally("P0") is not None and service.by_program.tally("P0")["numberActive"] == 2  # type: ignore[index]
 
     # Rows restored into P0's partition from its changelog (written by another owner meanwhile).
     partition = partition_for("P0", PARTITIONS)
@@ -85,7 +85,7 @@ def test_a_rebalance_recounts_only_the_partition_restored_into(
     write.set_persisted_offset((store.applied_offset(partition) or 0) + 7)
     write.write()
     caplog.clear()
-    driver.run(service.rebuild_counts())
+    driver.run(service.by_program.rebuild_counts())
     assert "in 1 of 4 owned partitions" in caplog.text
-    assert service.tally("P0")["numberActive"] == 3  # type: ignore[index]
+    assert service.by_program.tally("P0")["numberActive"] == 3  # type: ignore[index]
     assert all(service.counts.current(p, store.applied_offset(p)) for p in range(PARTITIONS))

@@ -13,8 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
-import services.tallies.app as tallies_app
+import services.tallies.handlers.inputs as inputs_module
 from services.tallies.app import TalliesService
+from services.tallies.handlers.by_program import ByProgram
 from services.tallies.state import PUBLISH_TICK, PackedInputs, ProgramCounts
 from shared.engine import partition_for
 from shared.engine.testing import TopologyDriver
@@ -43,14 +44,14 @@ def login(service: TalliesService, driver: TopologyDriver, account: str, program
 def parse_change(value: bytes) -> Any:
     """An account-events record read as the service's default projection reads it."""
     topics = topic_names(Settings())
-    read = tallies_app.parser_for(topics.account_events, topics)
+    read = inputs_module.parser_for(topics.account_events, topics)
     assert read is not None
     return read(value)
 
 
 def tick(service: TalliesService, driver: TopologyDriver) -> None:
     """What the publish timer does once (every partition owned), and its ticks processed."""
-    driver.run(service.send_publish_ticks())
+    driver.run(service.by_program.send_publish_ticks())
     driver.process()
 
 
@@ -70,7 +71,7 @@ def tally(program: str, active: int, inactive: int, last_login: int | None = Non
 def owns_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver runs no consumer group: this instance owns every partition (recovered, as
     the driver's instance always is)."""
-    monkeypatch.setattr(TalliesService, "owned_partitions", lambda self: set(range(PARTITIONS)))
+    monkeypatch.setattr(ByProgram, "owned_partitions", lambda self: set(range(PARTITIONS)))
 
 
 def test_a_tick_publishes_changed_tallies_once_and_a_second_tick_nothing(tallies: tuple[TalliesService, TopologyDriver]) -> None:
@@ -82,11 +83,15 @@ def test_a_tick_publishes_changed_tallies_once_and_a_second_tick_nothing(tallies
     login(service, driver, "a1", "P", 1_700_000_000_123)
     driver.process()
     assert published(service, driver) == []  # nothing before a tick
-    assert sum(len(p) for p in service.dirty.values()) == 2
+    assert sum(len(p) for p in service.by_program.dirty.values()) == 2
 
     tick(service, driver)
     assert sorted(published(service, driver)) == [("P", tally("P", 1, 1, 1_700_000_000_123)), ("Q", tally("Q", 1, 0))]
-    assert service.dirty == {} and service.publish_ticks.in_flight() == set() and service.published == 2
+    assert (
+        service.by_program.dirty == {}
+        and service.by_program.publish_ticks.in_flight() == set()
+        and service.by_program.published == 2
+    )
     # The table holds what went out, in the program's partition.
     table = driver.table("published-tallies")
     assert orjson.loads(table.get(b"P") or b"null") == tally("P", 1, 1, 1_700_000_000_123)
@@ -97,7 +102,7 @@ def test_a_tick_publishes_changed_tallies_once_and_a_second_tick_nothing(tallies
     assert sum(r.value == PUBLISH_TICK for r in by_program) == len({partition_for(p, PARTITIONS) for p in "PQ"})
     # A tick with nothing dirty (sent by hand) publishes nothing either.
     for partition in range(PARTITIONS):
-        driver.run(service.publish_ticks.send(partition))
+        driver.run(service.by_program.publish_ticks.send(partition))
     driver.process()
     assert len(published(service, driver)) == 2
 
@@ -114,7 +119,7 @@ def test_a_change_that_moves_no_count_publishes_nothing_new(tallies: tuple[Talli
     login(service, driver, "a1", "P", 5)
     login(service, driver, "a1", "P", 3)  # older than the last login
     driver.process()
-    assert service.dirty == {partition_for("P", PARTITIONS): {"P"}}
+    assert service.by_program.dirty == {partition_for("P", PARTITIONS): {"P"}}
     tick(service, driver)
     assert published(service, driver) == [("P", tally("P", 1, 0)), ("P", tally("P", 1, 0, 5))]
 
@@ -123,7 +128,7 @@ def test_a_change_that_moves_no_count_publishes_nothing_new(tallies: tuple[Talli
     driver.process()
     tick(service, driver)
     assert len(published(service, driver)) == 2  # the program was dirty, its tally unchanged
-    assert service.dirty == {}
+    assert service.by_program.dirty == {}
 
 
 def test_a_tick_publishes_the_changes_of_its_own_batch(tallies: tuple[TalliesService, TopologyDriver]) -> None:
@@ -142,7 +147,7 @@ def test_a_tick_publishes_the_changes_of_its_own_batch(tallies: tuple[TalliesSer
     [batch, *_] = [b for b in driver.process() if b.topic == service.by_program_topic_name]
     assert len(batch.records) == 4  # the two ticks and two inputs, with a1's change behind them
     assert published(service, driver) == [("P", tally("P", 3, 0))]
-    assert service.dirty == {partition: {"P"}}  # a1's deactivation came after the ticks
+    assert service.by_program.dirty == {partition: {"P"}}  # a1's deactivation came after the ticks
     tick(service, driver)
     assert published(service, driver) == [("P", tally("P", 3, 0)), ("P", tally("P", 2, 1))]
 
@@ -165,20 +170,20 @@ def test_a_rebuild_after_a_rewind_or_a_restart_republishes_nothing_unchanged(
         for partition in range(PARTITIONS):
             driver.rewind(topic, partition, 0)
     driver.process()
-    driver.run(service.rebuild_counts())
-    assert sum(len(p) for p in service.dirty.values()) == 6
+    driver.run(service.by_program.rebuild_counts())
+    assert sum(len(p) for p in service.by_program.dirty.values()) == 6
     tick(service, driver)
-    assert len(published(service, driver)) == 6 and service.dirty == {}
+    assert len(published(service, driver)) == 6 and service.by_program.dirty == {}
 
     # A restart with the data dir kept: nothing in memory, the tables as committed.
-    service.counts, service.dirty = ProgramCounts(), {}
-    service.publish_ticks.forget()
-    driver.run(service.rebuild_counts())
+    service.counts, service.by_program.dirty = ProgramCounts(), {}
+    service.by_program.publish_ticks.forget()
+    driver.run(service.by_program.rebuild_counts())
     change(service, driver, "b0", "P0", "AccountDeactivated", 2)  # one real change meanwhile
     driver.process()
     tick(service, driver)
     assert published(service, driver)[6:] == [("P0", tally("P0", 1, 1, 100))]
-    assert service.dirty == {}
+    assert service.by_program.dirty == {}
 
 
 def test_a_rebuild_with_nothing_published_yet_publishes_each_program_once(tallies: tuple[TalliesService, TopologyDriver]) -> None:
@@ -187,8 +192,8 @@ def test_a_rebuild_with_nothing_published_yet_publishes_each_program_once(tallie
     for p in range(5):
         change(service, driver, f"a{p}", f"P{p}", "AccountCreated", 1)
     driver.process()
-    service.dirty = {}  # as if published by the timer of before, which kept no table
-    driver.run(service.rebuild_counts())
+    service.by_program.dirty = {}  # as if published by the timer of before, which kept no table
+    driver.run(service.by_program.rebuild_counts())
     tick(service, driver)
     tick(service, driver)
     assert sorted(published(service, driver)) == [(f"P{p}", tally(f"P{p}", 1, 0)) for p in range(5)]
@@ -216,12 +221,12 @@ def test_a_tick_is_sent_at_most_once_per_partition_until_processed(tallies: tupl
     change(service, driver, "a1", "P", "AccountCreated", 1)
     driver.process()
     partition = partition_for("P", PARTITIONS)
-    driver.run(service.send_publish_ticks())
-    driver.run(service.send_publish_ticks())
+    driver.run(service.by_program.send_publish_ticks())
+    driver.run(service.by_program.send_publish_ticks())
     ticks = [r for r in driver.outputs(service.by_program_topic_name) if r.value == PUBLISH_TICK]
-    assert [r.partition for r in ticks] == [partition] and service.publish_ticks.in_flight() == {partition}
+    assert [r.partition for r in ticks] == [partition] and service.by_program.publish_ticks.in_flight() == {partition}
     driver.process()
-    assert service.publish_ticks.in_flight() == set() and len(published(service, driver)) == 1
+    assert service.by_program.publish_ticks.in_flight() == set() and len(published(service, driver)) == 1
 
 
 def test_a_tick_that_cannot_be_sent_is_sent_with_the_next_interval(
@@ -236,7 +241,7 @@ def test_a_tick_that_cannot_be_sent_is_sent_with_the_next_interval(
 
     with monkeypatch.context() as m:
         m.setattr(service.engine, "send", refused)
-        driver.run(service.send_publish_ticks())  # does not raise
-    assert service.publish_ticks.in_flight() == set() and published(service, driver) == []
+        driver.run(service.by_program.send_publish_ticks())  # does not raise
+    assert service.by_program.publish_ticks.in_flight() == set() and published(service, driver) == []
     tick(service, driver)
     assert published(service, driver) == [("P", tally("P", 1, 0))]

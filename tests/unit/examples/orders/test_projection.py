@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from examples.orders.projection import PROJECTION, contribution, read_order_event
 from services.tallies.app import TalliesService
+from services.tallies.handlers.by_program import ByProgram
 from shared.engine.testing import TopologyDriver
 from shared.projection import Change, InvalidInput, fold
 from shared.settings import Settings
@@ -107,7 +108,7 @@ def orders(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Tal
 
 @pytest.fixture(autouse=True)
 def owns_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(TalliesService, "owned_partitions", lambda self: set(range(PARTITIONS)))
+    monkeypatch.setattr(ByProgram, "owned_partitions", lambda self: set(range(PARTITIONS)))
 
 
 def published(service: TalliesService, driver: TopologyDriver) -> dict[str, dict[str, Any]]:
@@ -136,9 +137,9 @@ def test_the_service_applies_replays_once_and_publishes_the_rows(orders: tuple[T
         driver.send(service.input_topics[0], e["aggregate_id"].encode(), orjson.dumps(e))
     driver.send(service.input_topics[0], b"bad", b'{"type": "OrderPlaced"}')
     driver.process()
-    driver.run(service.send_publish_ticks())
+    driver.run(service.by_program.send_publish_ticks())
     driver.process()
     expected = expected_rows(events)
-    assert {key: service.tally(key) for key in expected} == expected
+    assert {key: service.by_program.tally(key) for key in expected} == expected
     assert published(service, driver) == expected
     assert len(driver.outputs(service.topics.dead_letters)) == 1
