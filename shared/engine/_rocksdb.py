@@ -288,6 +288,32 @@ class PartitionWrite:
             else:
                 put(key, value)
 
+    def apply_batches(self, batches: Iterable[Iterable[Any]], position: int) -> tuple[int, int]:
+        """Changelog record batches (aiokafka's, each an iterable of records with ``offset``,
+        ``key`` and ``value``), in order, leaving out records before ``position`` (a fetch's
+        first batch may begin before the offset it was asked for): (records applied, offset of
+        the last of them)."""
+        put, delete, engine, prefix = self.batch.put, self.batch.delete, self._engine, NEXT_OFFSET_PREFIX
+        count, last = 0, -1
+        for batch in batches:
+            for record in batch:
+                offset = record.offset
+                if offset < position:
+                    continue
+                key, value = record.key, record.value
+                if key.startswith(prefix):
+                    if value is None:
+                        delete(key, column_family=engine)
+                    else:
+                        put(key, value, column_family=engine)
+                elif value is None:
+                    delete(key)
+                else:
+                    put(key, value)
+                last = offset
+                count += 1
+        return count, last
+
     def set_persisted_offset(self, offset: int) -> None:
         """Faust's persisted changelog offset (the last offset applied)."""
         self.batch.put(FAUST_OFFSET_KEY, str(offset).encode(), column_family=self._engine)

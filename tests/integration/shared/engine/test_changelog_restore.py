@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from faust.types import TP
 from rocksdict import Rdict
 
@@ -138,3 +138,47 @@ def test_the_reader_answers_highwaters_and_earliest_offsets_as_faust_asks_them(k
     assert highwaters == {TP(changelog, p): n for p, n in per_partition.items()}
     assert earliest == {TP(changelog, p): 0 for p in range(PARTITIONS)}
     assert none == {}
+
+
+def test_restore_under_read_committed_leaves_out_aborted_transactions_and_markers(
+    kafka_bootstrap: str, changelog: str, targets: dict[int, RdictPartition]
+) -> None:
+    """Committed transactions, aborted ones (one of them interleaved with a committed one of
+    another producer), and records written outside transactions, in one partition: the restore
+    applies the committed and the plain records only, and goes past every marker."""
+
+    async def write() -> None:
+        first = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"{changelog}-1")
+        second = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"{changelog}-2")
+        plain = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        for producer in (first, second, plain):
+            await producer.start()
+        try:
+            async with first.transaction():
+                for key in (b"a", b"b"):
+                    await first.send_and_wait(changelog, b"1", key=key, partition=0)
+            await first.begin_transaction()
+            await first.send_and_wait(changelog, b"aborted", key=b"a", partition=0)
+            await first.send_and_wait(changelog, b"aborted", key=b"c", partition=0)
+            await second.begin_transaction()
+            await second.send_and_wait(changelog, b"1", key=b"e", partition=0)
+            await first.send_and_wait(changelog, b"aborted", key=b"e", partition=0)
+            await second.commit_transaction()
+            await first.abort_transaction()
+            await plain.send_and_wait(changelog, b"1", key=b"d", partition=0)
+            async with second.transaction():
+                await second.send_and_wait(changelog, b"2", key=b"b", partition=0)
+                await second.send_and_wait(changelog, None, key=b"d", partition=0)
+            await first.begin_transaction()
+            await first.send_and_wait(changelog, b"aborted", key=b"f", partition=0)
+            await first.abort_transaction()
+        finally:
+            for producer in (first, second, plain):
+                await producer.stop()
+
+    asyncio.run(write())
+    assert restore(kafka_bootstrap, changelog, {0: targets[0]}, min_lag=1) == 6
+    assert targets[0].rows() == {b"a": b"1", b"b": b"2", b"e": b"1"}
+    # Past the last data record (the abort marker after it is not applied, and not read again).
+    assert targets[0].persisted_offset() is not None
+    assert restore(kafka_bootstrap, changelog, {0: targets[0]}, min_lag=1) == 0

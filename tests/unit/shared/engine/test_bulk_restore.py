@@ -17,7 +17,7 @@ from faust.tables.recovery import RebalanceAgain
 from rocksdict import Rdict
 
 from shared.engine._faust import RecoveryHooks
-from shared.engine._restore import ChangelogReader, PartitionTarget, RestoreResult
+from shared.engine._restore import ChangelogReader, FetchedPartition, PartitionTarget, RestoreResult
 from shared.engine._rocksdb import NEXT_OFFSET_PREFIX, engine_family, open_partition_db, persisted_offset, set_persisted_offset
 from shared.settings import Settings
 
@@ -33,14 +33,14 @@ class Record:
 
 
 class InMemoryChangelog:
-    """The consumer calls the bulk restore makes, answered from lists of records (offsets may
-    skip, as in a compacted changelog). ``hold_at_fetch``: that fetch (1-based) waits until
-    :attr:`release` is set, so a test can cancel the restore there."""
+    """The consumer calls and fetches the bulk restore makes, answered from lists of records
+    (offsets may skip, as in a compacted changelog). A fetch's batch begins one record before the
+    position asked for, as a broker's record batch may. ``hold_at_fetch``: that fetch (1-based)
+    waits until :attr:`release` is set, so a test can cancel the restore there."""
 
     def __init__(self, logs: Mapping[TopicPartition, list[Record]], per_fetch: int = 3, hold_at_fetch: int | None = None):
         self.logs = logs
         self.per_fetch = per_fetch
-        self.positions: dict[TopicPartition, int] = {}
         self.fetches = 0
         self.hold_at_fetch = hold_at_fetch
         self.holding = asyncio.Event()
@@ -53,31 +53,17 @@ class InMemoryChangelog:
     async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: self.end(tp) for tp in tps}
 
-    def assign(self, tps: Iterable[TopicPartition]) -> None:
-        self.positions = dict.fromkeys(tps, 0)
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self.positions[tp] = offset
-
-    def unsubscribe(self) -> None:
-        self.positions = {}
-
-    async def position(self, tp: TopicPartition) -> int:
-        return self.positions[tp]
-
-    async def getmany(self, *tps: TopicPartition, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, list[Record]]:
+    async def fetch(self, positions: Mapping[TopicPartition, int]) -> list[FetchedPartition]:
         self.fetches += 1
         if self.fetches == self.hold_at_fetch:
             self.holding.set()
             await self.release.wait()
-        out: dict[Any, list[Record]] = {}
-        for tp in tps:
-            batch = [r for r in self.logs[tp] if r.offset >= self.positions[tp]][: self.per_fetch]
-            if batch:
-                out[tp] = batch
-                self.positions[tp] = batch[-1].offset + 1
-            else:
-                self.positions[tp] = max(self.positions[tp], self.end(tp))
+        out: list[FetchedPartition] = []
+        for tp, position in positions.items():
+            log = self.logs[tp]
+            first = next((i for i, r in enumerate(log) if r.offset >= position), len(log))
+            batch = log[max(0, first - 1) : first + self.per_fetch]
+            out.append(FetchedPartition(tp, [batch], position, batch[-1].offset + 1 if first < len(log) else self.end(tp)))
         return out
 
 
@@ -144,6 +130,7 @@ def history(partition: int, n: int) -> list[Record]:
 def reader_over(changelog: InMemoryChangelog) -> ChangelogReader:
     reader = ChangelogReader(Settings())
     reader._consumer = cast(Any, changelog)  # the reader's consumer: the in-memory changelog
+    reader.fetcher = changelog
     return reader
 
 
