@@ -318,8 +318,26 @@ class PartitionWrite:
         """Faust's persisted changelog offset (the last offset applied)."""
         self.batch.put(FAUST_OFFSET_KEY, str(offset).encode(), column_family=self._engine)
 
-    def write(self) -> None:
-        self.db.write(self.batch)
+    def write(self, *, wal: bool = True) -> None:
+        """Write the batch; ``wal=False``: without the write-ahead log (a crash loses it unless
+        :func:`flush_partition` ran after it), for bulk restores, which move the persisted
+        offset only after a flush."""
+        if wal:
+            self.db.write(self.batch)
+        else:
+            self.db.write(self.batch, WITHOUT_WAL)
+
+
+#: Write options of the writes a crash may lose (see :meth:`PartitionWrite.write`).
+WITHOUT_WAL = rocksdict.WriteOptions()
+cast(Any, WITHOUT_WAL).disable_wal = True  # a property (rocksdict's stub says a method, which it is not)
+
+
+def flush_partition(db: rocksdict.Rdict) -> None:
+    """Flush both families' memtables of a partition database to SST files, and wait: what was
+    written without the WAL survives a crash from here on."""
+    db.flush(True)
+    engine_family(db).flush(True)
 
 
 def persisted_offset(db: rocksdict.Rdict) -> int | None:

@@ -16,6 +16,7 @@ from aiokafka import TopicPartition
 from faust.tables.recovery import RebalanceAgain
 from rocksdict import Rdict
 
+from shared.engine import _restore
 from shared.engine._faust import RecoveryHooks
 from shared.engine._restore import ChangelogReader, FetchedPartition, PartitionTarget, RestoreResult
 from shared.engine._rocksdb import NEXT_OFFSET_PREFIX, engine_family, open_partition_db, persisted_offset, set_persisted_offset
@@ -69,7 +70,8 @@ class InMemoryChangelog:
 
 class Partition:
     """A partition database as the engine opens it; each offset written is checked against the
-    rows already there (the offset must never cover a row not written yet)."""
+    rows already there (the offset must never cover a row not written yet), and the rows must be
+    in files by then (the bulk restore writes them without the WAL)."""
 
     def __init__(self, path: Path, log: list[Record]) -> None:
         self._db = open_partition_db(path)
@@ -84,6 +86,9 @@ class Partition:
 
     def set_persisted_offset(self, offset: int) -> None:
         assert self.state() == expected_state(self.log, offset), f"offset {offset} written before its rows"
+        for family in (self._db, engine_family(self._db)):
+            memtables = ("rocksdb.num-entries-active-mem-table", "rocksdb.num-entries-imm-mem-tables")
+            assert not any(family.property_int_value(p) for p in memtables), f"offset {offset} written before its rows' flush"
         set_persisted_offset(self._db, offset)
         self.offsets_written.append(offset)
 
@@ -160,8 +165,20 @@ async def test_a_restore_applies_the_changelog_rows_to_their_families(
         if tp == P0:
             assert b"k0-4" not in rows and b"k0-3" in rows  # the last record but one deletes k0-4
         assert target.persisted_offset() == logs[tp][-1].offset
-        # one offset per fetch, each after its rows (checked as it was written), rising
-        assert target.offsets_written == sorted(target.offsets_written) and len(target.offsets_written) > 1
+        # each offset after its rows' flush (checked as it was written), rising
+        assert target.offsets_written == sorted(target.offsets_written)
+
+
+async def test_each_checkpoint_flushes_the_rows_before_it_moves_the_offset(
+    logs: dict[TopicPartition, list[Record]], targets: dict[TopicPartition, Partition], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_restore, "RESTORE_CHECKPOINT_S", 0.0)  # a checkpoint after every fetch
+    await reader_over(InMemoryChangelog(logs)).restore(cast(Mapping[TopicPartition, PartitionTarget], targets), 1)
+
+    for tp, target in targets.items():
+        assert target.state() == expected_state(logs[tp], None)
+        written = target.offsets_written
+        assert written == sorted(set(written)) and len(written) > 1 and written[-1] == logs[tp][-1].offset
 
 
 async def test_only_the_tail_past_the_persisted_offset_is_read(
