@@ -64,6 +64,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import random
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -135,6 +136,8 @@ RESTORE_FETCH_WAIT_MS = 500
 #: How often a bulk restore flushes what it wrote and moves the persisted offsets (:func:`checkpoint`):
 #: what a crash makes it read again.
 RESTORE_CHECKPOINT_S = 5.0
+#: The pause before a fetch that failed everywhere (no broker answered) is sent again.
+RESTORE_RETRY_BACKOFF_S = 0.1
 #: Most records decoded and written at a time.
 RESTORE_BATCH_RECORDS = 10_000
 
@@ -440,23 +443,32 @@ class ChangelogFetcher:
         cluster = self.client.cluster
         by_node: dict[int, dict[str, list[tuple[int, int, int]]]] = {}
         leaderless = False
-        for tp, offset in positions.items():
+        order = list(positions.items())
+        random.shuffle(order)  # which partitions come first, within the fetch's byte limit
+        for tp, offset in order:
             node = cluster.leader_for_partition(tp)
             if node is None or node < 0:
                 leaderless = True
                 continue
             by_node.setdefault(node, {}).setdefault(tp.topic, []).append((tp.partition, offset, RESTORE_PARTITION_FETCH_BYTES))
-        if leaderless:
-            await self.client.force_metadata_update()
         isolation = 1 if self.read_committed else 0
         requests = [
             self.client.send(node, FetchRequest(RESTORE_FETCH_WAIT_MS, 1, RESTORE_FETCH_BYTES, isolation, list(topics.items())))
             for node, topics in by_node.items()
         ]
         out: list[FetchedPartition] = []
-        refresh = False
+        refresh = leaderless
         out_of_range: list[TopicPartition] = []
-        for response in await asyncio.gather(*requests):
+        responses = await asyncio.gather(*requests, return_exceptions=True)
+        for node, response in zip(by_node, responses, strict=True):
+            if isinstance(response, BaseException):
+                if isinstance(response, kafka_errors.KafkaError) and response.retriable:
+                    # A broker that died or restarted, a leader that moved: its partitions are
+                    # fetched again once the metadata has been read again.
+                    log.info("bulk restore: fetching from broker %d again (%s: %s)", node, type(response).__name__, response)
+                    refresh = True
+                    continue
+                raise response
             for topic, partitions in response.topics:
                 for partition, error_code, _highwater, *rest in partitions:
                     tp = TopicPartition(topic, partition)
@@ -473,6 +485,8 @@ class ChangelogFetcher:
                         raise error(f"bulk restore: fetching {tp} at offset {positions[tp]}")
         if refresh:
             await self.client.force_metadata_update()
+            if not out:  # nothing fetched at all: not again at once
+                await asyncio.sleep(RESTORE_RETRY_BACKOFF_S)
         if out_of_range:
             # Below the log start (retention or compaction removed the records since the
             # persisted offset): on from the log start, as the consumer's "earliest" reset does.
@@ -510,11 +524,8 @@ class ChangelogFetcher:
             next_offset = batch.next_offset
             if not batch.is_control_batch:
                 batches.append(batch)
-        if not batches and next_offset == position and records.size_in_bytes() > 0:
-            raise kafka_errors.RecordTooLargeError(
-                f"bulk restore: a record batch of {tp} at {position} is larger than the fetch size "
-                f"{RESTORE_PARTITION_FETCH_BYTES}"
-            )
+        # Only a part of a batch (the fetch's byte limit was reached in it): the partitions are in
+        # another order next time, and the broker sends the first partition's first batch whole.
         return FetchedPartition(tp, batches, position, next_offset)
 
 

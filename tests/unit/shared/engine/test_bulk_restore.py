@@ -13,12 +13,21 @@ from typing import Any, cast
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from faust.tables.recovery import RebalanceAgain
 from rocksdict import Rdict
 
 from shared.engine import _restore
 from shared.engine._faust import RecoveryHooks
-from shared.engine._restore import ChangelogReader, FetchedPartition, PartitionTarget, RestoreResult
+from shared.engine._restore import (
+    ChangelogFetcher,
+    ChangelogReader,
+    FetchedPartition,
+    PartitionTarget,
+    RestoreResult,
+    write_fetched,
+)
 from shared.engine._rocksdb import NEXT_OFFSET_PREFIX, engine_family, open_partition_db, persisted_offset, set_persisted_offset
 from shared.settings import Settings
 
@@ -237,3 +246,48 @@ async def test_a_round_ends_by_running_faust_s_recovery_steps_again() -> None:
     with pytest.raises(RebalanceAgain):
         RecoveryHooks.run_steps_again(recovery)
     assert recovery.signal_recovery_start.is_set()  # Faust's recovery task starts over on it
+
+
+class FlakyBroker:
+    """An aiokafka client as :class:`ChangelogFetcher` uses it, over one partition: the first
+    ``failures`` fetches fail with a connection error (a broker restarting), the next ones
+    answer with one record batch of ``records`` from the offset asked for (a batch begins one
+    record before it, as a broker's may)."""
+
+    def __init__(self, records: list[Record], failures: int) -> None:
+        self.records = records
+        self.failures = failures
+        self.metadata_updates = 0
+        self.cluster = type("Cluster", (), {"leader_for_partition": staticmethod(lambda tp: 1)})()
+
+    async def force_metadata_update(self) -> bool:
+        self.metadata_updates += 1
+        return True
+
+    async def send(self, node: int, request: Any) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise KafkaConnectionError("connection lost")
+        ((topic, ((partition, offset, _max_bytes),)),) = request.topics
+        builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1024 * 1024)
+        for record in self.records[max(0, offset - 1) : offset + 3]:
+            builder.append(record.offset, 0, record.key, record.value, [])
+        message_set = bytes(builder.build())
+        return type("Response", (), {"API_VERSION": 4, "topics": [(topic, [(partition, 0, 10, 10, [], message_set)])]})()
+
+
+async def test_the_fetcher_fetches_again_after_a_connection_error_and_skips_records_before_its_position(tmp_path: Path) -> None:
+    records = [Record(i, f"k{i}".encode(), f"v{i}".encode()) for i in range(10)]
+    broker = FlakyBroker(records, failures=2)
+    fetcher = ChangelogFetcher(cast(Any, type("Consumer", (), {"_client": broker})()), read_committed=True)
+
+    assert await fetcher.fetch({P0: 4}) == []  # the broker is away: nothing, and the metadata read again
+    assert await fetcher.fetch({P0: 4}) == []
+    assert broker.metadata_updates == 2
+    (fetched,) = await fetcher.fetch({P0: 4})
+    assert (fetched.tp, fetched.position, fetched.next_offset) == (P0, 4, 7)
+
+    target = Partition(tmp_path / "p0", records)
+    count, last = write_fetched(target, fetched)
+    assert (count, last) == (3, 6)  # offsets 4 to 6: not offset 3, which the batch began with
+    assert target.state()[0] == {b"k4": b"v4", b"k5": b"v5", b"k6": b"v6"}
