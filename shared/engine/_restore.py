@@ -87,7 +87,7 @@ from shared.engine._context import context_of
 from shared.engine._copies import note_incarnations
 from shared.engine._faust import RecoveryHooks, TableManagerHooks, consumer_partition_state, kafka_client, store_partition_db
 from shared.engine._identity import ChangelogNow, Incarnation, check_partition, current_incarnations, discard, record
-from shared.engine._rocksdb import PartitionWrite, flush_partition, persisted_offset
+from shared.engine._rocksdb import PartitionWrite, flush_partition, persisted_offset, set_persisted_offset
 from shared.metrics import LOCAL_STATE_DISCARDED, RESTORE_SECONDS, RESTORED_RECORDS
 from shared.settings import Settings
 
@@ -858,21 +858,27 @@ class BulkRestoringRecovery(RecoveryHooks):
         self.run_steps_again()
 
 
-@dataclass
 class _RecoveringPartition:
-    store: RocksDBStore
-    tp: TP
-    #: Faust's recovery offsets (active or standby) for this partition, moved along with the store's
-    offsets: Counter[TP]
+    """One partition of a round of the bulk restore: the database the store held open when the
+    round began, kept for the round. A rebalance meanwhile may revoke the partition (the store
+    lets go of its database) before it cancels the round; the round's last checkpoint then
+    flushes and records its offset in the same database it wrote the rows to, instead of
+    having the store open it again."""
+
+    def __init__(self, store: RocksDBStore, tp: TP, offsets: Counter[TP]) -> None:
+        self.tp = tp
+        #: Faust's recovery offsets (active or standby) for this partition, moved along with the database's.
+        self.offsets = offsets
+        self._db = store_partition_db(store, tp.partition)
 
     def db(self) -> Rdict:
-        return store_partition_db(self.store, self.tp.partition)
+        return self._db
 
     def persisted_offset(self) -> int | None:
-        return self.store.persisted_offset(self.tp)
+        return persisted_offset(self._db)
 
     def set_persisted_offset(self, offset: int) -> None:
-        self.store.set_persisted_offset(self.tp, offset)
+        set_persisted_offset(self._db, offset)
         self.offsets[self.tp] = offset
 
 
