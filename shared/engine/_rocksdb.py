@@ -288,12 +288,56 @@ class PartitionWrite:
             else:
                 put(key, value)
 
+    def apply_batches(self, batches: Iterable[Iterable[Any]], position: int) -> tuple[int, int]:
+        """Changelog record batches (aiokafka's, each an iterable of records with ``offset``,
+        ``key`` and ``value``), in order, leaving out records before ``position`` (a fetch's
+        first batch may begin before the offset it was asked for): (records applied, offset of
+        the last of them)."""
+        put, delete, engine, prefix = self.batch.put, self.batch.delete, self._engine, NEXT_OFFSET_PREFIX
+        count, last = 0, -1
+        for batch in batches:
+            for record in batch:
+                offset = record.offset
+                if offset < position:
+                    continue
+                key, value = record.key, record.value
+                if key.startswith(prefix):
+                    if value is None:
+                        delete(key, column_family=engine)
+                    else:
+                        put(key, value, column_family=engine)
+                elif value is None:
+                    delete(key)
+                else:
+                    put(key, value)
+                last = offset
+                count += 1
+        return count, last
+
     def set_persisted_offset(self, offset: int) -> None:
         """Faust's persisted changelog offset (the last offset applied)."""
         self.batch.put(FAUST_OFFSET_KEY, str(offset).encode(), column_family=self._engine)
 
-    def write(self) -> None:
-        self.db.write(self.batch)
+    def write(self, *, wal: bool = True) -> None:
+        """Write the batch; ``wal=False``: without the write-ahead log (a crash loses it unless
+        :func:`flush_partition` ran after it), for bulk restores, which move the persisted
+        offset only after a flush."""
+        if wal:
+            self.db.write(self.batch)
+        else:
+            self.db.write(self.batch, WITHOUT_WAL)
+
+
+#: Write options of the writes a crash may lose (see :meth:`PartitionWrite.write`).
+WITHOUT_WAL = rocksdict.WriteOptions()
+cast(Any, WITHOUT_WAL).disable_wal = True  # a property (rocksdict's stub says a method, which it is not)
+
+
+def flush_partition(db: rocksdict.Rdict) -> None:
+    """Flush both families' memtables of a partition database to SST files, and wait: what was
+    written without the WAL survives a crash from here on."""
+    db.flush(True)
+    engine_family(db).flush(True)
 
 
 def persisted_offset(db: rocksdict.Rdict) -> int | None:

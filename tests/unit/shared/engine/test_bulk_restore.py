@@ -13,11 +13,21 @@ from typing import Any, cast
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from faust.tables.recovery import RebalanceAgain
 from rocksdict import Rdict
 
+from shared.engine import _restore
 from shared.engine._faust import RecoveryHooks
-from shared.engine._restore import ChangelogReader, PartitionTarget, RestoreResult
+from shared.engine._restore import (
+    ChangelogFetcher,
+    ChangelogReader,
+    FetchedPartition,
+    PartitionTarget,
+    RestoreResult,
+    write_fetched,
+)
 from shared.engine._rocksdb import NEXT_OFFSET_PREFIX, engine_family, open_partition_db, persisted_offset, set_persisted_offset
 from shared.settings import Settings
 
@@ -33,14 +43,14 @@ class Record:
 
 
 class InMemoryChangelog:
-    """The consumer calls the bulk restore makes, answered from lists of records (offsets may
-    skip, as in a compacted changelog). ``hold_at_fetch``: that fetch (1-based) waits until
-    :attr:`release` is set, so a test can cancel the restore there."""
+    """The consumer calls and fetches the bulk restore makes, answered from lists of records
+    (offsets may skip, as in a compacted changelog). A fetch's batch begins one record before the
+    position asked for, as a broker's record batch may. ``hold_at_fetch``: that fetch (1-based)
+    waits until :attr:`release` is set, so a test can cancel the restore there."""
 
     def __init__(self, logs: Mapping[TopicPartition, list[Record]], per_fetch: int = 3, hold_at_fetch: int | None = None):
         self.logs = logs
         self.per_fetch = per_fetch
-        self.positions: dict[TopicPartition, int] = {}
         self.fetches = 0
         self.hold_at_fetch = hold_at_fetch
         self.holding = asyncio.Event()
@@ -53,37 +63,24 @@ class InMemoryChangelog:
     async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: self.end(tp) for tp in tps}
 
-    def assign(self, tps: Iterable[TopicPartition]) -> None:
-        self.positions = dict.fromkeys(tps, 0)
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self.positions[tp] = offset
-
-    def unsubscribe(self) -> None:
-        self.positions = {}
-
-    async def position(self, tp: TopicPartition) -> int:
-        return self.positions[tp]
-
-    async def getmany(self, *tps: TopicPartition, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, list[Record]]:
+    async def fetch(self, positions: Mapping[TopicPartition, int]) -> list[FetchedPartition]:
         self.fetches += 1
         if self.fetches == self.hold_at_fetch:
             self.holding.set()
             await self.release.wait()
-        out: dict[Any, list[Record]] = {}
-        for tp in tps:
-            batch = [r for r in self.logs[tp] if r.offset >= self.positions[tp]][: self.per_fetch]
-            if batch:
-                out[tp] = batch
-                self.positions[tp] = batch[-1].offset + 1
-            else:
-                self.positions[tp] = max(self.positions[tp], self.end(tp))
+        out: list[FetchedPartition] = []
+        for tp, position in positions.items():
+            log = self.logs[tp]
+            first = next((i for i, r in enumerate(log) if r.offset >= position), len(log))
+            batch = log[max(0, first - 1) : first + self.per_fetch]
+            out.append(FetchedPartition(tp, [batch], position, batch[-1].offset + 1 if first < len(log) else self.end(tp)))
         return out
 
 
 class Partition:
     """A partition database as the engine opens it; each offset written is checked against the
-    rows already there (the offset must never cover a row not written yet)."""
+    rows already there (the offset must never cover a row not written yet), and the rows must be
+    in files by then (the bulk restore writes them without the WAL)."""
 
     def __init__(self, path: Path, log: list[Record]) -> None:
         self._db = open_partition_db(path)
@@ -98,6 +95,9 @@ class Partition:
 
     def set_persisted_offset(self, offset: int) -> None:
         assert self.state() == expected_state(self.log, offset), f"offset {offset} written before its rows"
+        for family in (self._db, engine_family(self._db)):
+            memtables = ("rocksdb.num-entries-active-mem-table", "rocksdb.num-entries-imm-mem-tables")
+            assert not any(family.property_int_value(p) for p in memtables), f"offset {offset} written before its rows' flush"
         set_persisted_offset(self._db, offset)
         self.offsets_written.append(offset)
 
@@ -144,6 +144,7 @@ def history(partition: int, n: int) -> list[Record]:
 def reader_over(changelog: InMemoryChangelog) -> ChangelogReader:
     reader = ChangelogReader(Settings())
     reader._consumer = cast(Any, changelog)  # the reader's consumer: the in-memory changelog
+    reader.fetcher = changelog
     return reader
 
 
@@ -173,8 +174,20 @@ async def test_a_restore_applies_the_changelog_rows_to_their_families(
         if tp == P0:
             assert b"k0-4" not in rows and b"k0-3" in rows  # the last record but one deletes k0-4
         assert target.persisted_offset() == logs[tp][-1].offset
-        # one offset per fetch, each after its rows (checked as it was written), rising
-        assert target.offsets_written == sorted(target.offsets_written) and len(target.offsets_written) > 1
+        # each offset after its rows' flush (checked as it was written), rising
+        assert target.offsets_written == sorted(target.offsets_written)
+
+
+async def test_each_checkpoint_flushes_the_rows_before_it_moves_the_offset(
+    logs: dict[TopicPartition, list[Record]], targets: dict[TopicPartition, Partition], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_restore, "RESTORE_CHECKPOINT_S", 0.0)  # a checkpoint after every fetch
+    await reader_over(InMemoryChangelog(logs)).restore(cast(Mapping[TopicPartition, PartitionTarget], targets), 1)
+
+    for tp, target in targets.items():
+        assert target.state() == expected_state(logs[tp], None)
+        written = target.offsets_written
+        assert written == sorted(set(written)) and len(written) > 1 and written[-1] == logs[tp][-1].offset
 
 
 async def test_only_the_tail_past_the_persisted_offset_is_read(
@@ -233,3 +246,48 @@ async def test_a_round_ends_by_running_faust_s_recovery_steps_again() -> None:
     with pytest.raises(RebalanceAgain):
         RecoveryHooks.run_steps_again(recovery)
     assert recovery.signal_recovery_start.is_set()  # Faust's recovery task starts over on it
+
+
+class FlakyBroker:
+    """An aiokafka client as :class:`ChangelogFetcher` uses it, over one partition: the first
+    ``failures`` fetches fail with a connection error (a broker restarting), the next ones
+    answer with one record batch of ``records`` from the offset asked for (a batch begins one
+    record before it, as a broker's may)."""
+
+    def __init__(self, records: list[Record], failures: int) -> None:
+        self.records = records
+        self.failures = failures
+        self.metadata_updates = 0
+        self.cluster = type("Cluster", (), {"leader_for_partition": staticmethod(lambda tp: 1)})()
+
+    async def force_metadata_update(self) -> bool:
+        self.metadata_updates += 1
+        return True
+
+    async def send(self, node: int, request: Any) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise KafkaConnectionError("connection lost")
+        ((topic, ((partition, offset, _max_bytes),)),) = request.topics
+        builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1024 * 1024)
+        for record in self.records[max(0, offset - 1) : offset + 3]:
+            builder.append(record.offset, 0, record.key, record.value, [])
+        message_set = bytes(builder.build())
+        return type("Response", (), {"API_VERSION": 4, "topics": [(topic, [(partition, 0, 10, 10, [], message_set)])]})()
+
+
+async def test_the_fetcher_fetches_again_after_a_connection_error_and_skips_records_before_its_position(tmp_path: Path) -> None:
+    records = [Record(i, f"k{i}".encode(), f"v{i}".encode()) for i in range(10)]
+    broker = FlakyBroker(records, failures=2)
+    fetcher = ChangelogFetcher(cast(Any, type("Consumer", (), {"_client": broker})()), read_committed=True)
+
+    assert await fetcher.fetch({P0: 4}) == []  # the broker is away: nothing, and the metadata read again
+    assert await fetcher.fetch({P0: 4}) == []
+    assert broker.metadata_updates == 2
+    (fetched,) = await fetcher.fetch({P0: 4})
+    assert (fetched.tp, fetched.position, fetched.next_offset) == (P0, 4, 7)
+
+    target = Partition(tmp_path / "p0", records)
+    count, last = write_fetched(target, fetched)
+    assert (count, last) == (3, 6)  # offsets 4 to 6: not offset 3, which the batch began with
+    assert target.state()[0] == {b"k4": b"v4", b"k5": b"v5", b"k6": b"v6"}
