@@ -34,9 +34,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import yaml
-
 from services.retry_scheduler.domain import topic_matches
+from shared.yaml_files import load_yaml_file
 
 Scope = Literal["read", "act", "admin"]
 READ: Scope = "read"
@@ -125,16 +124,8 @@ def build_token_book(admin_secret: str, path: str = "", environ: Mapping[str, st
 
 def read_tokens_file(path: str, environ: Mapping[str, str]) -> list[Token]:
     source = f"tokens file {path}"
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except OSError as exc:
-        raise TokenError(f"{source}: cannot be read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise TokenError(f"{source}: is not UTF-8 text: {exc.reason}") from None
-    except yaml.YAMLError:
-        # yaml's message quotes the lines around the error, which may hold a secret: only where it is.
-        raise TokenError(f"{source}: is not valid YAML") from None
+    # yaml's message quotes the lines around the error, which may hold a secret: only where it is.
+    raw = load_yaml_file(path, source, TokenError, quote_errors=False)
     return parse_tokens(raw, source, environ)
 
 

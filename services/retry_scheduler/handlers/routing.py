@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 
-import yaml
-
 from services.retry_scheduler.domain import (
     Park,
     PolicyBook,
@@ -35,6 +33,7 @@ from shared.engine import Record as InRecord
 from shared.ordered_retries import is_ordered, lane_key, ordered_topics
 from shared.settings import Settings
 from shared.topics import TopicNames
+from shared.yaml_files import load_yaml_file
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +45,7 @@ def read_policy_file(path: str) -> PolicySections | None:
     if not path:
         return None
     source = f"retry policy file {path}"
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except OSError as exc:
-        raise PolicyError(f"{source}: cannot be read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise PolicyError(f"{source}: is not UTF-8 text: {exc.reason}") from None
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{source}: is not valid YAML: {' '.join(str(exc).split())}") from None
+    raw = load_yaml_file(path, source, PolicyError)
     return parse_policy_document(raw, source)
 
 
