@@ -14,15 +14,18 @@ ACCEPTED = "accepted"
 REJECTED = "rejected"
 
 
-def outcome_record(domain: Domain[Any], outcome: Accepted[Any] | Rejected, *, at: int) -> dict[str, Any]:
-    """The record kept per command id for GET /commands/{command_id}."""
+def outcome_record(
+    domain: Domain[Any], outcome: Accepted[Any] | Rejected, *, at: int, event_json: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The record kept per command id for GET /commands/{command_id}; ``event_json`` is the
+    accepted event's record when the caller has made it already."""
     if isinstance(outcome, Accepted):
         ev = outcome.event
         return {
             "status": ACCEPTED,
             "command_id": ev.command_id,
             domain.message_id_field: ev.aggregate_id,
-            "event": domain.event_json(ev),
+            "event": event_json if event_json is not None else domain.event_json(ev),
             "rejection": None,
             "at": at,
         }

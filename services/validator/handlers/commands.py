@@ -143,14 +143,15 @@ class Commands:
                 continue
             key = aggregate_key(command.aggregate_id)
             if isinstance(outcome, Accepted):
-                input_batch.send(self.topics.events, key, codecs.dumps(domain.event_json(outcome.event)))
+                event = domain.event_json(outcome.event)
+                input_batch.send(self.topics.events, key, codecs.dumps(event))
+                kept = outcome_record(domain, outcome, at=at, event_json=event)
                 ACCEPTED.inc()
             else:
                 input_batch.send(self.topics.rejections, key, codecs.dumps(domain.rejection_json(outcome.rejection)))
+                kept = outcome_record(domain, outcome, at=at)
                 REJECTED.inc()
-            input_batch.send(
-                self.topics.outcomes, command.command_id.encode(), codecs.dumps(outcome_record(domain, outcome, at=at))
-            )
+            input_batch.send(self.topics.outcomes, command.command_id.encode(), codecs.dumps(kept))
         # Events, rejections, outcome records, reroutes and dead letters are acknowledged
         # before any state that implies them is written (the engine's commit order).
         for aggregate_id, row in plan.states.items():
