@@ -1,0 +1,143 @@
+"""Java producers of dead letters, on the real broker with the scheduler as a process
+(``docs/dead-letter-protocol.md``, "Java client"): a Spring Kafka listener whose failures go
+through the Java client's ``DeadLetterRecoverer`` (one record fails twice and then succeeds on
+its redelivery, one always fails and is parked after its attempts), a Kafka Connect sink whose
+converter fails, with the scheduler's ``dead-letters`` as its dead-letter queue, and a Kafka
+Streams application with its dead-letter queue (KIP-1034). Each letter is scheduled with the
+origin and the error its writer gave it.
+
+The applications are ``clients/java/test-apps``, built once per machine by
+``make java-clients-build`` into ``.local/java-clients``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
+import pytest
+
+from shared import dead_letters as dl
+from tests.integration.retry_scheduler.helpers import scheduler_env, start_scheduler
+from tests.support.kafka import Record, create_topics, delete_topics_with_prefix, produce, read_all
+from tests.support.services import REPO, ServiceProcess, wait_for
+from tools import web
+
+pytestmark = pytest.mark.e2e
+
+APPS = REPO / ".local" / "java-clients"
+APPS_JAR = APPS / "statefleet-test-apps.jar"
+MAX_ATTEMPTS = 3
+#: The letters of these origin topics wait ten minutes, so the test reads them while scheduled.
+SLOW = {"base_delay_ms": 600_000, "max_delay_ms": 600_000}
+# A JVM that lives for seconds: the quick compiler and one GC thread start it on less CPU.
+JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xss512k", "-Xmx256m")
+SPRING_ERROR = "io.statefleet.deadletters.apps.SpringListenerApp$PaymentDeclinedException"
+
+
+@contextmanager
+def java_app(log: Path, main: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``main`` of the test applications, running until the block ends."""
+    if not APPS_JAR.exists():
+        pytest.fail(f"{APPS_JAR} is missing: `make java-clients-build` builds it")
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            ["java", *JVM_OPTIONS, "-cp", f"{APPS_JAR}{os.pathsep}{APPS / 'lib' / '*'}", main, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def running(proc: subprocess.Popen[bytes], log: Path) -> None:
+    if proc.poll() is not None:
+        raise AssertionError(f"the Java application exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def scheduler(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceProcess, str]]:
+    """One scheduler for the module's tests, with a topic prefix of its own."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    tmp = tmp_path_factory.mktemp("java-clients")
+    create_topics([f"{prefix}{name}" for name in ("dead-letters", "retry", "parking-lot")])
+    overrides = {"origin_topic": {"clicks": SLOW, "events": SLOW}}
+    env = {
+        **scheduler_env(kafka_bootstrap, prefix, tmp / "data"),
+        "STATEFLEET_RETRY_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
+        "STATEFLEET_RETRY_BASE_DELAY_MS": "200",
+        "STATEFLEET_RETRY_MAX_DELAY_MS": "400",
+        "STATEFLEET_RETRY_POLICY_OVERRIDES": orjson.dumps(overrides).decode(),
+    }
+    proc = start_scheduler(env, tmp)
+    try:
+        yield proc, prefix
+    finally:
+        proc.kill()
+        delete_topics_with_prefix(prefix)
+
+
+def letters_of(topic: str, dlq_id: str) -> list[Record]:
+    return [r for r in read_all(topic) if dict(r.headers).get(dl.ID) == dlq_id.encode()]
+
+
+def get_json(url: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    answer = web.get(url, timeout=10)
+    return answer.status_code, answer.json()
+
+
+def test_a_spring_listener_is_redelivered_until_it_succeeds_or_parked_after_its_attempts(
+    kafka_bootstrap: str, scheduler: tuple[ServiceProcess, str], tmp_path: Path
+) -> None:
+    proc, prefix = scheduler
+    dead, retry, parking, payments, processed = (
+        f"{prefix}{name}" for name in ("dead-letters", "retry", "parking-lot", "payments", "processed")
+    )
+    create_topics([payments, processed], partitions=2)
+    produce(payments, [(b"order-1", b"fail-times=2;amount=12"), (b"order-2", b"fail-times=always;amount=30")])
+    by_key = {r.key: r for r in read_all(payments)}
+    recovers, always = by_key[b"order-1"], by_key[b"order-2"]
+    recovers_id = dl.derive_id(payments, recovers.partition, recovers.offset, recovers.key, recovers.value)
+    always_id = dl.derive_id(payments, always.partition, always.offset, always.key, always.value)
+
+    log = tmp_path / "spring.log"
+    args = (kafka_bootstrap, f"{prefix}spring", payments, retry, dead, processed)
+    with java_app(log, "io.statefleet.deadletters.apps.SpringListenerApp", *args) as app:
+
+        def parked() -> dict | None:  # type: ignore[type-arg]
+            running(app, log)
+            status, body = get_json(f"{proc.url}/parked/{always_id}")
+            return body if status == 200 else None
+
+        done = wait_for(lambda: read_all(processed), timeout=60, message="the recovering record processed")
+        always_parked = wait_for(parked, timeout=60, message="the failing record parked")
+
+    assert [(r.key, dict(r.headers)["processed.attempt"]) for r in done] == [(b"order-1", b"2")]
+    status, body = get_json(f"{proc.url}/retries/{recovers_id}")
+    assert status == 404 and "attempt 2 was redelivered" in body["detail"]
+
+    # The client's letters: its first failure, then the re-failure of its redelivery.
+    letters = [dict(r.headers) for r in letters_of(dead, recovers_id)]
+    assert [h[dl.ATTEMPT] for h in letters] == [b"1", b"2"]
+    for headers in letters:
+        assert headers[dl.ORIGINAL_TOPIC] == payments.encode()
+        assert headers[dl.ORIGINAL_PARTITION] == str(recovers.partition).encode()
+        assert headers[dl.ORIGINAL_OFFSET] == str(recovers.offset).encode()
+        assert headers[dl.RETRY_TOPIC] == retry.encode()
+        assert headers[dl.ERROR_CLASS] == SPRING_ERROR.encode()
+    assert [dict(r.headers)[dl.ATTEMPT] for r in letters_of(retry, recovers_id)] == [b"1", b"2"]
+
+    origin = (always_parked["origin_topic"], always_parked["origin_partition"], always_parked["origin_offset"])
+    assert origin == (payments, always.partition, always.offset)
+    assert always_parked["attempt"] == MAX_ATTEMPTS
+    assert (always_parked["error_class"], always_parked["error_message"]) == (SPRING_ERROR, "declined at attempt 3")
+    assert [dict(r.headers)[dl.ATTEMPT] for r in letters_of(dead, always_id)] == [b"1", b"2", b"3"]
+    assert len(letters_of(parking, always_id)) == 1
