@@ -24,7 +24,7 @@ import pytest
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import scheduler_env, start_scheduler
 from tests.support.kafka import Record, create_topics, delete_topics_with_prefix, produce, read_all
-from tests.support.services import REPO, ServiceProcess, wait_for
+from tests.support.services import REPO, ServiceProcess, free_port, wait_for
 from tools import web
 
 pytestmark = pytest.mark.e2e
@@ -141,3 +141,59 @@ def test_a_spring_listener_is_redelivered_until_it_succeeds_or_parked_after_its_
     assert (always_parked["error_class"], always_parked["error_message"]) == (SPRING_ERROR, "declined at attempt 3")
     assert [dict(r.headers)[dl.ATTEMPT] for r in letters_of(dead, always_id)] == [b"1", b"2", b"3"]
     assert len(letters_of(parking, always_id)) == 1
+
+
+def test_a_connect_sinks_converter_failure_is_scheduled_with_connects_origin_and_error(
+    kafka_bootstrap: str, scheduler: tuple[ServiceProcess, str], tmp_path: Path
+) -> None:
+    proc, prefix = scheduler
+    dead, retry, clicks = f"{prefix}dead-letters", f"{prefix}retry", f"{prefix}clicks"
+    create_topics([clicks], partitions=1)
+    produce(clicks, [(b"c1", b'{"page": 1}'), (b"c2", b"{not json"), (b"c3", b'{"page": 3}')])
+    sink = tmp_path / "clicks.txt"
+    worker = {
+        "bootstrap.servers": kafka_bootstrap,
+        "key.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "false",
+        "offset.storage.file.filename": str(tmp_path / "connect.offsets"),
+        "listeners": f"http://127.0.0.1:{free_port()}",
+        # The connector is on the class path with its ServiceLoader manifest: no plugin scan.
+        "plugin.discovery": "service_load",
+    }
+    connector = {
+        "name": f"{prefix}clicks-sink",
+        "connector.class": "io.statefleet.deadletters.apps.LinesSinkConnector",
+        "tasks.max": "1",
+        "topics": clicks,
+        "file": str(sink),
+        "errors.tolerance": "all",
+        "errors.deadletterqueue.topic.name": dead,
+        "errors.deadletterqueue.topic.replication.factor": "1",
+        "errors.deadletterqueue.context.headers.enable": "true",
+    }
+    files = []
+    for name, settings in (("worker", worker), ("connector", connector)):
+        path = tmp_path / f"{name}.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        files.append(str(path))
+    bad_id = dl.content_id(clicks, b"c2", b"{not json")
+
+    log = tmp_path / "connect.log"
+    with java_app(log, "org.apache.kafka.connect.cli.ConnectStandalone", *files) as app:
+
+        def scheduled() -> dict | None:  # type: ignore[type-arg]
+            running(app, log)
+            status, body = get_json(f"{proc.url}/retries/{bad_id}")
+            return body if status == 200 else None
+
+        letter = wait_for(scheduled, timeout=60, message="Connect's dead letter scheduled")
+        lines = wait_for(lambda: sink.exists() and sink.read_text().splitlines(), timeout=30, message="the good records sunk")
+
+    assert lines == ["{page=1}", "{page=3}"]
+    assert (letter["origin_topic"], letter["origin_partition"], letter["origin_offset"]) == (clicks, 0, 1)
+    assert letter["error_class"] == "org.apache.kafka.connect.errors.DataException"
+    assert "Converting byte[] to Kafka Connect data failed" in letter["error_message"]
+    assert (letter["attempt"], letter["retry_topic"]) == (1, retry)
+    [written] = [dict(r.headers) for r in read_all(dead) if r.key == b"c2"]
+    assert written["__connect.errors.stage"] == b"VALUE_CONVERTER"
