@@ -12,6 +12,7 @@ The applications are ``clients/java/test-apps``, built once per machine by
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -197,3 +198,34 @@ def test_a_connect_sinks_converter_failure_is_scheduled_with_connects_origin_and
     assert (letter["attempt"], letter["retry_topic"]) == (1, retry)
     [written] = [dict(r.headers) for r in read_all(dead) if r.key == b"c2"]
     assert written["__connect.errors.stage"] == b"VALUE_CONVERTER"
+
+
+def test_a_kafka_streams_dead_letter_is_scheduled_with_its_origin_and_error(
+    kafka_bootstrap: str, scheduler: tuple[ServiceProcess, str], tmp_path: Path
+) -> None:
+    proc, prefix = scheduler
+    dead, events, doubled = f"{prefix}dead-letters", f"{prefix}events", f"{prefix}doubled"
+    create_topics([events, doubled], partitions=1)
+    amounts = [(b"a", struct.pack(">q", 5)), (b"b", struct.pack(">q", -3)), (b"c", b"not a long"), (b"d", struct.pack(">q", 7))]
+    produce(events, amounts)
+    negative_id, garbled_id = (dl.content_id(events, key, value) for key, value in amounts[1:3])
+
+    log = tmp_path / "streams.log"
+    args = (kafka_bootstrap, f"{prefix}streams", events, doubled, dead)
+    with java_app(log, "io.statefleet.deadletters.apps.StreamsApp", *args) as app:
+
+        def scheduled(dlq_id: str) -> dict | None:  # type: ignore[type-arg]
+            running(app, log)
+            status, body = get_json(f"{proc.url}/retries/{dlq_id}")
+            return body if status == 200 else None
+
+        negative = wait_for(lambda: scheduled(negative_id), timeout=60, message="the processing failure scheduled")
+        garbled = wait_for(lambda: scheduled(garbled_id), timeout=30, message="the deserialization failure scheduled")
+        out = wait_for(lambda: len(r := read_all(doubled)) >= 2 and r, timeout=30, message="the good amounts doubled")
+
+    assert [(r.key, struct.unpack(">q", r.value or b"")[0]) for r in out] == [(b"a", 10), (b"d", 14)]
+    assert (negative["origin_topic"], negative["origin_partition"], negative["origin_offset"]) == (events, 0, 1)
+    assert negative["error_class"] == "io.statefleet.deadletters.apps.StreamsApp$NegativeAmountException"
+    assert negative["error_message"] == "negative amount -3"
+    assert (garbled["origin_topic"], garbled["origin_partition"], garbled["origin_offset"]) == (events, 0, 2)
+    assert garbled["error_class"] == "org.apache.kafka.common.errors.SerializationException"
