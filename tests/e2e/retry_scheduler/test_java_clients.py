@@ -1,7 +1,8 @@
 """Java producers of dead letters, on the real broker with the scheduler as a process
 (``docs/dead-letter-protocol.md``, "Java client"): a Spring Kafka listener whose failures go
 through the Java client's ``DeadLetterRecoverer`` (one record fails twice and then succeeds on
-its redelivery, one always fails and is parked after its attempts), a Kafka Connect sink whose
+its redelivery, one always fails and is parked after its attempts), the same through Spring's
+own ``DeadLetterPublishingRecoverer``, a Kafka Connect sink whose
 converter fails, with the scheduler's ``dead-letters`` as its dead-letter queue, and a Kafka
 Streams application with its dead-letter queue (KIP-1034). Each letter is scheduled with the
 origin and the error its writer gave it.
@@ -70,7 +71,7 @@ def scheduler(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) ->
     prefix = f"t{uuid.uuid4().hex[:10]}."
     tmp = tmp_path_factory.mktemp("java-clients")
     create_topics([f"{prefix}{name}" for name in ("dead-letters", "retry", "parking-lot")])
-    overrides = {"origin_topic": {"clicks": SLOW, "events": SLOW}}
+    overrides = {"origin_topic": {"clicks": SLOW, "events": SLOW, "refunds": {"redeliver_to": "origin"}}}
     env = {
         **scheduler_env(kafka_bootstrap, prefix, tmp / "data"),
         "STATEFLEET_RETRY_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
@@ -95,33 +96,40 @@ def get_json(url: str) -> tuple[int, dict]:  # type: ignore[type-arg]
     return answer.status_code, answer.json()
 
 
-def test_a_spring_listener_is_redelivered_until_it_succeeds_or_parked_after_its_attempts(
+def test_spring_listeners_are_redelivered_until_they_succeed_or_parked_after_their_attempts(
     kafka_bootstrap: str, scheduler: tuple[ServiceProcess, str], tmp_path: Path
 ) -> None:
+    """``payments`` fails through the Java client, ``refunds`` through Spring's own recoverer
+    (its ``kafka_dlt-*`` letters have no retry topic: the policy redelivers them to ``refunds``)."""
     proc, prefix = scheduler
-    dead, retry, parking, payments, processed = (
-        f"{prefix}{name}" for name in ("dead-letters", "retry", "parking-lot", "payments", "processed")
+    dead, retry, parking, payments, processed, refunds = (
+        f"{prefix}{name}" for name in ("dead-letters", "retry", "parking-lot", "payments", "processed", "refunds")
     )
-    create_topics([payments, processed], partitions=2)
+    create_topics([payments, processed, refunds], partitions=2)
     produce(payments, [(b"order-1", b"fail-times=2;amount=12"), (b"order-2", b"fail-times=always;amount=30")])
+    produce(refunds, [(b"refund-1", b"fail-times=1;amount=5"), (b"refund-2", b"fail-times=always;amount=8")])
+    refunded = {r.key: r for r in read_all(refunds)}
+    refund_ids = {key: dl.content_id(refunds, key, r.value) for key, r in refunded.items()}
     by_key = {r.key: r for r in read_all(payments)}
     recovers, always = by_key[b"order-1"], by_key[b"order-2"]
     recovers_id = dl.derive_id(payments, recovers.partition, recovers.offset, recovers.key, recovers.value)
     always_id = dl.derive_id(payments, always.partition, always.offset, always.key, always.value)
 
     log = tmp_path / "spring.log"
-    args = (kafka_bootstrap, f"{prefix}spring", payments, retry, dead, processed)
+    args = (kafka_bootstrap, f"{prefix}spring", payments, retry, dead, processed, refunds)
     with java_app(log, "io.statefleet.deadletters.apps.SpringListenerApp", *args) as app:
 
-        def parked() -> dict | None:  # type: ignore[type-arg]
+        def parked(dlq_id: str) -> dict | None:  # type: ignore[type-arg]
             running(app, log)
-            status, body = get_json(f"{proc.url}/parked/{always_id}")
+            status, body = get_json(f"{proc.url}/parked/{dlq_id}")
             return body if status == 200 else None
 
-        done = wait_for(lambda: read_all(processed), timeout=60, message="the recovering record processed")
-        always_parked = wait_for(parked, timeout=60, message="the failing record parked")
+        done = wait_for(lambda: len(r := read_all(processed)) >= 2 and r, timeout=60, message="the recovering records processed")
+        always_parked = wait_for(lambda: parked(always_id), timeout=60, message="the failing record parked")
+        refund_parked = wait_for(lambda: parked(refund_ids[b"refund-2"]), timeout=60, message="the failing refund parked")
 
-    assert [(r.key, dict(r.headers)["processed.attempt"]) for r in done] == [(b"order-1", b"2")]
+    attempts = sorted((r.key, dict(r.headers)["processed.attempt"]) for r in done)
+    assert attempts == [(b"order-1", b"2"), (b"refund-1", b"1")]
     status, body = get_json(f"{proc.url}/retries/{recovers_id}")
     assert status == 404 and "attempt 2 was redelivered" in body["detail"]
 
@@ -142,6 +150,19 @@ def test_a_spring_listener_is_redelivered_until_it_succeeds_or_parked_after_its_
     assert (always_parked["error_class"], always_parked["error_message"]) == (SPRING_ERROR, "declined at attempt 3")
     assert [dict(r.headers)[dl.ATTEMPT] for r in letters_of(dead, always_id)] == [b"1", b"2", b"3"]
     assert len(letters_of(parking, always_id)) == 1
+
+    # Spring's letters: the origin from its first kafka_dlt-original-* headers, the error from
+    # the cause of its ListenerExecutionFailedException; each re-failure one more attempt.
+    status, body = get_json(f"{proc.url}/retries/{refund_ids[b'refund-1']}")
+    assert status == 404 and "attempt 1 was redelivered" in body["detail"]
+    failing = refunded[b"refund-2"]
+    origin = (refund_parked["origin_topic"], refund_parked["origin_partition"], refund_parked["origin_offset"])
+    assert origin == (refunds, failing.partition, failing.offset)
+    assert (refund_parked["attempt"], refund_parked["error_class"]) == (MAX_ATTEMPTS, SPRING_ERROR)
+    assert refund_parked["error_message"].endswith("declined at attempt 3")
+    spring_letters = [r for r in read_all(dead) if r.key == b"refund-2"]
+    assert len(spring_letters) == MAX_ATTEMPTS
+    assert all(dict(r.headers)[dl.SPRING_EXCEPTION_FQCN] == dl.SPRING_WRAPPER.encode() for r in spring_letters)
 
 
 def test_a_connect_sinks_converter_failure_is_scheduled_with_connects_origin_and_error(
