@@ -232,7 +232,7 @@ def test_a_kafka_streams_dead_letter_is_scheduled_with_its_origin_and_error(
     negative_id, garbled_id = (dl.content_id(events, key, value) for key, value in amounts[1:3])
 
     log = tmp_path / "streams.log"
-    args = (kafka_bootstrap, f"{prefix}streams", events, doubled, dead)
+    args = (kafka_bootstrap, f"{prefix}streams", events, doubled, dead, str(tmp_path / "streams-state"))
     with java_app(log, "io.statefleet.deadletters.apps.StreamsApp", *args) as app:
 
         def scheduled(dlq_id: str) -> dict | None:  # type: ignore[type-arg]

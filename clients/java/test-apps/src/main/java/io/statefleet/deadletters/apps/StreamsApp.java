@@ -1,6 +1,5 @@
 package io.statefleet.deadletters.apps;
 
-import java.nio.file.Files;
 import java.util.Properties;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.streams.KafkaStreams;
@@ -18,7 +17,7 @@ import org.apache.kafka.streams.kstream.Produced;
  * and go on.
  *
  * <pre>java -cp statefleet-test-apps.jar io.statefleet.deadletters.apps.StreamsApp
- *     BOOTSTRAP APPLICATION_ID INPUT_TOPIC OUTPUT_TOPIC DEAD_LETTER_TOPIC</pre>
+ *     BOOTSTRAP APPLICATION_ID INPUT_TOPIC OUTPUT_TOPIC DEAD_LETTER_TOPIC STATE_DIR</pre>
  */
 public final class StreamsApp {
     private StreamsApp() {}
@@ -30,8 +29,8 @@ public final class StreamsApp {
         }
     }
 
-    public static void main(String[] args) throws Exception {
-        String bootstrap = args[0], applicationId = args[1], input = args[2], output = args[3], deadLetters = args[4];
+    public static void main(String[] args) throws InterruptedException {
+        String bootstrap = args[0], applicationId = args[1], input = args[2], output = args[3], deadLetters = args[4], stateDir = args[5];
         StreamsBuilder builder = new StreamsBuilder();
         builder.stream(input, Consumed.with(Serdes.String(), Serdes.Long()))
                 .mapValues(amount -> {
@@ -44,7 +43,7 @@ public final class StreamsApp {
         Properties config = new Properties();
         config.put(StreamsConfig.APPLICATION_ID_CONFIG, applicationId);
         config.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-        config.put(StreamsConfig.STATE_DIR_CONFIG, Files.createTempDirectory("statefleet-streams").toString());
+        config.put(StreamsConfig.STATE_DIR_CONFIG, stateDir);
         config.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 100);
         config.put(StreamsConfig.ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME_CONFIG, deadLetters);
         config.put(StreamsConfig.DESERIALIZATION_EXCEPTION_HANDLER_CLASS_CONFIG, LogAndContinueExceptionHandler.class);
