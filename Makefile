@@ -21,6 +21,16 @@ cached-venv = mkdir -p $(dir $(1)) && flock $(1).lock bash -c 'test -e $(1)/.ins
 	&& env -u PYTHONPATH $(1)/bin/pip install -q --disable-pip-version-check $(2) \
 	&& touch $(1)/.installed'
 
+# $(call cached-maven-build,POM,DIR,PROPERTY,WHAT): a recipe that runs `mvn package` of POM
+# with its build directory (the property PROPERTY) in a new folder beside DIR (in the cache),
+# then moves that folder to DIR: a second clone building at the same time never sees half a
+# build, and the one that loses the race keeps the winner's.
+cached-maven-build = command -v java >/dev/null || { echo "building $(4) needs Java 17+"; exit 1; }; \
+	command -v mvn >/dev/null || { echo "building $(4) needs Maven 3.8+"; exit 1; }; \
+	echo "building $(4) into $(2) (once per machine and source)"; \
+	mkdir -p $(dir $(2)) && work=$$(mktemp -d $(2).XXXXXX) && trap 'rm -rf "$$work"' EXIT \
+	&& mvn -q -B -f $(1) package -D$(3)=$$work && { mv -T $$work $(2) 2>/dev/null || test -e $(2); }
+
 # Instances per service for `make up` (e.g. `make up TALLIES=3`).
 TALLIES ?= 1
 VALIDATOR ?= 1

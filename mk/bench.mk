@@ -22,16 +22,8 @@ QUIX_VENV := $(STATEFLEET_CACHE)/bench/quix-venv-$(QUIXSTREAMS_VERSION)
 QUIX_STAMP := $(QUIX_VENV)/.installed
 QUIX_LINK := $(CURDIR)/.local/quix-venv
 
-# Built beside its place and moved in: a second clone building at the same time never sees
-# half a build.
 $(KSTREAMS_JAR):
-	@command -v java >/dev/null || { echo "bench-peers builds the Kafka Streams peer: install Java 17+"; exit 1; }
-	@command -v mvn >/dev/null || { echo "bench-peers builds the Kafka Streams peer with Maven: install Maven 3.8+"; exit 1; }
-	@echo "building the Kafka Streams tally into $(KSTREAMS_CACHE) (once per machine and source)"
-	@mkdir -p $(dir $(KSTREAMS_CACHE))
-	@work=$$(mktemp -d $(KSTREAMS_CACHE).XXXXXX) && trap 'rm -rf "$$work"' EXIT \
-		&& mvn -q -B -f $(KSTREAMS_SRC)/pom.xml package -Dbench.build.dir=$$work \
-		&& { mv -T $$work $(KSTREAMS_CACHE) 2>/dev/null || test -e $@; }
+	@$(call cached-maven-build,$(KSTREAMS_SRC)/pom.xml,$(KSTREAMS_CACHE),bench.build.dir,the Kafka Streams peer of bench-peers)
 
 $(QUIX_STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "bench-peers needs $(PYTHON) (Python 3.11+) for the Quix Streams peer"; exit 1; }
