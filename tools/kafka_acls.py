@@ -10,6 +10,10 @@ Every service:
 - uses the transactional ids ``<app id>.<topic>.<partition>`` (by PREFIX) and writes
   idempotently, for ``exactly_once``.
 
+The validator's topics are those of its domain and the tallies' those of their projection
+(:func:`service_access`; the accounts' by default); the tallies of another projection than
+the accounts' are named ``tallies-<name>`` (group, own topics, retry topic).
+
 The retry scheduler writes to whichever retry topic a dead letter names, so it gets every
 topic whose name starts with ``<prefix>retry``.
 
@@ -76,29 +80,53 @@ class TopicAccess:
     write_prefixes: tuple[str, ...] = ()
 
 
-def service_access(service: str, topic_prefix: str = "") -> TopicAccess:
+def service_access(service: str, topic_prefix: str = "", domain: str | None = None, projection: str | None = None) -> TopicAccess:
+    """The topics ``service`` reads and writes: the validator's those of its domain (``domain``,
+    its STATEFLEET_VALIDATOR_DOMAIN; None: the accounts), the tallies' those of its projection
+    (``projection``, its STATEFLEET_TALLIES_PROJECTION; None: the accounts tallies), loaded by
+    the services' own loaders (which raise, naming the module, for one that cannot be loaded)."""
     t = TopicNames(prefix=topic_prefix)
     if service == "validator":
+        from services.validator.app import configured_domain
+
+        d = configured_domain(Settings(validator_domain=domain or "")).topics
+        commands, batches, events, rejections = (t.name(n) for n in (d.commands, d.command_batches, d.events, d.rejections))
         # Its HTTP API writes the commands it is posted (POST /commands, /commands/batch).
         return TopicAccess(
-            reads=(t.account_commands, t.account_command_batches, t.account_events, t.service_retry(service)),
-            writes=(t.account_commands, t.account_command_batches, t.account_events, t.account_rejections, t.dead_letters),
+            reads=(commands, batches, events, t.service_retry(service)),
+            writes=(commands, batches, events, rejections, t.dead_letters),
         )
     if service == "tallies":
-        return TopicAccess(
-            reads=(t.account_events, t.logins, t.service_retry(service)), writes=(t.program_tallies, t.dead_letters)
-        )
+        from services.tallies.app import configured_projection
+        from services.tallies.state import service_name
+
+        p = configured_projection(Settings(tallies_projection=projection))
+        inputs = tuple(t.name(i.topic) for i in p.inputs)
+        return TopicAccess(reads=(*inputs, t.service_retry(service_name(p))), writes=(t.name(p.output_topic), t.dead_letters))
     if service == "retry_scheduler":
         # A dead letter names its retry topic (dlq.retry.topic): ``retry`` or ``retry-<service>``.
         return TopicAccess(reads=(t.dead_letters,), writes=(t.retry, t.parking_lot), write_prefixes=(t.retry,))
     raise ValueError(f"unknown service {service!r}: one of {', '.join(SERVICES)}")
 
 
-def service_acls(service: str, topic_prefix: str = "", user: str | None = None) -> list[Acl]:
+def engine_name(service: str, projection: str | None = None) -> str:
+    """What the service's group and own topics are named from: the tallies of a projection other
+    than the accounts' run as ``tallies-<name>`` (services/tallies/state.py, service_name)."""
+    if service != "tallies" or not projection:
+        return service
+    from services.tallies.app import configured_projection
+    from services.tallies.state import service_name
+
+    return service_name(configured_projection(Settings(tallies_projection=projection)))
+
+
+def service_acls(
+    service: str, topic_prefix: str = "", user: str | None = None, domain: str | None = None, projection: str | None = None
+) -> list[Acl]:
     principal = f"User:{user or service}"
-    access = service_access(service, topic_prefix)
+    access = service_access(service, topic_prefix, domain, projection)
     # The consumer group, and the prefix of the service's own topics.
-    own = app_id(service, Settings(topic_prefix=topic_prefix))
+    own = app_id(engine_name(service, projection), Settings(topic_prefix=topic_prefix))
 
     def acl(resource_type: str, pattern_type: str, name: str, operation: str) -> Acl:
         return Acl(principal, resource_type, pattern_type, name, operation)
@@ -194,11 +222,14 @@ def spark_acls(topic_prefix: str = "", jobs: JobArgs = DEFAULT_JOBS, projection:
     return list(dict.fromkeys(a for job, args in jobs.items() for a in job_acls(job, topic_prefix, SPARK_USER, args, projection)))
 
 
-def fleet_acls(topic_prefix: str = "", jobs: JobArgs = DEFAULT_JOBS, projection: str | None = None) -> list[Acl]:
-    """Every service's and job's ACLs, for topics and groups named with ``topic_prefix``, the
-    Spark jobs' for the topics their arguments name."""
+def fleet_acls(
+    topic_prefix: str = "", jobs: JobArgs = DEFAULT_JOBS, projection: str | None = None, domain: str | None = None
+) -> list[Acl]:
+    """Every service's and job's ACLs, for topics and groups named with ``topic_prefix``: the
+    validator's for its ``domain``, the tallies' and the backfill's for their ``projection``,
+    the Spark jobs' for the topics their arguments name."""
     return [
-        *(a for service in SERVICES for a in service_acls(service, topic_prefix)),
+        *(a for service in SERVICES for a in service_acls(service, topic_prefix, domain=domain, projection=projection)),
         *(a for job, args in jobs.items() for a in job_acls(job, topic_prefix, args=args, projection=projection)),
         *spark_acls(topic_prefix, jobs, projection),
     ]

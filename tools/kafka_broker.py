@@ -500,21 +500,27 @@ def client_env(layout: BrokerLayout, user: str = ADMIN_USER) -> dict[str, str]:
 
 
 def grant(
-    layout: BrokerLayout, topic_prefix: str = "", jobs: Mapping[str, Sequence[str]] | None = None, projection: str | None = None
+    layout: BrokerLayout,
+    topic_prefix: str = "",
+    jobs: Mapping[str, Sequence[str]] | None = None,
+    projection: str | None = None,
+    domain: str | None = None,
 ) -> None:
     """Create (or update) every service's and job's SCRAM user, and its ACLs for topics and
-    groups named with ``topic_prefix``; the Spark jobs' for the topics their arguments name
-    (``jobs``: each job that runs and its arguments; None: every job with the accounts'
-    defaults; ``projection``: the backfill's STATEFLEET_TALLIES_PROJECTION). Granting what
-    exists already changes nothing."""
+    groups named with ``topic_prefix``: the validator's for its ``domain``, the tallies' and the
+    backfill's for their ``projection`` (as STATEFLEET_VALIDATOR_DOMAIN and
+    STATEFLEET_TALLIES_PROJECTION name them; None: the accounts'), the Spark jobs' for the
+    topics their arguments name (``jobs``: each job that runs and its arguments; None: every
+    job with the accounts' defaults). Granting what exists already changes nothing."""
+    from shared.domain import DomainError
     from shared.projection import ProjectionError
     from tools.kafka_acls import DEFAULT_JOBS, USERS, fleet_acls
 
     passwords = credentials(layout)
     try:
-        acls = fleet_acls(topic_prefix, DEFAULT_JOBS if jobs is None else jobs, projection)
-    except (ValueError, ProjectionError) as exc:
-        raise BrokerError(f"cannot tell the Spark jobs' topics: {exc}") from exc
+        acls = fleet_acls(topic_prefix, DEFAULT_JOBS if jobs is None else jobs, projection, domain)
+    except (ValueError, ProjectionError, DomainError) as exc:
+        raise BrokerError(f"cannot tell the topics to grant: {exc}") from exc
     apply_security(layout, {user: passwords[user] for user in USERS}, acls)
     _log(f"granted {', '.join(USERS)} their ACLs for topic prefix {topic_prefix!r}")
 
@@ -969,8 +975,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--projection",
         default=os.environ.get("STATEFLEET_TALLIES_PROJECTION") or None,
-        help="with --secure, start and grant: the backfill's projection when its arguments name none "
+        help="with --secure, start and grant: the tallies' projection, and the backfill's when its arguments name none "
         "(STATEFLEET_TALLIES_PROJECTION; default: the accounts tallies)",
+    )
+    parser.add_argument(
+        "--domain",
+        default=os.environ.get("STATEFLEET_VALIDATOR_DOMAIN") or None,
+        help="with --secure, start and grant: the validator's domain (STATEFLEET_VALIDATOR_DOMAIN; default: the accounts)",
     )
     parser.add_argument("--user", default=ADMIN_USER, help="with --secure, env: the user to print the settings of")
     args = parser.parse_args(argv)
@@ -986,9 +997,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "start":
             start(layout)
             if layout.secure:
-                grant(layout, args.topic_prefix, jobs, args.projection)
+                grant(layout, args.topic_prefix, jobs, args.projection, args.domain)
         elif args.action == "grant":
-            grant(layout, args.topic_prefix, jobs, args.projection)
+            grant(layout, args.topic_prefix, jobs, args.projection, args.domain)
         elif args.action == "env":
             for name, value in client_env(layout, args.user).items():
                 print(f"export {name}={shlex.quote(value)}")

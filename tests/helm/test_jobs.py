@@ -15,7 +15,7 @@ import yaml
 from spark_jobs import activation_join
 from tests.helm.chart import KUBE_VERSION, NAMESPACE, RELEASE, REPO, Manifest, spark_commands
 from tools.helm_topics import parse_specs
-from tools.kafka_acls import DEFAULT_JOBS, Acl, spark_acls, spark_jobs_of
+from tools.kafka_acls import DEFAULT_JOBS, Acl, fleet_acls, spark_acls, spark_jobs_of
 
 NAME = f"{RELEASE}-statefleet"
 
@@ -123,6 +123,12 @@ def test_the_orders_release_runs_the_spark_jobs_on_the_orders_topics(render):
     assert topic_grants(acls, "READ") == {"shop.order-events", "shop.order-shipments"}  # the join's sink reads back
     assert topic_grants(acls, "WRITE") == {"shop.order-shipments", "shop.order-tallies"}  # the backfill may publish
     assert not any("account" in a.name or "logins" in a.name for a in acls)
+    # The services the release names a domain and a projection for, granted their topics too.
+    named = {e["name"]: e["value"] for e in topic_job(m)["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    domain, projection = named["STATEFLEET_VALIDATOR_DOMAIN"], named["STATEFLEET_TALLIES_PROJECTION"]
+    fleet = fleet_acls("shop.", spark_jobs_of(spark_commands(m)), projection, domain)
+    assert {"shop.order-commands", "shop.order-events", "shop.retry-tallies-orders"} <= {a.name for a in fleet}
+    assert not any("account" in a.name or "logins" in a.name or "program" in a.name for a in fleet)
 
 
 def test_the_default_release_grants_the_spark_user_the_accounts_topics(render):

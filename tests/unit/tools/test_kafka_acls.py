@@ -76,7 +76,8 @@ def test_the_spark_user_holds_every_jobs_grants_and_nothing_more() -> None:
 
 
 def topic_grants(acls: list[Acl], operation: str) -> set[str]:
-    return {name for kind, _, name, op in grants(acls) if kind == "TOPIC" and op == operation}
+    """The topics ``operation`` is granted on by name (not by prefix)."""
+    return {name for kind, pattern, name, op in grants(acls) if (kind, pattern, op) == ("TOPIC", "LITERAL", operation)}
 
 
 ORDERS_JOIN = [
@@ -145,3 +146,23 @@ def test_the_spark_user_holds_the_grants_of_the_jobs_that_run_with_their_argumen
 def test_one_job_with_two_sets_of_arguments_is_refused() -> None:
     with pytest.raises(ValueError, match="archive_events runs with two sets of arguments"):
         spark_jobs_of([["spark_jobs.archive_events"], ["spark_jobs.archive_events", "--topic", "order-events"]])
+
+
+def test_the_validator_is_granted_its_domains_topics() -> None:
+    acls = service_acls("validator", "p.", domain="examples.orders.domain:ORDERS")
+    orders = {f"p.order-{name}" for name in ("commands", "command-batches", "events")}
+    assert topic_grants(acls, "READ") == {*orders, "p.retry-validator"}
+    assert topic_grants(acls, "WRITE") == {*orders, "p.order-rejections", "p.dead-letters"}
+    assert ("GROUP", "LITERAL", "p.statefleet-validator", "READ") in grants(acls)  # named from the prefix, not the domain
+
+
+def test_the_tallies_of_a_projection_are_granted_its_topics_and_their_own_names() -> None:
+    acls = service_acls("tallies", "p.", projection="examples.orders.projection:PROJECTION")
+    assert topic_grants(acls, "READ") == {"p.order-events", "p.retry-tallies-orders"}
+    assert topic_grants(acls, "WRITE") == {"p.order-tallies", "p.dead-letters"}
+    g = grants(acls)
+    # Its group, changelogs and transactional ids are named from tallies-orders.
+    assert ("GROUP", "LITERAL", "p.statefleet-tallies-orders", "READ") in g
+    assert ("TOPIC", "PREFIXED", "p.statefleet-tallies-orders", "WRITE") in g
+    assert ("TRANSACTIONAL_ID", "PREFIXED", "p.statefleet-tallies-orders.", "WRITE") in g
+    assert not any("account" in name or "logins" in name for _, _, name, _ in g)
