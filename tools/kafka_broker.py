@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -499,13 +499,29 @@ def client_env(layout: BrokerLayout, user: str = ADMIN_USER) -> dict[str, str]:
     }
 
 
-def grant(layout: BrokerLayout, topic_prefix: str = "") -> None:
+def grant(
+    layout: BrokerLayout,
+    topic_prefix: str = "",
+    jobs: Mapping[str, Sequence[str]] | None = None,
+    projection: str | None = None,
+    domain: str | None = None,
+) -> None:
     """Create (or update) every service's and job's SCRAM user, and its ACLs for topics and
-    groups named with ``topic_prefix``. Granting what exists already changes nothing."""
-    from tools.kafka_acls import USERS, fleet_acls
+    groups named with ``topic_prefix``: the validator's for its ``domain``, the tallies' and the
+    backfill's for their ``projection`` (as STATEFLEET_VALIDATOR_DOMAIN and
+    STATEFLEET_TALLIES_PROJECTION name them; None: the accounts'), the Spark jobs' for the
+    topics their arguments name (``jobs``: each job that runs and its arguments; None: every
+    job with the accounts' defaults). Granting what exists already changes nothing."""
+    from shared.domain import DomainError
+    from shared.projection import ProjectionError
+    from tools.kafka_acls import DEFAULT_JOBS, USERS, fleet_acls
 
     passwords = credentials(layout)
-    apply_security(layout, {user: passwords[user] for user in USERS}, fleet_acls(topic_prefix))
+    try:
+        acls = fleet_acls(topic_prefix, DEFAULT_JOBS if jobs is None else jobs, projection, domain)
+    except (ValueError, ProjectionError, DomainError) as exc:
+        raise BrokerError(f"cannot tell the topics to grant: {exc}") from exc
+    apply_security(layout, {user: passwords[user] for user in USERS}, acls)
     _log(f"granted {', '.join(USERS)} their ACLs for topic prefix {topic_prefix!r}")
 
 
@@ -949,8 +965,27 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("STATEFLEET_TOPIC_PREFIX", ""),
         help="with --secure, start and grant: the topic prefix the services' ACLs are for",
     )
+    parser.add_argument(
+        "--spark-job",
+        action="append",
+        metavar="'JOB [ARGS]'",
+        help="with --secure, start and grant: a Spark job that runs and its arguments, e.g. 'archive_events --topic "
+        "order-events' (repeatable; default: every job with the accounts' arguments)",
+    )
+    parser.add_argument(
+        "--projection",
+        default=os.environ.get("STATEFLEET_TALLIES_PROJECTION") or None,
+        help="with --secure, start and grant: the tallies' projection, and the backfill's when its arguments name none "
+        "(STATEFLEET_TALLIES_PROJECTION; default: the accounts tallies)",
+    )
+    parser.add_argument(
+        "--domain",
+        default=os.environ.get("STATEFLEET_VALIDATOR_DOMAIN") or None,
+        help="with --secure, start and grant: the validator's domain (STATEFLEET_VALIDATOR_DOMAIN; default: the accounts)",
+    )
     parser.add_argument("--user", default=ADMIN_USER, help="with --secure, env: the user to print the settings of")
     args = parser.parse_args(argv)
+    jobs = None if args.spark_job is None else {job: tuple(rest) for job, *rest in map(shlex.split, args.spark_job)}
     layout = secure_layout() if args.secure else default_layout()
     try:
         if args.brokers is not None:
@@ -962,9 +997,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "start":
             start(layout)
             if layout.secure:
-                grant(layout, args.topic_prefix)
+                grant(layout, args.topic_prefix, jobs, args.projection, args.domain)
         elif args.action == "grant":
-            grant(layout, args.topic_prefix)
+            grant(layout, args.topic_prefix, jobs, args.projection, args.domain)
         elif args.action == "env":
             for name, value in client_env(layout, args.user).items():
                 print(f"export {name}={shlex.quote(value)}")

@@ -71,6 +71,18 @@ class Manifest:
                 yield f"executor template in {name}", pod["spec"]
 
 
+def spark_commands(m: Manifest) -> list[list[str]]:
+    """The command (``[module, *args]``) of every Spark driver the chart renders: the containers
+    that run a ``spark_jobs`` module, and a SparkApplication's arguments."""
+    commands = [
+        list(c["args"])
+        for _, pod in m.pod_specs()
+        for c in pod.get("containers", [])
+        if c.get("args") and str(c["args"][0]).startswith("spark_jobs.")
+    ]
+    return commands + [list(app["spec"]["arguments"]) for app in m.all("SparkApplication")]
+
+
 def run_helm(chart: Path, values: list[Path], sets: list[str], api_versions: list[str], kube_version: str = KUBE_VERSION) -> str:
     cmd = [helm_binary(), "template", RELEASE, str(chart), "--namespace", NAMESPACE, "--kube-version", kube_version]
     for v in values:

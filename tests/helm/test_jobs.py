@@ -12,8 +12,10 @@ from typing import Any
 import kubernetes_validate
 import yaml
 
-from tests.helm.chart import KUBE_VERSION, NAMESPACE, RELEASE, REPO, Manifest
+from spark_jobs import activation_join
+from tests.helm.chart import KUBE_VERSION, NAMESPACE, RELEASE, REPO, Manifest, spark_commands
 from tools.helm_topics import parse_specs
+from tools.kafka_acls import DEFAULT_JOBS, Acl, fleet_acls, spark_acls, spark_jobs_of
 
 NAME = f"{RELEASE}-statefleet"
 
@@ -88,14 +90,52 @@ def test_a_named_domain_and_projection_reach_their_services_and_the_topic_job(re
     assert job_env["STATEFLEET_VALIDATOR_DOMAIN"]["value"] == domain
     assert job_env["STATEFLEET_TALLIES_PROJECTION"]["value"] == projection
     assert json.loads(job_env["STATEFLEET_TOPIC_DEFAULT_CONFIGS"]["value"]) == {"min.insync.replicas": "2"}
-    # The Spark jobs that read the accounts topics are off in that release.
-    assert not m.has("Deployment", f"{NAME}-activation-join")
-    assert [c["metadata"]["name"] for c in m.all("CronJob")] == [f"{NAME}-replay-dead-letters"]
     # The accounts release's Job gets none of them: its list stands as rendered.
     assert (
         not (named | {"STATEFLEET_TOPIC_DEFAULT_CONFIGS"})
         & env(topic_job(render())["spec"]["template"]["spec"]["containers"][0]).keys()
     )
+
+
+def topic_grants(acls: list[Acl], operation: str) -> set[str]:
+    return {a.name for a in acls if a.resource_type == "TOPIC" and a.operation == operation}
+
+
+def test_the_orders_release_runs_the_spark_jobs_on_the_orders_topics(render):
+    """helm/statefleet/ci/orders-values.yaml: the join, the backfill and the archive with the
+    orders' arguments, and the Spark user's grants read from what the chart runs."""
+    m = render("orders")
+    commands = {command[0]: command[1:] for command in spark_commands(m)}
+    join_args = m.get("Deployment", f"{NAME}-activation-join")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert join_args[0] == "spark_jobs.activation_join"
+    spec = activation_join.spec_of(activation_join.parser().parse_args(join_args[1:]))
+    assert (spec.first.topic, spec.first.kind, spec.then.topic, spec.then.kind) == (
+        "order-events",
+        "OrderPlaced",
+        "order-events",
+        "OrderShipped",
+    )
+    assert (spec.first.key, spec.then.key, spec.carry_names) == ("aggregate_id", "aggregate_id", ("customer_id",))
+    assert commands["spark_jobs.backfill_tallies"] == ["--projection", "examples.orders.projection:PROJECTION"]
+    assert commands["spark_jobs.archive_events"][:3] == ["--available-now", "--topic", "order-events"]
+
+    acls = spark_acls("shop.", spark_jobs_of(spark_commands(m)))
+    assert topic_grants(acls, "READ") == {"shop.order-events", "shop.order-shipments"}  # the join's sink reads back
+    assert topic_grants(acls, "WRITE") == {"shop.order-shipments", "shop.order-tallies"}  # the backfill may publish
+    assert not any("account" in a.name or "logins" in a.name for a in acls)
+    # The services the release names a domain and a projection for, granted their topics too.
+    named = {e["name"]: e["value"] for e in topic_job(m)["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    domain, projection = named["STATEFLEET_VALIDATOR_DOMAIN"], named["STATEFLEET_TALLIES_PROJECTION"]
+    fleet = fleet_acls("shop.", spark_jobs_of(spark_commands(m)), projection, domain)
+    assert {"shop.order-commands", "shop.order-events", "shop.retry-tallies-orders"} <= {a.name for a in fleet}
+    assert not any("account" in a.name or "logins" in a.name or "program" in a.name for a in fleet)
+
+
+def test_the_default_release_grants_the_spark_user_the_accounts_topics(render):
+    jobs = spark_jobs_of(spark_commands(render()))
+    assert jobs.keys() == DEFAULT_JOBS.keys()
+    assert spark_acls("", jobs) == spark_acls("")
+    assert {"account-events", "logins", "activations"} <= topic_grants(spark_acls("", jobs), "READ")
 
 
 def test_the_topic_job_of_a_named_domain_creates_its_topics(render):

@@ -7,11 +7,6 @@ module and what is missing."""
 
 from __future__ import annotations
 
-import os
-import shlex
-import shutil
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -20,48 +15,16 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.support.guide import guide_files as read_guide_files
-from tests.support.guide import write_files
+from tests.support.guide import derived_image, domain_guide_files, stopped_at_start, with_project
 from tests.support.kafka import read_all
 from tests.support.services import REPO, ServiceProcess
 from tools import web
 
 pytestmark = pytest.mark.e2e
 
-GUIDE = REPO / "docs" / "your-domain.md"
-
 
 def guide_files() -> dict[str, str]:
-    """The files the guide's code blocks are, by path."""
-    files = read_guide_files(GUIDE)
-    assert {"tickets/domain.py", "Containerfile"} <= files.keys(), f"the guide's files are {sorted(files)}"
-    return files
-
-
-def derived_image(tmp: Path, files: dict[str, str]) -> tuple[Path, dict[str, str]]:
-    """The guide's derived image without a build: ``files`` as its build context, the
-    Containerfile's COPY lines applied under ``tmp/root`` (the image's ``/``), and the
-    environment its ENV lines set, with the image's paths in PYTHONPATH under that root."""
-    context, root = write_files(files, tmp / "context"), tmp / "root"
-    env: dict[str, str] = {}
-    for line in files["Containerfile"].replace("\\\n", " ").splitlines():
-        instruction, _, rest = line.strip().partition(" ")
-        if instruction == "FROM":
-            assert rest.startswith("statefleet:"), f"the recipe derives from statefleet's image, not {rest}"
-        elif instruction == "COPY":
-            source, target = rest.split()
-            shutil.copytree(context / source, root / target.lstrip("/"))
-        elif instruction == "ENV":
-            env.update(pair.partition("=")[::2] for pair in shlex.split(rest))
-        elif instruction:
-            pytest.fail(f"the recipe's test lays out FROM, COPY and ENV, not {instruction}")
-    env["PYTHONPATH"] = os.pathsep.join(str(root / entry.lstrip("/")) for entry in env["PYTHONPATH"].split(":"))
-    return root, env
-
-
-def with_project(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with the project's own packages importable after the team's (the image's app)."""
-    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [env["PYTHONPATH"], os.environ.get("PYTHONPATH")]))}
+    return domain_guide_files("tickets/domain.py", "Containerfile")
 
 
 def test_the_guides_domain_runs_in_a_worker_as_the_derived_image_has_it(
@@ -80,7 +43,14 @@ def test_the_guides_domain_runs_in_a_worker_as_the_derived_image_has_it(
         out: dict[str, Any] = resp.json()
         return out
 
-    opened = post({"command_id": f"{ticket}-1", "type": "OpenTicket", "ticket_id": ticket, "data": {"title": "printer on fire"}})
+    opened = post(
+        {
+            "command_id": f"{ticket}-1",
+            "type": "OpenTicket",
+            "ticket_id": ticket,
+            "data": {"title": "printer on fire", "queue": "hardware"},
+        }
+    )
     assert (opened["status"], opened["event"]["type"], opened["event"]["version"]) == ("accepted", "TicketOpened", 1), opened
     assigned = post(
         {"command_id": f"{ticket}-2", "type": "AssignTicket", "ticket_id": ticket, "assignee": "ana", "expected_version": 1}
@@ -94,7 +64,7 @@ def test_the_guides_domain_runs_in_a_worker_as_the_derived_image_has_it(
     assert resp.json() == {
         "aggregate_id": ticket,
         "version": 2,
-        "state": {"status": "assigned", "title": "printer on fire", "assignee": "ana"},
+        "state": {"status": "assigned", "title": "printer on fire", "queue": "hardware", "assignee": "ana"},
     }
     events = [
         orjson.loads(r.body)
@@ -128,18 +98,5 @@ def test_the_guides_domain_runs_in_a_worker_as_the_derived_image_has_it(
 def test_a_team_module_that_cannot_be_loaded_stops_the_validator_at_start(
     tmp_path: Path, change: tuple[str, str], message: str
 ) -> None:
-    files = guide_files()
-    assert change[0] in files["tickets/domain.py"]
-    files["tickets/domain.py"] = files["tickets/domain.py"].replace(*change)
-    _, image_env = derived_image(tmp_path, files)
-    proc = subprocess.run(
-        [sys.executable, "-m", "services.validator"],
-        cwd=REPO,
-        env={"PATH": "/usr/bin:/bin", **with_project(image_env)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 1, proc.stderr
-    assert "STATEFLEET_VALIDATOR_DOMAIN" in proc.stderr and message in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr
+    stderr = stopped_at_start("services.validator", "tickets/domain.py", change, tmp_path)
+    assert "STATEFLEET_VALIDATOR_DOMAIN" in stderr and message in stderr, stderr

@@ -2,7 +2,8 @@
 each service connecting as its own user with only the ACLs tools/kafka_acls.py grants it.
 
 - every service works: a command accepted by the validator becomes an event, the tallies
-  count it, the retry scheduler redelivers a dead letter to the retry topic it names;
+  count it, the retry scheduler redelivers a dead letter to the retry topic it names; and
+  the orders domain and projection work too, granted the topics they name;
 - a wrong password, or a user without the ACLs, stops the worker at start-up with a
   message that says what is wrong and what to change; so does a user that may see an input
   but not read it, at its first fetch.
@@ -47,6 +48,17 @@ def start_service(broker: SecureBroker, module: str, user: str, tmp: Path, **ext
     return ServiceProcess(module, env, tmp / f"{module}-as-{user}.log", port=free_port()).start()
 
 
+def counted_row(tallies: ServiceProcess, key: str, counter: str) -> dict[str, Any]:
+    """The tallies' row of ``key`` (``GET /tallies/{key}``) once its ``counter`` is 1."""
+
+    def row() -> dict[str, Any] | None:
+        r = web.get(f"{tallies.url}/tallies/{key}", timeout=10)
+        return r.json() if r.status_code == 200 and r.json()[counter] == 1 else None
+
+    found: dict[str, Any] = wait_for(row, timeout=60, message=f"the row of {key} with {counter} 1")
+    return found
+
+
 def test_every_service_works_over_sasl_ssl_as_its_own_user(secure_broker: SecureBroker, tmp_path: Path) -> None:
     b = secure_broker
     procs = [
@@ -73,11 +85,7 @@ def test_every_service_works_over_sasl_ssl_as_its_own_user(secure_broker: Secure
         events = [orjson.loads(r.body) for r in b.read(b.topic("account-events"))]
         assert [(e["account_id"], e["type"], e["version"]) for e in events] == [(account, "AccountCreated", 1)]
 
-        def tally() -> dict[str, Any] | None:
-            r = web.get(f"{tallies.url}/tallies/{program}", timeout=10)
-            return r.json() if r.status_code == 200 and r.json()["numberActive"] == 1 else None
-
-        assert wait_for(tally, timeout=60, message="the tally of the new account") == {
+        assert counted_row(tallies, program, "numberActive") == {
             "program_id": program,
             "numberActive": 1,
             "numberInactive": 0,
@@ -100,6 +108,58 @@ def test_every_service_works_over_sasl_ssl_as_its_own_user(secure_broker: Secure
         [record] = wait_for(redelivered, timeout=60, interval=0.5, message="the dead letter's redelivery")
         assert (record.key, record.value) == (b"k", b"not a command")
         for proc in (validator, tallies, scheduler):
+            assert proc.proc is not None and proc.proc.poll() is None, proc.log_tail()
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
+def test_a_domain_and_a_projection_of_their_own_work_as_their_users_with_their_grants(
+    secure_broker: SecureBroker, tmp_path: Path
+) -> None:
+    """The orders example (examples/orders) under a prefix of its own, granted as
+    ``kafka_broker grant --domain ... --projection ...`` grants it (tools/kafka_acls.py)."""
+    b = secure_broker
+    prefix, domain, projection = (
+        f"o{uuid.uuid4().hex[:10]}.",
+        "examples.orders.domain:ORDERS",
+        "examples.orders.projection:PROJECTION",
+    )
+    kafka_broker.grant(b.layout, prefix, jobs={}, projection=projection, domain=domain)
+    orders = {"STATEFLEET_TOPIC_PREFIX": prefix}
+    procs = [
+        start_service(b, "validator", "validator", tmp_path, STATEFLEET_VALIDATOR_DOMAIN=domain, **orders),
+        start_service(
+            b,
+            "tallies",
+            "tallies",
+            tmp_path,
+            STATEFLEET_TALLIES_PROJECTION=projection,
+            STATEFLEET_TALLY_PUBLISH_INTERVAL_S="0.2",
+            **orders,
+        ),
+    ]
+    try:
+        validator, tallies = (p.wait_ready(120) for p in procs)
+        order, customer = f"o-{uuid.uuid4().hex[:8]}", f"c-{uuid.uuid4().hex[:8]}"
+        commands: list[dict[str, Any]] = [
+            {"type": "PlaceOrder", "customer_id": customer, "data": {"amount_cents": 1250}},
+            {"type": "PayOrder"},
+            {"type": "ShipOrder"},
+        ]
+        for n, command in enumerate(commands):
+            body = {"command_id": f"{order}-{n}", "order_id": order, **command}
+            answer = web.post(validator.url + "/commands", json=body, params={"wait": "true"}, timeout=30)
+            assert answer.status_code == 200 and answer.json()["status"] == "accepted", answer.text
+
+        assert counted_row(tallies, customer, "shipped") == {
+            "key": customer,
+            "open": 0,
+            "shipped": 1,
+            "cancelled": 0,
+            "revenue_cents": 1250,
+        }
+        for proc in (validator, tallies):
             assert proc.proc is not None and proc.proc.poll() is None, proc.log_tail()
     finally:
         for proc in procs:

@@ -219,3 +219,32 @@ def test_nodes_formatted_later_join_the_cluster_id_of_those_formatted_before(tmp
     (layout.node(2).data / "meta.properties").write_text("#\nnode.id=2\ncluster.id=AbCdEfGhIjKlMnOpQrStUw\nversion=1\n")
     assert kafka_broker._cluster_id(layout) == "AbCdEfGhIjKlMnOpQrStUw"
     assert kafka_broker.formatted_brokers(tmp_path) == 3
+
+
+def test_grant_names_the_spark_jobs_and_their_arguments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("STATEFLEET_SECURE_BROKER_HOME", str(tmp_path))
+    monkeypatch.delenv("STATEFLEET_TALLIES_PROJECTION", raising=False)
+    monkeypatch.delenv("STATEFLEET_VALIDATOR_DOMAIN", raising=False)
+    granted: list[tuple[object, ...]] = []
+    monkeypatch.setattr(kafka_broker, "grant", lambda layout, *args: granted.append(args))
+    job = "archive_events --topic order-events --fields aggregate_id"
+    assert kafka_broker.main(["--secure", "grant", "--topic-prefix", "shop.", "--spark-job", job]) == 0
+    monkeypatch.setenv("STATEFLEET_VALIDATOR_DOMAIN", "examples.orders.domain:ORDERS")
+    assert kafka_broker.main(["--secure", "grant", "--projection", "examples.orders.projection:PROJECTION"]) == 0
+    assert granted == [
+        ("shop.", {"archive_events": ("--topic", "order-events", "--fields", "aggregate_id")}, None, None),
+        # Every job, the tallies and the backfill on the orders projection, the validator on the orders domain.
+        ("", None, "examples.orders.projection:PROJECTION", "examples.orders.domain:ORDERS"),
+    ]
+
+
+def test_a_job_that_refuses_its_arguments_stops_the_grant(tmp_path: Path) -> None:
+    layout = kafka_broker.BrokerLayout(home=tmp_path, port=1, controller_port=2, secure=True)
+    with pytest.raises(kafka_broker.BrokerError, match="--output-topic is required"):
+        kafka_broker.grant(layout, "p.", {"activation_join": ("--first-kind", "OrderPlaced")})
+
+
+def test_a_domain_that_cannot_be_loaded_stops_the_grant(tmp_path: Path) -> None:
+    layout = kafka_broker.BrokerLayout(home=tmp_path, port=1, controller_port=2, secure=True)
+    with pytest.raises(kafka_broker.BrokerError, match=r"cannot tell the topics to grant: .*no\.such\.module"):
+        kafka_broker.grant(layout, "p.", domain="no.such.module:D")
