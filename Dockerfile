@@ -4,7 +4,11 @@
 # arguments choose what runs (see helm/image/entrypoint.py):
 #   docker run IMAGE services.tallies          # or services.validator, services.retry_scheduler, services.console
 #   docker run IMAGE spark_jobs.activation_join --available-now
-#   docker run IMAGE tools.helm_topics         # the chart's topic Job
+#   docker run IMAGE services.topics           # the chart's topic Job
+#
+# It holds the product only: what runs in production (the services, the topic Job,
+# the Spark jobs). What develops and measures it (tools/: the cluster, image builds,
+# benchmarks, chaos; tests/; docs/) stays out of the build context (.dockerignore).
 #
 # Stages: `jars` resolves the Spark Kafka connector from Maven Central, `build`
 # installs the Python packages into a virtualenv (compilers live only here),
@@ -68,13 +72,15 @@ RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
     && pip install --require-hashes --no-deps -r requirements-image.lock \
     && python -c "import pyspark; assert pyspark.__version__ == '${SPARK_VERSION}', pyspark.__version__" \
     && python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'statefleet-app.pth').write_text('/opt/statefleet/app\n')"
-# .dockerignore lets in only pyproject.toml, requirements-image.lock, README.md and the Python packages
-# (examples/ too: the orders domain a validator can run, STATEFLEET_VALIDATOR_DOMAIN=examples.orders.domain:ORDERS).
+# .dockerignore lets in only pyproject.toml, requirements-image.lock, README.md (the package's
+# description) and the product's packages: services/, shared/, spark_jobs/ and examples/ (the
+# orders domain a validator can run, STATEFLEET_VALIDATOR_DOMAIN=examples.orders.domain:ORDERS).
 COPY . .
 # The project itself, with nothing resolved anew.
 RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
     pip install --no-deps --target /opt/statefleet/app . \
-    && python -c "import services, shared, spark_jobs, examples.orders.domain, examples.orders.projection, pyspark"
+    && python -c "import services, services.topics.job, shared, spark_jobs, examples.orders.domain, examples.orders.projection, pyspark" \
+    && test ! -e /opt/statefleet/app/tools && test ! -e /opt/statefleet/app/tests
 
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
