@@ -90,7 +90,7 @@ def test_image_runs_as_the_charts_user_with_only_what_it_runs() -> None:
     # What is inside, seen by the image's python (one container: each one costs a copy of the image with vfs).
     probe = (
         "import importlib.util as u, json, os, shutil\n"
-        "modules = ('pytest', 'mypy', 'ruff', 'playwright', 'hypothesis', 'schemathesis', "
+        "modules = ('pytest', 'mypy', 'ruff', 'playwright', 'hypothesis', 'schemathesis', 'pip', 'setuptools', "
         "'faust', 'rocksdict', 'fastapi', 'pyspark', 'pyarrow', 'pandas', 'services', 'spark_jobs', 'tools', 'tests')\n"
         "print(json.dumps({'modules': sorted(m for m in modules if u.find_spec(m)),"
         " 'app': sorted(os.listdir('/opt/statefleet/app')),"
@@ -99,8 +99,9 @@ def test_image_runs_as_the_charts_user_with_only_what_it_runs() -> None:
     )
     done = podman("run", "--rm", "--network", "none", "--read-only", "--entrypoint", "python", IMAGE, "-c", probe)
     inside = json.loads(done.stdout)
-    # Only what it runs (requirements-image.lock): no test or lint tools, and of the project only
-    # the product: no tools/ (cluster, image builds, benchmarks, chaos), no tests/.
+    # Only what it runs (requirements-image.lock): no test or lint tools, no installer in its
+    # virtualenv (the public base's own Python keeps its pip, outside it), and of the project
+    # only the product: no tools/ (cluster, image builds, benchmarks, chaos), no tests/.
     assert inside["modules"] == sorted(
         ["faust", "rocksdict", "fastapi", "pyspark", "pyarrow", "pandas", "services", "spark_jobs"]
     ), inside["modules"]
