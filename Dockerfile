@@ -4,7 +4,11 @@
 # arguments choose what runs (see helm/image/entrypoint.py):
 #   docker run IMAGE services.tallies          # or services.validator, services.retry_scheduler, services.console
 #   docker run IMAGE spark_jobs.activation_join --available-now
-#   docker run IMAGE tools.helm_topics         # the chart's topic Job
+#   docker run IMAGE services.topics           # the chart's topic Job
+#
+# It holds the product only: what runs in production (the services, the topic Job,
+# the Spark jobs). What develops and measures it (tools/: the cluster, image builds,
+# benchmarks, chaos; tests/; docs/) stays out of the build context (.dockerignore).
 #
 # Stages: `jars` resolves the Spark Kafka connector from Maven Central, `build`
 # installs the Python packages into a virtualenv (compilers live only here),
@@ -53,8 +57,13 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
     && apt-get install -y --no-install-recommends build-essential \
     && rm -rf /var/lib/apt/lists/*
-RUN python -m venv /opt/statefleet/venv
-ENV PATH=/opt/statefleet/venv/bin:$PATH
+# The image's virtualenv gets no installer (pip, setuptools: 23 MB nothing runs): pip lives
+# in a virtualenv of its own, here only, and installs into the image's one (PIP_PYTHON is
+# pip's --python). `python` is the image's, `pip` the installer's.
+RUN python -m venv /opt/installer \
+    && python -m venv --without-pip /opt/statefleet/venv
+ENV PATH=/opt/statefleet/venv/bin:/opt/installer/bin:$PATH \
+    PIP_PYTHON=/opt/statefleet/venv/bin/python
 WORKDIR /src
 # What the image runs and nothing else (no test or lint tools): every package at the
 # version and hash requirements-image.lock pins (make lock writes it, at the versions of
@@ -67,14 +76,17 @@ RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
     grep -q "^pyspark==${SPARK_VERSION} " requirements-image.lock \
     && pip install --require-hashes --no-deps -r requirements-image.lock \
     && python -c "import pyspark; assert pyspark.__version__ == '${SPARK_VERSION}', pyspark.__version__" \
+    && ! python -c "import pip" 2>/dev/null && ! python -c "import setuptools" 2>/dev/null \
     && python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'statefleet-app.pth').write_text('/opt/statefleet/app\n')"
-# .dockerignore lets in only pyproject.toml, requirements-image.lock, README.md and the Python packages
-# (examples/ too: the orders domain a validator can run, STATEFLEET_VALIDATOR_DOMAIN=examples.orders.domain:ORDERS).
+# .dockerignore lets in only pyproject.toml, requirements-image.lock, README.md (the package's
+# description) and the product's packages: services/, shared/, spark_jobs/ and examples/ (the
+# orders domain a validator can run, STATEFLEET_VALIDATOR_DOMAIN=examples.orders.domain:ORDERS).
 COPY . .
 # The project itself, with nothing resolved anew.
 RUN --mount=type=cache,id=statefleet-pip,target=/root/.cache/pip \
     pip install --no-deps --target /opt/statefleet/app . \
-    && python -c "import services, shared, spark_jobs, examples.orders.domain, examples.orders.projection, pyspark"
+    && python -c "import services, services.topics.job, shared, spark_jobs, examples.orders.domain, examples.orders.projection, pyspark" \
+    && test ! -e /opt/statefleet/app/tools && test ! -e /opt/statefleet/app/tests
 
 # ---------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

@@ -4,7 +4,7 @@
                                      services.tallies, services.validator,
                                      services.retry_scheduler, services.console,
                                      spark_jobs.activation_join,
-                                     spark_jobs.backfill_tallies, tools.helm_topics
+                                     spark_jobs.backfill_tallies, services.topics
     entrypoint.py driver ARGS...     a Spark driver started by Spark on Kubernetes
                                      (the Spark operator): spark-submit in client mode
     entrypoint.py executor           a Spark executor pod started by a driver
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import NoReturn
 
 JARS_DIR = Path(os.environ.get("STATEFLEET_IMAGE_JARS_DIR", "/opt/statefleet/jars"))
-MODULE_PACKAGES = ("services", "spark_jobs", "tools")
+MODULE_PACKAGES = ("services", "spark_jobs")
 EXECUTOR_BACKEND = "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend"
 USAGE = "usage: entrypoint.py MODULE [ARGS...] | driver ARGS... | executor"
 

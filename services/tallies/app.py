@@ -55,7 +55,7 @@ from shared.settings import Settings
 from shared.topics import topic_names
 
 #: The service's tables, each with its changelog ``<app id>-<table>-changelog`` (compacted):
-#: the chart's topic Job creates them for any projection (tools/helm_topics.py).
+#: the chart's topic Job creates them for any projection (services/topics/job.py).
 MEMBERSHIPS, LAST_LOGINS, PUBLISHED_TALLIES = TABLES = ("memberships", "last-logins", "published-tallies")
 
 

@@ -12,9 +12,11 @@ from typing import Any
 import kubernetes_validate
 import yaml
 
+from services.topics.job import parse_specs
 from spark_jobs import activation_join
 from tests.helm.chart import KUBE_VERSION, NAMESPACE, RELEASE, REPO, Manifest, spark_commands
-from tools.helm_topics import parse_specs
+from tests.support.accounts import ACCOUNT_TOPICS
+from tests.support.orders import ORDER_TOPICS
 from tools.kafka_acls import DEFAULT_JOBS, Acl, fleet_acls, spark_acls, spark_jobs_of
 
 NAME = f"{RELEASE}-statefleet"
@@ -35,7 +37,7 @@ def test_topic_job_is_a_pre_install_hook(render):
     assert "before-hook-creation" in ann["helm.sh/hook-delete-policy"]
     pod = job["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
-    assert pod["containers"][0]["args"] == ["tools.helm_topics"]
+    assert pod["containers"][0]["args"] == ["services.topics"]
     # The chart's ServiceAccount does not exist yet when a pre-install hook runs.
     assert "serviceAccountName" not in pod
 
@@ -44,20 +46,7 @@ def test_topic_job_creates_every_topic_with_the_right_configs(render):
     job = topic_job(render("replicas"))
     text = env(job["spec"]["template"]["spec"]["containers"][0])["STATEFLEET_TOPIC_SPECS"]["value"]
     specs = {s.name: s for s in parse_specs(text)}  # the tool in the image accepts what the chart renders
-    contract = [
-        "account-commands",
-        "account-command-batches",
-        "account-events",
-        "account-rejections",
-        "logins",
-        "program-tallies",
-        "dead-letters",
-        "retry",
-        "parking-lot",
-        "activations",
-        "retry-tallies",
-        "retry-validator",
-    ]
+    contract = [*ACCOUNT_TOPICS, "dead-letters", "retry", "parking-lot", "activations", "retry-tallies", "retry-validator"]
     for base in contract:
         assert f"prod.{base}" in specs, base
         assert specs[f"prod.{base}"].partitions == 12
@@ -143,7 +132,7 @@ def test_the_topic_job_of_a_named_domain_creates_its_topics(render):
     job_env = env(topic_job(render("orders"))["spec"]["template"]["spec"]["containers"][0])
     literal = {name: e["value"] for name, e in job_env.items() if "value" in e and name != "HOME"}
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.helm_topics", "--print"],
+        [sys.executable, "-m", "services.topics", "--print"],
         cwd=REPO,
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO), **literal},
         capture_output=True,
@@ -152,25 +141,8 @@ def test_the_topic_job_of_a_named_domain_creates_its_topics(render):
     )
     assert proc.returncode == 0, proc.stderr
     specs = {s.name: s for s in parse_specs(proc.stdout)}
-    assert sorted(specs) == sorted(
-        f"shop.{name}"
-        for name in (
-            "order-commands",
-            "order-command-batches",
-            "order-events",
-            "order-rejections",
-            "order-tallies",
-            "retry-tallies-orders",
-            "statefleet-tallies-orders-memberships-changelog",
-            "statefleet-tallies-orders-last-logins-changelog",
-            "statefleet-tallies-orders-published-tallies-changelog",
-            "dead-letters",
-            "retry",
-            "parking-lot",
-            "activations",
-            "retry-validator",
-        )
-    )
+    fleet = ("dead-letters", "retry", "parking-lot", "activations", "retry-validator")
+    assert sorted(specs) == sorted(f"shop.{name}" for name in (*ORDER_TOPICS, *fleet))
     assert all(s.partitions == 8 and s.config["min.insync.replicas"] == "2" for s in specs.values())
     compacted = {name for name, s in specs.items() if s.config.get("cleanup.policy") == "compact"}
     assert compacted == {"shop.order-tallies", *(n for n in specs if n.endswith("-changelog"))}

@@ -90,18 +90,23 @@ def test_image_runs_as_the_charts_user_with_only_what_it_runs() -> None:
     # What is inside, seen by the image's python (one container: each one costs a copy of the image with vfs).
     probe = (
         "import importlib.util as u, json, os, shutil\n"
-        "modules = ('pytest', 'mypy', 'ruff', 'playwright', 'hypothesis', 'schemathesis', "
-        "'faust', 'rocksdict', 'fastapi', 'pyspark', 'pyarrow', 'pandas', 'services', 'spark_jobs')\n"
+        "modules = ('pytest', 'mypy', 'ruff', 'playwright', 'hypothesis', 'schemathesis', 'pip', 'setuptools', "
+        "'faust', 'rocksdict', 'fastapi', 'pyspark', 'pyarrow', 'pandas', 'services', 'spark_jobs', 'tools', 'tests')\n"
         "print(json.dumps({'modules': sorted(m for m in modules if u.find_spec(m)),"
+        " 'app': sorted(os.listdir('/opt/statefleet/app')),"
         " 'jars': sorted(os.listdir('/opt/statefleet/jars')),"
         " 'tools': {t: shutil.which(t) for t in ('java', 'tini', 'mvn', 'gcc', 'cc', 'pip')}}))\n"
     )
     done = podman("run", "--rm", "--network", "none", "--read-only", "--entrypoint", "python", IMAGE, "-c", probe)
     inside = json.loads(done.stdout)
-    # Only what it runs (requirements-image.lock): no test or lint tools.
+    # Only what it runs (requirements-image.lock): no test or lint tools, no installer in its
+    # virtualenv (the public base's own Python keeps its pip, outside it), and of the project
+    # only the product: no tools/ (cluster, image builds, benchmarks, chaos), no tests/.
     assert inside["modules"] == sorted(
         ["faust", "rocksdict", "fastapi", "pyspark", "pyarrow", "pandas", "services", "spark_jobs"]
     ), inside["modules"]
+    packages = [name for name in inside["app"] if not name.endswith(".dist-info")]
+    assert packages == ["examples", "services", "shared", "spark_jobs"], inside["app"]
     jars = inside["jars"]
     assert "spark-sql-kafka-0-10_2.13-4.2.0.jar" in jars and any(j.startswith("kafka-clients-") for j in jars), jars
     tools = inside["tools"]
@@ -113,7 +118,7 @@ def test_topic_job_creates_the_topics(kafka_env: dict[str, str], run_prefix: str
     specs = [{"name": run_prefix + base, "partitions": PARTITIONS, "configs": configs} for base, configs in TOPICS.items()]
     job = Container(
         name(run_prefix, "topics"),
-        ["tools.helm_topics"],
+        ["services.topics"],
         {**kafka_env, "STATEFLEET_TOPIC_SPECS": json.dumps(specs)},
         mounts={"/tmp": workdir / "topics-tmp"},
     )

@@ -8,6 +8,16 @@ from typing import Any
 
 import orjson
 
+#: The topics of the bundled accounts domain and its tallies (without the prefix): the chart's own.
+ACCOUNT_TOPICS = (
+    "account-commands",
+    "account-command-batches",
+    "account-events",
+    "account-rejections",
+    "logins",
+    "program-tallies",
+)
+
 LIFECYCLES: dict[str, tuple[list[str], str]] = {
     "active": (["AccountCreated", "AccountUpdated"], "active"),
     "inactive": (["AccountCreated", "AccountDeactivated"], "inactive"),

@@ -6,6 +6,20 @@ from __future__ import annotations
 import random
 from typing import Any
 
+#: The topics of a release that names the orders domain and projection, as the validator and
+#: the tallies name them (without the prefix): what the topic Job creates for them.
+ORDER_TOPICS = (
+    "order-commands",
+    "order-command-batches",
+    "order-events",
+    "order-rejections",
+    "order-tallies",
+    "retry-tallies-orders",
+    "statefleet-tallies-orders-memberships-changelog",
+    "statefleet-tallies-orders-last-logins-changelog",
+    "statefleet-tallies-orders-published-tallies-changelog",
+)
+
 #: Each order's events in version order, by the path it takes.
 PATHS = [
     ["OrderPlaced"],

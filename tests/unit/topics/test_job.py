@@ -1,4 +1,4 @@
-"""The chart's topic Job (tools/helm_topics.py) for a release that names a domain or a
+"""The chart's topic Job (services/topics/job.py) for a release that names a domain or a
 projection: the topics it creates are theirs, as the services themselves name them."""
 
 from __future__ import annotations
@@ -11,23 +11,19 @@ import pytest
 from examples.orders.domain import ORDERS
 from examples.orders.projection import PROJECTION as ORDER_TALLIES
 from services.tallies.app import TalliesService
+from services.topics.job import SpecError, for_release, main, parse_default_configs, parse_specs
 from services.validator.app import ValidatorService
 from shared.engine import TopicSpec
 from shared.settings import Settings
-from tools import helm_topics
-from tools.helm_topics import SpecError, for_release, parse_default_configs, parse_specs
+from tests.support.accounts import ACCOUNT_TOPICS
+from tests.support.orders import ORDER_TOPICS
 
 #: What the chart renders for the accounts domain (topics.create, prefix "shop."), trimmed to
 #: one fleet topic and the accounts ones.
 CHART = [
     {"name": f"shop.{name}", "partitions": 8, "configs": {"min.insync.replicas": "2"}}
     for name in (
-        "account-commands",
-        "account-command-batches",
-        "account-events",
-        "account-rejections",
-        "logins",
-        "program-tallies",
+        *ACCOUNT_TOPICS,
         "dead-letters",
         "retry-tallies",
         "retry-validator",
@@ -61,19 +57,7 @@ def test_a_named_domain_and_projection_get_their_topics_instead_of_the_accounts_
         topic_prefix="shop.", topic_partitions=12, validator_domain=ORDERS_SPEC, tallies_projection=ORDER_TALLIES_SPEC
     )
     specs = for_release(chart_specs(), settings, DEFAULTS)
-    assert names(specs) == [
-        "dead-letters",
-        "retry-validator",
-        "order-commands",
-        "order-command-batches",
-        "order-events",
-        "order-rejections",
-        "order-tallies",
-        "retry-tallies-orders",
-        "statefleet-tallies-orders-memberships-changelog",
-        "statefleet-tallies-orders-last-logins-changelog",
-        "statefleet-tallies-orders-published-tallies-changelog",
-    ]
+    assert names(specs) == ["dead-letters", "retry-validator", *ORDER_TOPICS]
     added = {s.name: s for s in specs if s.partitions == 12}
     assert len(added) == 9 and all(s.config["min.insync.replicas"] == "2" for s in added.values())
     # As the services name and compact them: every topic of theirs the Job creates is one
@@ -129,7 +113,7 @@ def test_a_module_that_cannot_be_loaded_fails_the_job_with_the_loaders_message(
 ) -> None:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert helm_topics.main(["--spec", json.dumps(CHART), "--print"]) == 2
+    assert main(["--spec", json.dumps(CHART), "--print"]) == 2
     assert message in caplog.text
     assert capsys.readouterr().out == ""
 
@@ -138,7 +122,7 @@ def test_print_shows_the_list_and_creates_nothing(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("STATEFLEET_TOPIC_PREFIX", "shop.")
     monkeypatch.setenv("STATEFLEET_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # nothing listens: it must not connect
     monkeypatch.setenv("STATEFLEET_VALIDATOR_DOMAIN", ORDERS_SPEC)
-    assert helm_topics.main(["--spec", json.dumps(CHART), "--print"]) == 0
+    assert main(["--spec", json.dumps(CHART), "--print"]) == 0
     printed = parse_specs(capsys.readouterr().out)
     assert "shop.order-commands" in [s.name for s in printed] and "shop.account-commands" not in [s.name for s in printed]
 

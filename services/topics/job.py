@@ -1,6 +1,6 @@
 """Create the fleet's topics from a JSON list: what the Helm chart's topic Job runs.
 
-    python -m tools.helm_topics [--spec JSON] [--print]
+    python -m services.topics [--spec JSON] [--print]
 
 The list comes from ``--spec`` or from STATEFLEET_TOPIC_SPECS (the chart renders
 it from values.yaml): ``[{"name": "prod.program-tallies", "partitions": 8,
@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import re
-import sys
 from typing import Any
 
 from shared.domain import Domain, DomainError
@@ -191,7 +190,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("all %d topics exist", len(specs))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
