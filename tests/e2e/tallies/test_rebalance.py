@@ -29,6 +29,8 @@ def test_instances_added_and_killed_mid_stream_keep_exact_tallies(start_tallies:
     stream.sort(key=lambda r: hash(r[1]) % 7)  # logins among the events; each account's events keep their order
     instances: dict[str, ServiceProcess] = {n: start_tallies(n, **FLEET_ENV) for n in ("a", "b", "c")}
 
+    fed = [0]  # records sent so far
+
     def feed() -> None:  # input keeps arriving across the membership changes (about 13 s)
         for n in range(0, len(stream), 400):
             part = stream[n : n + 400]
@@ -36,13 +38,16 @@ def test_instances_added_and_killed_mid_stream_keep_exact_tallies(start_tallies:
                 records = [(k, v) for t, k, v in part if t == kind]
                 if records:
                     produce(tally_topics[kind], records)
-            time.sleep(0.35)
+            fed[0] = n + len(part)
+            time.sleep(0.35)  # paces the input, so that it spans the membership changes
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    time.sleep(2.0)
+    # The membership changes land mid-stream: one at a sixth of the input, one a twelfth later.
+    wait_for(lambda: fed[0] >= len(stream) // 6, timeout=60, interval=0.05, message="a sixth of the input sent")
     instances["d"] = start_tallies("d", **FLEET_ENV)  # added: partitions move to it mid-stream
-    time.sleep(1.5)
+    joined_at = fed[0]
+    wait_for(lambda: fed[0] >= joined_at + len(stream) // 12, timeout=60, interval=0.05, message="more input sent to d's fleet")
     instances.pop("a").kill()  # killed: its partitions move once its session times out
     feeder.join(120)
     assert not feeder.is_alive()

@@ -27,6 +27,7 @@ from shared.engine._durable import (
 )
 from shared.engine._faust import FAUST_OFFSET_KEY
 from shared.engine._rocksdb import engine_family, is_engine_key, open_partition_db
+from tests.support.services import wait_for_async
 
 
 class FakeStore:
@@ -304,8 +305,7 @@ def test_write_all_puts_nothing_locally_before_every_table_is_acknowledged() -> 
                 "test",
             )
         )
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await wait_for_async(lambda: app.producer.acked is not None, 5, interval=0, message="the records sent, awaiting acks")
         assert [(t, p, k) for t, p, k, _ in app.producer.sent] == [
             ("a-changelog", 0, b"x"),
             ("a-changelog", 1, b"y"),
@@ -333,8 +333,7 @@ def test_a_failed_acknowledgement_leaves_the_local_tables_untouched() -> None:
                 "test",  # type: ignore[arg-type]
             )
         )
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await wait_for_async(lambda: app.producer.acked is not None, 5, interval=0, message="the records sent, awaiting acks")
         app.producer.ack_all(RuntimeError("broker said no"))
         try:
             await task
@@ -382,8 +381,15 @@ def test_a_slow_acknowledgement_is_logged_until_it_arrives(caplog: pytest.LogCap
 def test_waiting_for_acknowledgements_can_be_cancelled() -> None:
     async def scenario() -> asyncio.Future[Any]:
         pending: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        waiter = asyncio.ensure_future(acknowledged([pending], "t", warn_every_s=0.05))
-        await asyncio.sleep(0.01)
+        awaited = asyncio.Event()
+
+        async def acknowledgement() -> Any:
+            awaited.set()
+            return await pending
+
+        waiter = asyncio.ensure_future(acknowledged([acknowledgement()], "t", warn_every_s=0.05))
+        # Cancelled once it waits: a task cancelled before it ran would never reach the code under test.
+        await wait_for_async(awaited.is_set, 5, interval=0, message="the acknowledgement awaited")
         waiter.cancel()
         try:
             await waiter
@@ -414,8 +420,7 @@ def test_a_member_the_group_dropped_while_the_changelog_acknowledged_writes_noth
                 dropped_after_the_send,
             )
         )
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await wait_for_async(lambda: app.producer.acked is not None, 5, interval=0, message="the records sent, awaiting acks")
         app.producer.ack_all()
         with pytest.raises(NotAMember):
             await task
