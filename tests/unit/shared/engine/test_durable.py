@@ -364,13 +364,32 @@ def test_writes_put_the_offsets_after_the_state_of_every_table() -> None:
         raise AssertionError("state rows of a table without the offsets must be refused")
 
 
+class AfterWarnings(logging.Handler):
+    """Calls ``then`` once ``count`` records have been logged: an event ordered after them."""
+
+    def __init__(self, count: int, then: Any) -> None:
+        super().__init__(logging.WARNING)
+        self.count, self.then = count, then
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self.then()
+
+
 def test_a_slow_acknowledgement_is_logged_until_it_arrives(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> list[Any]:
         loop = asyncio.get_running_loop()
         first, second = loop.create_future(), loop.create_future()
-        loop.call_later(0.01, first.set_result, "first")
-        loop.call_later(0.25, second.set_result, "second")
-        return await acknowledged([first, second], "2 records to t", warn_every_s=0.1)
+        first.set_result("first")
+        # The second arrives after the second warning: it is what ends them.
+        handler = AfterWarnings(2, lambda: second.set_result("second"))
+        durable_log = logging.getLogger("shared.engine._durable")
+        durable_log.addHandler(handler)
+        try:
+            return await acknowledged([first, second], "2 records to t", warn_every_s=0.01)
+        finally:
+            durable_log.removeHandler(handler)
 
     with caplog.at_level(logging.WARNING, logger="shared.engine._durable"):
         assert asyncio.run(scenario()) == ["first", "second"]
