@@ -149,8 +149,6 @@ JUSTIFIED_SLEEPS = [
 #: listed so that no new one joins them; each is to become a wait on its condition.
 NOT_YET_WAITS = [
     Allowed("e2e/tallies/test_failover.py", "time.sleep(0.02)", "polls a read until answered"),
-    Allowed("e2e/tallies/test_failover.py", "time.sleep(2.0)  # the kill lands mid-stream", "input under way"),
-    Allowed("e2e/tallies/test_failover.py", "time.sleep(2.0)", "input under way", times=3),
     Allowed("e2e/tallies/test_failover.py", "time.sleep(0.5)", "polls the instances until ready"),
     Allowed("e2e/tallies/test_failover.py", "time.sleep(2)  # for the stacks to be written", "the stack dumps"),
     Allowed("integration/spark_jobs/test_archive_events.py", "time.sleep(0.1)", "polls the checkpoint's commits"),
