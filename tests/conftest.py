@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka.errors import KafkaError
 from hypothesis import settings
 
-from tests.support.kafka import delete_topics_with_prefix
+from tests.support.environment import owned_topic_prefix, service_environment
 from tools import kafka_broker
 
 # Property tests find counterexamples; they do not time code. Hypothesis' per-example deadline
@@ -29,26 +26,24 @@ def kafka_bootstrap() -> Iterator[str]:
 
 @pytest.fixture
 def prefix(kafka_bootstrap: str) -> Iterator[str]:
-    """A topic and consumer-group prefix of this test's own. Its topics are deleted once the test
-    and the fixtures that use the prefix (the service processes) are done: every Kafka client
-    start reads the metadata of all topics, so a broker that kept every test's topics (about 1,000
-    by the end of the suite) would make each later service start and test client slower."""
-    name = f"t{uuid.uuid4().hex[:10]}."
-    yield name
-    try:
-        delete_topics_with_prefix(name)
-    except KafkaError as exc:  # the test's outcome stands; only the broker keeps some topics longer
-        warnings.warn(f"could not delete the topics of prefix {name}: {exc!r}", stacklevel=1)
+    """A topic and consumer-group prefix of this test's own; its topics are deleted once the test
+    and the fixtures that use the prefix (the service processes) are done."""
+    with owned_topic_prefix() as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def module_prefix(kafka_bootstrap: str) -> Iterator[str]:
+    """A topic and consumer-group prefix of this module's own, for the services a module shares;
+    its topics are deleted after the module's last test."""
+    with owned_topic_prefix() as name:
+        yield name
 
 
 @pytest.fixture
 def service_env(kafka_bootstrap: str, prefix: str, tmp_path: Path) -> dict[str, str]:
-    """Environment for service processes of one test: own topics, groups and data dirs."""
-    return {
-        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "STATEFLEET_TOPIC_PREFIX": prefix,
-        "STATEFLEET_DATA_DIR": str(tmp_path / "data"),
-        "STATEFLEET_LOG_LEVEL": "INFO",
-        "STATEFLEET_TALLY_PUBLISH_INTERVAL_S": "0.2",
-        "STATEFLEET_RETRY_TICK_INTERVAL_S": "0.2",
-    }
+    """Environment for service processes of one test: own topics, groups and data dirs; the
+    tallies publish and the retry scheduler ticks every 0.2 s, so that tests wait less."""
+    return service_environment(
+        kafka_bootstrap, prefix, tmp_path / "data", tally_publish_interval_s=0.2, retry_tick_interval_s=0.2
+    )

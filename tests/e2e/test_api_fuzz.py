@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.environment import service_environment
 from tests.support.kafka import create_topics
 from tests.support.services import ServiceProcess
 from tools import web
@@ -35,18 +36,14 @@ SERVICES = ("validator", "tallies", "retry_scheduler")
 
 
 @pytest.fixture(scope="module")
-def fleet(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServiceProcess]]:
+def every_service(
+    kafka_bootstrap: str, module_prefix: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, ServiceProcess]]:
+    """The validator, the tallies and the retry scheduler, by name, on one prefix for the module."""
     tmp = tmp_path_factory.mktemp("fuzz")
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+    prefix = module_prefix
     create_topics([f"{prefix}dead-letters", f"{prefix}retry", f"{prefix}parking-lot"])
-    env = {
-        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "STATEFLEET_TOPIC_PREFIX": prefix,
-        "STATEFLEET_DATA_DIR": str(tmp / "data"),
-        "STATEFLEET_ADMIN_TOKEN": TOKEN,
-        "STATEFLEET_INSTANCE_ID": "fuzz",
-        "STATEFLEET_LOG_LEVEL": "WARNING",
-    }
+    env = service_environment(kafka_bootstrap, prefix, tmp / "data", instance="fuzz", log_level="WARNING", admin_token=TOKEN)
     procs = {name: ServiceProcess(name, env, tmp / f"{name}.log").start() for name in SERVICES}
     try:
         for proc in procs.values():
@@ -88,8 +85,10 @@ def schemathesis(url: str, workdir: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("service", SERVICES)
-def test_fuzzed_requests_get_only_documented_answers(fleet: dict[str, ServiceProcess], service: str, tmp_path: Path) -> None:
-    proc = fleet[service]
+def test_fuzzed_requests_get_only_documented_answers(
+    every_service: dict[str, ServiceProcess], service: str, tmp_path: Path
+) -> None:
+    proc = every_service[service]
     run = schemathesis(proc.url, tmp_path)
     report = run.stdout[-12_000:] + run.stderr[-2_000:]
     assert run.returncode == 0, report

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
 
 from shared.settings import DEV_ADMIN_TOKEN
+from tests.support.environment import new_topic_prefix, service_environment
+from tests.support.kafka import BOOTSTRAP
 from tests.support.services import ServiceProcess
 
 pytestmark = pytest.mark.e2e
@@ -15,12 +16,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.parametrize("module", ["validator", "tallies", "retry_scheduler"])
 def test_production_with_the_default_admin_token_refuses_to_start(tmp_path: Path, module: str) -> None:
-    env = {
-        "STATEFLEET_ENV": "production",
-        "STATEFLEET_ADMIN_TOKEN": DEV_ADMIN_TOKEN,
-        "STATEFLEET_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
-        "STATEFLEET_DATA_DIR": str(tmp_path / "data"),
-    }
+    # It refuses before it connects: no broker needed, and no topic made under the prefix.
+    env = service_environment(BOOTSTRAP, new_topic_prefix(), tmp_path / "data", env="production", admin_token=DEV_ADMIN_TOKEN)
     proc = ServiceProcess(module, env, tmp_path / "service.log").start()
     assert proc.proc is not None
     try:

@@ -7,6 +7,7 @@ tests can prove what survives a crash.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import socket
@@ -111,12 +112,16 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.25, message: 
 
 
 async def wait_for_async(predicate, timeout_s: float = 30.0, interval: float = 0.25, message: str = "condition"):  # type: ignore[no-untyped-def]
-    """:func:`wait_for` in a coroutine: await ``predicate()`` until it returns a truthy value; return that value."""
+    """:func:`wait_for` in a coroutine: call ``predicate()`` (awaiting what it returns when that is
+    awaitable) until it gives a truthy value; return that value. ``interval=0`` gives the other
+    tasks of the loop one turn between two calls: a wait for what they do next."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     last = None
     while loop.time() < deadline:
-        last = await predicate()
+        last = predicate()
+        if inspect.isawaitable(last):
+            last = await last
         if last:
             return last
         await asyncio.sleep(interval)

@@ -22,7 +22,7 @@ from playwright.sync_api import Page, expect
 from shared import dead_letters as dl
 from shared.ordered_retries import HELD_BEHIND
 from tests.e2e.console import realistic
-from tests.e2e.console.conftest import Fleet, browser_session, off_loop, screenshot
+from tests.e2e.console.conftest import ConsoleFleet, browser_session, off_loop, screenshot
 from tests.e2e.console.test_parking_lot import LAPTOP, PARKED_ATTEMPT, assert_fits, enter_token, send
 from tests.support.kafka import read_all
 from tests.support.services import wait_for
@@ -36,34 +36,34 @@ PARKED_WITH_KEY = "its key was parked by an operator (ordered retries)"
 
 
 @pytest.fixture
-def laptop(chromium, fleet: Fleet) -> Iterator[Page]:  # type: ignore[no-untyped-def]
+def laptop(chromium, console_fleet: ConsoleFleet) -> Iterator[Page]:  # type: ignore[no-untyped-def]
     """A fresh browser session on the console, at a 1366x768 laptop's size."""
-    with browser_session(chromium, fleet, LAPTOP) as page:
+    with browser_session(chromium, console_fleet, LAPTOP) as page:
         yield page
 
 
-def lane(fleet: Fleet, key: str) -> dict[str, Any] | None:
+def lane(console_fleet: ConsoleFleet, key: str) -> dict[str, Any] | None:
     """GET /ordered-keys: the key's head, its status and held records; None when it is not blocked."""
-    resp = web.get(fleet.retry_scheduler.url + "/ordered-keys", params={"origin_topic": ORIGIN, "key": key}, timeout=20)
+    resp = web.get(console_fleet.retry_scheduler.url + "/ordered-keys", params={"origin_topic": ORIGIN, "key": key}, timeout=20)
     assert resp.status_code in (200, 404), resp.text
     return resp.json() if resp.status_code == 200 else None
 
 
-def listed_keys(fleet: Fleet) -> list[str | None]:
-    resp = web.get(fleet.retry_scheduler.url + "/ordered-keys/blocked", params={"origin_topic": ORIGIN}, timeout=20)
+def listed_keys(console_fleet: ConsoleFleet) -> list[str | None]:
+    resp = web.get(console_fleet.retry_scheduler.url + "/ordered-keys/blocked", params={"origin_topic": ORIGIN}, timeout=20)
     assert resp.status_code == 200, resp.text
     return [item["key"] for item in resp.json()["items"]]
 
 
-def parked_ids(fleet: Fleet) -> set[str]:
+def parked_ids(console_fleet: ConsoleFleet) -> set[str]:
     """Every parked message of the ordered topic (the list reads every partition)."""
-    resp = web.get(fleet.retry_scheduler.url + "/parked", params={"origin_topic": ORIGIN, "limit": 1000}, timeout=20)
+    resp = web.get(console_fleet.retry_scheduler.url + "/parked", params={"origin_topic": ORIGIN, "limit": 1000}, timeout=20)
     assert resp.status_code == 200, resp.text
     return {item["id"] for item in resp.json()["items"]}
 
 
-def sent_to(fleet: Fleet, topic: str, dlq_id: str) -> list[Any]:
-    return [r for r in off_loop(read_all, fleet.topic(topic)) if dict(r.headers).get(dl.ID) == dlq_id.encode()]
+def sent_to(console_fleet: ConsoleFleet, topic: str, dlq_id: str) -> list[Any]:
+    return [r for r in off_loop(read_all, console_fleet.topic(topic)) if dict(r.headers).get(dl.ID) == dlq_id.encode()]
 
 
 def key_row(page: Page, key: str) -> Any:
@@ -79,25 +79,30 @@ def confirm(page: Page, button: str, yes: str) -> None:
     page.get_by_role("button", name=yes).click()
 
 
-def test_an_operator_replays_skips_and_parks_blocked_keys(fleet: Fleet, laptop: Page) -> None:
+def test_an_operator_replays_skips_and_parks_blocked_keys(console_fleet: ConsoleFleet, laptop: Page) -> None:
     run = uuid.uuid4().hex[:8]
-    retry = fleet.topic("retry")
+    retry = console_fleet.topic("retry")
     key_a, key_b = f"account-{run}-a", f"account-{run}-b"
     head_a = f"ledger-{run}-a0"
     # B's head is kept in its key's partition, not its id's: its message page is found all the same.
     head_b = realistic.id_outside_lane_partition(f"ledger-{run}-b0", key_b.encode(), PARTITIONS)
     send(
-        fleet,
+        console_fleet,
         realistic.blocked_key(head_a, key_a.encode(), retry, held=2, head_attempt=PARKED_ATTEMPT)
         + realistic.blocked_key(head_b, key_b.encode(), retry, held=2, head_attempt=PARKED_ATTEMPT),
     )
     for key, head in ((key_a, head_a), (key_b, head_b)):
         wait_for(
-            lambda key=key: (lane(fleet, key) or {}).get("held") == 2,  # type: ignore[misc]
+            lambda key=key: (lane(console_fleet, key) or {}).get("held") == 2,  # type: ignore[misc]
             timeout=60,
             message=f"{key} blocked with two records held",
         )
-        assert lane(fleet, key) == {"head": head, "head_status": "parked", "held": 2, "held_ids": [f"{head}.h1", f"{head}.h2"]}
+        assert lane(console_fleet, key) == {
+            "head": head,
+            "head_status": "parked",
+            "held": 2,
+            "held_ids": [f"{head}.h1", f"{head}.h2"],
+        }
 
     # Found on the Blocked keys page, filtered by the origin topic.
     enter_token(laptop)
@@ -119,9 +124,14 @@ def test_an_operator_replays_skips_and_parks_blocked_keys(fleet: Fleet, laptop: 
     screenshot(laptop, "laptop-blocked-key")
     confirm(laptop, "Replay head…", "Yes, replay head")
     expect(laptop.locator("#result")).to_contain_text(f"The head {head_a} was redelivered")
-    wait_for(lambda: sent_to(fleet, "retry", head_a), timeout=30, message="the head redelivered")
-    assert lane(fleet, key_a) == {"head": head_a, "head_status": "away", "held": 2, "held_ids": [f"{head_a}.h1", f"{head_a}.h2"]}
-    assert head_a not in parked_ids(fleet)
+    wait_for(lambda: sent_to(console_fleet, "retry", head_a), timeout=30, message="the head redelivered")
+    assert lane(console_fleet, key_a) == {
+        "head": head_a,
+        "head_status": "away",
+        "held": 2,
+        "held_ids": [f"{head_a}.h1", f"{head_a}.h2"],
+    }
+    assert head_a not in parked_ids(console_fleet)
 
     # The head is away now: replay is not offered (and refused with a readable message when
     # asked for anyway); skip it, and the next held record is redelivered as the head.
@@ -134,10 +144,12 @@ def test_an_operator_replays_skips_and_parks_blocked_keys(fleet: Fleet, laptop: 
     laptop.goto(f"/blocked-keys/key?{urlencode({'origin_topic': ORIGIN, 'key': key_a})}")
     confirm(laptop, "Skip head…", "Yes, skip head")
     expect(laptop.locator("#result")).to_contain_text(f"The next record, {head_a}.h1, was redelivered and is the head now")
-    assert lane(fleet, key_a) == {"head": f"{head_a}.h1", "head_status": "away", "held": 1, "held_ids": [f"{head_a}.h2"]}
-    [released] = wait_for(lambda: sent_to(fleet, "retry", f"{head_a}.h1"), timeout=30, message="the next record redelivered")
+    assert lane(console_fleet, key_a) == {"head": f"{head_a}.h1", "head_status": "away", "held": 1, "held_ids": [f"{head_a}.h2"]}
+    [released] = wait_for(
+        lambda: sent_to(console_fleet, "retry", f"{head_a}.h1"), timeout=30, message="the next record redelivered"
+    )
     assert dict(released.headers)[HELD_BEHIND] == head_a.encode()
-    assert len(sent_to(fleet, "retry", head_a)) == 1, "a skipped head is not redelivered again"
+    assert len(sent_to(console_fleet, "retry", head_a)) == 1, "a skipped head is not redelivered again"
     laptop.get_by_role("link", name="Back").click()
     expect(laptop.locator("#head")).to_contain_text(f"{head_a}.h1")
 
@@ -152,13 +164,13 @@ def test_an_operator_replays_skips_and_parks_blocked_keys(fleet: Fleet, laptop: 
     expect(laptop.locator("#result")).to_contain_text(parked_text)
     assert_fits(laptop, "a key action's result")
     screenshot(laptop, "laptop-blocked-key-parked")
-    assert lane(fleet, key_b) is None
-    assert listed_keys(fleet) == [key_a]
-    assert {head_b, f"{head_b}.h1", f"{head_b}.h2"} <= parked_ids(fleet)
+    assert lane(console_fleet, key_b) is None
+    assert listed_keys(console_fleet) == [key_a]
+    assert {head_b, f"{head_b}.h1", f"{head_b}.h2"} <= parked_ids(console_fleet)
     for held in (f"{head_b}.h1", f"{head_b}.h2"):
-        [record] = wait_for(lambda held=held: sent_to(fleet, "parking-lot", held), timeout=30, message=f"{held} parked")  # type: ignore[misc]
+        [record] = wait_for(lambda held=held: sent_to(console_fleet, "parking-lot", held), timeout=30, message=f"{held} parked")  # type: ignore[misc]
         assert dict(record.headers)["dlq.parked.reason"] == PARKED_WITH_KEY.encode()
-    assert not sent_to(fleet, "retry", f"{head_b}.h1"), "a parked key's records are not redelivered"
+    assert not sent_to(console_fleet, "retry", f"{head_b}.h1"), "a parked key's records are not redelivered"
     laptop.get_by_role("link", name="Back").click()
     expect(key_row(laptop, key_b)).to_have_count(0)
     expect(key_row(laptop, key_a)).to_have_count(1)

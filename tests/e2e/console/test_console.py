@@ -10,7 +10,6 @@ its row on the Fleet page to down. The pages are saved as screenshots on the way
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from shared import dead_letters as dl
-from tests.e2e.console.conftest import TOKEN, Fleet, off_loop, screenshot
+from tests.e2e.console.conftest import TOKEN, ConsoleFleet, off_loop, screenshot
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
 from tools import web
@@ -28,7 +27,7 @@ pytestmark = pytest.mark.e2e
 ORIGIN = "orders"
 
 
-def poison_letter(fleet: Fleet, dlq_id: str, attempt: int, *, first_failed_at: int) -> dl.DeadLetter:
+def poison_letter(console_fleet: ConsoleFleet, dlq_id: str, attempt: int, *, first_failed_at: int) -> dl.DeadLetter:
     return dl.DeadLetter(
         id=dlq_id,
         key=b"order-42",
@@ -36,7 +35,7 @@ def poison_letter(fleet: Fleet, dlq_id: str, attempt: int, *, first_failed_at: i
         original_topic=ORIGIN,
         original_partition=3,
         original_offset=42,
-        retry_topic=fleet.topic("retry"),
+        retry_topic=console_fleet.topic("retry"),
         attempt=attempt,
         error_class="PoisonMessageError",
         error_message="'amount' is not a number",
@@ -46,20 +45,21 @@ def poison_letter(fleet: Fleet, dlq_id: str, attempt: int, *, first_failed_at: i
     )
 
 
-def send_letter(fleet: Fleet, letter: dl.DeadLetter) -> None:
-    off_loop(produce, fleet.topic("dead-letters"), [(letter.key, letter.value)], headers=letter.headers())
+def send_letter(console_fleet: ConsoleFleet, letter: dl.DeadLetter) -> None:
+    off_loop(produce, console_fleet.topic("dead-letters"), [(letter.key, letter.value)], headers=letter.headers())
 
 
 def reload_until_visible(page: Page, url: str, selector: str, timeout: float = 30.0) -> None:
     """Open ``url`` until ``selector`` is on it (the scheduler reads the message asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def shown() -> bool:
         page.goto(url)
-        if page.locator(selector).count():
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{selector} not on {url} within {timeout}s; the page says:\n{page.inner_text('main')}")
-        time.sleep(0.5)
+        return bool(page.locator(selector).count())
+
+    try:
+        wait_for(shown, timeout=timeout, interval=0.5, message=f"{selector} on {url}")
+    except TimeoutError:
+        raise AssertionError(f"{selector} not on {url} within {timeout}s; the page says:\n{page.inner_text('main')}") from None
 
 
 def enter_token(page: Page, token: str) -> None:
@@ -68,21 +68,21 @@ def enter_token(page: Page, token: str) -> None:
     page.get_by_role("button", name="Use this token").click()
 
 
-def retry_records(fleet: Fleet, dlq_id: str) -> list[Any]:
-    return [r for r in off_loop(read_all, fleet.topic("retry")) if dict(r.headers).get(dl.ID) == dlq_id.encode()]
+def retry_records(console_fleet: ConsoleFleet, dlq_id: str) -> list[Any]:
+    return [r for r in off_loop(read_all, console_fleet.topic("retry")) if dict(r.headers).get(dl.ID) == dlq_id.encode()]
 
 
-def command(fleet: Fleet, body: dict[str, Any]) -> dict[str, Any]:
-    resp = web.post(f"{fleet.validator.url}/commands", params={"wait": "true"}, json=body, timeout=20)
+def command(console_fleet: ConsoleFleet, body: dict[str, Any]) -> dict[str, Any]:
+    resp = web.post(f"{console_fleet.validator.url}/commands", params={"wait": "true"}, json=body, timeout=20)
     assert resp.status_code == 200, resp.text
     out: dict[str, Any] = resp.json()
     return out
 
 
-def test_poison_message_from_retries_to_parked_and_replayed(fleet: Fleet, page: Page) -> None:
+def test_poison_message_from_retries_to_parked_and_replayed(console_fleet: ConsoleFleet, page: Page) -> None:
     dlq_id = f"poison-{uuid.uuid4().hex[:8]}"
     first_failed_at = dl.now_ms()
-    send_letter(fleet, poison_letter(fleet, dlq_id, 1, first_failed_at=first_failed_at))
+    send_letter(console_fleet, poison_letter(console_fleet, dlq_id, 1, first_failed_at=first_failed_at))
 
     # Retries: the poison message, with its headers and value; read-only without the token.
     reload_until_visible(page, f"/retries?origin_topic={ORIGIN}", f'tr[data-id="{dlq_id}"]')
@@ -117,9 +117,9 @@ def test_poison_message_from_retries_to_parked_and_replayed(fleet: Fleet, page: 
     expect(page.get_by_role("heading", level=1)).to_contain_text("redeliver now")
     page.get_by_role("button", name="Yes, redeliver it now").click()
     expect(page.locator("#result")).to_contain_text("redelivered")
-    redelivered = wait_for(lambda: retry_records(fleet, dlq_id), timeout=30, message="the redelivery")
+    redelivered = wait_for(lambda: retry_records(console_fleet, dlq_id), timeout=30, message="the redelivery")
     assert dict(redelivered[0].headers)[dl.ATTEMPT] == b"1"
-    send_letter(fleet, poison_letter(fleet, dlq_id, 2, first_failed_at=first_failed_at))
+    send_letter(console_fleet, poison_letter(console_fleet, dlq_id, 2, first_failed_at=first_failed_at))
 
     # Parked, after its second failure; its own page shows the headers it will be replayed with.
     reload_until_visible(page, f"/parked?origin_topic={ORIGIN}", f'tr[data-id="{dlq_id}"]')
@@ -139,7 +139,7 @@ def test_poison_message_from_retries_to_parked_and_replayed(fleet: Fleet, page: 
     confirm.evaluate("button => { button.disabled = false; }")
     confirm.click()
     expect(page.locator("#result")).to_contain_text("401")
-    assert web.get(f"{fleet.retry_scheduler.url}/parked/{dlq_id}", timeout=10).status_code == 200
+    assert web.get(f"{console_fleet.retry_scheduler.url}/parked/{dlq_id}", timeout=10).status_code == 200
 
     # With the token: replayed, unparked, on the retry topic again.
     page.goto(f"/parked/message?id={dlq_id}")
@@ -148,11 +148,11 @@ def test_poison_message_from_retries_to_parked_and_replayed(fleet: Fleet, page: 
     page.get_by_role("button", name="Replay").click()
     page.get_by_role("button", name="Yes, replay it").click()
     expect(page.locator("#result")).to_contain_text("redelivered")
-    assert web.get(f"{fleet.retry_scheduler.url}/parked/{dlq_id}", timeout=10).status_code == 404
-    wait_for(lambda: len(retry_records(fleet, dlq_id)) == 2, timeout=30, message="the replay on the retry topic")
+    assert web.get(f"{console_fleet.retry_scheduler.url}/parked/{dlq_id}", timeout=10).status_code == 404
+    wait_for(lambda: len(retry_records(console_fleet, dlq_id)) == 2, timeout=30, message="the replay on the retry topic")
 
 
-def test_replay_all_parked_that_a_filter_selects_counts_first(fleet: Fleet, page: Page) -> None:
+def test_replay_all_parked_that_a_filter_selects_counts_first(console_fleet: ConsoleFleet, page: Page) -> None:
     origin = f"payments-{uuid.uuid4().hex[:6]}"
     ids = [f"undecodable-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
     now = dl.now_ms()
@@ -165,14 +165,14 @@ def test_replay_all_parked_that_a_filter_selects_counts_first(fleet: Fleet, page
             original_topic=origin,
             original_partition=0,
             original_offset=7,
-            retry_topic=fleet.topic("retry"),
+            retry_topic=console_fleet.topic("retry"),
             attempt=1,
             error_class="DecodeError",
             error_message="not UTF-8",
             first_failed_at=now,
             failed_at=now,
         )
-        send_letter(fleet, letter)
+        send_letter(console_fleet, letter)
     reload_until_visible(page, f"/parked?origin_topic={origin}", f'tr[data-id="{ids[-1]}"]')
     wait_for(
         lambda: page.reload() or page.locator("#parked tbody tr[data-id]").count() == len(ids),
@@ -190,19 +190,19 @@ def test_replay_all_parked_that_a_filter_selects_counts_first(fleet: Fleet, page
     page.get_by_role("button", name="Replay all that match…").click()
     expect(page.locator("#dry-run-count")).to_contain_text(f"{len(ids)} parked messages match")
     expect(page.locator("#dry-run-count")).to_contain_text("Nothing has been replayed yet")
-    assert all(web.get(f"{fleet.retry_scheduler.url}/parked/{i}", timeout=10).status_code == 200 for i in ids)
+    assert all(web.get(f"{console_fleet.retry_scheduler.url}/parked/{i}", timeout=10).status_code == 200 for i in ids)
     page.get_by_role("button", name=f"Replay these {len(ids)}").click()
     n = len(ids)
     expect(page.locator("#result")).to_contain_text(f"Replayed {n} of {n} selected (the dry run counted {n})")
-    assert all(web.get(f"{fleet.retry_scheduler.url}/parked/{i}", timeout=10).status_code == 404 for i in ids)
+    assert all(web.get(f"{console_fleet.retry_scheduler.url}/parked/{i}", timeout=10).status_code == 404 for i in ids)
 
 
-def test_tallies_accounts_and_commands_match_the_apis(fleet: Fleet, page: Page) -> None:
+def test_tallies_accounts_and_commands_match_the_apis(console_fleet: ConsoleFleet, page: Page) -> None:
     program = f"prog-{uuid.uuid4().hex[:6]}"
     accounts = [f"{program}-acct-{i}" for i in range(3)]
     for i, account in enumerate(accounts):
         command(
-            fleet,
+            console_fleet,
             {
                 "command_id": f"create-{account}",
                 "type": "CreateAccount",
@@ -211,12 +211,14 @@ def test_tallies_accounts_and_commands_match_the_apis(fleet: Fleet, page: Page) 
                 "data": {"n": i},
             },
         )
-    command(fleet, {"command_id": f"deactivate-{accounts[1]}", "type": "DeactivateAccount", "account_id": accounts[1]})
-    rejected = command(fleet, {"command_id": f"reactivate-{accounts[0]}", "type": "ReactivateAccount", "account_id": accounts[0]})
+    command(console_fleet, {"command_id": f"deactivate-{accounts[1]}", "type": "DeactivateAccount", "account_id": accounts[1]})
+    rejected = command(
+        console_fleet, {"command_id": f"reactivate-{accounts[0]}", "type": "ReactivateAccount", "account_id": accounts[0]}
+    )
     assert rejected["status"] == "rejected"
 
     def api_tally() -> dict[str, Any] | None:
-        resp = web.get(f"{fleet.tallies.url}/tallies/{program}", timeout=10)
+        resp = web.get(f"{console_fleet.tallies.url}/tallies/{program}", timeout=10)
         body = resp.json() if resp.status_code == 200 else None
         return body if body and body["numberActive"] == 2 and body["numberInactive"] == 1 else None
 
@@ -234,7 +236,7 @@ def test_tallies_accounts_and_commands_match_the_apis(fleet: Fleet, page: Page) 
 
     page.locator(f'tr[data-program="{program}"]').get_by_role("link", name=program).click()
     expect(page.locator('#tally [data-field="numberActive"]')).to_have_text("2")
-    listing = web.get(f"{fleet.validator.url}/programs/{program}/accounts", timeout=10).json()["items"]
+    listing = web.get(f"{console_fleet.validator.url}/programs/{program}/accounts", timeout=10).json()["items"]
     assert {a["account_id"] for a in listing} == set(accounts)
     for account in listing:
         shown = page.locator(f'tr[data-account="{account["account_id"]}"]')
@@ -254,14 +256,14 @@ def test_tallies_accounts_and_commands_match_the_apis(fleet: Fleet, page: Page) 
     expect(page.locator("#command")).to_contain_text("AccountCreated")
 
 
-def test_fleet_is_live_and_a_stopped_service_shows_as_down(fleet: Fleet, page: Page) -> None:
+def test_fleet_is_live_and_a_stopped_service_shows_as_down(console_fleet: ConsoleFleet, page: Page) -> None:
     page.goto("/fleet")
     for name in ("validator", "tallies", "retry-scheduler"):
         section = page.locator(f'section[data-service="{name}"]')
         expect(section.locator('[data-role="service-state"]')).to_have_text("up")
         expect(section.locator('[data-role="instance-state"]')).to_have_text("ready")
         expect(section.locator("tbody tr").first).to_contain_text("0\u20133")  # its four input partitions
-    expect(page.locator('section[data-service="tallies"] .lag')).to_contain_text(fleet.topic("account-events"))
+    expect(page.locator('section[data-service="tallies"] .lag')).to_contain_text(console_fleet.topic("account-events"))
     wait_for(
         lambda: page.locator('section[data-service="retry-scheduler"] polyline').count() > 0,
         timeout=15,
@@ -270,7 +272,7 @@ def test_fleet_is_live_and_a_stopped_service_shows_as_down(fleet: Fleet, page: P
     screenshot(page, "fleet")
 
     # No reload: the page refreshes itself.
-    fleet.tallies.stop()
+    console_fleet.tallies.stop()
     tallies = page.locator('section[data-service="tallies"]')
     expect(tallies.locator('[data-role="service-state"]')).to_have_text("down", timeout=20_000)
     expect(tallies.locator('[data-role="instance-state"]')).to_have_text("down")

@@ -27,7 +27,7 @@ from playwright.sync_api import Page, expect
 from services.console.api import router
 from shared import dead_letters as dl
 from tests.e2e.console import realistic
-from tests.e2e.console.conftest import TOKEN, Fleet, browser_session, off_loop, screenshot
+from tests.e2e.console.conftest import TOKEN, ConsoleFleet, browser_session, off_loop, screenshot
 from tests.support.kafka import BOOTSTRAP, read_all
 from tests.support.services import wait_for
 from tools import web
@@ -42,18 +42,18 @@ PARKED_ATTEMPT, SCHEDULED_ATTEMPT = 2, 1
 
 
 @pytest.fixture
-def laptop(chromium, fleet: Fleet) -> Iterator[Page]:  # type: ignore[no-untyped-def]
+def laptop(chromium, console_fleet: ConsoleFleet) -> Iterator[Page]:  # type: ignore[no-untyped-def]
     """A fresh browser session on the console, at a 1366x768 laptop's size."""
-    with browser_session(chromium, fleet, LAPTOP) as page:
+    with browser_session(chromium, console_fleet, LAPTOP) as page:
         yield page
 
 
-def send(fleet: Fleet, letters: list[dl.DeadLetter]) -> None:
-    off_loop(realistic.send, BOOTSTRAP, fleet.topic("dead-letters"), letters)
+def send(console_fleet: ConsoleFleet, letters: list[dl.DeadLetter]) -> None:
+    off_loop(realistic.send, BOOTSTRAP, console_fleet.topic("dead-letters"), letters)
 
 
-def api(fleet: Fleet, path: str, **params: Any) -> Any:
-    resp = web.get(fleet.retry_scheduler.url + path, params=params, timeout=20)
+def api(console_fleet: ConsoleFleet, path: str, **params: Any) -> Any:
+    resp = web.get(console_fleet.retry_scheduler.url + path, params=params, timeout=20)
     assert resp.status_code in (200, 404), resp.text
     return resp.json() if resp.status_code == 200 else None
 
@@ -81,9 +81,9 @@ def utc_second(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms // 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def test_no_console_page_scrolls_sideways_at_1366x768(fleet: Fleet, laptop: Page) -> None:
+def test_no_console_page_scrolls_sideways_at_1366x768(console_fleet: ConsoleFleet, laptop: Page) -> None:
     run = uuid.uuid4().hex[:8]
-    retry = fleet.topic("retry")
+    retry = console_fleet.topic("retry")
     parked = realistic.letters(run, retry, count=27, attempt=PARKED_ATTEMPT)
     scheduled = realistic.letters(run, retry, count=12, attempt=SCHEDULED_ATTEMPT, start=1000)
     # Blocked keys of the ordered topic: long keys, each behind a parked head with records held.
@@ -95,15 +95,15 @@ def test_no_console_page_scrolls_sideways_at_1366x768(fleet: Fleet, laptop: Page
             realistic.long_id(run, 5000 + n), key.encode(), retry, held=2, head_attempt=PARKED_ATTEMPT
         )
     ]
-    send(fleet, parked + scheduled + ordered)
+    send(console_fleet, parked + scheduled + ordered)
 
     def held_behind(key: str) -> int | None:
-        return (api(fleet, "/ordered-keys", origin_topic=realistic.ORDERED_ORIGIN, key=key) or {}).get("held")
+        return (api(console_fleet, "/ordered-keys", origin_topic=realistic.ORDERED_ORIGIN, key=key) or {}).get("held")
 
     wait_for(
         lambda: (
-            all(api(fleet, f"/parked/{quote(m.id, safe='')}") for m in parked[-3:])
-            and all(api(fleet, f"/scheduled/{quote(m.id, safe='')}") for m in scheduled[-3:])
+            all(api(console_fleet, f"/parked/{quote(m.id, safe='')}") for m in parked[-3:])
+            and all(api(console_fleet, f"/scheduled/{quote(m.id, safe='')}") for m in scheduled[-3:])
             and all(held_behind(k) == 2 for k in blocked)
         ),
         timeout=60,
@@ -173,15 +173,15 @@ def test_no_console_page_scrolls_sideways_at_1366x768(fleet: Fleet, laptop: Page
     laptop.goto(f"/parked?{urlencode({'origin_topic': realistic.ORIGINS[0]})}")
     row = laptop.locator(f'tr[data-id="{long_id}"]')
     expect(row.locator("th a")).to_have_attribute("title", long_id)
-    stored = api(fleet, f"/parked/{quote(long_id, safe='')}")
+    stored = api(console_fleet, f"/parked/{quote(long_id, safe='')}")
     assert len(stored["error_message"]) > 1500
     expect(row.locator(".error-message")).to_have_attribute("title", stored["error_message"])
 
 
-def test_a_group_is_counted_cancelled_within_a_time_range_and_replayed(fleet: Fleet, laptop: Page) -> None:
+def test_a_group_is_counted_cancelled_within_a_time_range_and_replayed(console_fleet: ConsoleFleet, laptop: Page) -> None:
     run = uuid.uuid4().hex[:8]
     origin = f"billing.invoices-{run}"
-    retry = fleet.topic("retry")
+    retry = console_fleet.topic("retry")
 
     def wave(start: int, count: int, error_class: str) -> list[dl.DeadLetter]:
         return [
@@ -190,15 +190,15 @@ def test_a_group_is_counted_cancelled_within_a_time_range_and_replayed(fleet: Fl
         ]
 
     def parked_at(letters: list[dl.DeadLetter]) -> list[int]:
-        found = [api(fleet, f"/parked/{quote(m.id, safe='')}") for m in letters]
+        found = [api(console_fleet, f"/parked/{quote(m.id, safe='')}") for m in letters]
         return [f["parked_at"] for f in found] if all(found) else []
 
     early = wave(0, 3, "TimeoutError")
-    send(fleet, early)
+    send(console_fleet, early)
     split = max(wait_for(lambda: parked_at(early), timeout=60, message="the first wave parked"))
     wait_for(lambda: time.time() * 1000 >= (split // 1000 + 1) * 1000, timeout=5, message="the next second")
     late = wave(10, 2, "TimeoutError") + wave(20, 2, realistic.ERRORS[1])
-    send(fleet, late)
+    send(console_fleet, late)
     assert min(wait_for(lambda: parked_at(late), timeout=60, message="the second wave parked")) > split
 
     # The group, first on the Parked page: its count and its newest error.
@@ -222,7 +222,7 @@ def test_a_group_is_counted_cancelled_within_a_time_range_and_replayed(fleet: Fl
     laptop.get_by_role("button", name="Cancel these 3").click()
     expect(laptop.locator("#result")).to_contain_text("3 cancelled (the dry run counted 3)")
     assert_fits(laptop, "the group result")
-    assert [api(fleet, f"/parked/{quote(m.id, safe='')}") for m in early] == [None, None, None]
+    assert [api(console_fleet, f"/parked/{quote(m.id, safe='')}") for m in early] == [None, None, None]
     assert all(parked_at(late))
 
     # Replay the rest of the group, whole: to the retry topic, unparked.
@@ -246,9 +246,9 @@ def test_a_group_is_counted_cancelled_within_a_time_range_and_replayed(fleet: Fl
 
     # Its consumer fails again: the next attempt is parked, and its page shows the replay.
     again = replace(replayed[0], attempt=PARKED_ATTEMPT + 1)
-    send(fleet, [again])
+    send(console_fleet, [again])
     wait_for(
-        lambda: (api(fleet, f"/parked/{quote(again.id, safe='')}") or {}).get("attempt") == again.attempt,
+        lambda: (api(console_fleet, f"/parked/{quote(again.id, safe='')}") or {}).get("attempt") == again.attempt,
         timeout=60,
         message="the next attempt parked",
     )

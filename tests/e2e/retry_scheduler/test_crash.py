@@ -25,26 +25,31 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
-def test_every_dead_letter_is_redelivered_or_parked_across_sigkills(kafka_bootstrap: str, tmp_path: Path, guarantee: str) -> None:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def test_every_dead_letter_is_redelivered_or_parked_across_sigkills(
+    kafka_bootstrap: str, prefix: str, tmp_path: Path, guarantee: str
+) -> None:
     dead, retry, parking = f"{prefix}dead-letters", f"{prefix}retry-crash", f"{prefix}parking-lot"
     create_topics([dead, retry, parking])
     data = tmp_path / "data"
-    env = {
-        **scheduler_env(kafka_bootstrap, prefix, data),
-        "STATEFLEET_RETRY_BASE_DELAY_MS": "1500",
-        "STATEFLEET_RETRY_MAX_DELAY_MS": "3000",
-        "STATEFLEET_RETRY_JITTER": "full",
-        "STATEFLEET_RETRY_MAX_ATTEMPTS": "10",
-        "STATEFLEET_RETRY_POLICY_OVERRIDES": "",
-        "STATEFLEET_PROCESSING_GUARANTEE": guarantee,
-    }
+    env = scheduler_env(
+        kafka_bootstrap,
+        prefix,
+        data,
+        retry_base_delay_ms=1500,
+        retry_max_delay_ms=3000,
+        retry_jitter="full",
+        retry_max_attempts=10,
+        retry_policy_overrides="",
+        processing_guarantee=guarantee,
+    )
     # A committed reader is what exactly_once promises its guarantee to.
     isolation = "read_committed" if guarantee == "exactly_once" else "read_uncommitted"
     expected: dict[str, int] = {}  # id -> attempt it must be redelivered with
     parked: set[str] = set()
 
-    def send_batch(n: int, label: str) -> None:
+    def send_batch(n: int, label: str) -> list[str]:
+        """Send ``n`` dead letters; returns the ids of those to be scheduled."""
+        scheduled = []
         for i in range(n):
             dlq_id = f"{label}-{i}-{uuid.uuid4().hex[:6]}"
             if i % 25 == 0:
@@ -53,7 +58,15 @@ def test_every_dead_letter_is_redelivered_or_parked_across_sigkills(kafka_bootst
             else:
                 expected[dlq_id] = 1 + i % 3
                 headers = letter_headers(dlq_id, retry, attempt=expected[dlq_id])
+                scheduled.append(dlq_id)
             produce(dead, [(dlq_id.encode() if i % 2 else None, f"value-{dlq_id}".encode())], headers=headers)
+        return scheduled
+
+    def any_read(ids: list[str]) -> bool:
+        """Whether the scheduler has read one of ``ids``: it is scheduled, or redelivered already."""
+        if any(web.get(f"{proc.url}/retries/{i}", timeout=10).status_code == 200 for i in ids):
+            return True
+        return not {i for i, _ in redelivered()}.isdisjoint(ids)
 
     def redelivered() -> list[tuple[str, int]]:
         return [
@@ -70,13 +83,14 @@ def test_every_dead_letter_is_redelivered_or_parked_across_sigkills(kafka_bootst
         proc = start_scheduler(env, tmp_path, port=proc.port)
 
         # 2. killed while dead letters are read, then the local state is lost too
-        send_batch(150, "two")
-        time.sleep(0.3)
+        two = send_batch(150, "two")
+        # Killed once the first of them are read, while the rest are being read.
+        wait_for(lambda: any_read(two[:10]), timeout=30, interval=0.05, message="the second batch being read")
         proc.kill()
         shutil.rmtree(data)
         proc = start_scheduler(env, tmp_path, port=proc.port)
 
-        # 3. killed at a random moment
+        # 3. killed at a random moment: the moment is what this step tests, not an order of events
         time.sleep(random.uniform(0.0, 1.5))
         proc.kill()
         proc = start_scheduler(env, tmp_path, port=proc.port)

@@ -7,7 +7,6 @@ is scheduled with the origin and error its headers give."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import orjson
@@ -25,20 +24,21 @@ pytestmark = pytest.mark.e2e
 MAX_ATTEMPTS = 3
 
 
-def test_spring_and_headerless_re_failures_are_counted_until_parked(kafka_bootstrap: str, tmp_path: Path) -> None:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def test_spring_and_headerless_re_failures_are_counted_until_parked(kafka_bootstrap: str, prefix: str, tmp_path: Path) -> None:
     dead, retry, parking, payments = (f"{prefix}{name}" for name in ("dead-letters", "retry", "parking-lot", "payments"))
     create_topics([dead, retry, parking, payments, f"{prefix}clicks"])
     overrides = {
         "origin_topic": {"payments": {"redeliver_to": "origin"}, "clicks": {"base_delay_ms": 600_000, "max_delay_ms": 600_000}}
     }
-    env = {
-        **scheduler_env(kafka_bootstrap, prefix, tmp_path / "data"),
-        "STATEFLEET_RETRY_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
-        "STATEFLEET_RETRY_BASE_DELAY_MS": "200",
-        "STATEFLEET_RETRY_MAX_DELAY_MS": "400",
-        "STATEFLEET_RETRY_POLICY_OVERRIDES": orjson.dumps(overrides).decode(),
-    }
+    env = scheduler_env(
+        kafka_bootstrap,
+        prefix,
+        tmp_path / "data",
+        retry_max_attempts=MAX_ATTEMPTS,
+        retry_base_delay_ms=200,
+        retry_max_delay_ms=400,
+        retry_policy_overrides=orjson.dumps(overrides).decode(),
+    )
     spring_id = dl.content_id(payments, b"order-7", b"pay")
     bare_id = dl.content_id(dead, b"k", b"bare")
 

@@ -28,6 +28,7 @@ from shared import dead_letters as dl
 from shared.engine import partition_for
 from shared.ordered_retries import HELD_BEHIND
 from tests.integration.retry_scheduler.helpers import TOKEN, scheduler_env, start_scheduler
+from tests.support.environment import service_environment
 from tests.support.kafka import Record, committed_offsets, create_topics, produce, read_all
 from tests.support.services import ServiceProcess, wait_for
 from tools import web
@@ -60,7 +61,7 @@ MAX_ATTEMPTS = 4
 
 
 @dataclass
-class Fleet:
+class SchedulerAndConsumer:
     """The scheduler and the user's consumer of one test, and what the test asks of them."""
 
     prefix: str
@@ -132,26 +133,25 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Fleet]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def scheduler_and_consumer(kafka_bootstrap: str, prefix: str, tmp_path: Path) -> Iterator[SchedulerAndConsumer]:
     create_topics([prefix + n for n in ("dead-letters", "retry", "parking-lot", "retry-acks", "orders", "retry-orders")])
     create_topics([f"{prefix}retry-blocked-keys"], compacted=[f"{prefix}retry-blocked-keys"])
     create_topics([f"{prefix}processed"], partitions=1)  # one partition: its order is the order of processing
-    env = {**scheduler_env(kafka_bootstrap, prefix, tmp_path / "data"), "STATEFLEET_RETRY_ORDERED_TOPICS": "orders"}
+    env = scheduler_env(kafka_bootstrap, prefix, tmp_path / "data", retry_ordered_topics="orders")
     scheduler = start_scheduler(env, tmp_path)
     (tmp_path / "control").mkdir()
-    consumer_env = {"STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "STATEFLEET_TOPIC_PREFIX": prefix}
+    consumer_env = service_environment(kafka_bootstrap, prefix, tmp_path / "consumer-data")
     args = (
         *("--topic", f"{prefix}orders", "--retry-topic", f"{prefix}retry-orders", "--group", f"{prefix}users"),
         *("--output", f"{prefix}processed", "--control-dir", str(tmp_path / "control"), "--work-ms", str(WORK_MS)),
     )
     try:
-        yield Fleet(prefix, scheduler, consumer_env, args, tmp_path)
+        yield SchedulerAndConsumer(prefix, scheduler, consumer_env, args, tmp_path)
     finally:
         scheduler.kill()
 
 
-def produce_wave(fleet: Fleet, seqs: range) -> None:
+def produce_wave(scheduler_and_consumer: SchedulerAndConsumer, seqs: range) -> None:
     """Every key's records ``seqs``, the keys interleaved."""
     records = []
     for seq in seqs:
@@ -160,7 +160,7 @@ def produce_wave(fleet: Fleet, seqs: range) -> None:
             if (key, seq) in FAILS:
                 body["fails"] = FAILS[key, seq]
             records.append((key.encode(), orjson.dumps(body)))
-    produce(fleet.origin, records)
+    produce(scheduler_and_consumer.origin, records)
 
 
 def seqs_of(processed: list[tuple[str, int, int]], key: str) -> set[int]:
@@ -189,80 +189,92 @@ def held_behind(records: list[Record], key: str) -> dict[str, int]:
     return counts
 
 
-def test_a_keys_records_come_out_in_order_through_failures_a_replay_a_skip_and_a_sigkill(fleet: Fleet) -> None:
+def test_a_keys_records_come_out_in_order_through_failures_a_replay_a_skip_and_a_sigkill(
+    scheduler_and_consumer: SchedulerAndConsumer,
+) -> None:
     skipped = (SKIPPED, SKIPPED_SEQ)
     free_keys = (*STEADY, RETRIED)
-    consumer = fleet.start_consumer()
+    consumer = scheduler_and_consumer.start_consumer()
     try:
         # Wave 1: RETRIED's head fails twice and succeeds after backoff, its later records held
         # behind it meanwhile; PARKED's and SKIPPED's heads run out of attempts and are parked,
         # each with the rest of the wave held behind it.
-        produce_wave(fleet, range(WAVE))
-        wait_for(lambda: fleet.processed_all(free_keys, WAVE), timeout=45, message="wave 1 of the free keys processed")
-        assert out_of_order(fleet.processed(), skipped) == []
+        produce_wave(scheduler_and_consumer, range(WAVE))
+        wait_for(
+            lambda: scheduler_and_consumer.processed_all(free_keys, WAVE), timeout=45, message="wave 1 of the free keys processed"
+        )
+        assert out_of_order(scheduler_and_consumer.processed(), skipped) == []
         for key, seq in ((PARKED, PARKED_SEQ), (SKIPPED, SKIPPED_SEQ)):
             wait_for(
-                lambda key=key, seq=seq: fleet.parked_with_held(key, WAVE - seq - 1),
+                lambda key=key, seq=seq: scheduler_and_consumer.parked_with_held(key, WAVE - seq - 1),
                 timeout=30,
                 message=f"{key}'s head parked with the rest of wave 1 held",
             )
 
         # Wave 2: the free keys go on; the blocked keys' records are held, none processed.
-        produce_wave(fleet, range(WAVE, 2 * WAVE))
-        wait_for(lambda: fleet.processed_all(free_keys, 2 * WAVE), timeout=45, message="wave 2 of the free keys processed")
-        assert out_of_order(fleet.processed(), skipped) == []
+        produce_wave(scheduler_and_consumer, range(WAVE, 2 * WAVE))
+        wait_for(
+            lambda: scheduler_and_consumer.processed_all(free_keys, 2 * WAVE),
+            timeout=45,
+            message="wave 2 of the free keys processed",
+        )
+        assert out_of_order(scheduler_and_consumer.processed(), skipped) == []
         for key, seq in ((PARKED, PARKED_SEQ), (SKIPPED, SKIPPED_SEQ)):
             wait_for(
-                lambda key=key, seq=seq: fleet.parked_with_held(key, 2 * WAVE - seq - 1),
+                lambda key=key, seq=seq: scheduler_and_consumer.parked_with_held(key, 2 * WAVE - seq - 1),
                 timeout=30,
                 message=f"{key}'s wave 2 held behind its parked head",
             )
-            assert seqs_of(fleet.processed(), key) == set(range(seq))
+            assert seqs_of(scheduler_and_consumer.processed(), key) == set(range(seq))
 
         # PARKED's cause is fixed and an operator replays its head: its held records follow, one
         # at a time. Meanwhile wave 3 comes, and the consumer is SIGKILLed while it processes it
         # (SKIPPED is blocked with records held all along); wave 4 arrives while it is down, and
         # it restarts in the same group.
-        parked_head = fleet.lane_of(PARKED)["head"]
-        (fleet.log_dir / "control" / HEAL).touch()
-        replayed = fleet.lane_command("replay-head", PARKED)
+        parked_head = scheduler_and_consumer.lane_of(PARKED)["head"]
+        (scheduler_and_consumer.log_dir / "control" / HEAL).touch()
+        replayed = scheduler_and_consumer.lane_command("replay-head", PARKED)
         assert replayed.status_code == 200 and replayed.json()["status"] == "redelivered", replayed.text
         wait_for(
-            lambda: seqs_of(fleet.processed(), PARKED) >= set(range(PARKED_SEQ + 2)),
+            lambda: seqs_of(scheduler_and_consumer.processed(), PARKED) >= set(range(PARKED_SEQ + 2)),
             timeout=30,
             message="the replayed head and the first record behind it processed",
         )
-        produce_wave(fleet, range(2 * WAVE, 3 * WAVE))
-        wait_for(lambda: any(seq >= 2 * WAVE for _, seq, _ in fleet.processed()), timeout=30, message="wave 3 under way")
-        consumer.kill()
-        produce_wave(fleet, range(3 * WAVE, 4 * WAVE))
-        consumer = fleet.start_consumer()
+        produce_wave(scheduler_and_consumer, range(2 * WAVE, 3 * WAVE))
         wait_for(
-            lambda: fleet.processed_all((*free_keys, PARKED), 4 * WAVE),
+            lambda: any(seq >= 2 * WAVE for _, seq, _ in scheduler_and_consumer.processed()),
+            timeout=30,
+            message="wave 3 under way",
+        )
+        consumer.kill()
+        produce_wave(scheduler_and_consumer, range(3 * WAVE, 4 * WAVE))
+        consumer = scheduler_and_consumer.start_consumer()
+        wait_for(
+            lambda: scheduler_and_consumer.processed_all((*free_keys, PARKED), 4 * WAVE),
             timeout=60,
             message="every record of the free keys and of the replayed one processed after the restart",
         )
         wait_for(
-            lambda: fleet.parked_with_held(SKIPPED, 4 * WAVE - SKIPPED_SEQ - 1),
+            lambda: scheduler_and_consumer.parked_with_held(SKIPPED, 4 * WAVE - SKIPPED_SEQ - 1),
             timeout=30,
             message="SKIPPED's waves 3 and 4 held behind its parked head too",
         )
-        assert seqs_of(fleet.processed(), SKIPPED) == set(range(SKIPPED_SEQ))
+        assert seqs_of(scheduler_and_consumer.processed(), SKIPPED) == set(range(SKIPPED_SEQ))
 
         # An operator skips SKIPPED's head: never processed, the rest follow.
-        skipped_head = fleet.lane_of(SKIPPED)["head"]
-        skip = fleet.lane_command("skip-head", SKIPPED)
+        skipped_head = scheduler_and_consumer.lane_of(SKIPPED)["head"]
+        skip = scheduler_and_consumer.lane_command("skip-head", SKIPPED)
         assert skip.status_code == 200, skip.text
         assert skip.json()["status"] == "skipped" and skip.json()["skipped"] == skipped_head
 
         expected = {k: set(range(4 * WAVE)) - ({SKIPPED_SEQ} if k == SKIPPED else set()) for k in KEYS}
         processed = wait_for(
-            lambda: (p := fleet.processed()) and all(seqs_of(p, k) == expected[k] for k in KEYS) and p,
+            lambda: (p := scheduler_and_consumer.processed()) and all(seqs_of(p, k) == expected[k] for k in KEYS) and p,
             timeout=60,
             message="every record but the skipped one processed",
         )
         stats = wait_for(
-            lambda: (s := fleet.stats())["blocked_keys"] == 0 and s["held"] == 0 and s,
+            lambda: (s := scheduler_and_consumer.stats())["blocked_keys"] == 0 and s["held"] == 0 and s,
             timeout=30,
             message="no key blocked any more",
         )
@@ -275,7 +287,7 @@ def test_a_keys_records_come_out_in_order_through_failures_a_replay_a_skip_and_a
         calls = [seq for k, seq, _ in processed if k == key]
         assert calls_out_of_order(calls, sorted(expected[key])) == [], key
     assert (stats["scheduled"], stats["parked"]) == (0, 0)
-    assert all(fleet.lane(key) is None for key in KEYS)
+    assert all(scheduler_and_consumer.lane(key) is None for key in KEYS)
     # The retried heads succeeded on their third and second attempts (an earlier one fails
     # however often it is read); the parked one when replayed after its 4th (an earlier
     # redelivery read again after the kill would succeed too, being read after the fix).
@@ -284,7 +296,7 @@ def test_a_keys_records_come_out_in_order_through_failures_a_replay_a_skip_and_a
             assert {a for k, s, a in processed if (k, s) == (key, seq)} == {int(fails.removeprefix("first:"))}
     assert MAX_ATTEMPTS in {a for k, s, a in processed if (k, s) == (PARKED, PARKED_SEQ)}
     # The records behind each head waited for it in the scheduler: redelivered naming it.
-    redelivered = read_all(fleet.retry_topic)
+    redelivered = read_all(scheduler_and_consumer.retry_topic)
     assert held_behind(redelivered, PARKED)[parked_head] >= 2 * WAVE - PARKED_SEQ - 1
     assert held_behind(redelivered, SKIPPED)[skipped_head] >= 4 * WAVE - SKIPPED_SEQ - 1
     [retried_head] = {dict(r.headers)[dl.ID].decode() for r in redelivered if orjson.loads(r.body) == retried_body()}
@@ -339,7 +351,7 @@ def test_calls_out_of_order_finds_an_older_record_processed_behind_a_newer_one()
 
 
 def test_records_processed_before_their_key_was_blocked_are_not_processed_again_behind_later_ones_after_a_sigkill(
-    fleet: Fleet,
+    scheduler_and_consumer: SchedulerAndConsumer,
 ) -> None:
     """The consumer processes CRASHED's first records, fails on CRASH_SEQ (the scheduler makes it
     the key's head) and defers the rest, and is SIGKILLed before it commits any of them; its
@@ -356,33 +368,44 @@ def test_records_processed_before_their_key_was_blocked_are_not_processed_again_
     # One partition, produced before the consumer starts: fetched together, and the last one's
     # handler waits for RELEASE, so none of them is committed until then.
     produce(
-        fleet.origin,
+        scheduler_and_consumer.origin,
         [crashed[0], record(steady, 0), *crashed[1:3], record(steady, 1), *crashed[3:], record(steady, 2, waits=RELEASE)],
     )
-    [partition] = {r.partition for r in read_all(fleet.origin)}
-    consumer = fleet.start_consumer()
+    [partition] = {r.partition for r in read_all(scheduler_and_consumer.origin)}
+    consumer = scheduler_and_consumer.start_consumer()
     try:
         wait_for(
-            lambda: (lane := fleet.lane(CRASHED)) is not None and lane["held"] == CRASHED_RECORDS - CRASH_SEQ - 1,
+            lambda: (
+                (lane := scheduler_and_consumer.lane(CRASHED)) is not None and lane["held"] == CRASHED_RECORDS - CRASH_SEQ - 1
+            ),
             timeout=45,
             message=f"{CRASHED}#{CRASH_SEQ} failed, its key's head, with the records after it held behind it",
         )
-        processed = fleet.processed()
+        processed = scheduler_and_consumer.processed()
         assert seqs_of(processed, CRASHED) == set(range(CRASH_SEQ)) and seqs_of(processed, steady) == {0, 1}
-        assert committed_offsets(fleet.group, fleet.origin, ORIGIN_PARTITIONS)[partition] is None  # processed, not committed
+        assert (
+            committed_offsets(scheduler_and_consumer.group, scheduler_and_consumer.origin, ORIGIN_PARTITIONS)[partition] is None
+        )  # processed, not committed
         consumer.kill()
-        (fleet.log_dir / "control" / RELEASE).touch()
-        consumer = fleet.start_consumer()
+        (scheduler_and_consumer.log_dir / "control" / RELEASE).touch()
+        consumer = scheduler_and_consumer.start_consumer()
         wait_for(
-            lambda: seqs_of(fleet.processed(), CRASHED) == set(range(CRASHED_RECORDS)) and fleet.lane(CRASHED) is None,
+            lambda: (
+                seqs_of(scheduler_and_consumer.processed(), CRASHED) == set(range(CRASHED_RECORDS))
+                and scheduler_and_consumer.lane(CRASHED) is None
+            ),
             timeout=60,
             message=f"every record of {CRASHED} processed and the key free",
         )
-        wait_for(lambda: 2 in seqs_of(fleet.processed(), steady), timeout=30, message=f"{steady}'s last record processed")
+        wait_for(
+            lambda: 2 in seqs_of(scheduler_and_consumer.processed(), steady),
+            timeout=30,
+            message=f"{steady}'s last record processed",
+        )
     finally:
         consumer.kill()
 
-    processed = fleet.processed()
+    processed = scheduler_and_consumer.processed()
     calls = {key: [seq for k, seq, _ in processed if k == key] for key in (CRASHED, steady)}
     assert calls_out_of_order(calls[CRASHED], list(range(CRASHED_RECORDS))) == []
     assert calls_out_of_order(calls[steady], [0, 1, 2]) == []

@@ -21,12 +21,9 @@ def test_a_scheduler_lists_the_letters_of_the_recreated_topics_only(kafka_bootst
     dead, retry = f"{prefix}dead-letters", f"{prefix}retry-later"
     names = [dead, retry, f"{prefix}parking-lot"]
     # Long backoffs: every letter stays scheduled while the test looks.
-    env = {
-        **scheduler_env(kafka_bootstrap, prefix, tmp_path / "data"),
-        "STATEFLEET_RETRY_BASE_DELAY_MS": "600000",
-        "STATEFLEET_RETRY_MAX_DELAY_MS": "600000",
-        "STATEFLEET_BULK_RESTORE_MIN_LAG": "1",
-    }
+    env = scheduler_env(
+        kafka_bootstrap, prefix, tmp_path / "data", retry_base_delay_ms=600000, retry_max_delay_ms=600000, bulk_restore_min_lag=1
+    )
     create_topics(names)
 
     def scheduled_and_stopped(instance: str, ids: list[str]) -> None:

@@ -39,17 +39,12 @@ def served_by(r: httpx.Response) -> str:
     return r.headers["x-statefleet-served-by"].split(",")[0].strip()
 
 
-def test_tokens_hold_whichever_instance_is_asked(kafka_bootstrap: str, tmp_path: Path) -> None:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def test_tokens_hold_whichever_instance_is_asked(kafka_bootstrap: str, prefix: str, tmp_path: Path) -> None:
     dead, retry = f"{prefix}dead-letters", f"{prefix}retry-tokens"
     create_topics([dead, retry, f"{prefix}parking-lot"])
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(TOKENS)
-    env = {
-        **scheduler_env(kafka_bootstrap, prefix, tmp_path / "data"),
-        "STATEFLEET_TOKENS_FILE": str(tokens),
-        "STATEFLEET_PAYLOADS_REQUIRE_TOKEN": "true",
-    }
+    env = scheduler_env(kafka_bootstrap, prefix, tmp_path / "data", tokens_file=tokens, payloads_require_token="true")
     a = start_scheduler(env, tmp_path, instance="a")
     b = start_scheduler(env, tmp_path, instance="b")
     try:

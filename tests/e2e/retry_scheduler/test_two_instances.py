@@ -57,8 +57,7 @@ def parked_ids_on_both(url: str, prefix: str) -> list[str]:
     return ids
 
 
-def test_any_instance_answers_for_every_message(kafka_bootstrap: str, tmp_path: Path) -> None:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def test_any_instance_answers_for_every_message(kafka_bootstrap: str, prefix: str, tmp_path: Path) -> None:
     dead, retry = f"{prefix}dead-letters", f"{prefix}retry-two"
     create_topics([dead, retry, f"{prefix}parking-lot"])
     env = scheduler_env(kafka_bootstrap, prefix, tmp_path / "data")

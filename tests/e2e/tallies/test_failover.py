@@ -120,6 +120,7 @@ class Feeder(threading.Thread):
         stream = [("events", k, v) for k, v in history.events] + [("logins", k, v) for k, v in history.logins]
         stream.sort(key=lambda r: hash(r[1]) % 7)  # logins among the events; each account's events keep their order
         self.stream, self.topics, self.chunk, self.pause_s = stream, topics, chunk, pause_s
+        self.sent = 0  # records sent so far
 
     def run(self) -> None:
         for n in range(0, len(self.stream), self.chunk):
@@ -128,7 +129,13 @@ class Feeder(threading.Thread):
                 records = [(k, v) for t, k, v in part if t == kind]
                 if records:
                     produce(self.topics[kind], records)
+            self.sent = n + len(part)
             time.sleep(self.pause_s)
+
+    def wait_under_way(self, chunks: int = 6) -> None:
+        """Until ``chunks`` chunks are sent (about two seconds of input): what comes next lands mid-stream."""
+        wanted = min(chunks * self.chunk, len(self.stream))
+        wait_for(lambda: self.sent >= wanted, timeout=60, interval=0.05, message=f"{chunks} chunks of input sent")
 
 
 class Prober(threading.Thread):
@@ -210,7 +217,7 @@ def test_a_killed_instances_partitions_are_processed_again_within_seconds(
 
     feeder = Feeder(history, tally_topics)
     feeder.start()
-    time.sleep(2.0)  # the kill lands mid-stream
+    feeder.wait_under_way()  # the kill lands mid-stream
     victim.kill()
     killed_at = time.monotonic()
     first_processed_s = markers.processed_again_after(
@@ -252,7 +259,7 @@ def test_a_stopped_instance_that_does_not_come_back_is_removed_after_the_restart
     markers = Markers(set(instance_view(leaving)["active"][tally_topics["events"]]), tally_topics["events"])
     feeder = Feeder(history, tally_topics)
     feeder.start()
-    time.sleep(2.0)
+    feeder.wait_under_way()
     stopped_at = time.monotonic()
     leaving.stop()
     assert "peers this instance is restarting" in leaving.log_path.read_text(errors="replace")
@@ -322,7 +329,7 @@ def test_an_instance_stopped_for_20s_loses_nothing_and_counts_nothing_twice(
             message="the instance to stop itself in the middle of a commit",
         )
     else:
-        time.sleep(2.0)
+        feeder.wait_under_way(3)
         stalled.proc.send_signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
@@ -430,7 +437,7 @@ def test_a_restart_on_sigterm_removes_no_member(start_tallies: Any, tally_topics
     survivors = [fleet["a"], fleet["b"]]
     feeder = Feeder(history, tally_topics)
     feeder.start()
-    time.sleep(2.0)
+    feeder.wait_under_way()
     stopped_at = time.monotonic()
     fleet["c"].stop()
     assert "peers this instance is restarting" in fleet["c"].log_path.read_text(errors="replace")

@@ -29,21 +29,32 @@ def test_instances_added_and_killed_mid_stream_keep_exact_tallies(start_tallies:
     stream.sort(key=lambda r: hash(r[1]) % 7)  # logins among the events; each account's events keep their order
     instances: dict[str, ServiceProcess] = {n: start_tallies(n, **FLEET_ENV) for n in ("a", "b", "c")}
 
+    fed = [0]  # records sent so far
+    # The second half waits for the kill: however long the starts take, input still arrives after it.
+    held_from, killed = len(stream) // 2, threading.Event()
+
     def feed() -> None:  # input keeps arriving across the membership changes (about 13 s)
         for n in range(0, len(stream), 400):
+            if n >= held_from:
+                killed.wait(180)
             part = stream[n : n + 400]
             for kind in ("events", "logins"):
                 records = [(k, v) for t, k, v in part if t == kind]
                 if records:
                     produce(tally_topics[kind], records)
-            time.sleep(0.35)
+            fed[0] = n + len(part)
+            time.sleep(0.35)  # paces the input, so that it spans the membership changes
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    time.sleep(2.0)
+    # The membership changes land mid-stream: one at a sixth of the input, one a twelfth later
+    # (or at half of it, where the input waits for the kill).
+    wait_for(lambda: fed[0] >= len(stream) // 6, timeout=60, interval=0.05, message="a sixth of the input sent")
     instances["d"] = start_tallies("d", **FLEET_ENV)  # added: partitions move to it mid-stream
-    time.sleep(1.5)
+    kill_at = min(fed[0] + len(stream) // 12, held_from)
+    wait_for(lambda: fed[0] >= kill_at, timeout=60, interval=0.05, message="more input sent with d in the group")
     instances.pop("a").kill()  # killed: its partitions move once its session times out
+    killed.set()
     feeder.join(120)
     assert not feeder.is_alive()
 

@@ -5,9 +5,9 @@ restarts, crashes or losing the local state."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -67,9 +67,8 @@ def assert_tallies_settle(proc: ServiceProcess, expected: dict[str, dict[str, An
             return {"(no answer)": (repr(exc), None)}
         return {p: (got.get(p), expected.get(p)) for p in set(got) | set(expected) if got.get(p) != expected.get(p)}
 
-    deadline = time.monotonic() + timeout
-    while wrong() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    with contextlib.suppress(TimeoutError):  # the assertion below says what is still wrong
+        wait_for(lambda: not wrong(), timeout=timeout, interval=0.5, message="every tally right")
     wait_all_input_consumed(proc)  # anything still to come would be a violation
     diff = wrong()
     assert not diff, f"{len(diff)} of {len(expected)} tallies wrong: {sorted(diff.items())[:3]}"

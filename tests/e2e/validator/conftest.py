@@ -3,32 +3,28 @@ starter for tests that run several instances, kill and restart them."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.environment import owned_topic_prefix, service_environment
 from tests.support.services import ServiceProcess, free_port
 
 
 def module_validator(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, name: str, **extra_env: str
 ) -> Iterator[ServiceProcess]:
-    """One validator instance named ``name`` with a topic prefix of its own, until the generator is closed."""
+    """One validator instance named ``name`` with a topic prefix of its own, until the generator
+    is closed (its topics are deleted then); ``extra_env``: ``STATEFLEET_*`` variables to add."""
     tmp: Path = tmp_path_factory.mktemp(f"validator-{name}")
-    env = {
-        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "STATEFLEET_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
-        "STATEFLEET_DATA_DIR": str(tmp / "data"),
-        "STATEFLEET_INSTANCE_ID": name,
-        **extra_env,
-    }
-    proc = ServiceProcess("validator", env, tmp / "validator.log").start()
-    try:
-        yield proc.wait_ready()
-    finally:
-        proc.kill()
+    with owned_topic_prefix() as prefix:
+        env = {**service_environment(kafka_bootstrap, prefix, tmp / "data", instance=name, log_level=None), **extra_env}
+        proc = ServiceProcess("validator", env, tmp / "validator.log").start()
+        try:
+            yield proc.wait_ready()
+        finally:
+            proc.kill()
 
 
 @pytest.fixture(scope="module")

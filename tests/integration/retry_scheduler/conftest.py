@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -12,8 +11,8 @@ from tests.support.kafka import create_topics
 
 
 @pytest.fixture(scope="module")
-def scheduler(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def scheduler(kafka_bootstrap: str, module_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
+    prefix = module_prefix
     tmp = tmp_path_factory.mktemp("retry-scheduler")
     create_topics([f"{prefix}dead-letters", f"{prefix}retry", f"{prefix}parking-lot"])
     proc = start_scheduler(scheduler_env(kafka_bootstrap, prefix, tmp / "data"), tmp)

@@ -20,6 +20,7 @@ import orjson
 from shared import dead_letters as dl
 from shared.engine import partition_for
 from tests.support.dead_letters import letter_headers as letter_headers  # re-exported for the tests here
+from tests.support.environment import new_topic_prefix, service_environment, settings_env
 from tests.support.kafka import Record, create_topics, produce, read_all
 from tests.support.services import ServiceProcess, free_port, wait_for
 from tools import web
@@ -31,21 +32,20 @@ TOKEN = "test-admin-token"
 OVERRIDES = {"origin_topic": {"slow": {"base_delay_ms": 600_000, "max_delay_ms": 600_000}}}
 
 
-def scheduler_env(kafka_bootstrap: str, prefix: str, data_dir: Path) -> dict[str, str]:
-    return {
-        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "STATEFLEET_TOPIC_PREFIX": prefix,
-        "STATEFLEET_DATA_DIR": str(data_dir),
-        "STATEFLEET_LOG_LEVEL": "INFO",
-        "STATEFLEET_RETRY_TICK_INTERVAL_S": str(TICK_S),
-        "STATEFLEET_RETRY_MAX_ATTEMPTS": "4",
-        "STATEFLEET_RETRY_BASE_DELAY_MS": "300",
-        "STATEFLEET_RETRY_MAX_DELAY_MS": "1000",
-        "STATEFLEET_RETRY_JITTER": "none",
-        "STATEFLEET_RETRY_POLICY_OVERRIDES": orjson.dumps(OVERRIDES).decode(),
-        "STATEFLEET_ADMIN_TOKEN": TOKEN,
-        "STATEFLEET_STANDBY_REPLICAS": "0",
+def scheduler_env(kafka_bootstrap: str, prefix: str, data_dir: Path, **settings: object) -> dict[str, str]:
+    """A scheduler's environment with the policy above; ``settings`` add to it or change it, by
+    lower-case setting name (as :func:`tests.support.environment.service_environment` takes them)."""
+    policy: dict[str, object] = {
+        "retry_tick_interval_s": TICK_S,
+        "retry_max_attempts": 4,
+        "retry_base_delay_ms": 300,
+        "retry_max_delay_ms": 1000,
+        "retry_jitter": "none",
+        "retry_policy_overrides": orjson.dumps(OVERRIDES).decode(),
+        "admin_token": TOKEN,
+        "standby_replicas": 0,
     }
+    return {**service_environment(kafka_bootstrap, prefix, data_dir), **settings_env(**{**policy, **settings})}
 
 
 @dataclass
@@ -128,8 +128,10 @@ class OwnTopics:
     env: dict[str, str]
 
 
-def own_topics(kafka_bootstrap: str, tmp_path: Path, retry_name: str) -> OwnTopics:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def own_topics(kafka_bootstrap: str, tmp_path: Path, retry_name: str, prefix: str | None = None) -> OwnTopics:
+    """The topics of a test's own under ``prefix`` (pass the ``prefix`` fixture's, whose topics
+    are deleted after the test; None: a new prefix whose topics the broker keeps)."""
+    prefix = prefix or new_topic_prefix()
     dead, retry = f"{prefix}dead-letters", f"{prefix}retry-{retry_name}"
     create_topics([dead, retry, f"{prefix}parking-lot"])
     data = tmp_path / "data"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -37,14 +36,14 @@ PORT = 19531
 
 
 @pytest.fixture(scope="module")
-def ordered_scheduler(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def ordered_scheduler(kafka_bootstrap: str, module_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
+    prefix = module_prefix
     tmp_path = tmp_path_factory.mktemp("ordered")
     names = ["dead-letters", "retry", "parking-lot", "retry-acks", "orders", "slow", "retry-orders"]
     create_topics([prefix + n for n in names])
     create_topics([f"{prefix}retry-blocked-keys"], compacted=[f"{prefix}retry-blocked-keys"])
     # "slow" waits ten minutes between attempts (the helpers' policy override): a head that stays scheduled.
-    env = {**scheduler_env(kafka_bootstrap, prefix, tmp_path / "data"), "STATEFLEET_RETRY_ORDERED_TOPICS": "orders,slow"}
+    env = scheduler_env(kafka_bootstrap, prefix, tmp_path / "data", retry_ordered_topics="orders,slow")
     proc = start_scheduler(env, tmp_path, port=PORT)
     yield Scheduler(proc, prefix)
     proc.kill()

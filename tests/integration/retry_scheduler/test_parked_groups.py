@@ -34,6 +34,14 @@ def park(s: Scheduler, origin: str, error: str, retry_topic: str, n: int, *, mes
     return ids
 
 
+def newest_parked_at_once_past(s: Scheduler, ids: list[str]) -> int:
+    """The newest ``parked_at`` of ``ids``, once the clock (the scheduler's, on this machine) is
+    past it: what is parked from then on is parked at a later millisecond."""
+    newest = max(int(s.get(f"/parked/{i}").json()["parked_at"]) for i in ids)
+    wait_for(lambda: time.time() * 1000 > newest, timeout=5, interval=0.001, message=f"the clock past {newest} ms")
+    return newest
+
+
 def groups(s: Scheduler, **params: Any) -> dict[tuple[str, str], dict[str, Any]]:
     r = s.get("/parked-groups", **params)
     assert r.status_code == 200, r.text
@@ -50,8 +58,7 @@ def group_action(s: Scheduler, action: str, token: str | None = TOKEN, **params:
 def test_parked_messages_are_grouped_with_counts_and_the_newest_error(scheduler: Scheduler) -> None:
     origin = new_id("grouped")
     topic = scheduler.retry_topic("grouped")
-    park(scheduler, origin, "TimeoutError", topic, 3, message="older timeout")
-    time.sleep(0.05)
+    newest_parked_at_once_past(scheduler, park(scheduler, origin, "TimeoutError", topic, 3, message="older timeout"))
     park(scheduler, origin, "TimeoutError", topic, 1, message="the newest timeout")
     park(scheduler, origin, "KeyError", topic, 2)
 
@@ -103,8 +110,7 @@ def test_a_group_within_a_time_range_is_cancelled_and_the_rest_stays(scheduler: 
     origin = new_id("ranged")
     topic = scheduler.retry_topic("ranged")
     early = park(scheduler, origin, "TimeoutError", topic, 2)
-    split = max(scheduler.get(f"/parked/{i}").json()["parked_at"] for i in early)
-    time.sleep(0.05)
+    split = newest_parked_at_once_past(scheduler, early)
     late = park(scheduler, origin, "TimeoutError", topic, 2)
     assert min(scheduler.get(f"/parked/{i}").json()["parked_at"] for i in late) > split
 

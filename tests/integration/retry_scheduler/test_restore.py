@@ -20,9 +20,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_restore_after_deleting_the_data_dir_brings_back_only_what_was_not_redelivered(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, prefix: str, tmp_path: Path
 ) -> None:
-    topics = own_topics(kafka_bootstrap, tmp_path, "restore")
+    topics = own_topics(kafka_bootstrap, tmp_path, "restore", prefix)
     dead, retry, data, env = topics.dead_letters, topics.retry, topics.data, topics.env
     proc = start_scheduler(env, tmp_path)
     try:

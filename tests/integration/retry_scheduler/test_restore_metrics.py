@@ -48,8 +48,10 @@ def scheduled(url: str) -> int:
 
 
 @pytest.mark.parametrize("bulk", ["true", "false"], ids=["bulk-restore", "faust-reader"])
-def test_restores_from_the_volume_and_from_the_changelog_are_told_apart(kafka_bootstrap: str, tmp_path: Path, bulk: str) -> None:
-    topics = own_topics(kafka_bootstrap, tmp_path, "metrics")
+def test_restores_from_the_volume_and_from_the_changelog_are_told_apart(
+    kafka_bootstrap: str, prefix: str, tmp_path: Path, bulk: str
+) -> None:
+    topics = own_topics(kafka_bootstrap, tmp_path, "metrics", prefix)
     dead, retry, data, env = topics.dead_letters, topics.retry, topics.data, topics.env
     proc = start_scheduler(env, tmp_path)
     try:

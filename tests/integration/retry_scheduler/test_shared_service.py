@@ -5,7 +5,6 @@ retention."""
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -48,19 +47,21 @@ class Shared:
 
 
 @pytest.fixture(scope="module")
-def shared(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def shared(kafka_bootstrap: str, module_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    prefix = module_prefix
     tmp = tmp_path_factory.mktemp("retry-shared")
     retry = f"{prefix}retry-shared"
     create_topics([f"{prefix}dead-letters", f"{prefix}retry", f"{prefix}parking-lot", retry])
     policy = tmp / "policy.yaml"
     policy.write_text(POLICY)
-    env = {
-        **scheduler_env(kafka_bootstrap, prefix, tmp / "data"),
-        "STATEFLEET_RETRY_POLICY_FILE": str(policy),
-        "STATEFLEET_PARKED_RETENTION_S": str(RETENTION_S),
-        "STATEFLEET_RETRY_METRICS_ORIGIN_TOPICS": "3",
-    }
+    env = scheduler_env(
+        kafka_bootstrap,
+        prefix,
+        tmp / "data",
+        retry_policy_file=policy,
+        parked_retention_s=RETENTION_S,
+        retry_metrics_origin_topics=3,
+    )
     proc = start_scheduler(env, tmp)
     yield Shared(Scheduler(proc, prefix), retry)
     proc.kill()

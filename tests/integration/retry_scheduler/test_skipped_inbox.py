@@ -58,12 +58,13 @@ async def write_to_inbox_and_commit_past_it(inbox: str, group: str, dlq_id: str,
     return int(sent.offset)
 
 
-def test_a_dead_letter_the_inbox_stream_skipped_is_read_back_and_scheduled(kafka_bootstrap: str, tmp_path: Path) -> None:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def test_a_dead_letter_the_inbox_stream_skipped_is_read_back_and_scheduled(
+    kafka_bootstrap: str, prefix: str, tmp_path: Path
+) -> None:
     retry = f"{prefix}retry-skipped"
     create_topics([f"{prefix}dead-letters", retry, f"{prefix}parking-lot"])
     # Without static membership a clean stop leaves the group, so its offsets can be moved.
-    env = {**scheduler_env(kafka_bootstrap, prefix, tmp_path / "data"), "STATEFLEET_STATIC_MEMBERSHIP": "false"}
+    env = scheduler_env(kafka_bootstrap, prefix, tmp_path / "data", static_membership="false")
     inbox, group = f"{prefix}statefleet-retry_scheduler-inbox", f"{prefix}statefleet-retry_scheduler"
     proc = start_scheduler(env, tmp_path)
     # Every inbox partition has had a tick read and committed, so each has a next offset.

@@ -60,18 +60,16 @@ class Scoped:
 
 
 @pytest.fixture(scope="module")
-def scoped(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scoped]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def scoped(kafka_bootstrap: str, module_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scoped]:
+    prefix = module_prefix
     tmp = tmp_path_factory.mktemp("retry-tokens")
     retry = f"{prefix}retry-tokens"
     create_topics([f"{prefix}dead-letters", f"{prefix}retry", f"{prefix}parking-lot", retry])
     tokens = tmp / "tokens.yaml"
     tokens.write_text(TOKENS.format(auditor=AUDITOR_TOKEN))
     env = {
-        **scheduler_env(kafka_bootstrap, prefix, tmp / "data"),
-        "STATEFLEET_TOKENS_FILE": str(tokens),
+        **scheduler_env(kafka_bootstrap, prefix, tmp / "data", tokens_file=tokens, payloads_require_token="true"),
         "STATEFLEET_TEST_ORDERS_TOKEN": ORDERS_TOKEN,
-        "STATEFLEET_PAYLOADS_REQUIRE_TOKEN": "true",
     }
     proc = start_scheduler(env, tmp)
     yield Scoped(Scheduler(proc, prefix), retry)

@@ -3,13 +3,13 @@ ACLs were granted for."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from tests.support.environment import new_topic_prefix, settings_env
 from tests.support.kafka import Record, read_all
 from tools import kafka_broker
 
@@ -20,7 +20,7 @@ class SecureBroker:
     prefix: str
 
     def env(self, user: str) -> dict[str, str]:
-        return {**kafka_broker.client_env(self.layout, user), "STATEFLEET_TOPIC_PREFIX": self.prefix}
+        return {**kafka_broker.client_env(self.layout, user), **settings_env(topic_prefix=self.prefix)}
 
     def topic(self, base: str) -> str:
         return self.prefix + base
@@ -42,7 +42,7 @@ def secure_broker() -> Iterator[SecureBroker]:
     layout = kafka_broker.secure_layout()
     was_running = kafka_broker.is_ready(layout) if layout.pid_file.exists() else False
     kafka_broker.start(layout)
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+    prefix = new_topic_prefix()  # the secure broker's: the test broker's cleanup cannot reach it
     kafka_broker.grant(layout, prefix)
     try:
         yield SecureBroker(layout, prefix)

@@ -25,6 +25,7 @@ import pytest
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import letter_headers
 from tests.integration.security.conftest import SecureBroker
+from tests.support.environment import new_topic_prefix, service_environment
 from tests.support.kafka import Record, produce
 from tests.support.services import ServiceProcess, free_port, wait_for
 from tools import kafka_broker, web
@@ -35,16 +36,17 @@ REFUSED_EXIT_S = 60.0
 
 
 def start_service(broker: SecureBroker, module: str, user: str, tmp: Path, **extra: str) -> ServiceProcess:
-    env = {
-        **broker.env(user),
-        "STATEFLEET_DATA_DIR": str(tmp / "data"),
-        "STATEFLEET_INSTANCE_ID": "a",
-        "STATEFLEET_STANDBY_REPLICAS": "0",
-        # Fewer partitions: fewer changelog partitions to restore and transactional producers to start.
-        "STATEFLEET_TOPIC_PARTITIONS": "2",
-        "STATEFLEET_PROCESSING_GUARANTEE": "exactly_once",
-        **extra,
-    }
+    # Fewer partitions: fewer changelog partitions to restore and transactional producers to start.
+    settings = service_environment(
+        broker.layout.bootstrap,
+        broker.prefix,
+        tmp / "data",
+        guarantee="exactly_once",
+        instance="a",
+        standby_replicas=0,
+        topic_partitions=2,
+    )
+    env = {**settings, **broker.env(user), **extra}
     return ServiceProcess(module, env, tmp / f"{module}-as-{user}.log", port=free_port()).start()
 
 
@@ -199,7 +201,7 @@ def test_a_user_that_may_not_read_an_input_stops_the_worker_with_what_to_grant(
 ) -> None:
     # It may see ``logins`` (the start-up checks pass), not read it: the first fetch says so.
     # Topics and a group of its own: the group of the tallies killed above waits out their session.
-    b, user, prefix = secure_broker, "tallies_without_logins", f"t{uuid.uuid4().hex[:10]}."
+    b, user, prefix = secure_broker, "tallies_without_logins", new_topic_prefix()
     logins = f"{prefix}logins"
     acls = [a for a in service_acls("tallies", prefix, user=user) if (a.name, a.operation) != (logins, "READ")]
     kafka_broker.apply_security(b.layout, {user: "tallies-without-logins-pw"}, acls)

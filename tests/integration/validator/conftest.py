@@ -3,7 +3,6 @@ read what it wrote."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.support.environment import service_environment
 from tests.support.kafka import Record, read_all
 from tests.support.services import ServiceProcess, wait_for
 
@@ -51,19 +51,12 @@ class Validator:
 
 
 @pytest.fixture(scope="module")
-def validator(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Validator]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def validator(kafka_bootstrap: str, module_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Validator]:
     tmp: Path = tmp_path_factory.mktemp("validator")
-    env = {
-        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "STATEFLEET_TOPIC_PREFIX": prefix,
-        "STATEFLEET_DATA_DIR": str(tmp / "data"),
-        "STATEFLEET_INSTANCE_ID": "i1",
-        "STATEFLEET_LOG_LEVEL": "INFO",
-    }
+    env = service_environment(kafka_bootstrap, module_prefix, tmp / "data", instance="i1")
     proc = ServiceProcess("validator", env, tmp / "validator.log").start()
     try:
         proc.wait_ready()
-        yield Validator(proc=proc, prefix=prefix)
+        yield Validator(proc=proc, prefix=module_prefix)
     finally:
         proc.kill()

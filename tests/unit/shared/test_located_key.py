@@ -25,7 +25,7 @@ HOME = 5  # every item's home partition in these tests
 
 
 @dataclass
-class Fleet:
+class StandInFleet:
     """Which partitions this instance owns (the peer owns the rest), where items are, and what
     the peer was asked."""
 
@@ -64,35 +64,35 @@ def _places(_: ServiceContext, item: str) -> list[int]:
 
 
 def _holds(ctx: ServiceContext, item: str, partition: int) -> bool:
-    fleet: Fleet = ctx.extras["fleet"]
-    return fleet.items.get(item) == partition
+    stand_in_fleet: StandInFleet = ctx.extras["fleet"]
+    return stand_in_fleet.items.get(item) == partition
 
 
 ItemRead = Annotated[Located, located_key(_item_id, _table, _places, _holds)]
 ItemChange = Annotated[Located, located_key(_item_id, _table, _places, _holds, reads=False)]
 
 
-def service(fleet: Fleet) -> FastAPI:
+def service(stand_in_fleet: StandInFleet) -> FastAPI:
     ctx = ReadyContext(
         service="test",
         settings=Settings(read_retry_s=0),
         instance=INSTANCE,
         topics=None,  # type: ignore[arg-type]
         url=ME,
-        transport=httpx.MockTransport(fleet.peer),
+        transport=httpx.MockTransport(stand_in_fleet.peer),
     )
-    ctx.extras["fleet"] = fleet
+    ctx.extras["fleet"] = stand_in_fleet
     router = APIRouter()
 
     @router.get("/items/{item}")
     async def get_item(item: ItemRead, ctx: Ctx) -> Any:
-        if fleet.items.get(item.key) != item.partition:
+        if stand_in_fleet.items.get(item.key) != item.partition:
             raise NotFound(f"no item {item.key!r} in partition {item.partition} here")
         return {"item": item.key, "partition": item.partition, "by": ctx.url}
 
     @router.post("/items/{item}/touch")
     async def touch_item(item: ItemChange, ctx: Ctx) -> Any:
-        if fleet.items.get(item.key) != item.partition:
+        if stand_in_fleet.items.get(item.key) != item.partition:
             raise NotFound(f"no item {item.key!r} in partition {item.partition} here")
         return {"touched": item.key, "partition": item.partition, "by": ctx.url}
 
@@ -102,89 +102,93 @@ def service(fleet: Fleet) -> FastAPI:
 
 
 @pytest.fixture
-def fleet(monkeypatch: pytest.MonkeyPatch) -> Fleet:
-    state = Fleet()
+def stand_in_fleet(monkeypatch: pytest.MonkeyPatch) -> StandInFleet:
+    state = StandInFleet()
     stand_in_engine(monkeypatch, owner=state.owner, copy=lambda: Copy("active", 0), instances={ME, PEER})
     return state
 
 
-def client(fleet: Fleet) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=service(fleet)), base_url=ME)
+def client(stand_in_fleet: StandInFleet) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=service(stand_in_fleet)), base_url=ME)
 
 
-def partitions_asked(fleet: Fleet) -> list[int]:
-    return [int(request.headers[PARTITION_ASKED]) for request in fleet.asked]
+def partitions_asked(stand_in_fleet: StandInFleet) -> list[int]:
+    return [int(request.headers[PARTITION_ASKED]) for request in stand_in_fleet.asked]
 
 
-async def test_an_item_in_its_home_partition_is_answered_there_without_asking_further(fleet: Fleet) -> None:
-    fleet.items["a"] = HOME
-    fleet.mine = {HOME}
-    async with client(fleet) as http:
+async def test_an_item_in_its_home_partition_is_answered_there_without_asking_further(stand_in_fleet: StandInFleet) -> None:
+    stand_in_fleet.items["a"] = HOME
+    stand_in_fleet.mine = {HOME}
+    async with client(stand_in_fleet) as http:
         got = await http.get("/items/a")
     assert got.json() == {"item": "a", "partition": HOME, "by": ME}
-    assert fleet.asked == []
+    assert stand_in_fleet.asked == []
 
 
-async def test_an_item_elsewhere_is_found_in_the_partition_that_holds_it_here_or_at_its_owner(fleet: Fleet) -> None:
-    fleet.items = {"here": 2, "there": 6}
-    fleet.mine = {HOME, 0, 1, 2}
-    async with client(fleet) as http:
+async def test_an_item_elsewhere_is_found_in_the_partition_that_holds_it_here_or_at_its_owner(
+    stand_in_fleet: StandInFleet,
+) -> None:
+    stand_in_fleet.items = {"here": 2, "there": 6}
+    stand_in_fleet.mine = {HOME, 0, 1, 2}
+    async with client(stand_in_fleet) as http:
         here = await http.get("/items/here")
-        assert partitions_asked(fleet) == [], "partitions 0 to 2 are this instance's: read here"
+        assert partitions_asked(stand_in_fleet) == [], "partitions 0 to 2 are this instance's: read here"
         there = await http.get("/items/there")
     assert here.json() == {"item": "here", "partition": 2, "by": ME}
     assert there.json() == {"item": "there", "partition": 6, "by": PEER}
-    assert partitions_asked(fleet) == [3, 4, 6], "the peer's partitions are asked one by one until one holds it"
-    assert all(request.headers[FORWARDED_BY] == ME for request in fleet.asked)
+    assert partitions_asked(stand_in_fleet) == [3, 4, 6], "the peer's partitions are asked one by one until one holds it"
+    assert all(request.headers[FORWARDED_BY] == ME for request in stand_in_fleet.asked)
 
 
-async def test_an_item_nowhere_gets_its_home_partitions_answer(fleet: Fleet) -> None:
-    fleet.mine = {HOME}
-    async with client(fleet) as http:
+async def test_an_item_nowhere_gets_its_home_partitions_answer(stand_in_fleet: StandInFleet) -> None:
+    stand_in_fleet.mine = {HOME}
+    async with client(stand_in_fleet) as http:
         got = await http.get("/items/nowhere")
     assert got.status_code == 404
     assert got.json()["detail"] == f"no item 'nowhere' in partition {HOME} here"
-    assert sorted(partitions_asked(fleet)) == [p for p in range(8) if p != HOME]
+    assert sorted(partitions_asked(stand_in_fleet)) == [p for p in range(8) if p != HOME]
 
-    fleet.mine, fleet.asked = {0}, []
-    async with client(fleet) as http:
+    stand_in_fleet.mine, stand_in_fleet.asked = {0}, []
+    async with client(stand_in_fleet) as http:
         got = await http.get("/items/nowhere")
     assert got.status_code == 404 and got.json()["detail"] == f"not in partition {HOME} at the peer"
-    assert partitions_asked(fleet)[0] == HOME
+    assert partitions_asked(stand_in_fleet)[0] == HOME
 
 
-async def test_a_change_runs_at_the_owner_of_the_partition_that_holds_it(fleet: Fleet) -> None:
-    fleet.items = {"a": 3}
-    fleet.mine = {HOME}
-    async with client(fleet) as http:
+async def test_a_change_runs_at_the_owner_of_the_partition_that_holds_it(stand_in_fleet: StandInFleet) -> None:
+    stand_in_fleet.items = {"a": 3}
+    stand_in_fleet.mine = {HOME}
+    async with client(stand_in_fleet) as http:
         got = await http.post("/items/a/touch")
     assert got.status_code == 200 and got.json() == {"item": "a", "partition": 3, "by": PEER}
-    assert [r.method for r in fleet.asked] == ["POST"] * len(fleet.asked) and partitions_asked(fleet)[-1] == 3
+    assert [r.method for r in stand_in_fleet.asked] == ["POST"] * len(stand_in_fleet.asked) and partitions_asked(stand_in_fleet)[
+        -1
+    ] == 3
 
 
-async def test_a_request_naming_its_partition_is_answered_for_that_partition_alone(fleet: Fleet) -> None:
-    fleet.items = {"a": 3}
-    async with client(fleet) as http:
+async def test_a_request_naming_its_partition_is_answered_for_that_partition_alone(stand_in_fleet: StandInFleet) -> None:
+    stand_in_fleet.items = {"a": 3}
+    async with client(stand_in_fleet) as http:
         found = await http.get("/items/a", headers={PARTITION_ASKED: "3"})
         elsewhere = await http.get("/items/a", headers={PARTITION_ASKED: "4"})
         wrong = await http.get("/items/a", headers={PARTITION_ASKED: "8"})
     assert found.json()["partition"] == 3
     assert elsewhere.status_code == 404 and "partition 4" in elsewhere.json()["detail"]
     assert wrong.status_code == 422 and PARTITION_ASKED in wrong.json()["detail"]
-    assert fleet.asked == []
+    assert stand_in_fleet.asked == []
 
 
 async def test_a_partition_that_cannot_answer_is_not_taken_for_one_without_the_item(
-    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+    stand_in_fleet: StandInFleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fleet.mine = {HOME}
+    stand_in_fleet.mine = {HOME}
 
     def peer_restoring(request: httpx.Request) -> httpx.Response:
-        fleet.asked.append(request)
+        stand_in_fleet.asked.append(request)
         return httpx.Response(503, json={"detail": "restoring"})
 
-    monkeypatch.setattr(fleet, "peer", peer_restoring)
-    async with client(fleet) as http:
+    monkeypatch.setattr(stand_in_fleet, "peer", peer_restoring)
+    async with client(stand_in_fleet) as http:
         got = await http.post("/items/a/touch")
     assert got.status_code == 503 and got.json()["detail"] == "restoring"
-    assert len(fleet.asked) == 1, "the first partition that cannot answer ends the search"
+    assert len(stand_in_fleet.asked) == 1, "the first partition that cannot answer ends the search"

@@ -24,7 +24,7 @@ ME, OWNER, PEER = "http://me:1", "http://owner:2", "http://peer:3"
 
 
 @dataclass
-class Fleet:
+class StandInFleet:
     """The owner of every partition, this instance's copy, and what the peers were asked."""
 
     owner: str | None = ME
@@ -63,25 +63,25 @@ ItemRead = Annotated[str, owned_key(_item_id, _table, check=_no_x)]
 ItemChange = Annotated[str, owned_key(_item_id, _table, reads=False)]
 
 
-def service(fleet: Fleet) -> FastAPI:
+def service(stand_in_fleet: StandInFleet) -> FastAPI:
     ctx = ReadyContext(
         service="test",
         settings=Settings(read_retry_s=0),
         instance=INSTANCE,
         topics=None,  # type: ignore[arg-type]
         url=ME,
-        transport=httpx.MockTransport(fleet.transport),
+        transport=httpx.MockTransport(stand_in_fleet.transport),
     )
     router = APIRouter()
 
     @router.get("/items/{item_id}")
     async def get_item(item_id: ItemRead, ctx: Ctx, limit: Annotated[int, Query(ge=1, le=10)] = 5) -> Any:
-        fleet.answered.append(item_id)
+        stand_in_fleet.answered.append(item_id)
         return {"item_id": item_id, "limit": limit, "by": ctx.url}
 
     @router.post("/items/{item_id}/touch")
     async def touch_item(item_id: ItemChange) -> Any:
-        fleet.answered.append(item_id)
+        stand_in_fleet.answered.append(item_id)
         return {"touched": item_id}
 
     api = create_api(ctx, title="t", description="t")
@@ -90,90 +90,90 @@ def service(fleet: Fleet) -> FastAPI:
 
 
 @pytest.fixture
-def fleet(monkeypatch: pytest.MonkeyPatch) -> Fleet:
-    state = Fleet()
+def stand_in_fleet(monkeypatch: pytest.MonkeyPatch) -> StandInFleet:
+    state = StandInFleet()
     stand_in_engine(monkeypatch, owner=lambda _: state.owner, copy=lambda: state.mine, instances={ME, OWNER})
     return state
 
 
-def client(fleet: Fleet) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=service(fleet)), base_url=ME)
+def client(stand_in_fleet: StandInFleet) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=service(stand_in_fleet)), base_url=ME)
 
 
-async def test_the_owner_answers_from_its_own_state(fleet: Fleet) -> None:
-    async with client(fleet) as http:
+async def test_the_owner_answers_from_its_own_state(stand_in_fleet: StandInFleet) -> None:
+    async with client(stand_in_fleet) as http:
         got = await http.get("/items/a1", params={"limit": 2})
     assert got.status_code == 200 and got.json() == {"item_id": "a1", "limit": 2, "by": ME}
     assert got.headers[SOURCE] == "active" and got.headers[LAG] == "0" and got.headers[SERVED_BY] == ME
-    assert fleet.asked == []
+    assert stand_in_fleet.asked == []
 
 
-async def test_elsewhere_the_owners_answer_is_passed_on_as_given(fleet: Fleet) -> None:
-    fleet.owner = OWNER
-    async with client(fleet) as http:
+async def test_elsewhere_the_owners_answer_is_passed_on_as_given(stand_in_fleet: StandInFleet) -> None:
+    stand_in_fleet.owner = OWNER
+    async with client(stand_in_fleet) as http:
         got = await http.get("/items/a1", params={"limit": 2})
     assert got.status_code == 201 and got.json() == {"from": "owner"}
     assert got.headers["x-owner-header"] == "kept"
     assert (got.headers[SERVED_BY], got.headers[SOURCE], got.headers[LAG]) == (OWNER, "standby", "3")
-    [sent] = fleet.asked
+    [sent] = stand_in_fleet.asked
     assert sent.url == httpx.URL(f"{OWNER}/items/a1?limit=2") and sent.headers[FORWARDED_BY] == ME
-    assert fleet.answered == [], "the route's body does not run where the key is not answered"
+    assert stand_in_fleet.answered == [], "the route's body does not run where the key is not answered"
 
 
-async def test_a_change_goes_to_the_active_owner_and_runs_there(fleet: Fleet) -> None:
-    async with client(fleet) as http:
+async def test_a_change_goes_to_the_active_owner_and_runs_there(stand_in_fleet: StandInFleet) -> None:
+    async with client(stand_in_fleet) as http:
         assert (await http.post("/items/a1/touch")).json() == {"touched": "a1"}
-        fleet.owner = OWNER
+        stand_in_fleet.owner = OWNER
         got = await http.post("/items/a2/touch")
     assert got.status_code == 201 and got.headers[SERVED_BY] == OWNER
-    [sent] = fleet.asked
+    [sent] = stand_in_fleet.asked
     assert sent.method == "POST" and not sent.headers.get(READ_COPY)
-    assert fleet.answered == ["a1"]
+    assert stand_in_fleet.answered == ["a1"]
 
 
 @pytest.mark.parametrize(("query", "loc"), [({"limit": "0"}, ["query", "limit"]), ({"max_lag": "-1"}, ["query", "max_lag"])])
 async def test_a_request_the_route_refuses_is_refused_here_and_never_forwarded(
-    fleet: Fleet, query: dict[str, str], loc: list[str]
+    stand_in_fleet: StandInFleet, query: dict[str, str], loc: list[str]
 ) -> None:
-    fleet.owner = OWNER
-    async with client(fleet) as http:
+    stand_in_fleet.owner = OWNER
+    async with client(stand_in_fleet) as http:
         got = await http.get("/items/a1", params=query)
     assert got.status_code == 422 and [e["loc"] for e in got.json()["detail"]] == [loc]
     assert got.headers[SERVED_BY] == ME and SOURCE not in got.headers
-    assert fleet.asked == []
+    assert stand_in_fleet.asked == []
 
 
-async def test_an_invalid_key_is_refused_once_here(fleet: Fleet) -> None:
-    fleet.owner = OWNER
-    async with client(fleet) as http:
+async def test_an_invalid_key_is_refused_once_here(stand_in_fleet: StandInFleet) -> None:
+    stand_in_fleet.owner = OWNER
+    async with client(stand_in_fleet) as http:
         got = await http.get("/items/toolong", params={"max_lag": "x"})
     assert got.status_code == 422
     assert [e["loc"] for e in got.json()["detail"]] == [["query", "max_lag"], ["path", "item_id"]]
-    assert fleet.asked == []
+    assert stand_in_fleet.asked == []
 
 
-async def test_the_routes_check_of_its_key_comes_after_validation_and_before_routing(fleet: Fleet) -> None:
-    fleet.owner = OWNER
-    async with client(fleet) as http:
+async def test_the_routes_check_of_its_key_comes_after_validation_and_before_routing(stand_in_fleet: StandInFleet) -> None:
+    stand_in_fleet.owner = OWNER
+    async with client(stand_in_fleet) as http:
         refused = await http.get("/items/ax")
         invalid = await http.get("/items/ax", params={"limit": "11"})
     assert refused.status_code == 400 and "must not hold x" in refused.text
     assert invalid.status_code == 422
-    assert fleet.asked == []
+    assert stand_in_fleet.asked == []
 
 
-async def test_an_owner_away_is_answered_from_this_instances_copy(fleet: Fleet) -> None:
-    fleet.owner, fleet.mine = None, Copy("standby", 4)
-    async with client(fleet) as http:
+async def test_an_owner_away_is_answered_from_this_instances_copy(stand_in_fleet: StandInFleet) -> None:
+    stand_in_fleet.owner, stand_in_fleet.mine = None, Copy("standby", 4)
+    async with client(stand_in_fleet) as http:
         got = await http.get("/items/a1")
         stale = await http.get("/items/a1", params={"max_lag": "2"})
     assert got.status_code == 200 and (got.headers[SOURCE], got.headers[LAG]) == ("standby", "4")
     assert stale.status_code == 503 and stale.headers["Retry-After"] == "1" and stale.json()["lag"] == 4
-    assert fleet.answered == ["a1"]
+    assert stand_in_fleet.answered == ["a1"]
 
 
-def test_a_read_documents_max_lag_and_a_change_does_not(fleet: Fleet) -> None:
-    schema = service(fleet).openapi()
+def test_a_read_documents_max_lag_and_a_change_does_not(stand_in_fleet: StandInFleet) -> None:
+    schema = service(stand_in_fleet).openapi()
     read = schema["paths"]["/items/{item_id}"]["get"]
     change = schema["paths"]["/items/{item_id}/touch"]["post"]
     assert [(p["in"], p["name"]) for p in read["parameters"]] == [("path", "item_id"), ("query", "limit"), ("query", "max_lag")]

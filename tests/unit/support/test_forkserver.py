@@ -6,13 +6,13 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import forkserver
+from tests.support.services import wait_for
 
 PROBE = "tests.unit.support.child_probe"
 
@@ -62,10 +62,7 @@ def test_a_killed_child_reports_the_signal_as_popen_does(server: forkserver.Fork
     assert child.poll() is None
     with pytest.raises(subprocess.TimeoutExpired):
         child.wait(0.2)
-    deadline = time.monotonic() + 30
-    while not log.exists() or not log.read_text():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: log.exists() and log.read_text(), timeout=30, interval=0.05, message="the child's first line in its log")
     child.kill()
     assert child.wait(30) == -signal.SIGKILL and child.poll() == -signal.SIGKILL
     child.kill()  # exited: nothing is signalled

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.services import wait_for
 from tools import background
 
 
@@ -37,7 +38,13 @@ def test_the_background_process_runs_at_the_lowest_priority_and_logs(tmp_path: P
     log = tmp_path / "build.log"
     pid = background.start_at_lowest_priority(["timeit", "-n1", "-r1", "import time; print('ran'); time.sleep(2)"], log)
     try:
-        time.sleep(0.5)
+        # ionice and nice set the priority, then exec the next program: once Python runs, both have.
+        wait_for(
+            lambda: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == sys.executable.encode(),
+            timeout=30,
+            interval=0.05,
+            message="ionice and nice to have exec'd Python",
+        )
         nice = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
         assert nice == 19
         assert os.getsid(pid) == pid  # a session of its own: make's Ctrl-C does not reach it

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,10 +27,8 @@ def test_a_zombie_is_not_running_and_a_live_process_is() -> None:
     try:
         assert process_state(child.pid) == "running"
         os.kill(child.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while process_state(child.pid) != "zombie" and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert process_state(child.pid) == "zombie"  # not reaped yet: it still answers signal 0
+        # Not reaped yet: it still answers signal 0.
+        wait_for(lambda: process_state(child.pid) == "zombie", timeout=10, interval=0.05, message="the killed child a zombie")
         assert not fleet._alive(child.pid)
     finally:
         child.kill()

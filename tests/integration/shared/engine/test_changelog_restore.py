@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import cast
 
@@ -67,8 +66,8 @@ def history(n_keys: int, rounds: int) -> tuple[list[tuple[bytes, bytes | None]],
 
 
 @pytest.fixture
-def changelog(kafka_bootstrap: str) -> str:
-    topic = f"t{uuid.uuid4().hex[:10]}.table-changelog"
+def changelog(prefix: str) -> str:
+    topic = f"{prefix}table-changelog"
     create_topics([topic], partitions=PARTITIONS, compacted=[topic])
     return topic
 

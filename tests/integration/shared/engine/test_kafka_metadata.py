@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 
@@ -11,9 +10,9 @@ from shared.engine._faust import track_used_topics
 from tests.support.kafka import create_topics
 
 
-async def test_a_topic_in_use_keeps_its_metadata_when_a_newer_topic_is_first_used(kafka_bootstrap: str) -> None:
+async def test_a_topic_in_use_keeps_its_metadata_when_a_newer_topic_is_first_used(kafka_bootstrap: str, prefix: str) -> None:
     track_used_topics()
-    older, newer = f"t{uuid.uuid4().hex[:10]}.older", f"t{uuid.uuid4().hex[:10]}.newer"
+    older, newer = f"{prefix}older", f"{prefix}newer"
     await asyncio.to_thread(create_topics, [older])
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()

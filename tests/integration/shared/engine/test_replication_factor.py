@@ -10,6 +10,7 @@ import pytest
 
 from shared.engine.clients import PlainAdmin, TopicSpec, ensure_topics_async
 from shared.settings import Settings
+from tests.support.environment import new_topic_prefix, service_environment
 from tests.support.services import ServiceProcess, wait_for_async
 from tools import kafka_broker
 
@@ -61,12 +62,8 @@ async def test_a_service_given_only_the_bootstrap_servers_replicates_its_changel
     kafka_cluster: kafka_broker.BrokerLayout, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("STATEFLEET_TOPIC_REPLICATION_FACTOR", raising=False)
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    env = {
-        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_cluster.bootstrap,
-        "STATEFLEET_TOPIC_PREFIX": prefix,
-        "STATEFLEET_DATA_DIR": str(tmp_path / "data"),
-    }
+    prefix = new_topic_prefix()  # on the three-node cluster, which goes with the test process
+    env = service_environment(kafka_cluster.bootstrap, prefix, tmp_path / "data")
     tallies = ServiceProcess("tallies", env, tmp_path / "tallies.log").start()
     try:
         tallies.wait_ready(timeout=120)

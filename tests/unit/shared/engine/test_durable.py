@@ -27,6 +27,7 @@ from shared.engine._durable import (
 )
 from shared.engine._faust import FAUST_OFFSET_KEY
 from shared.engine._rocksdb import engine_family, is_engine_key, open_partition_db
+from tests.support.services import wait_for_async
 
 
 class FakeStore:
@@ -304,8 +305,7 @@ def test_write_all_puts_nothing_locally_before_every_table_is_acknowledged() -> 
                 "test",
             )
         )
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await wait_for_async(lambda: app.producer.acked is not None, 5, interval=0, message="the records sent, awaiting acks")
         assert [(t, p, k) for t, p, k, _ in app.producer.sent] == [
             ("a-changelog", 0, b"x"),
             ("a-changelog", 1, b"y"),
@@ -333,8 +333,7 @@ def test_a_failed_acknowledgement_leaves_the_local_tables_untouched() -> None:
                 "test",  # type: ignore[arg-type]
             )
         )
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await wait_for_async(lambda: app.producer.acked is not None, 5, interval=0, message="the records sent, awaiting acks")
         app.producer.ack_all(RuntimeError("broker said no"))
         try:
             await task
@@ -365,13 +364,32 @@ def test_writes_put_the_offsets_after_the_state_of_every_table() -> None:
         raise AssertionError("state rows of a table without the offsets must be refused")
 
 
+class AfterWarnings(logging.Handler):
+    """Calls ``then`` once ``count`` records have been logged: an event ordered after them."""
+
+    def __init__(self, count: int, then: Any) -> None:
+        super().__init__(logging.WARNING)
+        self.count, self.then = count, then
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self.then()
+
+
 def test_a_slow_acknowledgement_is_logged_until_it_arrives(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> list[Any]:
         loop = asyncio.get_running_loop()
         first, second = loop.create_future(), loop.create_future()
-        loop.call_later(0.01, first.set_result, "first")
-        loop.call_later(0.25, second.set_result, "second")
-        return await acknowledged([first, second], "2 records to t", warn_every_s=0.1)
+        first.set_result("first")
+        # The second arrives after the second warning: it is what ends them.
+        handler = AfterWarnings(2, lambda: second.set_result("second"))
+        durable_log = logging.getLogger("shared.engine._durable")
+        durable_log.addHandler(handler)
+        try:
+            return await acknowledged([first, second], "2 records to t", warn_every_s=0.01)
+        finally:
+            durable_log.removeHandler(handler)
 
     with caplog.at_level(logging.WARNING, logger="shared.engine._durable"):
         assert asyncio.run(scenario()) == ["first", "second"]
@@ -382,8 +400,15 @@ def test_a_slow_acknowledgement_is_logged_until_it_arrives(caplog: pytest.LogCap
 def test_waiting_for_acknowledgements_can_be_cancelled() -> None:
     async def scenario() -> asyncio.Future[Any]:
         pending: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        waiter = asyncio.ensure_future(acknowledged([pending], "t", warn_every_s=0.05))
-        await asyncio.sleep(0.01)
+        awaited = asyncio.Event()
+
+        async def acknowledgement() -> Any:
+            awaited.set()
+            return await pending
+
+        waiter = asyncio.ensure_future(acknowledged([acknowledgement()], "t", warn_every_s=0.05))
+        # Cancelled once it waits: a task cancelled before it ran would never reach the code under test.
+        await wait_for_async(awaited.is_set, 5, interval=0, message="the acknowledgement awaited")
         waiter.cancel()
         try:
             await waiter
@@ -414,8 +439,7 @@ def test_a_member_the_group_dropped_while_the_changelog_acknowledged_writes_noth
                 dropped_after_the_send,
             )
         )
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await wait_for_async(lambda: app.producer.acked is not None, 5, interval=0, message="the records sent, awaiting acks")
         app.producer.ack_all()
         with pytest.raises(NotAMember):
             await task
