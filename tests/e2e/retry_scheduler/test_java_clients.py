@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import scheduler_env, start_scheduler
-from tests.support.kafka import Record, create_topics, delete_topics_with_prefix, produce, read_all
+from tests.support.kafka import Record, create_topics, produce, read_all
 from tests.support.services import REPO, ServiceProcess, free_port, wait_for
 from tools import web
 
@@ -66,25 +65,28 @@ def running(proc: subprocess.Popen[bytes], log: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def scheduler(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceProcess, str]]:
-    """One scheduler for the module's tests, with a topic prefix of its own."""
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def scheduler(
+    kafka_bootstrap: str, module_prefix: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServiceProcess, str]]:
+    """One scheduler for the module's tests, on the module's own topic prefix."""
+    prefix = module_prefix
     tmp = tmp_path_factory.mktemp("java-clients")
     create_topics([f"{prefix}{name}" for name in ("dead-letters", "retry", "parking-lot")])
     overrides = {"origin_topic": {"clicks": SLOW, "events": SLOW, "refunds": {"redeliver_to": "origin"}}}
-    env = {
-        **scheduler_env(kafka_bootstrap, prefix, tmp / "data"),
-        "STATEFLEET_RETRY_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
-        "STATEFLEET_RETRY_BASE_DELAY_MS": "200",
-        "STATEFLEET_RETRY_MAX_DELAY_MS": "400",
-        "STATEFLEET_RETRY_POLICY_OVERRIDES": orjson.dumps(overrides).decode(),
-    }
+    env = scheduler_env(
+        kafka_bootstrap,
+        prefix,
+        tmp / "data",
+        retry_max_attempts=MAX_ATTEMPTS,
+        retry_base_delay_ms=200,
+        retry_max_delay_ms=400,
+        retry_policy_overrides=orjson.dumps(overrides).decode(),
+    )
     proc = start_scheduler(env, tmp)
     try:
         yield proc, prefix
     finally:
         proc.kill()
-        delete_topics_with_prefix(prefix)
 
 
 def letters_of(topic: str, dlq_id: str) -> list[Record]:

@@ -25,7 +25,7 @@ import pytest
 from shared import dead_letters as dl
 from tests.integration.retry_scheduler.helpers import letter_headers
 from tests.integration.security.conftest import SecureBroker
-from tests.support.environment import new_topic_prefix, service_environment
+from tests.support.environment import new_topic_prefix, service_environment, settings_env
 from tests.support.kafka import Record, produce
 from tests.support.services import ServiceProcess, free_port, wait_for
 from tools import kafka_broker, web
@@ -122,13 +122,9 @@ def test_a_domain_and_a_projection_of_their_own_work_as_their_users_with_their_g
     """The orders example (examples/orders) under a prefix of its own, granted as
     ``kafka_broker grant --domain ... --projection ...`` grants it (tools/kafka_acls.py)."""
     b = secure_broker
-    prefix, domain, projection = (
-        f"o{uuid.uuid4().hex[:10]}.",
-        "examples.orders.domain:ORDERS",
-        "examples.orders.projection:PROJECTION",
-    )
+    prefix, domain, projection = (new_topic_prefix("o"), "examples.orders.domain:ORDERS", "examples.orders.projection:PROJECTION")
     kafka_broker.grant(b.layout, prefix, jobs={}, projection=projection, domain=domain)
-    orders = {"STATEFLEET_TOPIC_PREFIX": prefix}
+    orders = settings_env(topic_prefix=prefix)
     procs = [
         start_service(b, "validator", "validator", tmp_path, STATEFLEET_VALIDATOR_DOMAIN=domain, **orders),
         start_service(
