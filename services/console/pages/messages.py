@@ -134,12 +134,13 @@ def form_time_ms(value: str | None) -> int | None:
 
 
 def parked_range(source: dict[str, str]) -> tuple[dict[str, str | None], int | None, int | None]:
-    """The "parked between" fields of a form: as typed, and as epoch ms. The end counts whole:
-    all of its minute, or of its second when seconds are given."""
+    """The "parked between" fields of a form: as typed, and as epoch ms. The end counts its
+    whole second. (The fields take seconds, ``step="1"``, and a browser leaves ``:00`` out:
+    ``14:05`` is 14:05:00, not the minute.)"""
     typed = {k: clean(source.get(k)) for k in ("parked_from", "parked_to")}
     start, end = form_time_ms(typed["parked_from"]), form_time_ms(typed["parked_to"])
     if end is not None and typed["parked_to"] is not None and "." not in typed["parked_to"]:
-        end += 59_999 if len(typed["parked_to"]) <= len("2026-01-31T14:05") else 999
+        end += 999
     return typed, start, end
 
 

@@ -17,6 +17,7 @@ from services.console.clients import Clients, ServiceClient
 from services.console.fleet import FleetMonitor, processed_total
 from services.console.models import FleetSnapshot, InstanceView, ServiceView, chart, ranges, render_bytes
 from services.console.pages.common import TOKEN_COOKIE
+from services.console.pages.messages import parked_range
 from shared.settings import Settings
 
 VALIDATOR, TALLIES, SCHEDULER = "http://validator:8001", "http://tallies:8002", "http://scheduler:8003"
@@ -584,3 +585,13 @@ def test_a_parked_head_of_a_blocked_key_links_to_its_key(console: TestClient) ->
     assert head.status_code == 200 and 'href="/blocked-keys/key?origin_topic=ledger&amp;key=acct-1"' in head.text
     other = console.get("/parked/message", params={"id": "h2"})
     assert other.status_code == 200 and 'id="heads-key"' not in other.text
+
+
+def test_the_parked_until_field_counts_its_whole_second_as_a_browser_sends_it() -> None:
+    """The field takes seconds (step="1"); a browser sends 14:05:00 as "14:05"."""
+    at_1405 = 1_769_868_300_000  # 2026-01-31T14:05:00Z
+    for typed in ("2026-01-31T14:05", "2026-01-31T14:05:00"):
+        _, _, end = parked_range({"parked_to": typed})
+        assert end == at_1405 + 999, typed
+    _, start, end = parked_range({"parked_from": "2026-01-31T14:05:07", "parked_to": "2026-01-31T14:05:07.250"})
+    assert (start, end) == (at_1405 + 7_000, at_1405 + 7_250)
