@@ -95,16 +95,6 @@ def console_fleet(kafka_bootstrap: str, module_prefix: str, tmp_path_factory: py
 
 
 @pytest.fixture(scope="module")
-def fleet(console_fleet: ConsoleFleet) -> ConsoleFleet:
-    """``console_fleet`` under its former name, for console tests written before it had this one."""
-    return console_fleet
-
-
-#: ``ConsoleFleet`` under its former name, for the same tests.
-Fleet = ConsoleFleet
-
-
-@pytest.fixture(scope="module")
 def chromium() -> Iterator[object]:
     """The browser, for this module only: Playwright's sync API keeps an event loop running in
     the main thread while it is open, which the async tests of other modules could not share."""
