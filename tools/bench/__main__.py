@@ -1,13 +1,16 @@
 """Run the benchmarks: ``python -m tools.bench [area ...] [-- area args]``.
 
 Areas: faust_ceiling, tallies, scaleout, availability, failover, rebalance_pause, validator, retry_scheduler, spark,
-peers. With no area named, all of them run in that order with their default sizes.
+peers. With no area named, all of them run in that order with their default sizes. Every
+figure measured is appended to docs/bench-results.jsonl (tools/bench/results.py).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from tools.bench import results
 
 AREAS = (
     "faust_ceiling",
@@ -41,7 +44,8 @@ def main(argv: list[str]) -> int:
                 continue
             raise
         print(f"\n[bench] ===== {name} =====", flush=True)
-        module.main(extra)
+        with results.session(name):
+            module.main(extra)
     return 0
 
 
