@@ -4,7 +4,7 @@ synthetic run (with and without watermarks), and backfill rows/s.
     python -m tools.bench spark [--days 30] [--accounts-per-day 2000] [--backfill-accounts 20000]
     python -m tools.bench.spark ...   (the same, directly)
 
-Method (the Spark figures in docs/benchmarks.md come from this):
+Method (the Spark figures of docs/benchmarks.md and docs/benchmarks-log.md come from this):
 
 * Synthetic activity over ``--days`` simulated days: ``--accounts-per-day`` AccountCreated
   events per day at random times; 70% of accounts log in within 3 days, 10% after the
