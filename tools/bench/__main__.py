@@ -8,6 +8,7 @@ figure measured is appended to docs/bench-results.jsonl (tools/bench/results.py)
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 from tools.bench import results
@@ -27,6 +28,9 @@ AREAS = (
 
 
 def main(argv: list[str]) -> int:
+    # SIGTERM (a timeout, a stopped job) unwinds like Ctrl-C: the areas stop their workers and
+    # delete their topics, and the figures measured by then reach the results file.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     names: list[str] = []
     while argv and not argv[0].startswith("-"):
         names.append(argv.pop(0))
