@@ -489,7 +489,7 @@ def record_service_run(run: ServiceRun, peak_rss: float | None) -> None:
     """The figures of one service run, under ids that name how many entries were stored."""
     at = f"@{run.stored}"
     results.record(f"retry_scheduler.ready{at}", run.ready_s, "s", note="restore included")
-    if run.restore_rate is not None:
+    if run.restore_rate:  # with few entries stored, nothing may have been restored in bulk
         results.record(f"retry_scheduler.restore{at}", run.restore_rate, "records/s", baseline=run.raw_consume_rate)
     burst = f"burst of {run.burst:,}; baseline: a bare aiokafka producer, acks=all"
     results.record(f"retry_scheduler.burst_scheduled{at}", run.ingest_rate, "dead letters/s", run.raw_produce_rate, burst)
