@@ -139,8 +139,8 @@ TEST_WORKERS ?= 2
 # The brokers a test run starts (the main one, the secure one, the chaos runs' and the
 # cluster's) live for minutes, not days: compiled with the JVM's quick compiler only, such a
 # broker used 41 % less CPU to start and 46 % less under the integration suites of the
-# validator and the retry scheduler (docs/benchmarks.md, "The test broker's JIT"). make broker
-# and make bench keep the JVM's full JIT.
+# validator and the retry scheduler (the broker's CPU from /proc/<pid>/stat, 2026-11-27). make
+# broker and make bench keep the JVM's full JIT.
 test: export STATEFLEET_BROKER_JAVA_OPTS ?= -XX:TieredStopAtLevel=1
 
 .PHONY: test
@@ -154,8 +154,9 @@ test: ## The whole suite: lint, unit, integration, e2e, helm checks (what CI run
 	$(MAKE) test-last
 
 .PHONY: bench
-bench: broker ## Benchmarks against the raw aiokafka baseline; results in docs/benchmarks.md
+bench: broker ## Benchmarks against the raw aiokafka baseline; figures to docs/bench-results.jsonl, table in docs/benchmarks.md
 	$(PY) -m tools.bench $(BENCH_ARGS)
+	$(PY) -m tools.bench.report
 
 # Area makefiles add targets (spark-join, backfill, helm-check, ...) and extend test-extra;
 # test-early starts slow preparations in the background that the suites overlap. It comes

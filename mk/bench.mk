@@ -43,6 +43,7 @@ bench-peers-build: bench-peers-links ## Build the peers benchmark's Kafka Stream
 .PHONY: bench-peers
 bench-peers: broker venv bench-peers-build ## statefleet vs Kafka Streams vs Quix Streams on the same tallies (ARGS="--events N --rounds R")
 	$(PY) -m tools.bench peers $(ARGS)
+	$(PY) -m tools.bench.report
 
 # `make bench` runs every area, this one included; the suite runs its smoke test.
 bench test-integration: bench-peers-build

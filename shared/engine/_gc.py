@@ -7,7 +7,7 @@ object of the process: the modules, Faust's services, the tables' machinery, non
 which will ever be garbage. Once the worker has started, :func:`freeze_startup_objects`
 moves all of those out of the collector's sight (``gc.freeze``); later full collections
 walk only what processing allocated since. On the tally workload that took the worker's
-CPU time for 500,000 records from 6.0-7.3 s to 4.2-4.5 s (docs/benchmarks.md, "Worker
+CPU time for 500,000 records from 6.0-7.3 s to 4.2-4.5 s (docs/benchmarks-log.md, "Worker
 tuning"). Raising the collection thresholds as well made no measurable difference once
 the start-up objects were frozen, and cost memory, so Python's own are kept.
 """

@@ -74,7 +74,7 @@ class RocksDBMemory:
         """One database's memtable size: half the budget. The manager keeps all of them together
         within the budget; smaller memtables flush a partition restored in bulk into many small
         level-0 files (loading 125,000 entries into one partition took 7.7 s with 16 MiB
-        memtables, 3.8-4.4 s with 32-64 MiB, on the loaded 2-core machine of docs/benchmarks.md)."""
+        memtables, 3.8-4.4 s with 32-64 MiB, on the loaded 2-core machine of docs/benchmarks-log.md)."""
         return max(MIN_WRITE_BUFFER_BYTES, self.write_buffer_bytes // 2)
 
 

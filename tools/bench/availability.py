@@ -34,10 +34,20 @@ import httpx
 
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
+from tools.bench import results
 from tools.bench.common import bootstrap, machine, produce_bulk
 from tools.bench.scaleout import REPO, Instance, accounts, pct, wait_loaded
 
 PORT_BASE = 18301
+
+
+#: The figure id of each measured phase in the results file.
+PHASE_FIGURES = {
+    "steady, 3 instances": "steady",
+    "SIGKILL of one of 3": "sigkill",
+    "rolling restart of 3": "rolling_restart",
+    "scale-out 3 to 4": "scale_out",
+}
 
 
 @dataclass
@@ -194,3 +204,8 @@ def main(argv: list[str]) -> None:
         print(f"[bench] {phase.line()}", flush=True)
         for failure in phase.failed[:3]:
             print(f"[bench]   e.g. {failure}", flush=True)
+        name = PHASE_FIGURES[phase.name]
+        reads = len(phase.latencies_ms) + len(phase.failed)
+        results.record(f"availability.{name}.failed", len(phase.failed), "reads", note=f"of {reads:,}")
+        if phase.latencies_ms:
+            results.record(f"availability.{name}.p99", pct(phase.latencies_ms, 99), "ms")

@@ -39,6 +39,7 @@ from shared.engine import partition_for
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools import web
+from tools.bench import results
 from tools.bench.common import bootstrap, machine, produce_bulk
 from tools.bench.scaleout import REPO, Instance, accounts, wait_loaded, wait_served
 
@@ -208,6 +209,9 @@ def main(argv: list[str]) -> None:
                 f"each of the victim's programs answered median {statistics.median(served):.2f}s",
                 flush=True,
             )
+            rounds = f"median of {args.rounds} rounds, {args.accounts:,} accounts"
+            results.record("failover.first_record", statistics.median(processed), "s", note=rounds)
+            results.record("failover.programs_answered", statistics.median(served), "s", note=rounds)
         finally:
             for instance in instances:
                 if instance.proc is not None and instance.proc.poll() is None:

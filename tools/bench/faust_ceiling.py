@@ -30,6 +30,7 @@ import orjson
 from shared.engine import Engine, InputBatch
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
+from tools.bench import results
 from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,3 +150,4 @@ def main(argv: list[str]) -> None:
             f"({rate / raw:.1%} of the bare consumer); peak RSS {rss_kib / 1024:.0f} MiB",
             flush=True,
         )
+        results.record(f"ceiling.{mode}", rate, "events/s", baseline=raw)

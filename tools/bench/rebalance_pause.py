@@ -40,6 +40,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from shared.engine import partition_for
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
+from tools.bench import results
 from tools.bench.common import bootstrap, machine, produce_bulk
 from tools.bench.failover import PARTITIONS, free_port, view, wait_settled
 from tools.bench.scaleout import REPO, Instance, accounts, wait_loaded
@@ -265,6 +266,12 @@ def main(argv: list[str]) -> None:
                 flush=True,
             )
             print(f"[bench]   worst per partition (s): {per}", flush=True)
+            results.record(
+                f"rebalance_pause.warmups_{'on' if warmups else 'off'}",
+                result["join_worst_s"],
+                "s",
+                note=f"{args.accounts:,} accounts; steady before it {result['steady_worst_s']:.2f} s",
+            )
             if result["per_partition"]:
                 print(
                     f"[bench]   median of the per-partition worst: {statistics.median(result['per_partition'].values()):.2f}s",

@@ -52,7 +52,8 @@ from shared.engine import SharedMemoryOptions, partition_for
 from shared.engine.clients import TopicSpec, delete_topics_with_prefix, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
 from tools import web
-from tools.bench.common import bootstrap, machine, raw_consume_rate, stop_worker
+from tools.bench import results
+from tools.bench.common import bootstrap, machine, peak_rss_mib, raw_consume_rate, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
@@ -155,7 +156,7 @@ def storage_tick(dbs: Dbs, now: int, start: bytes) -> tuple[int, bytes]:
 
 
 def storage_bench(sizes: list[int], due: int) -> dict[tuple[int, str], list[float]]:
-    results: dict[tuple[int, str], list[float]] = {}
+    tick_times: dict[tuple[int, str], list[float]] = {}
     for stored in sizes:
         for variant in ("low-water", "first key"):
             with tempfile.TemporaryDirectory() as root:
@@ -175,7 +176,7 @@ def storage_bench(sizes: list[int], due: int) -> dict[tuple[int, str], list[floa
                     times.append(time.perf_counter() - t0)
                     start = low
                     assert handled == due, (handled, due)
-                results[(stored, variant)] = times
+                tick_times[(stored, variant)] = times
                 log(
                     f"storage: {stored:>9,} stored, {due:,} due, seek from {variant:9}: tick median "
                     f"{statistics.median(times) * 1000:7.2f} ms, first {times[0] * 1000:7.2f} ms, "
@@ -183,7 +184,7 @@ def storage_bench(sizes: list[int], due: int) -> dict[tuple[int, str], list[floa
                 )
                 for db in (dbs.schedule, dbs.index, dbs.expiry):
                     db.close()
-    return results
+    return tick_times
 
 
 # -- 2. service -----------------------------------------------------------------------------------
@@ -471,15 +472,31 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
                     f"{run.lateness[0]} ms, p99 {run.lateness[1]} ms, max {run.lateness[2]} ms; bare aiokafka "
                     f"producer, same records, acks=all: {run.raw_produce_rate:,.0f}/s"
                 )
+                record_service_run(run, peak_rss_mib(workers[-1].pid))
                 if backlog:
                     run.backlog_rate = backlog_bench(
                         prefix, backlog, url, workers, start_worker, ready, name=f"{stored:,} stored"
                     )
+                    results.record(f"retry_scheduler.backlog_scheduled@{stored}", run.backlog_rate, "dead letters/s")
                 return run
             finally:
                 restarted = " (restarted, after the backlog)" if len(workers) > 1 else ""
                 stop_worker(workers[-1], name=f"retry_scheduler worker{restarted}")
                 asyncio.run(delete_topics_with_prefix(Settings(kafka_bootstrap_servers=bootstrap()), prefix))
+
+
+def record_service_run(run: ServiceRun, peak_rss: float | None) -> None:
+    """The figures of one service run, under ids that name how many entries were stored."""
+    at = f"@{run.stored}"
+    results.record(f"retry_scheduler.ready{at}", run.ready_s, "s", note="restore included")
+    if run.restore_rate:  # with few entries stored, nothing may have been restored in bulk
+        results.record(f"retry_scheduler.restore{at}", run.restore_rate, "records/s", baseline=run.raw_consume_rate)
+    burst = f"burst of {run.burst:,}; baseline: a bare aiokafka producer, acks=all"
+    results.record(f"retry_scheduler.burst_scheduled{at}", run.ingest_rate, "dead letters/s", run.raw_produce_rate, burst)
+    results.record(f"retry_scheduler.burst_redelivered{at}", run.redelivery_rate, "records/s", run.raw_produce_rate, burst)
+    p99 = run.lateness[1]
+    results.record(f"retry_scheduler.burst_lateness_p99{at}", None if p99 is None else p99 / 1000, "s")
+    results.record(f"retry_scheduler.peak_rss{at}", peak_rss, "MiB", note="after the burst")
 
 
 def backlog_bench(
@@ -508,6 +525,10 @@ def backlog_bench(
     return rate
 
 
+#: What the baseline of the tick figures is: the same tick with only the due entries stored.
+STORED_BASELINE = "baseline: the same with {:,} stored"
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="bench retry_scheduler")
     parser.add_argument("--stored", type=int, default=1_000_000, help="Entries stored in the large case")
@@ -523,18 +544,32 @@ def main(argv: list[str]) -> None:
     log(f"machine: {machine()}")
     sizes = [args.due, args.stored]
     if not args.skip_storage:
-        results = storage_bench(sizes, args.due)
-        small = statistics.median(results[(args.due, "low-water")])
-        large = statistics.median(results[(args.stored, "low-water")])
+        tick_times = storage_bench(sizes, args.due)
+        small = statistics.median(tick_times[(args.due, "low-water")])
+        large = statistics.median(tick_times[(args.stored, "low-water")])
         log(
             f"storage: tick with {args.stored:,} stored / with {args.due:,} stored = {large / small:.2f} "
             f"(median of {ROUNDS} ticks, seeking from the low-water key)"
+        )
+        results.record(
+            f"retry_scheduler.storage_tick@{args.stored}",
+            large * 1000,
+            "ms",
+            baseline=small * 1000,
+            note=STORED_BASELINE.format(args.due),
         )
     if not args.skip_service:
         runs = [service_bench(n, args.due, args.burst, args.port, args.backlog) for n in sizes]
         log(
             f"service: tick handler time with {args.stored:,} stored / with {args.due:,} stored = "
             f"{runs[1].tick_ms / max(runs[0].tick_ms, 0.001):.2f}"
+        )
+        results.record(
+            f"retry_scheduler.service_tick@{args.stored}",
+            runs[1].tick_ms,
+            "ms",
+            baseline=runs[0].tick_ms,
+            note=f"{args.due:,} due; " + STORED_BASELINE.format(args.due),
         )
 
 

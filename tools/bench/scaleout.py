@@ -42,6 +42,7 @@ import orjson
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools import web
+from tools.bench import results
 from tools.bench.common import bootstrap, machine, produce_bulk, stop_worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -264,14 +265,18 @@ def main(argv: list[str]) -> None:
             f"({len(forwarded)} queries)",
             flush=True,
         )
+        results.record("scaleout.query_local_p99", pct(local, 99) if local else None, "ms")
+        results.record("scaleout.query_forwarded_p99", pct(forwarded, 99) if forwarded else None, "ms")
         rate = asyncio.run(request_rate(a.url, local_programs, 10))
         print(f"[bench] one instance, local keys, 32 concurrent clients: {rate:,.0f} requests/s", flush=True)
+        results.record("scaleout.local_requests", rate, "requests/s")
         b.stop()
 
         a.stop()
         warm = a.start().wait_ready()
         a.stop()
         print(f"[bench] restart with data dir kept (warm): ready in {warm:.1f}s", flush=True)
+        results.record("scaleout.warm_restart", warm, "s")
         for label, bulk in (("bulk restore", "true"), ("Faust's recovery alone", "false")):
             shutil.rmtree(root / "a")
             cold = a.start(STATEFLEET_BULK_RESTORE=bulk).wait_ready()
@@ -281,6 +286,8 @@ def main(argv: list[str]) -> None:
                 f"= {args.accounts / cold:,.0f} accounts/s end to end",
                 flush=True,
             )
+            how = "bulk" if bulk == "true" else "faust"
+            results.record(f"scaleout.cold_restart_{how}", cold, "s", note=f"{args.accounts:,} accounts")
         restored = last_bulk_restore(root / "a.log")
         if restored:
             print(f"[bench] the bulk restore itself: {restored}", flush=True)
@@ -294,6 +301,8 @@ def main(argv: list[str]) -> None:
                 "counted",
                 flush=True,
             )
+            how = "bulk" if bulk == "true" else "faust"
+            results.record(f"scaleout.failover_standby{standby}_{how}", secs, "s", note=f"{args.accounts:,} accounts")
 
 
 def last_bulk_restore(log: Path) -> str | None:

@@ -4,7 +4,7 @@ synthetic run (with and without watermarks), and backfill rows/s.
     python -m tools.bench spark [--days 30] [--accounts-per-day 2000] [--backfill-accounts 20000]
     python -m tools.bench.spark ...   (the same, directly)
 
-Method (the Spark figures in docs/benchmarks.md come from this):
+Method (the Spark figures of docs/benchmarks.md and docs/benchmarks-log.md come from this):
 
 * Synthetic activity over ``--days`` simulated days: ``--accounts-per-day`` AccountCreated
   events per day at random times; 70% of accounts log in within 3 days, 10% after the
@@ -52,6 +52,7 @@ from spark_jobs import activation_join, backfill_tallies, cli, kafka_io
 from spark_jobs.config import SparkSettings
 from spark_jobs.session import build_session
 from spark_jobs.state_stats import state_rows
+from tools.bench import results
 from tools.bench.common import machine
 
 HOUR = 3_600_000
@@ -207,6 +208,14 @@ def bench_join(
     print_curve("state rows with watermarks (state data source reader)", curve)
     result["state_with_watermarks"] = [p.__dict__ for p in curve]
     result["small_batches_events_per_s"] = round(with_wm.input_rows / with_wm.seconds, 1)
+    results.record("spark.join_small_batches", with_wm.input_rows / with_wm.seconds, "events/s", note=f"{args.days} days")
+    if curve:
+        results.record(
+            "spark.join_state_rows",
+            max(p.total for p in curve),
+            "rows",
+            note=f"most state rows at a sampled batch with watermarks, {total:,} events over {args.days} days",
+        )
     result["small_batches_batches"] = len(with_wm.batches)
 
     if not args.skip_no_watermark:
@@ -230,6 +239,7 @@ def bench_join(
             flush=True,
         )
         result["throughput_events_per_s"] = round(rate, 1)
+        results.record("spark.join", rate, "events/s", note=f"{fast.input_rows:,} events")
         result["throughput_seconds"] = round(fast.seconds, 2)
         result["throughput_batches"] = len(fast.batches)
     return result
@@ -281,6 +291,7 @@ def bench_backfill(
         f"= {result.rows_per_second:,.0f} rows/s",
         flush=True,
     )
+    results.record("spark.backfill", result.rows_per_second, "rows/s", note=f"{result.input_records:,} records")
     return {
         "records": result.input_records,
         "programs": result.programs,

@@ -28,6 +28,7 @@ import orjson
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools import web
+from tools.bench import results
 from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate, service_worker
 
 LIFECYCLES = (
@@ -153,3 +154,5 @@ def main(argv: list[str]) -> None:
         )
         if wrong:
             print(f"[bench] MISMATCH: {wrong[:3]}", flush=True)
+        else:
+            results.record("tallies.one_worker", rate, "events/s", baseline=raw_rate)

@@ -37,6 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from shared.engine.clients import TopicSpec, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
 from tools import web
+from tools.bench import results
 from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate, service_worker
 
 COMMANDS_PER_ACCOUNT = 5
@@ -302,14 +303,14 @@ async def batch_against_singles(url: str, size: int, rounds: int) -> None:
     requests to this service's /healthz, which aiohttp sent in 0.7 s."""
     connector = aiohttp.TCPConnector(limit=200)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
-        results: dict[str, tuple[list[float], list[float]]] = {"batch": ([], []), "singles": ([], [])}
+        timings: dict[str, tuple[list[float], list[float]]] = {"batch": ([], []), "singles": ([], [])}
         for round_no in range(rounds):
             run = f"b{round_no}-{uuid.uuid4().hex[:6]}"
             for kind, measure in (("batch", _batch_round), ("singles", _singles_round)):
                 total, items = await measure(http, url, size, f"{run}-{kind}")
-                results[kind][0].append(total)
-                results[kind][1].extend(items)
-        for kind, (totals, items) in results.items():
+                timings[kind][0].append(total)
+                timings[kind][1].extend(items)
+        for kind, (totals, items) in timings.items():
             label = f"one batch of {size:,}" if kind == "batch" else f"{size:,} single commands at once"
             print(
                 f"[bench] {label}: every outcome readable after {statistics.median(totals):.2f}s (median of "
@@ -317,8 +318,14 @@ async def batch_against_singles(url: str, size: int, rounds: int) -> None:
                 f"p99 {percentile(items, 0.99):.0f} ms",
                 flush=True,
             )
-        ratio = statistics.median(results["singles"][0]) / statistics.median(results["batch"][0])
+        ratio = statistics.median(timings["singles"][0]) / statistics.median(timings["batch"][0])
         print(f"[bench] batch / singles: every outcome readable {ratio:.2f}x sooner with the batch", flush=True)
+        results.record(
+            "validator.batch_readable",
+            statistics.median(timings["batch"][0]),
+            "s",
+            baseline=statistics.median(timings["singles"][0]),
+        )
 
 
 def main(argv: list[str]) -> None:
@@ -387,6 +394,8 @@ def main(argv: list[str]) -> None:
             f"events exact (versions 1..k per account, none missing): {exact}",
             flush=True,
         )
+        if exact:
+            results.record("validator.backlog", rate, "commands/s", baseline=got / consume_secs, note=f"{n:,} commands")
 
         last_decision = max(stamps) / 1000
         reached = caught_up.wait()
@@ -397,6 +406,7 @@ def main(argv: list[str]) -> None:
             + ", ".join(f"{stream} {at - last_decision:+.2f}s" for stream, at in reached.items()),
             flush=True,
         )
+        results.record("validator.caught_up", max(reached.values()) - last_decision, "s")
         decided = n
         for r in sorted(rates):
             make = latency_commands(f"lat{r}")
@@ -414,5 +424,11 @@ def main(argv: list[str]) -> None:
                 paced_round_trip(raw_echo, raw_echo, r, args.seconds, raw_make, lambda value: value.decode())
             )
             print(f"[bench] {summary(f'bare aiokafka @ {r:,}/s', raw_lat, int(r * args.seconds), raw_achieved)}", flush=True)
+            if lat and raw_lat:
+                back = f"{len(lat):,}/{int(r * args.seconds):,} back"
+                for q, name in ((0.5, "p50"), (0.99, "p99")):
+                    results.record(
+                        f"validator.latency_{name}@{r}", percentile(lat, q), "ms", baseline=percentile(raw_lat, q), note=back
+                    )
         if args.batch_rounds:
             asyncio.run(batch_against_singles(url, args.batch_size, args.batch_rounds))

@@ -64,6 +64,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from shared.engine.clients import TopicSpec, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
 from tools import web
+from tools.bench import results
 from tools.bench.common import REPO, bootstrap, machine, produce_bulk, stop_worker
 from tools.bench.peers.workload import Workload, build
 
@@ -522,6 +523,24 @@ def table(summaries: Sequence[Summary]) -> str:
     return "\n".join(lines)
 
 
+def record(summaries: Sequence[Summary], opts: Options) -> None:
+    """Each system's median rate and peak RSS in the results file; statefleet's with the bare
+    consumer as its baseline, and statefleet against Kafka Streams."""
+    mode = "exactly_once" if opts.exactly_once else "at_least_once"
+    how = f"{opts.events:,} records, median of {opts.rounds} rounds, {mode}"
+    by_system = {s.system: s for s in summaries}
+    bare = by_system["aiokafka"].median if "aiokafka" in by_system else None
+    suffix = "_eos" if opts.exactly_once else ""
+    for s in summaries:
+        if s.system == "aiokafka":
+            continue
+        results.record(f"peers.{s.system}{suffix}", s.median, "records/s", baseline=bare, note=how)
+        results.record(f"peers.{s.system}{suffix}.peak_rss", s.peak_rss_max / 2**20, "MiB", note=how)
+    ours, theirs = by_system.get("statefleet"), by_system.get("kafka-streams")
+    if ours and theirs and ours.median and theirs.median:
+        results.record(f"peers.statefleet_vs_kafka_streams{suffix}", ours.median, "records/s", baseline=theirs.median, note=how)
+
+
 def parse_args(argv: list[str]) -> tuple[Options, str | None]:
     parser = argparse.ArgumentParser(prog="python -m tools.bench peers", description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=Options.events, help="input records in all (default %(default)s)")
@@ -573,6 +592,7 @@ def main(argv: list[str]) -> None:
         print(f"[peers] {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from exc
     summaries = summarize(runs, opts.systems)
+    record(summaries, opts)
     print(f"\n{table(summaries)}\n", flush=True)
     print(f"[peers] done in {time.perf_counter() - started:.0f}s", flush=True)
     if json_path:
