@@ -13,13 +13,13 @@ import json
 import os
 import resource
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tests.support.services import wait_for
 from tools import image_build, web
 
 IMAGE = os.environ.get("STATEFLEET_IMAGE", image_build.DEFAULT_TAG)
@@ -134,17 +134,19 @@ class Container:
         return done.stdout
 
     def wait_ready(self, timeout: float = 180) -> Container:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if not self.running():
                 raise AssertionError(f"{self.name} exited; its log:\n{self.logs()}")
             try:
-                if web.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return self
+                return web.get(self.url + "/readyz", timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"{self.name} not ready on {self.url} within {timeout}s; its log:\n{self.logs()}")
+                return False
+
+        try:
+            wait_for(ready, timeout=timeout, interval=0.5, message=f"{self.name} ready on {self.url}")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; its log:\n{self.logs()}") from None
+        return self
 
     def remove(self) -> None:
         podman("rm", "--force", "--time", "10", "--ignore", self.name, check=False)

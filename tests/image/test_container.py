@@ -23,6 +23,7 @@ import pytest
 
 from tests.image.container import IMAGE, USER, Container, inspect_image, podman
 from tests.support.accounts import create_command
+from tests.support.environment import new_topic_prefix, settings_env
 from tests.support.kafka import produce, read_all
 from tests.support.services import free_port, wait_for
 from tools import web
@@ -50,18 +51,20 @@ SERVICES = ("validator", "tallies", "retry_scheduler")
 
 @pytest.fixture(scope="module")
 def run_prefix() -> str:
-    return f"img{uuid.uuid4().hex[:10]}."
+    return new_topic_prefix("img")
 
 
 @pytest.fixture(scope="module")
 def kafka_env(kafka_bootstrap: str, run_prefix: str) -> dict[str, str]:
     """What the chart gives every container (statefleet.kafkaEnv), for this broker and prefix."""
     return {
-        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "STATEFLEET_TOPIC_PREFIX": run_prefix,
-        "STATEFLEET_TOPIC_PARTITIONS": str(PARTITIONS),
-        "STATEFLEET_TOPIC_REPLICATION_FACTOR": "1",
-        "STATEFLEET_LOG_LEVEL": "INFO",
+        **settings_env(
+            kafka_bootstrap_servers=kafka_bootstrap,
+            topic_prefix=run_prefix,
+            topic_partitions=PARTITIONS,
+            topic_replication_factor=1,
+            log_level="INFO",
+        ),
         "HOME": "/tmp",
     }
 

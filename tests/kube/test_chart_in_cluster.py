@@ -47,6 +47,7 @@ from tests.kube.cluster import (
     restarts,
 )
 from tests.support.accounts import create_command
+from tests.support.environment import new_topic_prefix
 from tests.support.kafka import produce, read_all
 from tests.support.services import wait_for
 from tools import kafka_broker, web
@@ -61,7 +62,7 @@ RESTORE_LOGGED = r"restored (\d+) records from the changelog in [\d.]+ s \((\d+)
 
 @pytest.fixture(scope="module")
 def prefix() -> str:
-    return f"k{uuid.uuid4().hex[:8]}."
+    return new_topic_prefix("k")
 
 
 #: The cluster values' Kafka Secrets (helm/statefleet/ci/cluster-values.yaml) and the broker user each holds.

@@ -8,6 +8,7 @@ announced its restart is not removed at all. Every case ends with exact tallies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import threading
@@ -188,7 +189,8 @@ class Markers:
     def processed_again_after(self, since: float, reader: ServiceProcess, limit_s: float, logs: str) -> float:
         """Seconds from ``since`` until ``reader`` answers the marker program's tally with a count,
         sending a marker every 0.1 s meanwhile; fails past ``limit_s``."""
-        while True:
+
+        def answered() -> float | None:
             elapsed = time.monotonic() - since
             assert elapsed < limit_s, f"the partitions were not processed again within {limit_s}s; logs:\n{logs}"
             if self.sent <= elapsed * 10:  # a new marker event every 0.1 s
@@ -198,10 +200,12 @@ class Markers:
             try:
                 got = web.get(f"{reader.url}/tallies/{self.program}", timeout=1)
             except httpx.HTTPError:
-                got = None
-            if got is not None and got.status_code == 200 and got.json()["numberActive"] >= 1:
+                return None
+            if got.status_code == 200 and got.json()["numberActive"] >= 1:
                 return time.monotonic() - since
-            time.sleep(0.02)
+            return None
+
+        return float(wait_for(answered, timeout=limit_s + 5, interval=0.02, message="the marker program's tally"))
 
     def expected(self) -> dict[str, dict[str, Any]]:
         return {self.program: {"program_id": self.program, "numberActive": self.sent, "numberInactive": 0, "lastLogin": None}}
@@ -378,15 +382,16 @@ def assert_all_ready(fleet: dict[str, ServiceProcess], timeout: float = 60) -> N
     def unready() -> list[ServiceProcess]:
         return [p for p in fleet.values() if not ready(p)]
 
-    deadline = time.monotonic() + timeout
-    while unready() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    with contextlib.suppress(TimeoutError):  # the stuck ones are named below, with their stacks
+        wait_for(lambda: not unready(), timeout=timeout, interval=0.5, message="every instance ready")
     stuck = unready()
     for proc in stuck:
         assert proc.proc is not None
         proc.proc.send_signal(signal.SIGUSR1)
-    if stuck:
-        time.sleep(2)  # for the stacks to be written
+    for proc in stuck:
+        # The dump ends with the consumer thread's tasks (print_thread_loop_tasks, shared/engine/_faust.py).
+        with contextlib.suppress(TimeoutError):  # the assertion below shows the log as it is
+            wait_for(lambda p=proc: "consumer thread" in p.log_tail(200_000).lower(), timeout=10, message="the stacks")
     assert not stuck, "not ready again:\n" + "\n".join(p.log_tail(20_000) for p in stuck)
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,8 +16,9 @@ import pytest
 
 from spark_jobs import archive_events
 from spark_jobs.checkpoint import read_checkpoint
+from tests.support.environment import settings_env
 from tests.support.kafka import create_topics, produce, read_all
-from tests.support.services import REPO
+from tests.support.services import REPO, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -78,9 +79,7 @@ def test_archive_has_every_offset_once_after_a_crash(
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
-        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "STATEFLEET_TOPIC_PREFIX": prefix,
-        "STATEFLEET_SPARK_LOCAL_DIR": str(tmp_path / "spark-tmp"),
+        **settings_env(kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=prefix, spark_local_dir=tmp_path / "spark-tmp"),
     }
     log_path = tmp_path / "archive.log"
     with open(log_path, "wb") as log:
@@ -105,11 +104,13 @@ def test_archive_has_every_offset_once_after_a_crash(
         )
     try:
         commits = Path(checkpoint, "commits")
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            if len([p for p in commits.glob("*") if p.name.isdigit()]) >= 2:
-                break
-            time.sleep(0.1)
+
+        def two_batches_committed_or_ended() -> bool:
+            return proc.poll() is not None or len([p for p in commits.glob("*") if p.name.isdigit()]) >= 2
+
+        # Past the deadline the run is killed all the same, and the checks after the rerun tell.
+        with contextlib.suppress(TimeoutError):
+            wait_for(two_batches_committed_or_ended, timeout=180, interval=0.1, message="two committed batches")
         assert proc.poll() is None, f"the first run ended before it could be killed:\n{log_path.read_text()[-3000:]}"
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
