@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +45,18 @@ import rocksdict
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from services.retry_scheduler.domain import percentile
-from services.retry_scheduler.entries import Entry, decode_entry, encode_entry
+from services.retry_scheduler.entries import Entry, classify, decode_entry, encode_entry
 from services.retry_scheduler.scans import scan_due
-from services.retry_scheduler.state import DONE_REDELIVERED, due_key, due_prefix, encode_done, id_key, split_due_key
+from services.retry_scheduler.state import (
+    COUNTS_KEY,
+    DONE_REDELIVERED,
+    due_key,
+    due_prefix,
+    encode_counts,
+    encode_done,
+    id_key,
+    split_due_key,
+)
 from shared import dead_letters as dl
 from shared.engine import SharedMemoryOptions, partition_for
 from shared.engine.clients import TopicSpec, delete_topics_with_prefix, ensure_topics_async, refresh_metadata
@@ -194,7 +204,8 @@ def changelog(prefix: str, table: str) -> str:
 
 
 async def prefill_changelogs(prefix: str, n: int) -> None:
-    """Stored entries, written to the tables' changelogs as the service writes them."""
+    """Stored entries, written to the tables' changelogs as the service writes them: each entry's
+    ``schedule`` and ``index`` rows, then each partition's ``!counts`` row."""
     if n <= 0:
         return
     settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
@@ -207,9 +218,11 @@ async def prefill_changelogs(prefix: str, n: int) -> None:
         template = encode_entry(sample_entry("x" * 12, 0, retry_topic=f"{prefix}retry"))
         base = int(time.time() * 1000) + FAR_FUTURE_MS
         pending = []
+        per_partition = [0] * PARTITIONS
         for i in range(n):
             dlq_id = f"stored-{i:09d}"
             p = partition_for(dlq_id, PARTITIONS)
+            per_partition[p] += 1
             key = due_key(base + i, dlq_id)
             pending.append(await producer.send(changelog(prefix, "schedule"), template, key=key, partition=p))
             pending.append(await producer.send(changelog(prefix, "index"), key, key=id_key(dlq_id), partition=p))
@@ -219,6 +232,10 @@ async def prefill_changelogs(prefix: str, n: int) -> None:
                 pending.clear()
             if (i + 1) % 250_000 == 0:
                 log(f"  pre-loaded {i + 1:,} entries")
+        counted_as = classify(template)
+        for p, stored in enumerate(per_partition):
+            row = encode_counts(Counter({counted_as: stored}), Counter())
+            pending.append(await producer.send(changelog(prefix, "index"), row, key=COUNTS_KEY, partition=p))
         await producer.flush()
         for fut in pending:
             await fut
@@ -344,7 +361,8 @@ def stats(url: str) -> dict[str, Any]:
     return out
 
 
-def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0) -> ServiceRun:
+def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0, worker_logs: Path | None = None) -> ServiceRun:
+    """One worker with ``stored`` entries; with ``worker_logs``, its log is kept there (INFO)."""
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     dead, retry = f"{prefix}dead-letters", f"{prefix}retry"
     settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
@@ -368,7 +386,7 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
             "STATEFLEET_DATA_DIR": data_dir,
             "STATEFLEET_HTTP_PORT": str(port),
             "STATEFLEET_INSTANCE_ID": "bench",
-            "STATEFLEET_LOG_LEVEL": "WARNING",
+            "STATEFLEET_LOG_LEVEL": "WARNING" if worker_logs is None else "INFO",
             "STATEFLEET_RETRY_BASE_DELAY_MS": str(BASE_DELAY_MS),
             "STATEFLEET_RETRY_JITTER": "none",
             "STATEFLEET_STANDBY_REPLICAS": "0",
@@ -377,7 +395,7 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
                 {"origin_topic": {BURST_ORIGIN: {"base_delay_ms": BURST_DELAY_MS, "max_delay_ms": BURST_DELAY_MS}}}
             ).decode(),
         }
-        log_path = Path(data_dir) / "worker.log"
+        log_path = (Path(data_dir) if worker_logs is None else worker_logs) / f"worker-{stored}.log"
         with open(log_path, "wb") as worker_log:
 
             def start_worker() -> subprocess.Popen[bytes]:
@@ -519,6 +537,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--port", type=int, default=18003)
     parser.add_argument("--skip-storage", action="store_true")
     parser.add_argument("--skip-service", action="store_true")
+    parser.add_argument("--worker-logs", type=Path, default=None, help="keep the workers' logs (INFO) in this directory")
     args, _ = parser.parse_known_args(argv)
     log(f"machine: {machine()}")
     sizes = [args.due, args.stored]
@@ -531,7 +550,9 @@ def main(argv: list[str]) -> None:
             f"(median of {ROUNDS} ticks, seeking from the low-water key)"
         )
     if not args.skip_service:
-        runs = [service_bench(n, args.due, args.burst, args.port, args.backlog) for n in sizes]
+        if args.worker_logs is not None:
+            args.worker_logs.mkdir(parents=True, exist_ok=True)
+        runs = [service_bench(n, args.due, args.burst, args.port, args.backlog, args.worker_logs) for n in sizes]
         log(
             f"service: tick handler time with {args.stored:,} stored / with {args.due:,} stored = "
             f"{runs[1].tick_ms / max(runs[0].tick_ms, 0.001):.2f}"
