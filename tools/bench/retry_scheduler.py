@@ -62,7 +62,7 @@ from shared.engine import SharedMemoryOptions, partition_for
 from shared.engine.clients import TopicSpec, delete_topics_with_prefix, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
 from tools import web
-from tools.bench.common import bootstrap, machine, raw_consume_rate, stop_worker
+from tools.bench.common import bootstrap, machine, raw_consume_rate, restore_figures, stop_worker, topic_size
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
@@ -212,31 +212,44 @@ async def prefill_changelogs(prefix: str, n: int) -> None:
     await ensure_topics_async(
         settings, [TopicSpec(changelog(prefix, t), PARTITIONS, compacted=True) for t in ("schedule", "index", "expiry", "parked")]
     )
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(), linger_ms=20, max_batch_size=512 * 1024, acks=1)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(), max_batch_size=512 * 1024, acks=1)
     await producer.start()
+    # Whole record batches per partition (create_batch, send_batch): a send per record costs
+    # several times the CPU, which decides how long ten million take on a shared machine.
+    open_batches: dict[tuple[str, int], Any] = {}
+    pending: list[Any] = []
+
+    async def put(topic: str, p: int, key: bytes, value: bytes) -> None:
+        batch = open_batches.get((topic, p))
+        if batch is None or batch.append(key=key, value=value, timestamp=None) is None:
+            if batch is not None:
+                pending.append(await producer.send_batch(batch, topic, partition=p))
+            batch = open_batches[(topic, p)] = producer.create_batch()
+            batch.append(key=key, value=value, timestamp=None)
+        if len(pending) >= 64:
+            for fut in pending:
+                await fut
+            pending.clear()
+
     try:
         template = encode_entry(sample_entry("x" * 12, 0, retry_topic=f"{prefix}retry"))
         base = int(time.time() * 1000) + FAR_FUTURE_MS
-        pending = []
         per_partition = [0] * PARTITIONS
+        schedule, index = changelog(prefix, "schedule"), changelog(prefix, "index")
         for i in range(n):
             dlq_id = f"stored-{i:09d}"
             p = partition_for(dlq_id, PARTITIONS)
             per_partition[p] += 1
             key = due_key(base + i, dlq_id)
-            pending.append(await producer.send(changelog(prefix, "schedule"), template, key=key, partition=p))
-            pending.append(await producer.send(changelog(prefix, "index"), key, key=id_key(dlq_id), partition=p))
-            if len(pending) >= 40_000:
-                for fut in pending:
-                    await fut
-                pending.clear()
+            await put(schedule, p, key, template)
+            await put(index, p, id_key(dlq_id), key)
             if (i + 1) % 250_000 == 0:
                 log(f"  pre-loaded {i + 1:,} entries")
         counted_as = classify(template)
         for p, stored in enumerate(per_partition):
-            row = encode_counts(Counter({counted_as: stored}), Counter())
-            pending.append(await producer.send(changelog(prefix, "index"), row, key=COUNTS_KEY, partition=p))
-        await producer.flush()
+            await put(index, p, COUNTS_KEY, encode_counts(Counter({counted_as: stored}), Counter()))
+        for (topic, p), batch in open_batches.items():
+            pending.append(await producer.send_batch(batch, topic, partition=p))
         for fut in pending:
             await fut
     finally:
@@ -290,18 +303,6 @@ async def read_timestamps(topic: str, label: str) -> list[int]:
         await consumer.stop()
 
 
-async def topic_size(topic: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap())
-    await consumer.start()
-    try:
-        await refresh_metadata(consumer)
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        ends = await consumer.end_offsets(tps) if tps else {}
-        return sum(ends.values())
-    finally:
-        await consumer.stop()
-
-
 @dataclass
 class ServiceRun:
     stored: int
@@ -343,17 +344,6 @@ def wait_until(predicate: Any, timeout: float, what: str) -> Any:
             log(f"  still waiting for {what}")
         time.sleep(0.2)
     raise TimeoutError(f"timed out waiting for {what}")
-
-
-def restore_figures(url: str) -> tuple[float, float]:
-    """The worker's restore from its metrics: (changelog records restored, seconds restoring)."""
-    records = seconds = 0.0
-    for line in web.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("statefleet_restored_records_total{") and 'source="changelog"' in line:
-            records += float(line.split()[-1])
-        elif line.startswith("statefleet_restore_seconds_sum{"):
-            seconds += float(line.split()[-1])
-    return records, seconds
 
 
 def stats(url: str) -> dict[str, Any]:
