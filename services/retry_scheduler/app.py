@@ -16,10 +16,10 @@ what is due), :mod:`~services.retry_scheduler.handlers.parking` (replaying and c
 parked messages), :mod:`~services.retry_scheduler.handlers.commands` (the HTTP API's
 commands, sent through the inbox and answered once committed) and
 :mod:`~services.retry_scheduler.handlers.stats` (what the API reads, and the counts
-rebuilt after a recovery). For the origin topics in ``STATEFLEET_RETRY_ORDERED_TOPICS``,
-:mod:`~services.retry_scheduler.handlers.ordered` keeps per-key order (letters placed by
-lane, held records, release on the consumers' acknowledgements, which
-:mod:`~services.retry_scheduler.handlers.acks` forwards to the inbox).
+loaded from each partition's ``!counts`` row after a recovery). For the origin topics in
+``STATEFLEET_RETRY_ORDERED_TOPICS``, :mod:`~services.retry_scheduler.handlers.ordered`
+keeps per-key order (letters placed by lane, held records, release on the consumers'
+acknowledgements, which :mod:`~services.retry_scheduler.handlers.acks` forwards to the inbox).
 """
 
 from __future__ import annotations

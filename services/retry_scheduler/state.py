@@ -24,6 +24,12 @@ its ``dlq.id`` hashes to, so everything about one id lives in one place):
               One row per tick rather than per id; ticks read it like the schedule.
 ``parked``    ``#`` + ``dlq.id`` → entry, for messages that used up their attempts.
 
+The ``index`` also keeps one ``!counts`` row per partition: the partition's scheduled and
+parked entries by (origin topic, error class) (:class:`Counts`), rewritten by every batch that
+changes them, in the same write batch as the rows it counts and the input's offset. It goes
+to the changelog with them, so a warm start, a restore, a standby and a rebalance all find
+the counts that match the rows, without reading the rows.
+
 A tick reads a partition from its *low-water key*: no live entry of the partition sorts
 below it. Deleted entries leave tombstones in RocksDB until compaction drops them;
 seeking past them rather than from the first key keeps a tick's cost proportional to
@@ -37,6 +43,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from services.retry_scheduler.domain import MAX_DUE_MS
 from services.retry_scheduler.entries import classify
@@ -154,29 +162,69 @@ def history_key(dlq_id: str) -> bytes:
     return HISTORY_PREFIX + dlq_id.encode()
 
 
-# -- in-memory counts ----------------------------------------------------------------------------
+# -- counts ----------------------------------------------------------------------------------------
+
+#: The ``index`` row of a partition's counts, apart from the id (``#``), history (``%``) and
+#: ordered-retry (``@``, ``^``) rows.
+COUNTS_KEY = b"!counts"
+
+CountsByKey = Counter[tuple[str, str]]
+
+
+@dataclass
+class CountChange:
+    """What one batch changes in its partition's counts."""
+
+    scheduled: CountsByKey = field(default_factory=Counter)
+    parked: CountsByKey = field(default_factory=Counter)
+
+    def add(self, which: str, k: tuple[str, str], n: int = 1) -> None:
+        (self.scheduled if which == "scheduled" else self.parked)[k] += n
+
+
+def encode_counts(scheduled: CountsByKey, parked: CountsByKey) -> bytes:
+    """The ``!counts`` row: ``{"s": [[origin topic, error class, n], …], "p": […]}``."""
+    return orjson.dumps(
+        {"s": [[t, c, n] for (t, c), n in scheduled.items() if n], "p": [[t, c, n] for (t, c), n in parked.items() if n]}
+    )
+
+
+def decode_counts(raw: bytes) -> tuple[CountsByKey, CountsByKey]:
+    """(scheduled, parked) of a ``!counts`` row; raises ``ValueError`` on other bytes."""
+    try:
+        o = orjson.loads(raw)
+        scheduled = Counter({(str(t), str(c)): int(n) for t, c, n in o["s"]})
+        parked = Counter({(str(t), str(c)): int(n) for t, c, n in o["p"]})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a counts row: {exc}") from exc
+    return scheduled, parked
 
 
 @dataclass
 class Counts:
-    """Scheduled entries by (origin topic, error class) and parked entries, per owned partition.
+    """Scheduled entries by (origin topic, error class) and parked entries, per owned partition,
+    as committed: each partition's ``!counts`` row (:data:`COUNTS_KEY`), loaded after every
+    recovery, then changed by each batch once it is committed (:meth:`apply`).
 
-    Derived from the tables: rebuilt after every recovery, then kept up to date as the
-    handler schedules, redelivers, cancels and parks.
+    A partition without the row (its rows were written before the row existed) is counted from
+    its rows instead (:meth:`rebuild`); its next batch that changes the counts writes the row.
     """
 
-    scheduled: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)
-    parked: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)
+    scheduled: dict[int, CountsByKey] = field(default_factory=dict)
+    parked: dict[int, CountsByKey] = field(default_factory=dict)
+
+    def load(self, partition: int, raw: bytes) -> None:
+        """A partition's counts from its ``!counts`` row."""
+        self.scheduled[partition], self.parked[partition] = decode_counts(raw)
 
     def rebuild(
         self, schedule: dict[int, Iterable[tuple[bytes, bytes]]], parked: dict[int, Iterable[tuple[bytes, bytes]]]
     ) -> int:
+        """These partitions' counts from their rows (each entry decoded); the rows read."""
         rows = 0
-        fresh_s: dict[int, Counter[tuple[str, str]]] = {}
-        fresh_p: dict[int, Counter[tuple[str, str]]] = {}
-        for target, source in ((fresh_s, schedule), (fresh_p, parked)):
+        for target, source in ((self.scheduled, schedule), (self.parked, parked)):
             for partition, items in source.items():
-                counter: Counter[tuple[str, str]] = Counter()
+                counter: CountsByKey = Counter()
                 for _key, raw in items:
                     try:
                         counter[classify(raw)] += 1
@@ -184,16 +232,29 @@ class Counts:
                         counter[("?", "?")] += 1
                     rows += 1
                 target[partition] = counter
-        self.scheduled, self.parked = fresh_s, fresh_p
         return rows
 
-    def add(self, which: str, partition: int, k: tuple[str, str], n: int = 1) -> None:
-        """Count ``n`` more (or fewer) entries under ``k`` (:attr:`Entry.counted_as`)."""
-        table = self.scheduled if which == "scheduled" else self.parked
-        counter = table.setdefault(partition, Counter())
-        counter[k] += n
-        if counter[k] <= 0:
-            del counter[k]
+    def forget(self, keep: Iterable[int]) -> None:
+        """Drop the counts of partitions not in ``keep`` (no longer owned)."""
+        owned = set(keep)
+        for table in (self.scheduled, self.parked):
+            for p in [p for p in table if p not in owned]:
+                del table[p]
+
+    def row_with(self, partition: int, change: CountChange) -> bytes:
+        """The partition's ``!counts`` row once ``change`` is committed."""
+        return encode_counts(
+            self.scheduled.get(partition, Counter()) + change.scheduled, self.parked.get(partition, Counter()) + change.parked
+        )
+
+    def apply(self, partition: int, change: CountChange) -> None:
+        """A committed batch's ``change``."""
+        for table, delta in ((self.scheduled, change.scheduled), (self.parked, change.parked)):
+            counter = table.setdefault(partition, Counter())
+            for k, n in delta.items():
+                counter[k] += n
+                if counter[k] <= 0:
+                    del counter[k]
 
     def totals(self, partitions: Iterable[int]) -> dict[str, Any]:
         owned = set(partitions)

@@ -2,10 +2,12 @@
 
 A handler reads :attr:`InputBatch.records` and stages what the batch produces: records
 to send (:meth:`InputBatch.send`, :meth:`InputBatch.dead_letter`), table rows to write
-(:meth:`InputBatch.write`) and what to do once all of it is durable
-(:meth:`InputBatch.after_commit`). It does no I/O of its own. :func:`commit` then does,
-in this order and nowhere else:
+(:meth:`InputBatch.write`), rows derived from the batch's other changes and written once
+as its commit begins (:meth:`InputBatch.before_commit`), and what to do once all of it is
+durable (:meth:`InputBatch.after_commit`). It does no I/O of its own. :func:`commit` then
+does, in this order and nowhere else:
 
+0. the before-commit callbacks run (the batch still takes rows);
 1. every staged record is sent and its acknowledgement awaited;
 2. the table rows, coalesced per key, and the input's next offset go to the changelogs,
    and their acknowledgements are awaited;
@@ -101,6 +103,8 @@ class InputBatch:
     sends: list[Outgoing] = field(default_factory=list)
     rows: dict[DurableTable, dict[tuple[int, bytes], bytes | None]] = field(default_factory=dict)
     callbacks: list[Callable[[], None]] = field(default_factory=list)
+    #: Run as the commit begins, before :attr:`callbacks` (:meth:`before_commit`).
+    last_rows: list[Callable[[], None]] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     #: Input records this batch stands for, when not one per record (packed inputs).
     counted: int | None = None
@@ -175,6 +179,12 @@ class InputBatch:
         staged = {key: value for (row_partition, key), value in self.rows.get(table, {}).items() if row_partition == p}
         return StagedView(table, p, staged)
 
+    def before_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` as the commit begins, while the batch still takes rows and callbacks:
+        for a row that sums up the batch's other changes, written once rather than at each."""
+        self._staging("before-commit callback")
+        self.last_rows.append(callback)
+
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` right after the batch's rows are in the local tables."""
         self._staging("after-commit callback")
@@ -221,6 +231,12 @@ async def commit(
     more. Otherwise such a batch would append rows computed from a stale copy after the new
     owner's, and write their changelog offset, which is past the new owner's records, into the
     local database, whose next recovery would then skip those records."""
+    try:
+        for stage_last_rows in batch.last_rows:
+            stage_last_rows()
+    except BaseException:
+        batch.advance(BatchStatus.FAILED)
+        raise
     batch.advance(BatchStatus.COMMITTING)
     try:
         if transactions is not None:

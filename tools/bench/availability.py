@@ -35,8 +35,8 @@ import httpx
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools.bench import results
-from tools.bench.common import bootstrap, machine, produce_bulk
-from tools.bench.scaleout import REPO, Instance, accounts, pct, wait_loaded
+from tools.bench.common import Instance, bootstrap, machine, produce_bulk
+from tools.bench.scaleout import REPO, accounts, pct, wait_loaded
 
 PORT_BASE = 18301
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -143,3 +145,91 @@ def service_worker(module: str, prefix: str, port: int, extra_env: dict[str, str
             yield url
         finally:
             stop_worker(proc, name=f"{module} worker")
+
+
+async def topic_size(topic: str) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap())
+    await consumer.start()
+    try:
+        await refresh_metadata(consumer)
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        ends = await consumer.end_offsets(tps) if tps else {}
+        return sum(ends.values())
+    finally:
+        await consumer.stop()
+
+
+def restore_figures(url: str) -> tuple[float, float]:
+    """The worker's restore from its metrics: (changelog records restored, seconds restoring)."""
+    records = seconds = 0.0
+    for line in web.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("statefleet_restored_records_total{") and 'source="changelog"' in line:
+            records += float(line.split()[-1])
+        elif line.startswith("statefleet_restore_seconds_sum{"):
+            seconds += float(line.split()[-1])
+    return records, seconds
+
+
+BULK_RESTORE_LINE = re.compile(r"bulk restore: (\d+ records into \d+ partitions in .*)$")
+
+
+def last_bulk_restore(log: Path) -> str | None:
+    """The last 'N records into P partitions in Ss (R records/s)' a worker logged."""
+    found = None
+    for line in log.read_text(errors="replace").splitlines():
+        match = BULK_RESTORE_LINE.search(line)
+        if match:
+            found = match.group(1)
+    return found
+
+
+@dataclass
+class Instance:
+    """A service worker on a data dir of its own, started and stopped again; its log is
+    ``<name>.log`` beside the data dir."""
+
+    name: str
+    port: int
+    data_dir: Path
+    env: dict[str, str]
+    #: The service it runs (``services.<module>``).
+    module: str = "tallies"
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, **extra_env: str) -> Instance:
+        env = {
+            **self.env,
+            "STATEFLEET_INSTANCE_ID": self.name,
+            "STATEFLEET_HTTP_PORT": str(self.port),
+            "STATEFLEET_DATA_DIR": str(self.data_dir),
+            **extra_env,
+        }
+        with open(self.data_dir.parent / f"{self.name}.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", f"services.{self.module}"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+            )
+        return self
+
+    def wait_ready(self, timeout: float = 600) -> float:
+        started = time.perf_counter()
+        while time.perf_counter() - started < timeout:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited")
+            try:
+                if web.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return time.perf_counter() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} not ready")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is not None and kill:
+            self.proc.kill()
+            self.proc.wait()
+        elif self.proc is not None:
+            stop_worker(self.proc)

@@ -40,8 +40,8 @@ from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools import web
 from tools.bench import results
-from tools.bench.common import bootstrap, machine, produce_bulk
-from tools.bench.scaleout import REPO, Instance, accounts, wait_loaded, wait_served
+from tools.bench.common import Instance, bootstrap, machine, produce_bulk
+from tools.bench.scaleout import REPO, accounts, wait_loaded, wait_served
 
 PARTITIONS = 8
 MARKER_EVERY_S = 0.02

@@ -41,9 +41,9 @@ from shared.engine import partition_for
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
 from tools.bench import results
-from tools.bench.common import bootstrap, machine, produce_bulk
+from tools.bench.common import Instance, bootstrap, machine, produce_bulk
 from tools.bench.failover import PARTITIONS, free_port, view, wait_settled
-from tools.bench.scaleout import REPO, Instance, accounts, wait_loaded
+from tools.bench.scaleout import REPO, accounts, wait_loaded
 
 MARKER_EVERY_S = 0.05
 SEP = b"\x00"

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,16 +45,25 @@ import rocksdict
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from services.retry_scheduler.domain import percentile
-from services.retry_scheduler.entries import Entry, decode_entry, encode_entry
+from services.retry_scheduler.entries import Entry, classify, decode_entry, encode_entry
 from services.retry_scheduler.scans import scan_due
-from services.retry_scheduler.state import DONE_REDELIVERED, due_key, due_prefix, encode_done, id_key, split_due_key
+from services.retry_scheduler.state import (
+    COUNTS_KEY,
+    DONE_REDELIVERED,
+    due_key,
+    due_prefix,
+    encode_counts,
+    encode_done,
+    id_key,
+    split_due_key,
+)
 from shared import dead_letters as dl
 from shared.engine import SharedMemoryOptions, partition_for
 from shared.engine.clients import TopicSpec, delete_topics_with_prefix, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
 from tools import web
 from tools.bench import results
-from tools.bench.common import bootstrap, machine, peak_rss_mib, raw_consume_rate, stop_worker
+from tools.bench.common import bootstrap, machine, peak_rss_mib, raw_consume_rate, restore_figures, stop_worker, topic_size
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 8
@@ -195,32 +205,52 @@ def changelog(prefix: str, table: str) -> str:
 
 
 async def prefill_changelogs(prefix: str, n: int) -> None:
-    """Stored entries, written to the tables' changelogs as the service writes them."""
+    """Stored entries, written to the tables' changelogs as the service writes them: each entry's
+    ``schedule`` and ``index`` rows, then each partition's ``!counts`` row."""
     if n <= 0:
         return
     settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
     await ensure_topics_async(
         settings, [TopicSpec(changelog(prefix, t), PARTITIONS, compacted=True) for t in ("schedule", "index", "expiry", "parked")]
     )
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(), linger_ms=20, max_batch_size=512 * 1024, acks=1)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(), max_batch_size=512 * 1024, acks=1)
     await producer.start()
+    # Whole record batches per partition (create_batch, send_batch): a send per record costs
+    # several times the CPU, which decides how long ten million take on a shared machine.
+    open_batches: dict[tuple[str, int], Any] = {}
+    pending: list[Any] = []
+
+    async def put(topic: str, p: int, key: bytes, value: bytes) -> None:
+        batch = open_batches.get((topic, p))
+        if batch is None or batch.append(key=key, value=value, timestamp=None) is None:
+            if batch is not None:
+                pending.append(await producer.send_batch(batch, topic, partition=p))
+            batch = open_batches[(topic, p)] = producer.create_batch()
+            batch.append(key=key, value=value, timestamp=None)
+        if len(pending) >= 64:
+            for fut in pending:
+                await fut
+            pending.clear()
+
     try:
         template = encode_entry(sample_entry("x" * 12, 0, retry_topic=f"{prefix}retry"))
         base = int(time.time() * 1000) + FAR_FUTURE_MS
-        pending = []
+        per_partition = [0] * PARTITIONS
+        schedule, index = changelog(prefix, "schedule"), changelog(prefix, "index")
         for i in range(n):
             dlq_id = f"stored-{i:09d}"
             p = partition_for(dlq_id, PARTITIONS)
+            per_partition[p] += 1
             key = due_key(base + i, dlq_id)
-            pending.append(await producer.send(changelog(prefix, "schedule"), template, key=key, partition=p))
-            pending.append(await producer.send(changelog(prefix, "index"), key, key=id_key(dlq_id), partition=p))
-            if len(pending) >= 40_000:
-                for fut in pending:
-                    await fut
-                pending.clear()
+            await put(schedule, p, key, template)
+            await put(index, p, id_key(dlq_id), key)
             if (i + 1) % 250_000 == 0:
                 log(f"  pre-loaded {i + 1:,} entries")
-        await producer.flush()
+        counted_as = classify(template)
+        for p, stored in enumerate(per_partition):
+            await put(index, p, COUNTS_KEY, encode_counts(Counter({counted_as: stored}), Counter()))
+        for (topic, p), batch in open_batches.items():
+            pending.append(await producer.send_batch(batch, topic, partition=p))
         for fut in pending:
             await fut
     finally:
@@ -274,18 +304,6 @@ async def read_timestamps(topic: str, label: str) -> list[int]:
         await consumer.stop()
 
 
-async def topic_size(topic: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap())
-    await consumer.start()
-    try:
-        await refresh_metadata(consumer)
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        ends = await consumer.end_offsets(tps) if tps else {}
-        return sum(ends.values())
-    finally:
-        await consumer.stop()
-
-
 @dataclass
 class ServiceRun:
     stored: int
@@ -329,23 +347,13 @@ def wait_until(predicate: Any, timeout: float, what: str) -> Any:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def restore_figures(url: str) -> tuple[float, float]:
-    """The worker's restore from its metrics: (changelog records restored, seconds restoring)."""
-    records = seconds = 0.0
-    for line in web.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("statefleet_restored_records_total{") and 'source="changelog"' in line:
-            records += float(line.split()[-1])
-        elif line.startswith("statefleet_restore_seconds_sum{"):
-            seconds += float(line.split()[-1])
-    return records, seconds
-
-
 def stats(url: str) -> dict[str, Any]:
     out: dict[str, Any] = web.get(url + "/retries/stats", timeout=30).json()
     return out
 
 
-def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0) -> ServiceRun:
+def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0, worker_logs: Path | None = None) -> ServiceRun:
+    """One worker with ``stored`` entries; with ``worker_logs``, its log is kept there (INFO)."""
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     dead, retry = f"{prefix}dead-letters", f"{prefix}retry"
     settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
@@ -369,7 +377,7 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
             "STATEFLEET_DATA_DIR": data_dir,
             "STATEFLEET_HTTP_PORT": str(port),
             "STATEFLEET_INSTANCE_ID": "bench",
-            "STATEFLEET_LOG_LEVEL": "WARNING",
+            "STATEFLEET_LOG_LEVEL": "WARNING" if worker_logs is None else "INFO",
             "STATEFLEET_RETRY_BASE_DELAY_MS": str(BASE_DELAY_MS),
             "STATEFLEET_RETRY_JITTER": "none",
             "STATEFLEET_STANDBY_REPLICAS": "0",
@@ -378,7 +386,7 @@ def service_bench(stored: int, due: int, burst: int, port: int, backlog: int = 0
                 {"origin_topic": {BURST_ORIGIN: {"base_delay_ms": BURST_DELAY_MS, "max_delay_ms": BURST_DELAY_MS}}}
             ).decode(),
         }
-        log_path = Path(data_dir) / "worker.log"
+        log_path = (Path(data_dir) if worker_logs is None else worker_logs) / f"worker-{stored}.log"
         with open(log_path, "wb") as worker_log:
 
             def start_worker() -> subprocess.Popen[bytes]:
@@ -540,6 +548,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--port", type=int, default=18003)
     parser.add_argument("--skip-storage", action="store_true")
     parser.add_argument("--skip-service", action="store_true")
+    parser.add_argument("--worker-logs", type=Path, default=None, help="keep the workers' logs (INFO) in this directory")
     args, _ = parser.parse_known_args(argv)
     log(f"machine: {machine()}")
     sizes = [args.due, args.stored]
@@ -559,7 +568,9 @@ def main(argv: list[str]) -> None:
             note=STORED_BASELINE.format(args.due),
         )
     if not args.skip_service:
-        runs = [service_bench(n, args.due, args.burst, args.port, args.backlog) for n in sizes]
+        if args.worker_logs is not None:
+            args.worker_logs.mkdir(parents=True, exist_ok=True)
+        runs = [service_bench(n, args.due, args.burst, args.port, args.backlog, args.worker_logs) for n in sizes]
         log(
             f"service: tick handler time with {args.stored:,} stored / with {args.due:,} stored = "
             f"{runs[1].tick_ms / max(runs[0].tick_ms, 0.001):.2f}"

@@ -24,16 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -41,62 +37,13 @@ import orjson
 
 from shared.engine.clients import TopicSpec, ensure_topics_async
 from shared.settings import Settings
-from tools import web
 from tools.bench import results
-from tools.bench.common import bootstrap, machine, produce_bulk, stop_worker
+from tools.bench.common import Instance, bootstrap, last_bulk_restore, machine, produce_bulk
 
 REPO = Path(__file__).resolve().parents[2]
 SERVED_BY = "x-statefleet-served-by"
 #: Short, so the failover figure is mostly takeover; it is the floor of any failover time.
 SESSION_TIMEOUT_S = 6.0
-BULK_RESTORE_LINE = re.compile(r"bulk restore: (\d+ records into \d+ partitions in .*)$")
-
-
-@dataclass
-class Instance:
-    name: str
-    port: int
-    data_dir: Path
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, **extra_env: str) -> Instance:
-        env = {
-            **self.env,
-            "STATEFLEET_INSTANCE_ID": self.name,
-            "STATEFLEET_HTTP_PORT": str(self.port),
-            "STATEFLEET_DATA_DIR": str(self.data_dir),
-            **extra_env,
-        }
-        with open(self.data_dir.parent / f"{self.name}.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.tallies"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
-            )
-        return self
-
-    def wait_ready(self, timeout: float = 600) -> float:
-        started = time.perf_counter()
-        while time.perf_counter() - started < timeout:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited")
-            try:
-                if web.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return time.perf_counter() - started
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.name} not ready")
-
-    def stop(self, kill: bool = False) -> None:
-        if self.proc is not None and kill:
-            self.proc.kill()
-            self.proc.wait()
-        elif self.proc is not None:
-            stop_worker(self.proc)
 
 
 def accounts(n: int, programs: int) -> Iterator[tuple[bytes, bytes]]:
@@ -303,13 +250,3 @@ def main(argv: list[str]) -> None:
             )
             how = "bulk" if bulk == "true" else "faust"
             results.record(f"scaleout.failover_standby{standby}_{how}", secs, "s", note=f"{args.accounts:,} accounts")
-
-
-def last_bulk_restore(log: Path) -> str | None:
-    """The last 'N records into P partitions in Ss (R records/s)' a worker logged."""
-    found = None
-    for line in log.read_text(errors="replace").splitlines():
-        match = BULK_RESTORE_LINE.search(line)
-        if match:
-            found = match.group(1)
-    return found

@@ -11,6 +11,15 @@ timestamp. Every event is checked: versions 1..5 per account, no rejection. The
 baseline produces the same number of records with a bare AIOKafkaProducer and reads
 them back with a bare AIOKafkaConsumer.
 
+Cold restart (``--stored N``, instead of the above): N accounts created, one command each,
+decided by one worker (its ``accounts``, ``program-accounts`` and ``outcomes`` tables then
+hold N keys each); the worker is stopped and started again on its data dir (warm), then on
+an empty one (cold): the time to /readyz 200, the restore's records/s from the worker's
+metrics (``statefleet_restored_records_total`` over ``statefleet_restore_seconds``) and the
+bulk restore's own from its log, next to a bare aiokafka consumer reading the same
+changelogs just before. 2,000 accounts, spread evenly, are then read back from the
+cold-started worker.
+
 Latency: with the worker idle, commands are produced at a fixed rate (paced every
 10 ms) for a few seconds; a bare consumer tails ``account-events``, and each event's
 latency is its arrival time minus its command's send time (one process, one clock).
@@ -23,32 +32,49 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import shutil
 import statistics
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from shared.engine import app_id
 from shared.engine.clients import TopicSpec, ensure_topics_async, refresh_metadata
 from shared.settings import Settings
 from tools import web
 from tools.bench import results
-from tools.bench.common import bootstrap, machine, produce_bulk, raw_consume_rate, service_worker
+from tools.bench.common import (
+    REPO,
+    Instance,
+    bootstrap,
+    last_bulk_restore,
+    machine,
+    produce_bulk,
+    raw_consume_rate,
+    restore_figures,
+    service_worker,
+    topic_size,
+)
 
 COMMANDS_PER_ACCOUNT = 5
 ISSUED = 1_700_000_000_000
 
 
-def backlog(n: int) -> Iterator[tuple[bytes, bytes]]:
-    """``n`` commands, round-robin over accounts so consecutive ones touch different accounts."""
-    accounts = max(1, n // COMMANDS_PER_ACCOUNT)
+def backlog(n: int, per_account: int = COMMANDS_PER_ACCOUNT) -> Iterator[tuple[bytes, bytes]]:
+    """``n`` commands, round-robin over accounts so consecutive ones touch different accounts:
+    ``per_account`` each (a create, then updates)."""
+    accounts = max(1, n // per_account)
     made = 0
-    for step in range(COMMANDS_PER_ACCOUNT):
+    for step in range(per_account):
         for a in range(accounts):
             if made == n:
                 return
@@ -328,6 +354,83 @@ async def batch_against_singles(url: str, size: int, rounds: int) -> None:
         )
 
 
+def cold_restart(stored: int, port: int, extra_env: dict[str, str]) -> None:
+    """The ``--stored`` run (see the module docs)."""
+    prefix = f"bench{uuid.uuid4().hex[:8]}."
+    settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
+    commands_topic = f"{prefix}account-commands"
+    print(f"[bench] machine: {machine()}; prefix {prefix}; {stored:,} accounts", flush=True)
+    asyncio.run(ensure_topics_async(settings, [TopicSpec(commands_topic, 8), TopicSpec(f"{prefix}account-events", 8)]))
+    asyncio.run(produce_bulk(commands_topic, backlog(stored, per_account=1)))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "STATEFLEET_TOPIC_PREFIX": prefix,
+        "STATEFLEET_KAFKA_BOOTSTRAP_SERVERS": bootstrap(),
+        "STATEFLEET_LOG_LEVEL": "INFO",
+        "STATEFLEET_BULK_RESTORE": "true",
+        **extra_env,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = Instance("validator", port, Path(tmp) / "data", env, module="validator")
+        started = time.perf_counter()
+        worker.start().wait_ready()
+        wait_decided(worker.url, stored, report=True)
+        wait_idle(worker.url, stored)
+        print(f"[bench] {stored:,} accounts created and their outcomes kept in {time.perf_counter() - started:.1f}s", flush=True)
+        worker.stop()
+        changelogs = [f"{app_id('validator', settings)}-{t}-changelog" for t in ("accounts", "program-accounts", "outcomes")]
+        records = sum(asyncio.run(topic_size(t)) for t in changelogs)
+        got, secs = asyncio.run(raw_consume_rate(changelogs, records))
+        print(
+            f"[bench] bare aiokafka consumer, the same changelogs: {got:,} records in {secs:.1f}s = {got / secs:,.0f}/s",
+            flush=True,
+        )
+        warm = worker.start().wait_ready()
+        worker.stop()
+        print(f"[bench] restart with data dir kept (warm): ready in {warm:.1f}s", flush=True)
+        shutil.rmtree(worker.data_dir)
+        cold = worker.start().wait_ready()
+        restored, restore_s = restore_figures(worker.url)
+        found, asked = asyncio.run(read_accounts(worker.url, stored))
+        worker.stop()
+        rate = restored / restore_s if restore_s > 0 else float("nan")
+        print(
+            f"[bench] restart with data dir deleted (cold): ready in {cold:.1f}s; restored {restored:,.0f} changelog records "
+            f"in {restore_s:.1f}s = {rate:,.0f}/s ({rate / (got / secs):.2f}x the bare consumer); "
+            f"{found:,} of {asked:,} accounts asked for found",
+            flush=True,
+        )
+        print(f"[bench] the bulk restore itself: {last_bulk_restore(Path(tmp) / 'validator.log')}", flush=True)
+        note = f"{stored:,} accounts"
+        results.record(f"validator.warm_restart@{stored}", warm, "s", note=note)
+        results.record(f"validator.cold_restart@{stored}", cold, "s", note=f"{note}, restore included")
+        if restore_s > 0:
+            results.record(f"validator.restore@{stored}", rate, "records/s", baseline=got / secs, note=note)
+
+
+#: Accounts read back after the cold restart, spread evenly over all of them.
+READ_BACK = 2000
+
+
+async def read_accounts(url: str, n: int) -> tuple[int, int]:
+    """(found, asked): how many of :data:`READ_BACK` accounts of the ``n``, spread evenly,
+    ``GET /aggregates/{id}`` finds (16 requests at a time)."""
+    found = 0
+    asked = sorted({k * n // READ_BACK for k in range(READ_BACK)})
+    ids = iter(asked)
+    async with aiohttp.ClientSession() as http:
+
+        async def reader() -> None:
+            nonlocal found
+            for i in ids:
+                async with http.get(f"{url}/aggregates/acct-{i}") as resp:
+                    found += resp.status == 200
+
+        await asyncio.gather(*(reader() for _ in range(16)))
+    return found, len(asked)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="bench validator")
     parser.add_argument("--commands", type=int, default=100_000)
@@ -345,8 +448,13 @@ def main(argv: list[str]) -> None:
         "--batch-rounds", type=int, default=5, help="rounds of one 1,000-command batch against 1,000 single commands (0: none)"
     )
     parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--stored", type=int, default=0, help="measure a cold restart with this many accounts instead (0: not)")
     args, _ = parser.parse_known_args(argv)
     rates = [int(r) for r in args.rates.split(",") if r.strip()]
+    extra_env = {name: value for name, _, value in (item.partition("=") for item in args.worker_env)}
+    if args.stored:
+        cold_restart(args.stored, args.port, extra_env)
+        return
 
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings(kafka_bootstrap_servers=bootstrap(), topic_prefix=prefix)
@@ -374,7 +482,6 @@ def main(argv: list[str]) -> None:
     asyncio.run(produce_bulk(commands_topic, backlog(n)))
     print(f"[bench] pre-loaded {n:,} commands", flush=True)
 
-    extra_env = {name: value for name, _, value in (item.partition("=") for item in args.worker_env)}
     with service_worker("validator", prefix, args.port, extra_env) as url:
         caught_up = CaughtUp(url, n)
         caught_up.start()

@@ -31,10 +31,12 @@ from services.retry_scheduler.metrics import (
     SCHEDULED,
 )
 from services.retry_scheduler.state import (
+    COUNTS_KEY,
     DONE_CANCELLED,
     DONE_KINDS,
     DONE_MEMORY_MS,
     DONE_UNPARKED,
+    CountChange,
     Counts,
     Done,
     decode_index,
@@ -91,6 +93,8 @@ class InboxState:
         self.expiry = engine.table("expiry")
         self.parked = engine.table("parked")
         self.counts = Counts()
+        #: Per partition, its batch being staged (one at a time) and what it changes in the counts.
+        self._count_changes: dict[int, tuple[InputBatch, CountChange]] = {}
         self.totals = {"redelivered": 0, "parked": 0, "scheduled": 0, "cancelled": 0}
         #: Per partition, a key no live entry sorts below; absent means "scan from the first key".
         self.low_water: dict[int, bytes] = {}
@@ -147,6 +151,22 @@ class InboxState:
         if entry.history:
             batch.write(self.index, history_key(entry.id), encode_history(entry.history))
 
+    def count(self, batch: InputBatch, which: str, counted_as: tuple[str, str], n: int = 1) -> None:
+        """Count ``n`` more (or fewer) ``which`` (scheduled, parked) entries under ``counted_as``
+        (:attr:`Entry.counted_as`) in the batch's partition: its ``!counts`` row is written once
+        with the batch's other rows, and the in-memory counts follow once it is committed."""
+        staged = self._count_changes.get(batch.partition)
+        if staged is None or staged[0] is not batch:  # not another batch's, whose handler failed
+            staged = self._count_changes[batch.partition] = (batch, CountChange())
+            batch.before_commit(lambda: self._write_counts(batch))
+        staged[1].add(which, counted_as, n)
+
+    def _write_counts(self, batch: InputBatch) -> None:
+        partition = batch.partition
+        _, change = self._count_changes.pop(partition)
+        batch.write(self.index, COUNTS_KEY, self.counts.row_with(partition, change))
+        batch.after_commit(lambda: self.counts.apply(partition, change))
+
     def finish(self, batch: InputBatch, key: bytes, entry: Entry, done: bytes | None) -> None:
         """Remove a scheduled entry.
 
@@ -155,7 +175,7 @@ class InboxState:
         index row goes too (the id is about to be scheduled again or parked).
         """
         if self.delete(batch, self.schedule, key):
-            self.counts.add("scheduled", batch.partition, entry.counted_as, -1)
+            self.count(batch, "scheduled", entry.counted_as, -1)
         idk = id_key(entry.id)
         if done is not None:
             self.mark_done(batch, idk, entry.id, done, entry.attempt, entry.fingerprints)
@@ -279,7 +299,7 @@ class InboxState:
         key = due_key(due_at, dlq_id)
         batch.write(self.schedule, key, stored)
         batch.write(self.index, id_key(dlq_id), key)
-        self.counts.add("scheduled", partition, counted_as)
+        self.count(batch, "scheduled", counted_as)
         low = self.low_water.get(partition)
         if low is not None and key < low:
             self.low_water[partition] = key
@@ -290,7 +310,6 @@ class InboxState:
 
     async def park(self, batch: InputBatch, entry: Entry) -> None:
         """Publish to the parking lot and keep it in the parked table."""
-        partition = batch.partition
         # A record needs a key or a value; a message that had neither is parked with an empty value.
         value = entry.value if entry.key is not None or entry.value is not None else b""
         [error] = await self.send_out(batch, [Outgoing(self.topics.parking_lot, entry.key, value, entry.parking_headers())])
@@ -299,9 +318,9 @@ class InboxState:
         idk = id_key(entry.id)
         previous_raw = batch.read(self.parked, idk)
         if previous_raw is not None:
-            self.counts.add("parked", partition, decode_entry(previous_raw).counted_as, -1)
+            self.count(batch, "parked", decode_entry(previous_raw).counted_as, -1)
         batch.write(self.parked, idk, encode_entry(entry))
-        self.counts.add("parked", partition, entry.counted_as)
+        self.count(batch, "parked", entry.counted_as)
         PARKED.labels(ORIGIN_TOPICS.label(entry.origin_topic)).inc()
         self.totals["parked"] += 1
         log.info("parked dlq.id=%s attempt=%s from %s: %s", entry.id, entry.attempt, entry.origin_topic, entry.parked_reason)
@@ -310,7 +329,7 @@ class InboxState:
         """A parked entry was redelivered: out of the parked table, with a done marker and its history kept."""
         idk = id_key(entry.id)
         if self.delete(batch, self.parked, idk):
-            self.counts.add("parked", batch.partition, entry.counted_as, -1)
+            self.count(batch, "parked", entry.counted_as, -1)
         self.mark_done(batch, idk, entry.id, DONE_UNPARKED, entry.attempt, entry.fingerprints)
         self.keep_history(batch, entry.with_history(Replayed(now_ms(), action, entry.attempt, actor)))
 

@@ -329,7 +329,7 @@ class OrderedLanes:
             assert raw is not None
             entry = decode_entry(raw)
             state.delete(batch, state.parked, idk)
-            state.counts.add("parked", batch.partition, entry.counted_as, -1)
+            state.count(batch, "parked", entry.counted_as, -1)
             state.mark_done(batch, idk, head, DONE_CANCELLED, entry.attempt)
         else:
             return

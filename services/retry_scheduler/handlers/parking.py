@@ -76,7 +76,7 @@ class Parking:
         state = self.state
         idk = id_key(entry.id)
         if state.delete(batch, state.parked, idk):
-            state.counts.add("parked", batch.partition, entry.counted_as, -1)
+            state.count(batch, "parked", entry.counted_as, -1)
         state.mark_done(batch, idk, entry.id, DONE_CANCELLED, entry.attempt, entry.fingerprints)
         state.keep_history(batch, entry.with_history(Replayed(now_ms(), how, entry.attempt, actor)))
         PARKED_REMOVED.labels(how=how).inc()
@@ -113,7 +113,7 @@ class Parking:
             for key, raw, _ in found:
                 entry = decode_entry(raw)
                 if state.delete(batch, state.parked, key):
-                    state.counts.add("parked", batch.partition, entry.counted_as, -1)
+                    state.count(batch, "parked", entry.counted_as, -1)
                 state.mark_done(batch, key, entry.id, DONE_CANCELLED, entry.attempt)
                 CANCELLED.inc()
                 state.totals["cancelled"] += 1

@@ -1,6 +1,6 @@
 """What the HTTP API reads of this instance's partitions: one id's entry, the counts by
-origin topic and error class (rebuilt from the tables after every recovery), the oldest
-due time, and the gauges of stored messages."""
+origin topic and error class (each partition's ``!counts`` row, loaded after every
+recovery), the oldest due time, and the gauges of stored messages."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from services.retry_scheduler.handlers.ticks import Ticks
 from services.retry_scheduler.metrics import STORED
 from services.retry_scheduler.scans import LaneCounts, count_lanes, first_due_key
 from services.retry_scheduler.state import (
+    COUNTS_KEY,
     Done,
     decode_index,
     decode_lane,
@@ -42,10 +43,30 @@ class Stats:
         state.low_water = {}
         state.send_failures = {}
         self.ticks.forget_partitions()
-        rows = state.counts.rebuild({p: state.schedule.items(p) for p in owned}, {p: state.parked.items(p) for p in owned})
+        counts = state.counts
+        counts.forget(owned)
+        uncounted = set()
+        for p in owned:
+            raw = state.index.get(p, COUNTS_KEY)
+            try:
+                if raw is not None:
+                    counts.load(p, raw)
+                    continue
+            except ValueError as exc:
+                log.warning("partition %d: unreadable counts row, counting its rows instead: %s", p, exc)
+            uncounted.add(p)
+        # Rows written before the counts row existed: counted once here, the row follows with the next change.
+        rows = counts.rebuild({p: state.schedule.items(p) for p in uncounted}, {p: state.parked.items(p) for p in uncounted})
         self.update_gauges()
+        totals = counts.totals(owned)
         log.info(
-            "recovered %d scheduled and parked messages in %d partitions (%.2fs)", rows, len(owned), time.perf_counter() - started
+            "recovered the counts of %d partitions (%d scheduled, %d parked; %d partitions counted from %d rows) in %.2fs",
+            len(owned),
+            totals["scheduled"],
+            totals["parked"],
+            len(uncounted),
+            rows,
+            time.perf_counter() - started,
         )
 
     def owned(self) -> set[int]:

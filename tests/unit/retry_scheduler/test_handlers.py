@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
+from services.retry_scheduler.handlers.stats import Stats
+from services.retry_scheduler.state import COUNTS_KEY, CountChange, Counts, CountsByKey, decode_counts
 from shared.engine import partition_for
 from shared.engine.testing import TopologyDriver
 from shared.settings import Settings
@@ -95,3 +97,45 @@ def test_the_same_attempt_of_a_parked_letter_again_is_not_parked_twice(
     assert len(driver.outputs(service.topics.parking_lot)) == 1
     entry = service.stats.parked_entry("d1")
     assert entry is not None and entry.attempt == 3
+
+
+def counted_from_rows(driver: TopologyDriver, partition: int) -> tuple[CountsByKey, CountsByKey]:
+    counts = Counts()
+    counts.rebuild({partition: driver.table("schedule").items(partition)}, {partition: driver.table("parked").items(partition)})
+    return counts.scheduled[partition], counts.parked[partition]
+
+
+def test_each_partitions_counts_row_is_its_rows_counted_and_what_a_recovery_loads(
+    scheduler: tuple[RetrySchedulerService, TopologyDriver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``!counts`` row goes to the changelog with the rows it counts; a recovery loads it,
+    and counts a partition's rows only where the row is missing (written before it existed)."""
+    service, driver = scheduler
+    monkeypatch.setattr(Stats, "owned", lambda self: set(range(PARTITIONS)))  # the driver assigns nothing
+    long_ago = int(time.time() * 1000) - 2 * HOUR_MS
+    for i in range(12):
+        send_letter(service, driver, f"s{i}")
+    for i in range(6):
+        send_letter(service, driver, f"d{i}", failed_at=long_ago)  # due: redelivered by the tick
+    for i in range(5):
+        send_letter(service, driver, f"p{i}", attempt=3)
+    tick_every_partition(service, driver)
+    index = driver.table("index")
+    counts_changelog = {r.partition: r.value for r in driver.changelog("index") if r.key == COUNTS_KEY}
+    for p in range(PARTITIONS):
+        raw = index.get(COUNTS_KEY, partition=p)
+        assert raw is not None and counts_changelog[p] == raw
+        assert decode_counts(raw) == counted_from_rows(driver, p)
+    totals = service.state.counts.totals(range(PARTITIONS))
+    assert (totals["scheduled"], totals["parked"]) == (12, 5)
+
+    drift = CountChange()
+    drift.add("scheduled", ("elsewhere", "Drift"), 7)
+    service.state.counts.apply(0, drift)  # counts in memory that no row says: a recovery replaces them
+    driver.run(service.stats.on_recovered())
+    assert service.state.counts.totals(range(PARTITIONS)) == totals
+
+    for p in range(PARTITIONS):
+        service.state.index.db(p).delete(COUNTS_KEY)
+    driver.run(service.stats.on_recovered())
+    assert service.state.counts.totals(range(PARTITIONS)) == totals

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -41,13 +42,16 @@ from services.retry_scheduler.scans import (
 from services.retry_scheduler.state import (
     ID_PREFIX,
     BadKey,
+    CountChange,
     Counts,
     Done,
     Lane,
+    decode_counts,
     decode_index,
     decode_lane,
     due_key,
     due_prefix,
+    encode_counts,
     encode_done,
     encode_lane,
     history_key,
@@ -265,8 +269,26 @@ def test_counts_rebuild_and_follow_changes() -> None:
     assert totals["by_origin_topic"] == {"orders": 1, "payments": 1}
     assert totals["by_error_class"] == {"Boom": 1, "Timeout": 1}
     assert counts.totals({0})["scheduled"] == 1 and counts.totals({0})["parked"] == 0
-    counts.add("scheduled", 0, a.counted_as, -1)
+    change = CountChange()
+    change.add("scheduled", a.counted_as, -1)
+    change.add("parked", b.counted_as)
+    assert decode_counts(counts.row_with(0, change)) == (Counter(), Counter({b.counted_as: 1}))
+    counts.apply(0, change)
     assert counts.totals({0, 1})["by_origin_topic"] == {"payments": 1}
+    assert counts.totals({0})["parked_by_origin_topic"] == {"payments": 1}
+
+
+def test_a_counts_row_reads_back_as_written_and_loads_a_partitions_counts() -> None:
+    scheduled = Counter({("orders", "Boom"): 3, ("payments", "Timeout"): 1})
+    parked = Counter({("orders", "Boom"): 2})
+    counts = Counts()
+    counts.load(1, encode_counts(scheduled, parked))
+    assert (counts.scheduled[1], counts.parked[1]) == (scheduled, parked)
+    assert counts.totals({1})["scheduled"] == 4 and counts.totals({0})["scheduled"] == 0
+    counts.forget({0})
+    assert counts.totals({1})["scheduled"] == 0
+    with pytest.raises(ValueError, match="not a counts row"):
+        decode_counts(encode_entry(entry("a")))
 
 
 @given(st.sampled_from([b"D", b"C", b"U"]), st.integers(0, 2**32 - 1), dues, ids)

@@ -241,6 +241,24 @@ def test_a_failed_send_commits_nothing_and_the_batch_is_handed_over_again(topolo
     assert len(watching.sends) == 3
 
 
+def test_a_before_commit_callback_writes_a_row_summing_up_the_batch_once_as_the_commit_begins(
+    topology: Topology, driver: TopologyDriver
+) -> None:
+    @topology.engine.handler(IN, name="summed", offsets=topology.table)
+    async def summed(batch: InputBatch) -> None:
+        for record in batch.records:
+            assert record.key is not None
+            batch.write(topology.table, record.key, record.value)
+        batch.before_commit(lambda: batch.write(topology.table, b"rows", str(len(batch.rows[topology.table])).encode()))
+
+    for key in (b"a", b"b", b"c"):
+        driver.send(IN, key, b"v", partition=0)
+    driver.process()
+    assert topology.table.get(0, b"rows") == b"3"
+    changelog = [r.key for r in driver.changelog("rows")]
+    assert changelog == [b"a", b"b", b"c", b"rows", next_offset_key(IN)]
+
+
 def test_a_handler_that_raises_commits_nothing(topology: Topology, driver: TopologyDriver) -> None:
     @topology.engine.handler(IN, name="fails", offsets=topology.table)
     async def fails(batch: InputBatch) -> None:
