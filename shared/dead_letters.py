@@ -66,6 +66,9 @@ STREAMS_OFFSET = "__streams.errors.offset"
 STREAMS_EXCEPTION = "__streams.errors.exception"
 STREAMS_EXCEPTION_MESSAGE = "__streams.errors.message"
 
+#: How the names of Spring Kafka's, Kafka Connect's and Kafka Streams' dead-letter headers begin.
+FOREIGN_PREFIXES = ("kafka_dlt-", "__connect.errors.", "__streams.errors.")
+
 #: The formats a dead letter can be written in, as :attr:`DeadLetter.format` names them.
 FORMATS = ("dlq", "spring", "connect", "streams", "none")
 
@@ -167,19 +170,22 @@ class DeadLetter:
 
     def headers(self) -> HeaderList:
         """Every header to send: the message's own headers, then the ``dlq.*`` ones."""
-        dlq = {
-            ID: self.id,
-            ORIGINAL_TOPIC: self.original_topic,
-            ORIGINAL_PARTITION: str(self.original_partition),
-            ORIGINAL_OFFSET: str(self.original_offset),
-            RETRY_TOPIC: self.retry_topic,
-            ATTEMPT: str(self.attempt),
-            ERROR_CLASS: self.error_class,
-            ERROR_MESSAGE: self.error_message,
-            FIRST_FAILED_AT: str(self.first_failed_at),
-            FAILED_AT: str(self.failed_at),
-        }
-        return list(self.other_headers) + [(k, v.encode()) for k, v in dlq.items()]
+        return [*self.other_headers, *self.dlq_headers()]
+
+    def dlq_headers(self) -> HeaderList:
+        """The ``dlq.*`` headers alone, every one of them, in the protocol's order."""
+        return [
+            (ID, self.id.encode()),
+            (ORIGINAL_TOPIC, self.original_topic.encode()),
+            (ORIGINAL_PARTITION, str(self.original_partition).encode()),
+            (ORIGINAL_OFFSET, str(self.original_offset).encode()),
+            (RETRY_TOPIC, self.retry_topic.encode()),
+            (ATTEMPT, str(self.attempt).encode()),
+            (ERROR_CLASS, self.error_class.encode()),
+            (ERROR_MESSAGE, self.error_message.encode()),
+            (FIRST_FAILED_AT, str(self.first_failed_at).encode()),
+            (FAILED_AT, str(self.failed_at).encode()),
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +235,7 @@ def foreign_failure(items: Sequence[tuple[str, bytes]]) -> ForeignFailure | None
     first: dict[str, bytes] = {}
     last: dict[str, tuple[int, bytes]] = {}
     for i, (name, raw) in enumerate(items):
-        if name.startswith(("kafka_dlt-", "__connect.errors.", "__streams.errors.")):
+        if name.startswith(FOREIGN_PREFIXES):
             first.setdefault(name, raw)
             last[name] = (i, raw)
     if not first:
@@ -296,14 +302,17 @@ def parse_dead_letter(
     """
     items = header_items(headers)
     dlq: dict[str, str] = {}
+    other: HeaderList = []
     error_at = -1
     for i, (k, v) in enumerate(items):
         if k.startswith(DLQ_PREFIX):
             dlq[k] = _text(v)
             if k == ERROR_CLASS:
                 error_at = i
-    other = [(k, v) for k, v in items if not k.startswith(DLQ_PREFIX)]
-    foreign = foreign_failure(items)
+        else:
+            other.append((k, v))
+    # Another framework's headers are among the others; most letters have none to look for.
+    foreign = foreign_failure(items) if any(k.startswith(FOREIGN_PREFIXES) for k, _ in other) else None
     failed_at = _int(dlq.get(FAILED_AT), timestamp_ms if timestamp_ms is not None else now_ms())
     fallback = foreign if foreign is not None and foreign.origin_topic else None
     origin = (

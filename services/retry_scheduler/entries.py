@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from services.retry_scheduler.domain import MAX_DUE_MS, merge_headers
-from shared.dead_letters import ATTEMPT, DLQ_PREFIX, FAILED_AT, DeadLetter
+from shared.dead_letters import ATTEMPT, FAILED_AT, DeadLetter
 
 # -- entries ---------------------------------------------------------------------------------------
 
@@ -41,10 +41,6 @@ class Replayed:
 # binascii directly: base64's wrappers cost more than the encoding, a dozen times per entry.
 def _b64(data: bytes | None) -> str | None:
     return None if data is None else b2a_base64(data, newline=False).decode("ascii")
-
-
-def _unb64(text: str | None) -> bytes | None:
-    return None if text is None else a2b_base64(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +131,8 @@ class Entry:
         return list(self.headers) + extra
 
 
-_INT64 = (-(1 << 63), (1 << 63) - 1)
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_ATTEMPT = (1 << 31) - 1
-
-
-def _clamp(n: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, n))
 
 
 def entry_from_letter(letter: DeadLetter, raw_headers: list[tuple[str, bytes]], received_at: int) -> Entry:
@@ -149,22 +141,22 @@ def entry_from_letter(letter: DeadLetter, raw_headers: list[tuple[str, bytes]], 
     Numbers read from headers are clamped to what is stored (the headers themselves are
     redelivered as they came).
     """
-    dlq_headers = [(k, v) for k, v in letter.headers() if k.startswith(DLQ_PREFIX)]
+    # Positional, and the clamps spelled out: this runs once per dead letter.
     return Entry(
-        id=letter.id,
-        key=letter.key,
-        value=letter.value,
-        headers=tuple(merge_headers(raw_headers, dlq_headers)),
-        retry_topic=letter.retry_topic,
-        attempt=_clamp(letter.attempt, 1, _MAX_ATTEMPT),
-        origin_topic=letter.original_topic,
-        origin_partition=_clamp(letter.original_partition, *_INT64),
-        origin_offset=_clamp(letter.original_offset, *_INT64),
-        error_class=letter.error_class,
-        error_message=letter.error_message,
-        first_failed_at=_clamp(letter.first_failed_at, 0, MAX_DUE_MS),
-        failed_at=_clamp(letter.failed_at, 0, MAX_DUE_MS),
-        received_at=received_at,
+        letter.id,
+        letter.key,
+        letter.value,
+        tuple(merge_headers(raw_headers, letter.dlq_headers())),
+        letter.retry_topic,
+        max(1, min(_MAX_ATTEMPT, letter.attempt)),
+        letter.original_topic,
+        max(_INT64_MIN, min(_INT64_MAX, letter.original_partition)),
+        max(_INT64_MIN, min(_INT64_MAX, letter.original_offset)),
+        letter.error_class,
+        letter.error_message,
+        max(0, min(MAX_DUE_MS, letter.first_failed_at)),
+        max(0, min(MAX_DUE_MS, letter.failed_at)),
+        received_at,
         fingerprints=(letter.fingerprint,) if letter.fingerprint else (),
     )
 
@@ -174,7 +166,7 @@ def encode_entry(e: Entry) -> bytes:
         "id": e.id,
         "k": _b64(e.key),
         "v": _b64(e.value),
-        "h": [[name, _b64(value)] for name, value in e.headers],
+        "h": [[name, b2a_base64(value, newline=False).decode("ascii")] for name, value in e.headers],
         "rt": e.retry_topic,
         "a": e.attempt,
         "ot": e.origin_topic,
@@ -210,29 +202,31 @@ def _history_of(raw: Any) -> tuple[Replayed, ...]:
 
 def decode_entry(raw: bytes) -> Entry:
     """Raises ``ValueError`` (or a subclass) on bytes that are not an encoded entry."""
+    # Positional and without a call per header: every redelivery decodes its entry.
     try:
         o = orjson.loads(raw)
+        k, v = o["k"], o["v"]
         return Entry(
-            id=o["id"],
-            key=_unb64(o["k"]),
-            value=_unb64(o["v"]),
-            headers=tuple((name, _unb64(value) or b"") for name, value in o["h"]),
-            retry_topic=o["rt"],
-            attempt=o["a"],
-            origin_topic=o["ot"],
-            origin_partition=o["op"],
-            origin_offset=o["oo"],
-            error_class=o["ec"],
-            error_message=o["em"],
-            first_failed_at=o["ff"],
-            failed_at=o["fa"],
-            received_at=o["ra"],
-            due_at=o["due"],
-            max_attempts=o["ma"],
-            parked_at=o["pa"],
-            parked_reason=o["pr"],
-            history=_history_of(o["hi"]) if "hi" in o else (),
-            fingerprints=tuple(str(f) for f in o["fp"]) if "fp" in o else (),
+            o["id"],
+            None if k is None else a2b_base64(k),
+            None if v is None else a2b_base64(v),
+            tuple([(name, b"" if value is None else a2b_base64(value)) for name, value in o["h"]]),
+            o["rt"],
+            o["a"],
+            o["ot"],
+            o["op"],
+            o["oo"],
+            o["ec"],
+            o["em"],
+            o["ff"],
+            o["fa"],
+            o["ra"],
+            o["due"],
+            o["ma"],
+            o["pa"],
+            o["pr"],
+            _history_of(o["hi"]) if "hi" in o else (),
+            tuple([str(f) for f in o["fp"]]) if "fp" in o else (),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not an encoded entry: {exc}") from exc

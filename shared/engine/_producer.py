@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 MAX_BATCH_BYTES = 900_000
 
 
+#: How much longer than its timeout one of :meth:`BatchProducer.deliver_each`'s sends may wait:
+#: the deadline is moved on only once less than the timeout is left.
+DEADLINE_SLACK = 1.1
+
+
 @dataclass(slots=True)
 class Outgoing:
     """A record to send; ``partition`` None means by key (or any partition for no key)."""
@@ -235,27 +240,50 @@ class BatchProducer:
             await self.start()
         producer = self._producer
         assert producer is not None
+        cluster = producer.client.cluster
+        loop = asyncio.get_running_loop()
         errors: list[str | None] = [None] * len(records)
         pending: list[tuple[int, asyncio.Future[Any]]] = []
         unavailable: dict[str, str] = {}
-        for i, record in enumerate(records):
-            if record.topic in unavailable:
-                errors[i] = unavailable[record.topic]
-                continue
+        i = 0
+        while i < len(records):
+            # Each send waits only for an unknown topic's metadata or room in the producer's
+            # buffer, and at most timeout_s (up to a tenth more). One deadline moved on as the
+            # sends go, rather than a timer armed and cancelled per record (one per redelivery).
             try:
-                async with asyncio.timeout(timeout_s):  # waits only for an unknown topic's metadata
-                    fut = await producer.send(
-                        record.topic,
-                        record.value,
-                        key=record.key,
-                        partition=record.partition,
-                        timestamp_ms=record.timestamp_ms,
-                        headers=list(record.headers) if record.headers else None,
-                    )
-            except Exception as exc:  # unknown topic, too large, timeout: the record's outcome
-                errors[i] = unavailable[record.topic] = f"{type(exc).__name__}: {exc}"
-                continue
-            pending.append((i, fut))
+                async with asyncio.timeout_at(loop.time() + DEADLINE_SLACK * timeout_s) as window:
+                    while i < len(records):
+                        record = records[i]
+                        now = loop.time()
+                        if (window.when() or now) - now < timeout_s:
+                            window.reschedule(now + DEADLINE_SLACK * timeout_s)
+                        if record.topic in unavailable:
+                            errors[i] = unavailable[record.topic]
+                            i += 1
+                            continue
+                        partition = record.partition
+                        if partition is None and record.key is not None:
+                            # The default partitioner's choice, by the engine's faster murmur2
+                            # (aiokafka's is pure Python, byte by byte); None: no metadata yet.
+                            known = cluster.partitions_for_topic(record.topic)
+                            partition = partition_for(record.key, len(known)) if known else None
+                        try:
+                            fut = await producer.send(
+                                record.topic,
+                                record.value,
+                                key=record.key,
+                                partition=partition,
+                                timestamp_ms=record.timestamp_ms,
+                                headers=list(record.headers) if record.headers else None,
+                            )
+                        except Exception as exc:  # unknown topic, too large: the record's outcome
+                            errors[i] = unavailable[record.topic] = f"{type(exc).__name__}: {exc}"
+                        else:
+                            pending.append((i, fut))
+                        i += 1
+            except TimeoutError as exc:  # records[i] was not accepted in time
+                errors[i] = unavailable[records[i].topic] = f"{type(exc).__name__}: {exc}"
+                i += 1
         if pending:
             await asyncio.wait([fut for _, fut in pending], timeout=timeout_s)
         for i, fut in pending:

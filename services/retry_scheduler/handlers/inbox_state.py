@@ -357,7 +357,7 @@ class InboxState:
         or is not acknowledged in time keeps its entry for a later tick."""
         deliveries = [Delivery(key, decode_entry(raw)) for key, raw in items]
         errors = await self.send_out(
-            batch, [Outgoing(d.entry.retry_topic, d.entry.key, d.entry.value, list(d.entry.headers)) for d in deliveries]
+            batch, [Outgoing(d.entry.retry_topic, d.entry.key, d.entry.value, d.entry.headers) for d in deliveries]
         )
         sent_at = now_ms()
         for d, error in zip(deliveries, errors, strict=True):
