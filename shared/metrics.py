@@ -104,6 +104,14 @@ BATCH_RETRIES = Counter(
     ["service", "reason"],
     registry=REGISTRY,
 )
+RESTORE_RETRIES = Counter(
+    "statefleet_restore_retries_total",
+    "Steps of a table recovery (reading the changelogs' offsets, the bulk restore) that a broker's "
+    "failure ended (a broker died, a partition's leader moved) and that were run again instead of "
+    "stopping the worker, by reason (the error's class)",
+    ["service", "reason"],
+    registry=REGISTRY,
+)
 READY = Gauge("statefleet_ready", "1 when state is restored and queries are answered", ["service"], registry=REGISTRY)
 UNOWNED_INPUT_TOPICS = Gauge(
     "statefleet_unowned_input_topics",

@@ -38,6 +38,15 @@ log = logging.getLogger(__name__)
 #: The Faust app a service runs on (for type annotations outside the engine).
 App = faust.App
 
+#: How old the worker consumer's cluster metadata may get before it is read again (aiokafka's
+#: default: 5 minutes). aiokafka's consumer looks up the position of a partition it was just
+#: given (or that Faust's recovery seeks to the start or end) from the partition's leader as its
+#: metadata names it; when that leader moved, the answer is NotLeaderForPartition, which it logs
+#: ("Failed fetch offsets from ...") and asks the same broker again without reading the
+#: metadata anew. With nothing else refreshing it, the partition had no position, and its table
+#: no restore, for up to 5 minutes after a broker's death; now for at most this long.
+CONSUMER_METADATA_MAX_AGE_MS = 10_000
+
 
 def app_id(service: str, settings: Settings) -> str:
     """Consumer group id and changelog topic prefix of a service."""
@@ -93,6 +102,7 @@ def create_app(service: str, settings: Settings, default_port: int, app_class: t
         broker_max_poll_records=settings.consumer_max_poll_records,
         stream_buffer_maxsize=settings.stream_buffer_maxsize,
         broker_session_timeout=settings.session_timeout_s,
+        consumer_metadata_max_age_ms=CONSUMER_METADATA_MAX_AGE_MS,
         # Twice a second: in an eager rebalance the members that noticed it first stop
         # processing until the last one rejoins, and a member notices at its next heartbeat.
         broker_heartbeat_interval=min(0.5, settings.session_timeout_s / 5),

@@ -67,7 +67,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, cast
 
@@ -87,8 +87,9 @@ from shared.engine._context import context_of
 from shared.engine._copies import note_incarnations
 from shared.engine._faust import RecoveryHooks, TableManagerHooks, consumer_partition_state, kafka_client, store_partition_db
 from shared.engine._identity import ChangelogNow, Incarnation, check_partition, current_incarnations, discard, record
+from shared.engine._retry import broker_failure, retry_delay_s, retry_reason
 from shared.engine._rocksdb import PartitionWrite, flush_partition, persisted_offset, set_persisted_offset
-from shared.metrics import LOCAL_STATE_DISCARDED, RESTORE_SECONDS, RESTORED_RECORDS
+from shared.metrics import LOCAL_STATE_DISCARDED, RESTORE_RETRIES, RESTORE_SECONDS, RESTORED_RECORDS
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -674,6 +675,7 @@ class BulkRestoringRecovery(RecoveryHooks):
         if standbys:
             consumer.pause_partitions(standbys)
         await super().on_recovery_completed(generation_id)
+        self._failed_steps = 0
         if self.app.consumer_generation_id != generation_id:
             return  # the next rebalance's recovery seeks and resumes the standbys, and completes the restore
         if standbys:
@@ -747,7 +749,47 @@ class BulkRestoringRecovery(RecoveryHooks):
         if not self.in_recovery and any(self.buffers.values()):
             self.flush_buffers()
 
+    # -- a broker's failure ends a step, not the worker -----------------------------------
+
+    #: Steps a broker's failure ended since the last recovery completed (the wait before the
+    #: steps run again doubles with each).
+    _failed_steps = 0
+
+    async def _step(self, step: Awaitable[None], what: str) -> None:
+        """Run one of the recovery steps this service adds to Faust's; when a broker's failure
+        ends it (a leader that moved while its offsets were read, a broker that died mid-fetch),
+        run the steps again from the first after a wait, as a new rebalance would.
+
+        Faust's recovery task ends for good on any exception but its own "rebalance again", and
+        takes the worker with it: the worker that restarts then pays a full rejoin and restore
+        for what the next metadata refresh mends. What the step did before it failed is done
+        again the same way (the identity check, the bulk restore from the persisted offsets)."""
+        try:
+            await step
+        except Exception as exc:
+            if not broker_failure(exc, transactional=False):
+                raise
+            self._failed_steps += 1
+            delay = retry_delay_s(self._failed_steps)
+            context = context_of(self.app)
+            RESTORE_RETRIES.labels(context.service if context is not None else "", retry_reason(exc)).inc()
+            log.warning(
+                "table recovery: %s failed on the brokers' side (%s: %s); the recovery steps run again in %.1fs",
+                what,
+                type(exc).__name__,
+                exc,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            self.run_steps_again()
+
     async def build_highwaters(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
+        await self._step(self._build_highwaters_of(consumer, tps, destination, title), f"reading the {title} changelogs' ends")
+
+    async def build_offsets(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
+        await self._step(self._build_offsets_of(consumer, tps, destination, title), f"reading the {title} changelogs' starts")
+
+    async def _build_highwaters_of(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
         reader = self._changelog_reader()
         if reader is None:
             await super().build_highwaters(consumer, tps, destination, title)
@@ -762,7 +804,7 @@ class BulkRestoringRecovery(RecoveryHooks):
                 self._restore_in_next_round()
         await super().build_highwaters(cast(ConsumerT, reader), tps, destination, title)
 
-    async def build_offsets(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
+    async def _build_offsets_of(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
         reader = self._changelog_reader()
         await super().build_offsets(cast(ConsumerT, reader) if reader else consumer, tps, destination, title)
         if title == "active" and self._tally is not None:

@@ -102,7 +102,31 @@ def wait_fleet_ready(timeout: float, now: Callable[[], str], faults: Faults | No
     deadline = time.monotonic() + timeout
     for kind, n in instances():
         if not fleet.wait_ready(kind, n, max(1.0, deadline - time.monotonic())):
-            raise RuntimeError(f"{kind.name}-{n} not ready within {timeout:.0f}s; see {fleet.LOG_DIR}/{kind.name}-{n}.log")
+            pid = fleet.pid_of(kind, n)
+            state = "exited"
+            if pid is not None:
+                # mode's worker writes every thread's stack and every asyncio task's to its log
+                # on SIGUSR1: where it waits, for whoever reads the log after the run.
+                os.kill(pid, signal.SIGUSR1)
+                time.sleep(2)
+                state = f"still running; its stacks and tasks are in its log (SIGUSR1 to pid {pid})"
+            log_path = fleet.LOG_DIR / f"{kind.name}-{n}.log"
+            raise RuntimeError(
+                f"{kind.name}-{n} not ready within {timeout:.0f}s ({state}); see {log_path}; its last warnings:\n"
+                + "\n".join(last_warnings(log_path))
+            )
+
+
+def last_warnings(log_path: Path, count: int = 40) -> list[str]:
+    """The last ``count`` lines of a service's log at WARNING or above (or its last lines when
+    none is), so that a run that fails on an unready instance carries the reason in its own
+    output: a CI log outlives the run's directory."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return [f"(the log cannot be read: {exc})"]
+    loud = [line for line in lines if any(level in line for level in ("WARNING", "ERROR", "CRITICAL", "Traceback"))]
+    return (loud or lines)[-count:]
 
 
 async def partitions_of(bootstrap: str, topics: list[str], wait_s: float = 120.0) -> int:

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, NotLeaderForPartitionError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from faust.tables.recovery import RebalanceAgain
 from rocksdict import Rdict
@@ -29,6 +29,7 @@ from shared.engine._restore import (
     write_fetched,
 )
 from shared.engine._rocksdb import NEXT_OFFSET_PREFIX, engine_family, open_partition_db, persisted_offset, set_persisted_offset
+from shared.metrics import REGISTRY
 from shared.settings import Settings
 
 TOPIC = "svc-table-changelog"
@@ -246,6 +247,49 @@ async def test_a_round_ends_by_running_faust_s_recovery_steps_again() -> None:
     with pytest.raises(RebalanceAgain):
         RecoveryHooks.run_steps_again(recovery)
     assert recovery.signal_recovery_start.is_set()  # Faust's recovery task starts over on it
+
+
+class StepsOfARecovery:
+    """What :meth:`BulkRestoringRecovery._step` uses of Faust's recovery service."""
+
+    app = object()
+    _failed_steps = 0
+
+    def __init__(self) -> None:
+        self.signal_recovery_start = asyncio.Event()
+
+    def run_steps_again(self) -> None:
+        RecoveryHooks.run_steps_again(cast(Any, self))
+
+
+async def test_a_broker_failure_in_a_recovery_step_runs_the_steps_again_instead_of_ending_the_worker() -> None:
+    recovery = StepsOfARecovery()
+
+    async def leader_moved() -> None:
+        raise NotLeaderForPartitionError("svc-table-changelog[0]")
+
+    labels = {"service": "", "reason": "NotLeaderForPartitionError"}
+    retries = REGISTRY.get_sample_value("statefleet_restore_retries_total", labels)
+    for failures in (1, 2):
+        with pytest.raises(RebalanceAgain):  # Faust's recovery task starts over on it, rather than crashing
+            await _restore.BulkRestoringRecovery._step(cast(Any, recovery), leader_moved(), "reading the ends")
+        assert recovery.signal_recovery_start.is_set()
+        assert recovery._failed_steps == failures  # the wait before the next try doubles
+        recovery.signal_recovery_start.clear()
+    after = REGISTRY.get_sample_value("statefleet_restore_retries_total", labels)
+    assert (after or 0) - (retries or 0) == 2
+
+
+async def test_a_failure_that_is_not_the_brokers_still_ends_the_recovery() -> None:
+    recovery = StepsOfARecovery()
+
+    async def broken_store() -> None:
+        raise ValueError("a row that does not decode")
+
+    with pytest.raises(ValueError, match="does not decode"):
+        await _restore.BulkRestoringRecovery._step(cast(Any, recovery), broken_store(), "reading the ends")
+    assert not recovery.signal_recovery_start.is_set()
+    assert recovery._failed_steps == 0
 
 
 class FlakyBroker:
