@@ -55,7 +55,10 @@ def _b64(data: bytes | None) -> str | None:
     return None if data is None else b2a_base64(data, newline=False).decode("ascii")
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets each field through ``object.__setattr__``, which made
+# building one (a few times per dead letter) seven times dearer. A value all the same: nothing
+# assigns its fields, and every change makes a new one (``scheduled``, ``parked``, ``with_*``).
+@dataclass(slots=True)
 class Entry:
     """A dead letter as stored: what to redeliver, where, and why it failed."""
 
@@ -324,7 +327,7 @@ def decode_entry(raw: bytes) -> Entry:
 _DECIDED_HEAD = struct.Struct(">BIQIII")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, as Entry: one per dead letter
 class Decided:
     """A dead letter with its fate decided: the entry to store, already encoded, and the few
     fields the inbox needs to store it without decoding it."""
