@@ -338,9 +338,9 @@ class InboxState:
     async def send_out(self, batch: InputBatch, records: list[Outgoing]) -> list[str | None]:
         """Send what a handler puts out; per record ``None``, or why it could not go.
 
-        At least once, each record is sent on its own now and its acknowledgement awaited
-        (bounded): a failed send is that record's outcome, recorded or retried later, and the
-        batch goes on. Exactly once, the records are staged on the batch and go out in its
+        At least once, the records are sent now (in record batches per partition) and their
+        acknowledgements awaited (bounded): a failed send is its records' outcome, recorded or
+        retried later, and the batch goes on. Exactly once, the records are staged on the batch and go out in its
         transaction with the state changes they stand for, so a crash repeats neither; a record
         that could never be sent (no such topic, too large) would abort every retry of the
         batch, so it is found first and left out with its reason."""
