@@ -152,6 +152,7 @@ class Engine:
             settings,
             client_id=f"{service}-{settings.instance_id}-batches",
             gate=lambda: cast(BatchConsumer, self._faust_app.consumer).may_write(),
+            connections=settings.batch_producer_connections,
         )
         self.transactions: PartitionTransactions | None = None
         #: exactly_once: input partitions whose last commit failed with its outcome unknown, and the

@@ -112,40 +112,54 @@ def gate_produce_requests(producer: AIOKafkaProducer, gate: Gate) -> None:
 
 
 class BatchProducer:
-    """One aiokafka producer (acks=all) that sends lists of records as record batches.
+    """aiokafka producers (acks=all; ``connections`` of them, taken in turn by :meth:`send`) that
+    send lists of records as record batches. aiokafka holds one record batch per partition and
+    one request in flight per broker: through one producer, the commits of batches that run
+    side by side and write the same partitions (every validator command batch writes every
+    outcomes partition) waited for a request each, one after the other.
 
     With a ``gate``, every produce request waits for it right before it leaves and is failed
     (:class:`WriteRefused`) when it refuses: the engine's producer for at-least-once batch
     commits is gated on the consumer's membership (see ``BatchConsumer.may_write``)."""
 
-    def __init__(self, settings: Settings, client_id: str, gate: Gate | None = None) -> None:
+    def __init__(self, settings: Settings, client_id: str, gate: Gate | None = None, connections: int = 1) -> None:
         self.settings = settings
         self.client_id = client_id
         self.gate = gate
+        self.connections = connections
         self._producer: AIOKafkaProducer | None = None
+        #: Every producer :meth:`send` takes in turn (the first is :attr:`_producer`).
+        self._pool: list[AIOKafkaProducer] = []
+        self._turn = 0
         self._partitions: dict[str, int] = {}
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         async with self._lock:
             if self._producer is None:
-                self._producer = await started_when_reachable(
-                    lambda: AIOKafkaProducer(
-                        **client_kwargs(self.settings),
-                        client_id=self.client_id,
-                        acks="all",
-                        max_batch_size=MAX_BATCH_BYTES,
-                        max_request_size=4 * 1024 * 1024,
-                        linger_ms=0,
-                    ),
-                    f"producer {self.client_id}",
-                )
-                if self.gate is not None:
-                    gate_produce_requests(self._producer, self.gate)
+                pool = [await self._started(i) for i in range(self.connections)]
+                self._pool, self._producer = pool, pool[0]
+
+    async def _started(self, i: int) -> AIOKafkaProducer:
+        client_id = self.client_id if i == 0 else f"{self.client_id}-{i}"
+        producer = await started_when_reachable(
+            lambda: AIOKafkaProducer(
+                **client_kwargs(self.settings),
+                client_id=client_id,
+                acks="all",
+                max_batch_size=MAX_BATCH_BYTES,
+                max_request_size=4 * 1024 * 1024,
+                linger_ms=0,
+            ),
+            f"producer {client_id}",
+        )
+        if self.gate is not None:
+            gate_produce_requests(producer, self.gate)
+        return producer
 
     async def stop(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
+        pool, self._pool, self._producer = self._pool, [], None
+        for producer in pool:
             await producer.stop()
 
     async def _partition_count(self, topic: str) -> int:
@@ -183,9 +197,10 @@ class BatchProducer:
             return {}
         if self._producer is None:
             await self.start()
-        producer = self._producer
-        assert producer is not None
-        return await self.send_with(producer, records, what, before_retry)
+        # Each send's records are acknowledged before the sender sends more (a commit's steps
+        # wait for theirs), so sends may take any producer: no partition's order depends on it.
+        self._turn = (self._turn + 1) % len(self._pool)
+        return await self.send_with(self._pool[self._turn], records, what, before_retry)
 
     async def send_with(
         self, producer: AIOKafkaProducer, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None
@@ -205,24 +220,36 @@ class BatchProducer:
             if group is None:
                 group = groups[(record.topic, partition)] = []
             group.append(record)
-        pending: list[tuple[tuple[str, int], int, Any]] = []
+        built: list[tuple[tuple[str, int], list[tuple[int, Any]]]] = []
         for (topic, partition), group in groups.items():
+            batches: list[tuple[int, Any]] = []  # (records, record batch) in order
             batch = producer.create_batch()
             n = 0
             for record in group:
                 headers = list(record.headers) if record.headers else []
                 if batch.append(key=record.key, value=record.value, timestamp=record.timestamp_ms, headers=headers) is None:
-                    # full: send it, and start the next record batch with this record
+                    # full: it goes first, and the next record batch starts with this record
                     if n == 0:
                         raise ValueError(f"a record for {topic} does not fit in one record batch")
-                    pending.append(((topic, partition), n, await _enqueue(producer, batch, topic, partition, before_retry)))
+                    batches.append((n, batch))
                     batch = producer.create_batch()
                     n = 0
                     if batch.append(key=record.key, value=record.value, timestamp=record.timestamp_ms, headers=headers) is None:
                         raise ValueError(f"a record for {topic} does not fit in one record batch")
                 n += 1
             if n:
-                pending.append(((topic, partition), n, await _enqueue(producer, batch, topic, partition, before_retry)))
+                batches.append((n, batch))
+            built.append(((topic, partition), batches))
+
+        async def enqueue_in_order(tp: tuple[str, int], batches: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+            return [(n, await _enqueue(producer, batch, tp[0], tp[1], before_retry)) for n, batch in batches]
+
+        # aiokafka takes a partition's record batch only once the one it holds for that partition
+        # has left in a request: queued one partition after the other, a send behind other
+        # batches' (another lane's records for the same partitions) waited for a request per
+        # partition in turn. Queued side by side, it waits for one.
+        queued = await asyncio.gather(*(enqueue_in_order(tp, batches) for tp, batches in built))
+        pending = [(tp, n, fut) for (tp, _), futures in zip(built, queued, strict=True) for n, fut in futures]
         metadata = await acknowledged([fut for _, _, fut in pending], f"{what}: {len(records)} records")
         last: dict[tuple[str, int], int] = {}
         for (tp, n, _), meta in zip(pending, metadata, strict=True):
