@@ -755,7 +755,7 @@ class BulkRestoringRecovery(RecoveryHooks):
     #: steps run again doubles with each).
     _failed_steps = 0
 
-    async def _step(self, step: Awaitable[None], what: str) -> None:
+    async def _retrying_step(self, step: Awaitable[None], what: str) -> None:
         """Run one of the recovery steps this service adds to Faust's; when a broker's failure
         ends it (a leader that moved while its offsets were read, a broker that died mid-fetch),
         run the steps again from the first after a wait, as a new rebalance would.
@@ -784,10 +784,14 @@ class BulkRestoringRecovery(RecoveryHooks):
             self.run_steps_again()
 
     async def build_highwaters(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
-        await self._step(self._build_highwaters_of(consumer, tps, destination, title), f"reading the {title} changelogs' ends")
+        await self._retrying_step(
+            self._build_highwaters_of(consumer, tps, destination, title), f"reading the {title} changelogs' ends"
+        )
 
     async def build_offsets(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
-        await self._step(self._build_offsets_of(consumer, tps, destination, title), f"reading the {title} changelogs' starts")
+        await self._retrying_step(
+            self._build_offsets_of(consumer, tps, destination, title), f"reading the {title} changelogs' starts"
+        )
 
     async def _build_highwaters_of(self, consumer: ConsumerT, tps: set[TP], destination: Counter[TP], title: str) -> None:
         reader = self._changelog_reader()

@@ -250,7 +250,7 @@ async def test_a_round_ends_by_running_faust_s_recovery_steps_again() -> None:
 
 
 class StepsOfARecovery:
-    """What :meth:`BulkRestoringRecovery._step` uses of Faust's recovery service."""
+    """What :meth:`BulkRestoringRecovery._retrying_step` uses of Faust's recovery service."""
 
     app = object()
     _failed_steps = 0
@@ -272,7 +272,7 @@ async def test_a_broker_failure_in_a_recovery_step_runs_the_steps_again_instead_
     retries = REGISTRY.get_sample_value("statefleet_restore_retries_total", labels)
     for failures in (1, 2):
         with pytest.raises(RebalanceAgain):  # Faust's recovery task starts over on it, rather than crashing
-            await _restore.BulkRestoringRecovery._step(cast(Any, recovery), leader_moved(), "reading the ends")
+            await _restore.BulkRestoringRecovery._retrying_step(cast(Any, recovery), leader_moved(), "reading the ends")
         assert recovery.signal_recovery_start.is_set()
         assert recovery._failed_steps == failures  # the wait before the next try doubles
         recovery.signal_recovery_start.clear()
@@ -287,7 +287,7 @@ async def test_a_failure_that_is_not_the_brokers_still_ends_the_recovery() -> No
         raise ValueError("a row that does not decode")
 
     with pytest.raises(ValueError, match="does not decode"):
-        await _restore.BulkRestoringRecovery._step(cast(Any, recovery), broken_store(), "reading the ends")
+        await _restore.BulkRestoringRecovery._retrying_step(cast(Any, recovery), broken_store(), "reading the ends")
     assert not recovery.signal_recovery_start.is_set()
     assert recovery._failed_steps == 0
 
