@@ -24,7 +24,7 @@ from mode.utils.logging import cry
 from shared.engine._admin import TopicSpec
 from shared.engine._clients import require_sasl_credentials, ssl_context
 from shared.engine._context import AppContext
-from shared.engine._faust import AppHooks, print_thread_loop_tasks, track_used_topics
+from shared.engine._faust import TRANSPORT_SCHEME, AppHooks, print_thread_loop_tasks
 from shared.engine._instance_lock import hold_data_dir
 from shared.engine._membership import ANNOUNCE_TIMEOUT_S, announce_restart
 from shared.engine._restore import BulkRestoringTableManager
@@ -71,13 +71,12 @@ def broker_credentials(settings: Settings) -> Any:
 
 
 def create_app(service: str, settings: Settings, default_port: int, app_class: type[AppHooks] = AppHooks) -> AppHooks:
-    track_used_topics()  # or a send can wait 20 minutes for metadata it dropped (see the module)
     port = settings.port_for(default_port)
     datadir = instance_data_dir(service, settings)
     datadir.mkdir(parents=True, exist_ok=True)
     configure_rocksdb_memory(settings)
     conf: dict[str, Any] = dict(
-        broker=[f"kafka://{h.strip()}" for h in settings.kafka_bootstrap_servers.split(",") if h.strip()],
+        broker=[f"{TRANSPORT_SCHEME}://{h.strip()}" for h in settings.kafka_bootstrap_servers.split(",") if h.strip()],
         broker_credentials=broker_credentials(settings),
         store=f"{STORE_SCHEME}://",  # Faust's RocksDB store with one cache and memtable budget per process
         datadir=str(datadir),

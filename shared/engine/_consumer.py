@@ -60,7 +60,7 @@ from mode import Service
 
 from shared.engine._access import explain_denial
 from shared.engine._clients import ISOLATION_LEVEL
-from shared.engine._faust import ConsumerHooks, ConsumerThreadHooks, set_fetch_options
+from shared.engine._faust import ConsumerHooks, ConsumerThreadHooks, committed_offset, set_fetch_options
 from shared.metrics import CONSUMER_LAG
 
 log = logging.getLogger(__name__)
@@ -228,6 +228,9 @@ class BatchConsumer(ConsumerHooks):
         self.delivery = delivery if delivery is not None else Delivery()
         super().__init__(*args, **kwargs)
         self._delivered: dict[TP, int] = {}
+        #: Per partition delivered to the engine since it was assigned, the offset after its last
+        #: processed batch (committed with it under exactly_once, at the next commit otherwise).
+        self._processed: dict[TP, int] = {}
         #: Bumped by every seek and rebalance: fetches in one epoch continue one another.
         self._seek_epoch = 0
         #: Per partition, the epoch its last handed-over records were fetched in, and their last offset.
@@ -443,6 +446,7 @@ class BatchConsumer(ConsumerHooks):
             self._handed[tp] = (epoch, last)
         if not self.delivery.exactly_once:  # else the batch's transaction committed the offset
             self._delivered[tp] = last + 1
+        self._processed[tp] = last + 1
         self.read_offsets[tp] = last
 
     async def _seek_back(self, tp: TP, offset: int) -> None:
@@ -499,6 +503,21 @@ class BatchConsumer(ConsumerHooks):
         for topic, lag in lag_by_topic(self.delivery.batch_topics, assigned, self._highwater, read_offsets.get).items():
             CONSUMER_LAG.labels(self.delivery.service, topic).set(lag)
 
+    def input_lag(self, tps: Iterable[TP]) -> dict[TP, int | None]:
+        """Records of each partition after its last processed batch: the consumer's last seen high
+        watermark minus the offset after that batch, or, before this assignment's first batch,
+        minus the group's committed offset (None until the consumer has fetched from the
+        partition). Read committed, a transaction's marker at a partition's end counts as one
+        record (the consumer never reads it). Asks the broker nothing."""
+        out: dict[TP, int | None] = {}
+        for tp in tps:
+            end = self._highwater(tp)
+            start = self._processed.get(tp)
+            if start is None:
+                start = committed_offset(self, tp) or 0  # Faust keeps a committed offset of 0 as None
+            out[tp] = None if end is None else max(0, end - start)
+        return out
+
     def _highwater(self, tp: TP) -> int | None:
         try:
             end = self.highwater(tp)
@@ -540,6 +559,8 @@ class BatchConsumer(ConsumerHooks):
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         self._seek_epoch += 1
         self._handed.clear()
+        for tp in assigned:  # read from the group's committed offset again
+            self._processed.pop(tp, None)
         if self.delivery.on_assigned is not None:
             await self.delivery.on_assigned(set(assigned))
         await super().on_partitions_assigned(assigned, generation_id)
@@ -559,3 +580,4 @@ class BatchConsumer(ConsumerHooks):
                 log.info("offsets of revoked partitions not committed (%r): the next owner re-reads them", exc)
         for tp in revoked:
             self._delivered.pop(tp, None)
+            self._processed.pop(tp, None)

@@ -3,12 +3,16 @@
 Faust does not expose a table partition's RocksDB handle, the map from changelog partition
 to owning instance, its consumer's group coordinator, or the steps of its consumer, recovery,
 assignor and worker that the engine replaces (the batch hand-over, the offsets it commits,
-bulk restore, warm-up assignment). aiokafka does not expose its client's metadata tracking or
-a request to one broker. Everything of theirs that is private is reached here and only here,
-as plain functions and as ``*Hooks`` base classes that turn each private step the engine
-overrides into a public method whose default is Faust's own step. If an upgrade of Faust or
-aiokafka moves one of them, this is the only module to change (``_versions`` pins the
-versions it was written against; ruff's SLF001 is off for this module alone).
+bulk restore, warm-up assignment); aiokafka's consumer does not expose its cluster client (its
+metadata, a request to one broker). Everything of theirs that is private is reached here and
+only here, as plain functions and as ``*Hooks`` base classes that turn each private step the
+engine overrides into a public method whose default is Faust's own step. If an upgrade of
+Faust or aiokafka moves one of them, this is the only module to change (``_versions`` pins
+the versions it was written against; ruff's SLF001 is off for this module alone).
+
+Nothing is patched for the whole process: the app's consumer class comes through Faust's
+public transport registry (:class:`Transport`), and the producers keep their topics' metadata
+with aiokafka's public ``add_topic`` (``shared/engine/_producer.py``).
 
 What it offers, by concern:
 
@@ -32,11 +36,11 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.client import AIOKafkaClient
 from faust.tables.manager import TableManager
 from faust.tables.recovery import RebalanceAgain, Recovery
+from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP, ConsumerT, TableT
 from rocksdict import Rdict
 
-from shared.engine._assignor import Partition
 from shared.engine._context import AppContext
 
 log = logging.getLogger(__name__)
@@ -80,27 +84,10 @@ def recovery_done(app: faust.App) -> bool:
     return bool(recovery.completed.is_set()) and not recovery.in_recovery and not app.rebalancing
 
 
-# -- Fleet view (GET /instance): what this instance owns and how far behind it is -------------------
-
-
-def input_lag(app: faust.App, tps: set[Partition]) -> dict[Partition, int | None]:
-    """Records of each partition not yet committed: the consumer's last seen high watermark
-    minus its committed offset (None until the consumer has fetched from the partition).
-
-    Reads what the consumer already knows; it asks the broker nothing. Faust keeps a
-    committed offset of 0 as None, so None counts as 0.
-    """
-    consumer = cast(Any, app.consumer)
-    committed: dict[TP, int | None] = consumer._committed_offset
-    out: dict[Partition, int | None] = {}
-    for topic, partition in tps:
-        tp = TP(topic, partition)
-        try:
-            highwater = consumer.highwater(tp)
-        except Exception:  # not started, or the partition was just revoked
-            highwater = None
-        out[(topic, partition)] = None if highwater is None else max(0, int(highwater) - int(committed.get(tp) or 0))
-    return out
+def committed_offset(consumer: ConsumerT, tp: TP) -> int | None:
+    """The group's committed offset of ``tp`` as Faust's consumer last read or committed it
+    (None for none, and for 0)."""
+    return cast("int | None", cast(Any, consumer)._committed_offset.get(tp))
 
 
 def consumer_coordinator(app: faust.App) -> Any | None:
@@ -163,34 +150,6 @@ def kafka_client(consumer: AIOKafkaConsumer) -> AIOKafkaClient:
 def coordinator_client(coordinator: Any) -> AIOKafkaClient:
     """The cluster client of an aiokafka group coordinator."""
     return cast(AIOKafkaClient, coordinator._client)
-
-
-_original_wait_on_metadata = AIOKafkaClient._wait_on_metadata
-
-
-async def _wait_on_metadata_tracking(self: AIOKafkaClient, topic: str) -> Any:
-    # Tracking a topic that already has metadata needs no refresh now; the periodic and
-    # forced refreshes include it from here on.
-    self._topics.add(topic)
-    return await _original_wait_on_metadata(self, topic)
-
-
-def track_used_topics() -> None:
-    """Keep cluster metadata for every topic a Kafka client of this process has used (idempotent).
-
-    aiokafka's client refreshes metadata for all topics until it tracks a topic, and from
-    then on only for the topics it tracks. It tracks a topic only when a send finds no
-    metadata for it. So a topic first seen in an all-topics refresh (a changelog created
-    before the worker started, the inbox, the parking lot) is used without being tracked;
-    the first send to a topic created later switches the client to tracked topics only,
-    and the next refresh drops the untracked ones from its metadata. Records for them
-    still queued then have a partition without a known leader: the sender keeps asking
-    for the same metadata and the records wait until the request timeout (20 minutes in
-    Faust), with no error logged. A handler awaiting their acknowledgement (a changelog
-    write, a flush before redelivery) stops processing meanwhile. Here every send tracks
-    its topic, so the refresh keeps it.
-    """
-    AIOKafkaClient._wait_on_metadata = _wait_on_metadata_tracking  # type: ignore[method-assign]
 
 
 def consumer_partition_state(app: faust.App, tp: TP) -> str:
@@ -376,7 +335,8 @@ class TableManagerHooks(TableManager):
 
 
 class AppHooks(faust.App):
-    """A Faust app whose consumer is of :attr:`consumer_class`, built with :meth:`consumer_options`."""
+    """A Faust app whose consumer is of :attr:`consumer_class`, built with :meth:`consumer_options`
+    (its brokers' URLs name :data:`TRANSPORT_SCHEME`, whose transport asks the app for both)."""
 
     consumer_class: type[ConsumerHooks] = ConsumerHooks
     #: The engine's context of this app (see ``shared/engine/_context.py``).
@@ -386,14 +346,21 @@ class AppHooks(faust.App):
         """Keyword arguments for the consumer, besides Faust's own."""
         return {}
 
-    def _new_consumer(self) -> Any:
-        transport = self.transport
-        return self.consumer_class(
-            transport,
-            callback=self.topics.on_message,
-            on_partitions_revoked=self._on_partitions_revoked,
-            on_partitions_assigned=self._on_partitions_assigned,
-            beacon=self.beacon,
-            loop=transport.loop,
-            **self.consumer_options(),
-        )
+
+class Transport(aiokafka_driver.Transport):
+    """Faust's aiokafka transport, whose consumer is the app's :attr:`AppHooks.consumer_class`.
+
+    Faust builds its consumer with the transport's public ``create_consumer``; an app that is
+    not an :class:`AppHooks` gets Faust's own."""
+
+    def create_consumer(self, callback: Any, **kwargs: Any) -> ConsumerT:
+        app = self.app
+        if not isinstance(app, AppHooks):
+            return super().create_consumer(callback, **kwargs)
+        return app.consumer_class(self, callback=callback, loop=self.loop, **kwargs, **app.consumer_options())
+
+
+#: The scheme of the brokers' URLs of an engine's app: Faust's aiokafka transport with the app's
+#: consumer (Faust's transport registry, as ``kafka://`` names Faust's own).
+TRANSPORT_SCHEME = "statefleet-kafka"
+TRANSPORTS.aliases[TRANSPORT_SCHEME] = f"{__name__}:Transport"

@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import faust
+from faust.types import TP
 
 from shared.engine._assignor import Partition, assigned_partitions, changelog_topics, known_instance_urls
+from shared.engine._consumer import BatchConsumer
 from shared.engine._copies import Copy, assigned_copies
 from shared.engine._coverage import ready, unowned_input_topics
-from shared.engine._faust import input_lag
 from shared.engine._membership import note_peer_restarting
 from shared.engine._warmup import rejoin_for_peer, warmup_partitions
 
@@ -45,7 +46,11 @@ class Instance:
 
     def input_lag(self, partitions: Iterable[Partition]) -> dict[Partition, int | None]:
         """Records behind the end of each input partition (None: not known yet)."""
-        return input_lag(self._app, set(partitions))
+        consumer = self._app.consumer
+        if not isinstance(consumer, BatchConsumer):  # an app without the engine's consumer
+            return dict.fromkeys(partitions)
+        lags = consumer.input_lag(TP(topic, partition) for topic, partition in partitions)
+        return {(tp.topic, tp.partition): lag for tp, lag in lags.items()}
 
     async def copies(self) -> dict[str, dict[int, Copy]]:
         """Changelog topic -> partition -> this instance's copy of it (active or standby)."""

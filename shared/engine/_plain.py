@@ -2,11 +2,11 @@
 library the engine is built on: they get it here rather than importing it themselves."""
 
 from aiokafka import AIOKafkaConsumer as PlainConsumer
-from aiokafka import AIOKafkaProducer as PlainProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient as PlainAdmin
 
 from shared.engine._faust import kafka_client
+from shared.engine._producer import TopicTrackingProducer as PlainProducer
 
 __all__ = ["KafkaTopicPartition", "PlainAdmin", "PlainConsumer", "PlainProducer", "refresh_metadata"]
 

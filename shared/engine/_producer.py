@@ -53,6 +53,45 @@ class Outgoing:
     timestamp_ms: int | None = None  # None: now
 
 
+class TopicTrackingProducer(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka is untyped
+    """An aiokafka producer that has its client keep metadata for every topic it sends to.
+
+    aiokafka's client refreshes metadata for all topics until it tracks a topic, and from then
+    on only for the topics it tracks. It tracks a topic only when a send finds no metadata for
+    it. So a topic first seen in an all-topics refresh (a changelog created before the worker
+    started, the inbox, the parking lot) is used without being tracked; the first send to a
+    topic created later switches the client to tracked topics only, and the next refresh drops
+    the untracked ones. Records for them still queued then have a partition without a known
+    leader: the sender keeps asking for the same metadata and the records wait until the
+    request timeout, with no error logged. Here each topic is added to the client's tracked
+    topics (aiokafka's ``add_topic``) before its first send, so the refreshes keep it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tracked_topics: set[str] = set()
+
+    def track(self, topic: str) -> None:
+        """Have the client keep ``topic``'s metadata from now on (a refresh starts if it is new)."""
+        if topic not in self.tracked_topics:
+            self.tracked_topics.add(topic)
+            refreshed = self.client.add_topic(topic)
+            # The refresh is not awaited: a send waits for the metadata it needs itself.
+            refreshed.add_done_callback(_refresh_done)
+
+    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        self.track(topic)
+        return await super().send(topic, *args, **kwargs)
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> Any:
+        self.track(topic)
+        return await super().send_batch(batch, topic, partition=partition)
+
+
+def _refresh_done(refreshed: asyncio.Future[Any]) -> None:
+    if not refreshed.cancelled() and (failure := refreshed.exception()) is not None:
+        log.debug("metadata refresh for a newly tracked topic: %r", failure)
+
+
 def record_too_large(record: Outgoing) -> str | None:
     """Why ``record`` cannot fit in one record batch, or ``None`` (a close upper estimate of its size)."""
     size = len(record.key or b"") + len(record.value or b"") + 64
@@ -135,7 +174,7 @@ class BatchProducer:
         async with self._lock:
             if self._producer is None:
                 self._producer = await started_when_reachable(
-                    lambda: AIOKafkaProducer(
+                    lambda: TopicTrackingProducer(
                         **client_kwargs(self.settings),
                         client_id=self.client_id,
                         acks="all",
@@ -345,7 +384,7 @@ class PartitionTransactions:
         self.fenced = 0
 
     def _make(self, topic: str, partition: int) -> AIOKafkaProducer:
-        return AIOKafkaProducer(
+        return TopicTrackingProducer(
             **client_kwargs(self.settings),
             client_id=f"{self.client_id}-{topic}-{partition}",
             acks="all",

@@ -288,3 +288,22 @@ def test_input_skipped_at_the_end_of_a_partition_is_read_again(start_tallies, ta
     }
     wait_tallies(restarted, expected, timeout=30)
     assert f"skipped {tally_topics['events']}[{partition}] offsets {offset}..{offset}" in restarted.log_path.read_text()
+
+
+def input_lag(proc: ServiceProcess, topics: list[str]) -> dict[str, int | None]:
+    """``GET /instance``'s input lag, per topic of ``topics`` (None where not known)."""
+    lag = web.get(proc.url + "/instance", timeout=5).json()["lag"]
+    return {topic: lag[topic]["total"] if topic in lag else None for topic in topics}
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_the_input_lag_is_zero_once_every_record_is_applied(start_tallies, tally_topics, guarantee: str) -> None:  # type: ignore[no-untyped-def]
+    history = generate(programs=6, accounts_per_program=20, seed=5)
+    proc = start_tallies(STATEFLEET_PROCESSING_GUARANTEE=guarantee, STATEFLEET_CONSUMER_MAX_POLL_RECORDS="50")
+    inputs = [tally_topics["events"], tally_topics["logins"]]
+    produce(tally_topics["events"], history.events)
+    produce(tally_topics["logins"], history.logins)
+    wait_tallies(proc, history.expected)
+    # Every record applied: nothing behind any input partition (the lag is measured against the
+    # high watermark of the consumer's last fetch, which an idle fetch keeps up to date).
+    wait_for(lambda: input_lag(proc, inputs) == dict.fromkeys(inputs, 0), timeout=20, message="no input lag")

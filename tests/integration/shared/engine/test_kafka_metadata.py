@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 
-from shared.engine._faust import track_used_topics
+from shared.engine._producer import TopicTrackingProducer
 from tests.support.kafka import create_topics
 
 
 async def test_a_topic_in_use_keeps_its_metadata_when_a_newer_topic_is_first_used(kafka_bootstrap: str, prefix: str) -> None:
-    track_used_topics()
     older, newer = f"{prefix}older", f"{prefix}newer"
     await asyncio.to_thread(create_topics, [older])
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    producer = TopicTrackingProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
     try:
         # As in a worker: the older topic's metadata comes from an all-topics refresh,
