@@ -87,14 +87,22 @@ def recovery_done(app: faust.App) -> bool:
 def committed_offset(consumer: ConsumerT, tp: TP) -> int | None:
     """The group's committed offset of ``tp`` as Faust's consumer last read or committed it
     (None for none, and for 0)."""
-    return cast("int | None", cast(Any, consumer)._committed_offset.get(tp))
+    faust_consumer: Any = consumer
+    committed: int | None = faust_consumer._committed_offset.get(tp)
+    return committed
+
+
+def consumer_thread(app: faust.App) -> ConsumerThreadHooks:
+    """Faust's thread that runs the worker consumer's aiokafka consumer and group coordinator."""
+    consumer: Any = app.consumer
+    return cast(ConsumerThreadHooks, consumer._thread)
 
 
 def consumer_coordinator(app: faust.App) -> Any | None:
     """The worker consumer's aiokafka group coordinator, which lives on the consumer thread's
     loop (None before the consumer has started)."""
     try:
-        return cast(Any, app.consumer)._thread._ensure_consumer()._coordinator
+        return consumer_thread(app).coordinator
     except Exception as exc:  # not started, or stopping
         log.debug("no group coordinator: %r", exc)
         return None
@@ -109,7 +117,7 @@ def request_rejoin(app: faust.App) -> bool:
     if coordinator is None:
         return False
     try:
-        cast(Any, app.consumer)._thread.thread_loop.call_soon_threadsafe(coordinator.request_rejoin)
+        consumer_thread(app).thread_loop.call_soon_threadsafe(coordinator.request_rejoin)
     except Exception as exc:  # stopping
         log.debug("no rejoin: %r", exc)
         return False
@@ -120,7 +128,7 @@ def print_thread_loop_tasks(app: faust.App, file: TextIO) -> None:
     """Write the stack of every task on the consumer thread's event loop (aiokafka's group
     coordinator, its fetcher, and the calls Faust hands to that thread) to ``file``."""
     try:
-        loop = cast(Any, app.consumer)._thread.thread_loop
+        loop = consumer_thread(app).thread_loop
     except Exception as exc:  # not started
         print(f"no consumer thread loop: {exc!r}", file=file)
         return
@@ -191,7 +199,8 @@ class ConsumerThreadHooks(aiokafka_driver.AIOKafkaConsumerThread):
     @property
     def coordinator(self) -> Any | None:
         """aiokafka's group coordinator of the worker's consumer (None without a group)."""
-        return self._ensure_consumer()._coordinator
+        kafka_consumer = self._ensure_consumer()
+        return kafka_consumer._coordinator
 
     def wrap_heartbeat(self, wrap: Callable[[Callable[[], Awaitable[bool]]], Callable[[], Awaitable[bool]]]) -> None:
         """Replace the coordinator's heartbeat (True: the coordinator knows this member) with
