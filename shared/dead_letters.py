@@ -85,7 +85,12 @@ def header_items(headers: RawHeaders) -> list[tuple[str, bytes]]:
         return []
     if isinstance(headers, Mapping):
         return [(k, bytes(v) if v is not None else b"") for k, v in headers.items()]
-    return [(k, bytes(v) if v is not None else b"") for k, v in headers]
+    # Headers as Kafka clients hand them over are (str, bytes) tuples already: a copy of the
+    # list then, without a new tuple per header (this runs for every dead letter read).
+    for item in headers:
+        if item.__class__ is not tuple or item[1].__class__ is not bytes:
+            return [(k, bytes(v) if v is not None else b"") for k, v in headers]
+    return list(headers)
 
 
 def _text(v: bytes) -> str:
@@ -304,15 +309,18 @@ def parse_dead_letter(
     dlq: dict[str, str] = {}
     other: HeaderList = []
     error_at = -1
-    for i, (k, v) in enumerate(items):
+    has_foreign = False
+    for i, item in enumerate(items):
+        k = item[0]
         if k.startswith(DLQ_PREFIX):
-            dlq[k] = _text(v)
+            dlq[k] = item[1].decode("utf-8", errors="replace")
             if k == ERROR_CLASS:
                 error_at = i
         else:
-            other.append((k, v))
-    # Another framework's headers are among the others; most letters have none to look for.
-    foreign = foreign_failure(items) if any(k.startswith(FOREIGN_PREFIXES) for k, _ in other) else None
+            other.append(item)
+            # Another framework's headers are among the others; most letters have none to look for.
+            has_foreign = has_foreign or k.startswith(FOREIGN_PREFIXES)
+    foreign = foreign_failure(items) if has_foreign else None
     failed_at = _int(dlq.get(FAILED_AT), timestamp_ms if timestamp_ms is not None else now_ms())
     fallback = foreign if foreign is not None and foreign.origin_topic else None
     origin = (

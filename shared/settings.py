@@ -185,6 +185,14 @@ class Settings(BaseSettings):
     trailing_hole_check_s: float = Field(
         5.0, gt=0, description="How often skipped input records with nothing after them are looked for"
     )
+    batch_producer_connections: int = Field(
+        4,
+        ge=1,
+        le=16,
+        description="Producers (connections) the batch commits send through, in turn: a producer holds one "
+        "record batch per partition and has one request in flight per broker, so with one the commits of "
+        "batches side by side that write the same partitions go one request after another",
+    )
 
     # Tallies
     tally_publish_interval_s: float = Field(1.0, gt=0, description="How often changed tallies are published")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
+from tests.support import services
 from tests.support.environment import owned_topic_prefix, service_environment
 from tools import kafka_broker
 
@@ -15,6 +17,16 @@ from tools import kafka_broker
 # (200 ms) failed examples on a two-core machine busy with brokers and service processes.
 settings.register_profile("statefleet", deadline=None)
 settings.load_profile("statefleet")
+
+
+@pytest.fixture(autouse=True)
+def no_service_process_left() -> Iterator[None]:
+    """Service instances a test started and left running are stopped after it (those of
+    module- and session-scoped fixtures, started before it, are left to their fixtures)."""
+    started = len(services.STARTED)
+    yield
+    for proc in services.stop_started_since(started):
+        warnings.warn(f"the test left {proc.module} on {proc.url} running: stopped it", stacklevel=1)
 
 
 @pytest.fixture(scope="session")

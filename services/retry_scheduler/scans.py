@@ -26,6 +26,8 @@ class DueScan:
     items: list[tuple[bytes, bytes]]
     examined: int
     more_due: bool  # stopped at the limit with more entries already due
+    #: The due time of the entry that ended the scan (the next to come due), None when none did.
+    next_due: int | None = None
 
 
 def scan_due(db: OrderedRows, now_ms: int, limit: int, start: bytes = b"") -> DueScan:
@@ -43,8 +45,9 @@ def scan_due(db: OrderedRows, now_ms: int, limit: int, start: bytes = b"") -> Du
         if not is_due_key(key):
             break  # past the due keys (every other key sorts after them)
         examined += 1
-        if due_of(key) > now_ms:
-            break
+        due = due_of(key)
+        if due > now_ms:
+            return DueScan(items, examined, more_due=False, next_due=due)
         if len(items) >= limit:
             return DueScan(items, examined, more_due=True)
         items.append((key, bytes(it.value())))

@@ -152,6 +152,7 @@ class Engine:
             settings,
             client_id=f"{service}-{settings.instance_id}-batches",
             gate=lambda: cast(BatchConsumer, self._faust_app.consumer).may_write(),
+            connections=settings.batch_producer_connections,
         )
         self.transactions: PartitionTransactions | None = None
         #: exactly_once: input partitions whose last commit failed with its outcome unknown, and the
@@ -531,9 +532,10 @@ class Engine:
         await self.producer.send(records, f"{self.service}: {len(records)} records")
 
     async def deliver_each(self, records: Sequence[Outgoing], timeout_s: float) -> list[str | None]:
-        """Send each record on its own and wait (bounded) for the acknowledgements: per record,
-        ``None`` when acknowledged or the error (unknown topic, too large, no answer in time).
-        For sends whose failure is an outcome to record, not a reason to stop."""
+        """Send the records and wait (bounded) for the acknowledgements: per record, ``None``
+        when acknowledged or the error (unknown topic, too large, no answer in time), each
+        record's own (see :meth:`BatchProducer.deliver_each`). For sends whose failure is an
+        outcome to record, not a reason to stop."""
         return await self.producer.deliver_each(records, timeout_s)
 
     @property

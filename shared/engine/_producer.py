@@ -36,11 +36,6 @@ log = logging.getLogger(__name__)
 MAX_BATCH_BYTES = 900_000
 
 
-#: How much longer than its timeout one of :meth:`BatchProducer.deliver_each`'s sends may wait:
-#: the deadline is moved on only once less than the timeout is left.
-DEADLINE_SLACK = 1.1
-
-
 @dataclass(slots=True)
 class Outgoing:
     """A record to send; ``partition`` None means by key (or any partition for no key)."""
@@ -156,40 +151,54 @@ def gate_produce_requests(producer: AIOKafkaProducer, gate: Gate) -> None:
 
 
 class BatchProducer:
-    """One aiokafka producer (acks=all) that sends lists of records as record batches.
+    """aiokafka producers (acks=all; ``connections`` of them, taken in turn by :meth:`send`) that
+    send lists of records as record batches. aiokafka holds one record batch per partition and
+    one request in flight per broker: through one producer, the commits of batches that run
+    side by side and write the same partitions (every validator command batch writes every
+    outcomes partition) waited for a request each, one after the other.
 
     With a ``gate``, every produce request waits for it right before it leaves and is failed
     (:class:`WriteRefused`) when it refuses: the engine's producer for at-least-once batch
     commits is gated on the consumer's membership (see ``BatchConsumer.may_write``)."""
 
-    def __init__(self, settings: Settings, client_id: str, gate: Gate | None = None) -> None:
+    def __init__(self, settings: Settings, client_id: str, gate: Gate | None = None, connections: int = 1) -> None:
         self.settings = settings
         self.client_id = client_id
         self.gate = gate
+        self.connections = connections
         self._producer: AIOKafkaProducer | None = None
+        #: Every producer :meth:`send` takes in turn (the first is :attr:`_producer`).
+        self._pool: list[AIOKafkaProducer] = []
+        self._turn = 0
         self._partitions: dict[str, int] = {}
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         async with self._lock:
             if self._producer is None:
-                self._producer = await started_when_reachable(
-                    lambda: TopicTrackingProducer(
-                        **client_kwargs(self.settings),
-                        client_id=self.client_id,
-                        acks="all",
-                        max_batch_size=MAX_BATCH_BYTES,
-                        max_request_size=4 * 1024 * 1024,
-                        linger_ms=0,
-                    ),
-                    f"producer {self.client_id}",
-                )
-                if self.gate is not None:
-                    gate_produce_requests(self._producer, self.gate)
+                pool = [await self._started(i) for i in range(self.connections)]
+                self._pool, self._producer = pool, pool[0]
+
+    async def _started(self, i: int) -> AIOKafkaProducer:
+        client_id = self.client_id if i == 0 else f"{self.client_id}-{i}"
+        producer = await started_when_reachable(
+            lambda: TopicTrackingProducer(
+                **client_kwargs(self.settings),
+                client_id=client_id,
+                acks="all",
+                max_batch_size=MAX_BATCH_BYTES,
+                max_request_size=4 * 1024 * 1024,
+                linger_ms=0,
+            ),
+            f"producer {client_id}",
+        )
+        if self.gate is not None:
+            gate_produce_requests(producer, self.gate)
+        return producer
 
     async def stop(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
+        pool, self._pool, self._producer = self._pool, [], None
+        for producer in pool:
             await producer.stop()
 
     async def _partition_count(self, topic: str) -> int:
@@ -227,9 +236,10 @@ class BatchProducer:
             return {}
         if self._producer is None:
             await self.start()
-        producer = self._producer
-        assert producer is not None
-        return await self.send_with(producer, records, what, before_retry)
+        # Each send's records are acknowledged before the sender sends more (a commit's steps
+        # wait for theirs), so sends may take any producer: no partition's order depends on it.
+        self._turn = (self._turn + 1) % len(self._pool)
+        return await self.send_with(self._pool[self._turn], records, what, before_retry)
 
     async def send_with(
         self, producer: AIOKafkaProducer, records: Sequence[Outgoing], what: str, before_retry: Retry | None = None
@@ -249,24 +259,36 @@ class BatchProducer:
             if group is None:
                 group = groups[(record.topic, partition)] = []
             group.append(record)
-        pending: list[tuple[tuple[str, int], int, Any]] = []
+        built: list[tuple[tuple[str, int], list[tuple[int, Any]]]] = []
         for (topic, partition), group in groups.items():
+            batches: list[tuple[int, Any]] = []  # (records, record batch) in order
             batch = producer.create_batch()
             n = 0
             for record in group:
                 headers = list(record.headers) if record.headers else []
                 if batch.append(key=record.key, value=record.value, timestamp=record.timestamp_ms, headers=headers) is None:
-                    # full: send it, and start the next record batch with this record
+                    # full: it goes first, and the next record batch starts with this record
                     if n == 0:
                         raise ValueError(f"a record for {topic} does not fit in one record batch")
-                    pending.append(((topic, partition), n, await _enqueue(producer, batch, topic, partition, before_retry)))
+                    batches.append((n, batch))
                     batch = producer.create_batch()
                     n = 0
                     if batch.append(key=record.key, value=record.value, timestamp=record.timestamp_ms, headers=headers) is None:
                         raise ValueError(f"a record for {topic} does not fit in one record batch")
                 n += 1
             if n:
-                pending.append(((topic, partition), n, await _enqueue(producer, batch, topic, partition, before_retry)))
+                batches.append((n, batch))
+            built.append(((topic, partition), batches))
+
+        async def enqueue_in_order(tp: tuple[str, int], batches: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+            return [(n, await _enqueue(producer, batch, tp[0], tp[1], before_retry)) for n, batch in batches]
+
+        # aiokafka takes a partition's record batch only once the one it holds for that partition
+        # has left in a request: queued one partition after the other, a send behind other
+        # batches' (another lane's records for the same partitions) waited for a request per
+        # partition in turn. Queued side by side, it waits for one.
+        queued = await asyncio.gather(*(enqueue_in_order(tp, batches) for tp, batches in built))
+        pending = [(tp, n, fut) for (tp, _), futures in zip(built, queued, strict=True) for n, fut in futures]
         metadata = await acknowledged([fut for _, _, fut in pending], f"{what}: {len(records)} records")
         last: dict[tuple[str, int], int] = {}
         for (tp, n, _), meta in zip(pending, metadata, strict=True):
@@ -274,64 +296,92 @@ class BatchProducer:
         return last
 
     async def deliver_each(self, records: Sequence[Outgoing], timeout_s: float) -> list[str | None]:
-        """See :meth:`shared.engine.Engine.deliver_each`."""
+        """See :meth:`shared.engine.Engine.deliver_each`.
+
+        The records go out as record batches per partition, as :meth:`send` sends them, rather
+        than through aiokafka's ``send`` one by one (a coroutine, a metadata look-up and a future
+        per record cost more than a redelivery's own work). Each record's outcome is that of its
+        record batch: a topic without metadata within ``timeout_s`` fails only its own records,
+        before anything is sent, and a record batch not queued or not acknowledged in time fails
+        the records in it; the other partitions' records go on. A record larger than a record
+        batch goes on its own through aiokafka's ``send``, in its place among its partition's
+        records, and fails alone when the producer refuses it (larger than its request size)."""
         if self._producer is None:
             await self.start()
         producer = self._producer
         assert producer is not None
-        cluster = producer.client.cluster
-        loop = asyncio.get_running_loop()
         errors: list[str | None] = [None] * len(records)
-        pending: list[tuple[int, asyncio.Future[Any]]] = []
         unavailable: dict[str, str] = {}
-        i = 0
-        while i < len(records):
-            # Each send waits only for an unknown topic's metadata or room in the producer's
-            # buffer, and at most timeout_s (up to a tenth more). One deadline moved on as the
-            # sends go, rather than a timer armed and cancelled per record (one per redelivery).
+        for topic in {record.topic for record in records}:
+            if topic not in self._partitions:
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        await self._partition_count(topic)
+                except Exception as exc:  # unknown topic, authorisation, timeout: that topic's records' outcome
+                    unavailable[topic] = f"{type(exc).__name__}: {exc}".rstrip(": ")
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, record in enumerate(records):
+            error = unavailable.get(record.topic)
+            if error is not None:
+                errors[i] = error
+                continue
+            partition = record.partition
+            if partition is None:
+                count = self._partitions[record.topic]
+                partition = partition_for(record.key, count) if record.key is not None else random.randrange(count)
+            group = groups.get((record.topic, partition))
+            if group is None:
+                group = groups[(record.topic, partition)] = []
+            group.append(i)
+        pending: list[tuple[list[int], asyncio.Future[Any]]] = []
+
+        async def enqueue(members: list[int], queued: Awaitable[asyncio.Future[Any]]) -> None:
             try:
-                async with asyncio.timeout_at(loop.time() + DEADLINE_SLACK * timeout_s) as window:
-                    while i < len(records):
-                        record = records[i]
-                        now = loop.time()
-                        if (window.when() or now) - now < timeout_s:
-                            window.reschedule(now + DEADLINE_SLACK * timeout_s)
-                        if record.topic in unavailable:
-                            errors[i] = unavailable[record.topic]
-                            i += 1
-                            continue
-                        partition = record.partition
-                        if partition is None and record.key is not None:
-                            # The default partitioner's choice, by the engine's faster murmur2
-                            # (aiokafka's is pure Python, byte by byte); None: no metadata yet.
-                            known = cluster.partitions_for_topic(record.topic)
-                            partition = partition_for(record.key, len(known)) if known else None
-                        try:
-                            fut = await producer.send(
-                                record.topic,
-                                record.value,
-                                key=record.key,
-                                partition=partition,
-                                timestamp_ms=record.timestamp_ms,
-                                headers=list(record.headers) if record.headers else None,
-                            )
-                        except Exception as exc:  # unknown topic, too large: the record's outcome
-                            errors[i] = unavailable[record.topic] = f"{type(exc).__name__}: {exc}"
-                        else:
-                            pending.append((i, fut))
-                        i += 1
-            except TimeoutError as exc:  # records[i] was not accepted in time
-                errors[i] = unavailable[records[i].topic] = f"{type(exc).__name__}: {exc}"
-                i += 1
+                future = await asyncio.wait_for(queued, timeout_s)
+            except Exception as exc:  # not queued in time (nothing of it was sent), or refused
+                for i in members:
+                    errors[i] = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            else:
+                pending.append((members, future))
+
+        for (topic, partition), indexes in groups.items():
+            batch = producer.create_batch()
+            members: list[int] = []
+            for i in indexes:
+                record = records[i]
+                headers = list(record.headers) if record.headers else []
+                if batch.append(key=record.key, value=record.value, timestamp=record.timestamp_ms, headers=headers) is None:
+                    if members:  # full: send it, and start the next record batch
+                        await enqueue(members, producer.send_batch(batch, topic, partition=partition))
+                        batch = producer.create_batch()
+                        members = []
+                    if batch.append(key=record.key, value=record.value, timestamp=record.timestamp_ms, headers=headers) is None:
+                        single = producer.send(
+                            topic,
+                            record.value,
+                            key=record.key,
+                            partition=partition,
+                            timestamp_ms=record.timestamp_ms,
+                            headers=headers,
+                        )
+                        await enqueue([i], single)  # larger than a record batch: on its own
+                        continue
+                members.append(i)
+            if members:
+                await enqueue(members, producer.send_batch(batch, topic, partition=partition))
         if pending:
             await asyncio.wait([fut for _, fut in pending], timeout=timeout_s)
-        for i, fut in pending:
+        for members, fut in pending:
             if not fut.done():
-                errors[i] = f"not acknowledged within {timeout_s:.0f}s"
+                error = f"not acknowledged within {timeout_s:.0f}s"
             elif fut.cancelled():
-                errors[i] = "send cancelled"
+                error = "send cancelled"
             elif (failure := fut.exception()) is not None:
-                errors[i] = f"{type(failure).__name__}: {failure}"
+                error = f"{type(failure).__name__}: {failure}"
+            else:
+                continue
+            for i in members:
+                errors[i] = error
         return errors
 
 

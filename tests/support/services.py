@@ -31,6 +31,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Every :class:`ServiceProcess` started in this test process, in order (see :func:`stop_started_since`).
+STARTED: list[ServiceProcess] = []
+
+
+def stop_started_since(count: int) -> list[ServiceProcess]:
+    """Stop the instances started after the first ``count`` of :data:`STARTED` that still run
+    (SIGTERM, then SIGKILL): a test that leaves one running would leave a worker consuming,
+    writing and using a core for the rest of the suite. The ones it stopped."""
+    left = [proc for proc in STARTED[count:] if proc.proc is not None and proc.proc.poll() is None]
+    for proc in left:
+        proc.stop(timeout=10)
+    return left
+
+
 @dataclass
 class ServiceProcess:
     """One instance of ``python -m services.<module>`` (or of ``module`` itself, when dotted),
@@ -63,6 +77,7 @@ class ServiceProcess:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                 )
+        STARTED.append(self)
         return self
 
     def wait_ready(self, timeout: float = 90.0) -> ServiceProcess:

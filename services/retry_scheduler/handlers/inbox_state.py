@@ -98,6 +98,9 @@ class InboxState:
         self.totals = {"redelivered": 0, "parked": 0, "scheduled": 0, "cancelled": 0}
         #: Per partition, a key no live entry sorts below; absent means "scan from the first key".
         self.low_water: dict[int, bytes] = {}
+        #: Per partition, the earliest due time known of its entries (ms; absent: none known): its
+        #: last tick's next due entry, or an entry scheduled since to come due before it.
+        self.next_due: dict[int, int] = {}
         self.send_failures: dict[bytes, int] = {}
         self.lateness_ms: deque[int] = deque(maxlen=LATENESS_SAMPLES)
         #: Per partition, the expiry row the done markers of the record being handled go in.
@@ -303,6 +306,9 @@ class InboxState:
         low = self.low_water.get(partition)
         if low is not None and key < low:
             self.low_water[partition] = key
+        known = self.next_due.get(partition)
+        if known is None or due_at < known:
+            self.next_due[partition] = due_at
         SCHEDULED.labels(ORIGIN_TOPICS.label(counted_as[0])).inc()
         self.totals["scheduled"] += 1
 
@@ -338,9 +344,9 @@ class InboxState:
     async def send_out(self, batch: InputBatch, records: list[Outgoing]) -> list[str | None]:
         """Send what a handler puts out; per record ``None``, or why it could not go.
 
-        At least once, each record is sent on its own now and its acknowledgement awaited
-        (bounded): a failed send is that record's outcome, recorded or retried later, and the
-        batch goes on. Exactly once, the records are staged on the batch and go out in its
+        At least once, the records are sent now (in record batches per partition) and their
+        acknowledgements awaited (bounded): a failed send is its records' outcome, recorded or
+        retried later, and the batch goes on. Exactly once, the records are staged on the batch and go out in its
         transaction with the state changes they stand for, so a crash repeats neither; a record
         that could never be sent (no such topic, too large) would abort every retry of the
         batch, so it is found first and left out with its reason."""

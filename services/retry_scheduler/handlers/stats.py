@@ -41,6 +41,7 @@ class Stats:
         started = time.perf_counter()
         owned = self.owned()
         state.low_water = {}
+        state.next_due = {}
         state.send_failures = {}
         self.ticks.forget_partitions()
         counts = state.counts

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 MAX_SEND_FAILURES = 5
 #: Ticks that redelivered something, kept for GET /retries/stats.
 BUSY_TICKS = 64
+#: How often the earliest known due time of each partition is checked against the clock (at most
+#: the tick interval): what bounds how late a tick comes for an entry whose due time it knows.
+DUE_CHECK_S = 0.05
 
 
 @dataclass
@@ -88,6 +91,7 @@ class Ticks:
         #: The parked retention's sweep of a partition (handlers/parking.py), set by the app.
         self.sweep_parked: Callable[[InputBatch, int], int] | None = None
         engine.timer(settings.retry_tick_interval_s, name="tick")(self.send_ticks)
+        engine.timer(min(DUE_CHECK_S, settings.retry_tick_interval_s), name="tick when due")(self.send_due_ticks)
 
     def forget_partitions(self) -> None:
         """After a recovery: what was known of each partition may be stale."""
@@ -99,6 +103,18 @@ class Ticks:
         if not self.engine.instance.ready():
             return
         await self.ticker.send_to(self.state.schedule.owned_partitions())
+
+    async def send_due_ticks(self) -> None:
+        """Tick each partition this instance owns whose earliest known entry has come due, without
+        waiting for the interval's tick: a burst due at one instant is redelivered within
+        :data:`DUE_CHECK_S` of it rather than up to a whole interval later. Partitions with a
+        tick in flight are left to it."""
+        if not self.engine.instance.ready():
+            return
+        now = now_ms()
+        due = [p for p, at in self.state.next_due.items() if at <= now]
+        if due:
+            await self.ticker.send_to(set(due) & self.state.schedule.owned_partitions())
 
     async def tick(self, batch: InputBatch) -> None:
         state = self.state
@@ -129,6 +145,10 @@ class Ticks:
         if self.sweep_parked is not None:
             self.sweep_parked(batch, now)
         state.low_water[partition] = next_low_water(start, now, scan, failed_keys)
+        if scan.next_due is None or failed_keys:  # failed sends wait for the interval's ticks
+            state.next_due.pop(partition, None)
+        else:
+            state.next_due[partition] = scan.next_due
         seconds = time.perf_counter() - started
         report = TickReport(
             partition=partition,

@@ -89,6 +89,7 @@ def test_rows_per_customer_over_http_and_the_topic_with_duplicates_and_replays(
     headers = dict(letters[0].headers)
     assert headers[dl.ERROR_CLASS] == b"InvalidInput"
     assert headers[dl.ORIGINAL_TOPIC] == order_topics["events"].encode()
+    proc.stop()
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])

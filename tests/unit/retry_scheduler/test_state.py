@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import struct
 import time
 from collections import Counter
@@ -17,6 +18,7 @@ from rocksdict import Rdict
 
 from services.retry_scheduler.domain import MAX_DUE_MS
 from services.retry_scheduler.entries import (
+    DLQ_HEADERS,
     HISTORY_KEPT,
     Decided,
     Entry,
@@ -341,6 +343,48 @@ def test_scheduling_an_entry_changes_its_due_time_and_max_attempts_only(due: int
 
 
 # -- history and parked groups -----------------------------------------------------------------------
+
+
+def test_a_dlq_header_the_fields_spell_is_stored_by_its_place_and_read_back_as_it_came() -> None:
+    """Only a ``dlq.*`` header whose bytes are what the entry's fields spell is kept by its place in
+    :data:`DLQ_HEADERS`; one that says something else (a clamped number) keeps its own bytes."""
+    letter = parse_dead_letter(
+        b"k",
+        b"v",
+        [("trace", b"t"), ("dlq.id", b"d1"), ("dlq.attempt", b"99999999999999999999"), ("dlq.retry.topic", b"r")],
+        topic="dead-letters",
+        partition=1,
+        offset=5,
+        timestamp_ms=1000,
+        default_retry_topic="retry",
+    )
+    e = entry_from_letter(letter, [*letter.other_headers, ("dlq.id", b"d1"), ("dlq.attempt", b"99999999999999999999")], 2000)
+    stored = orjson.loads(encode_entry(e))["h"]
+    assert stored[0] == ["trace", "dA=="]
+    assert [h for h in stored if isinstance(h, list) and h[0].startswith("dlq.")] == [
+        ["dlq.attempt", "OTk5OTk5OTk5OTk5OTk5OTk5OTk="]
+    ]
+    assert sorted(DLQ_HEADERS[h] for h in stored if isinstance(h, int)) == sorted(set(DLQ_HEADERS) - {"dlq.attempt"})
+    assert decode_entry(encode_entry(e)) == e
+    with pytest.raises(ValueError):
+        decode_entry(orjson.dumps({**orjson.loads(encode_entry(e)), "h": [len(DLQ_HEADERS)]}))
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([*DLQ_HEADERS, "x"]), st.one_of(st.binary(max_size=8), st.just(b"orders"))), max_size=14),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+)
+def test_entries_round_trip_whatever_their_dlq_headers_say(headers: list[tuple[str, bytes]], offset: int) -> None:
+    e = entry(headers=tuple(headers), origin_offset=offset)
+    assert decode_entry(encode_entry(e)) == e
+
+
+def test_entries_stored_with_every_header_in_base64_still_decode() -> None:
+    """The layout before ``dlq.*`` headers were kept by their place: every header ``[name, base64]``."""
+    e = entry()
+    earlier = orjson.loads(encode_entry(e))
+    earlier["h"] = [[name, base64.b64encode(value).decode()] for name, value in e.headers]
+    assert decode_entry(orjson.dumps(earlier)) == e
 
 
 def test_entries_stored_before_history_existed_still_decode() -> None:
