@@ -20,7 +20,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import ClusterAuthorizationFailedError, KafkaTimeoutError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError, KafkaTimeoutError, TopicAlreadyExistsError, for_code
 
 from shared.engine._access import BrokerAccessDenied, check_created, check_group, check_visible, who
 from shared.engine._clients import client_kwargs, started_when_reachable
@@ -130,6 +130,11 @@ ENSURE_TOPICS_PATIENCE_S = 300.0
 ENSURE_TOPICS_RETRY_FIRST_S = 0.5
 ENSURE_TOPICS_RETRY_MAX_S = 5.0
 
+#: Longest wait, once topics are created, for the metadata to show a leader for each of their
+#: partitions (see :func:`until_led`), and how often it is asked.
+LEADERS_WAIT_S = 10.0
+LEADERS_POLL_S = 0.05
+
 
 def passing(exc: BaseException) -> bool:
     """Whether a broker's error is one that goes away by itself: a node not ready or restarting,
@@ -171,7 +176,16 @@ async def _ensure_topics_once(settings: Settings, specs: list[TopicSpec], group:
                 replication = await replication_factor(settings, admin)
                 response = await admin.create_topics([s.new_topic(replication) for s in missing])
                 existed = check_created(settings, response)
-                log.info("created topics %s", ", ".join(s.name for s in missing if s.name not in existed))
+                created = [s.name for s in missing if s.name not in existed]
+                log.info("created topics %s", ", ".join(created))
+                leaderless = await until_led(admin, created)
+                if leaderless:
+                    log.warning(
+                        "the brokers' metadata shows no leader yet for partitions of %s after %.0fs: the worker's "
+                        "first assignment may leave them out (its leader rejoins once it sees them)",
+                        ", ".join(leaderless),
+                        LEADERS_WAIT_S,
+                    )
             except TopicAlreadyExistsError:
                 existed = []
             if existed:
@@ -193,6 +207,38 @@ async def _ensure_topics_once(settings: Settings, specs: list[TopicSpec], group:
                     )
     finally:
         await admin.close()
+
+
+def led(described: dict[str, Any]) -> bool:
+    """Whether a topic of a metadata answer (``describe_topics``) has partitions, each with a leader."""
+    partitions = described.get("partitions") or []
+    return not described.get("error_code") and bool(partitions) and all(p["leader"] >= 0 for p in partitions)
+
+
+async def until_led(admin: Any, names: list[str], timeout_s: float | None = None) -> list[str]:
+    """Wait (at most ``timeout_s``, :data:`LEADERS_WAIT_S` by default) until the brokers' metadata
+    shows a leader for every partition of ``names``; the names still without, or none.
+
+    A broker answers CreateTopics once the controller has the topics; its metadata can be a moment
+    behind, longer while it deletes other topics. A worker whose consumer group is formed in that
+    moment is assigned none of the partitions of the topics it has just created (Faust's assignor
+    gives out only the topics its leader's metadata shows): it reports ready and processes nothing
+    of them until the rejoin that follows once they show (:mod:`shared.engine._coverage`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + (LEADERS_WAIT_S if timeout_s is None else timeout_s)
+    pending = list(names)
+    while pending:
+        try:
+            described = await admin.describe_topics(pending)
+        except KafkaError as exc:  # a metadata request that failed: asked again
+            log.debug("metadata of new topics: %r", exc)
+        else:
+            shown = {d["topic"]: d for d in described}
+            pending = [name for name in pending if name not in shown or not led(shown[name])]
+        if not pending or loop.time() >= deadline:
+            break
+        await asyncio.sleep(LEADERS_POLL_S)
+    return pending
 
 
 def ensure_topics(settings: Settings, specs: list[TopicSpec], group: str | None = None) -> None:

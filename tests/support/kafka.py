@@ -13,12 +13,13 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from shared.engine.clients import delete_topics_with_prefix as delete_topics_of
-from shared.engine.clients import replication_factor
+from shared.engine.clients import replication_factor, until_led
 from shared.settings import Settings
-from tests.support.services import wait_for_async
 from tools.kafka_broker import default_layout
 
 BOOTSTRAP = default_layout().bootstrap
+#: How long :func:`create_topics` waits for a leader of every new partition.
+LEADERS_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -64,24 +65,17 @@ def create_topics(
             if new:
                 with contextlib.suppress(TopicAlreadyExistsError):
                     await admin.create_topics(new)
-                await _until_led(admin, [t.name for t in new])
+                # The broker's metadata can trail its controller (longer while it deletes other
+                # topics): a client started at once might not see them yet.
+                leaderless = await until_led(admin, [t.name for t in new], LEADERS_TIMEOUT_S)
+                if leaderless:
+                    raise TimeoutError(
+                        f"no leader for every partition of {leaderless} in the metadata within {LEADERS_TIMEOUT_S}s"
+                    )
         finally:
             await admin.close()
 
     asyncio.run(run())
-
-
-async def _until_led(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float = 30.0) -> None:
-    """Wait until the broker's metadata shows every partition of ``names`` with a leader: it
-    answers CreateTopics once the controller has the topics, and its metadata can be a moment
-    behind (longer while it deletes other topics), so a client started at once might not yet
-    see them."""
-
-    async def led() -> bool:
-        described = await admin.describe_topics(names)
-        return all(d["error_code"] == 0 and d["partitions"] and all(p["leader"] >= 0 for p in d["partitions"]) for d in described)
-
-    await wait_for_async(led, timeout_s, interval=0.05, message=f"a leader for every partition of {names} in the metadata")
 
 
 def delete_topics_with_prefix(prefix: str) -> list[str]:
