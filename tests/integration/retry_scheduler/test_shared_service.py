@@ -26,6 +26,9 @@ pytestmark = pytest.mark.integration
 
 #: Long enough for the tests that look at a parked message before it expires.
 RETENTION_S = 15
+#: Rule 1 caps its own delay: the fixture's default cap (1 s, see ``scheduler_env``) would make its
+#: letter due a second after it failed, and redelivered before a look at it whenever the inbox
+#: takes it in later than that (its partitions assigned at the group's second generation, say).
 POLICY = """
 rules:
   - name: payments-timeouts
@@ -33,6 +36,7 @@ rules:
     error_class: TimeoutException
     max_attempts: 10
     base_delay_ms: 600000
+    max_delay_ms: 600000
   - name: payments
     origin_topic: "payments*"
     max_attempts: 2
@@ -80,7 +84,9 @@ def test_rules_from_the_policy_file_match_origin_topic_and_error_class_together(
     send_letter(s, b"k", b"v", letter_headers(timeout_id, shared.retry, attempt=2, origin="payments", error=KAFKA_TIMEOUT))
     send_letter(s, b"k", b"v", letter_headers(other_id, shared.retry, attempt=2, origin="payments-eu", error="IllegalState"))
     wait_for(lambda: s.get(f"/retries/{timeout_id}").status_code == 200, timeout=20, message="the timeout scheduled")
-    assert s.get(f"/retries/{timeout_id}").json()["max_attempts"] == 10  # rule 1, by the simple name
+    scheduled = s.get(f"/retries/{timeout_id}").json()
+    assert scheduled["max_attempts"] == 10  # rule 1, by the simple name
+    assert scheduled["due_at"] - scheduled["failed_at"] == 600_000  # its delay (jitter none), not the default's cap
     wait_for(lambda: s.get(f"/parked/{other_id}").status_code == 200, timeout=20, message="the other parked")
     assert "reached max_attempts 2" in s.get(f"/parked/{other_id}").json()["parked_reason"]  # rule 2, a glob
     rules = s.get("/retries/stats").json()["policy"]["rules"]
