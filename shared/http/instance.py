@@ -52,7 +52,10 @@ class InstanceOut(BaseModel):
         description="Changelog topic -> standby copies being warmed up to take the partition over once caught up "
         "(STATEFLEET_WARMUPS); a subset of standby",
     )
-    lag: dict[str, TopicLag] = Field(description="Input topic -> consumer lag (high watermark minus committed offset)")
+    lag: dict[str, TopicLag] = Field(
+        description="Input topic -> records after the last processed batch: the high watermark minus the offset "
+        "after that batch (before this assignment's first batch, minus the committed offset)"
+    )
     copies: dict[str, dict[str, CopyOut]] = Field(
         default_factory=dict,
         description="Changelog topic -> partition -> this instance's copy of it (active, standby or restoring) and its lag",
