@@ -5,10 +5,10 @@ metadata; a subscribed topic without metadata at that moment is skipped ("Ignori
 topic") and nobody owns its partitions. That happens to a fleet starting right after the
 broker did (its topics exist, but their partitions have no leader yet) or before an input
 topic is created (not to the topics a worker creates at its start: it waits until they are
-led, :func:`shared.engine._admin.until_led`). aiokafka's leader would rejoin once its metadata
-shows the topic, but it refreshes metadata only every ``metadata_max_age_ms`` (5 minutes), and a static member
-that restarts within the session timeout is handed the same empty assignment back without
-a rebalance: the fleet reports ready and processes nothing for minutes.
+led, :func:`shared.engine._admin.until_led`). aiokafka's leader would rejoin once its
+metadata shows the topic, but it refreshes metadata only every ``metadata_max_age_ms`` (5
+minutes), and a static member that restarts within the session timeout is handed the same
+empty assignment back without a rebalance: the fleet reports ready and processes nothing for minutes.
 
 So the leader, when an assignment skipped topics, chases their metadata
 (:class:`MetadataChase`: forced refreshes, backing off) and rejoins the moment one of them
