@@ -49,18 +49,21 @@ import contextvars
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.protocol.group import JoinGroupRequest
+from faust.exceptions import ImproperlyConfigured
+from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth, server_list
 from faust.types import TP
 from mode import Service
 
 from shared.engine._access import explain_denial
 from shared.engine._clients import ISOLATION_LEVEL
-from shared.engine._faust import ConsumerHooks, ConsumerThreadHooks, committed_offset, set_fetch_options
+from shared.engine._faust import ConsumerHooks, ConsumerThreadHooks
 from shared.metrics import CONSUMER_LAG
 
 log = logging.getLogger(__name__)
@@ -206,15 +209,48 @@ class _ConsumerThread(ConsumerThreadHooks):
             return False
         return bool(recognised) and self.member_current(generation)
 
-    def configure_client(self, client: AIOKafkaConsumer) -> AIOKafkaConsumer:
-        # Faust picks read_committed only with its own processing_guarantee="exactly_once",
-        # which would also switch on its own transactions (one producer per partition run by
-        # Faust, committing on its timer, not with the batch). The engine runs transactions
-        # itself, and reads committed records in either guarantee (see
-        # ``_clients.isolation_level``), so it sets only the isolation level. The fetcher
-        # reads it when the consumer starts, which is after this.
-        set_fetch_options(client, fetch_max_wait_ms=self.consumer.delivery.fetch_max_wait_ms, isolation_level=ISOLATION_LEVEL)
-        return client
+    def create_worker_client(self, transport: Any) -> AIOKafkaConsumer:
+        # Built here from the app's settings as Faust builds it, with two differences. The fetch
+        # wait is the engine's (see the class docs). And it reads committed records in either
+        # guarantee (see ``_clients.ISOLATION_LEVEL``): Faust picks read_committed only with its
+        # own processing_guarantee="exactly_once", which would also switch on its own
+        # transactions (one producer per partition run by Faust, committing on its timer, not
+        # with the batch); the engine runs transactions itself.
+        conf = self.app.conf
+        if conf.broker_session_timeout > conf.broker_request_timeout:
+            raise ImproperlyConfigured(
+                f"broker_session_timeout={conf.broker_session_timeout} cannot be greater than "
+                f"broker_request_timeout={conf.broker_request_timeout}"
+            )
+        # Table recovery needs Faust's assignor (its map of active and standby changelog
+        # partitions) whenever the app has tables; without, aiokafka's round robin does.
+        assignor = (
+            self.app.assignor
+            if conf.table_standby_replicas > 0 or self.app.tables.changelog_topics
+            else RoundRobinPartitionAssignor
+        )
+        return AIOKafkaConsumer(
+            client_id=conf.broker_client_id,
+            group_id=conf.id,
+            group_instance_id=conf.consumer_group_instance_id,
+            bootstrap_servers=server_list(transport.url, transport.default_port),
+            partition_assignment_strategy=[assignor],
+            enable_auto_commit=False,
+            auto_offset_reset=conf.consumer_auto_offset_reset,
+            max_poll_records=conf.broker_max_poll_records,
+            max_poll_interval_ms=int((conf.broker_max_poll_interval or 0) * 1000.0),
+            max_partition_fetch_bytes=conf.consumer_max_fetch_size,
+            fetch_max_wait_ms=self.consumer.delivery.fetch_max_wait_ms,
+            request_timeout_ms=int(conf.broker_request_timeout * 1000.0),
+            check_crcs=conf.broker_check_crcs,
+            session_timeout_ms=int(conf.broker_session_timeout * 1000.0),
+            rebalance_timeout_ms=int(conf.broker_rebalance_timeout * 1000.0),
+            heartbeat_interval_ms=int(conf.broker_heartbeat_interval * 1000.0),
+            isolation_level=ISOLATION_LEVEL,
+            metadata_max_age_ms=conf.consumer_metadata_max_age_ms,
+            connections_max_idle_ms=conf.consumer_connections_max_idle_ms,
+            **credentials_to_aiokafka_auth(conf.broker_credentials, conf.ssl_context),
+        )
 
 
 class BatchConsumer(ConsumerHooks):
@@ -231,6 +267,9 @@ class BatchConsumer(ConsumerHooks):
         #: Per partition delivered to the engine since it was assigned, the offset after its last
         #: processed batch (committed with it under exactly_once, at the next commit otherwise).
         self._processed: dict[TP, int] = {}
+        #: Per assigned partition, the group's committed offset when the consumer last sought to
+        #: it (absent: none committed).
+        self._committed: dict[TP, int] = {}
         #: Bumped by every seek and rebalance: fetches in one epoch continue one another.
         self._seek_epoch = 0
         #: Per partition, the epoch its last handed-over records were fetched in, and their last offset.
@@ -514,7 +553,7 @@ class BatchConsumer(ConsumerHooks):
             end = self._highwater(tp)
             start = self._processed.get(tp)
             if start is None:
-                start = committed_offset(self, tp) or 0  # Faust keeps a committed offset of 0 as None
+                start = self._committed.get(tp, 0)
             out[tp] = None if end is None else max(0, end - start)
         return out
 
@@ -544,9 +583,13 @@ class BatchConsumer(ConsumerHooks):
 
     # -- seeks: each one ends an epoch of fetches that continue one another ---------------
 
-    async def seek_to_committed(self) -> Any:
+    async def seek_to_committed(self) -> Mapping[TP, int]:
         self._seek_epoch += 1
-        return await super().seek_to_committed()
+        committed = await super().seek_to_committed()
+        self._committed.update(
+            {TP(tp.topic, tp.partition): offset for tp, offset in committed.items() if offset is not None and offset >= 0}
+        )
+        return committed
 
     async def seek_wait(self, partitions: Any) -> None:
         self._seek_epoch += 1
@@ -581,3 +624,4 @@ class BatchConsumer(ConsumerHooks):
         for tp in revoked:
             self._delivered.pop(tp, None)
             self._processed.pop(tp, None)
+            self._committed.pop(tp, None)

@@ -84,18 +84,12 @@ def recovery_done(app: faust.App) -> bool:
     return bool(recovery.completed.is_set()) and not recovery.in_recovery and not app.rebalancing
 
 
-def committed_offset(consumer: ConsumerT, tp: TP) -> int | None:
-    """The group's committed offset of ``tp`` as Faust's consumer last read or committed it
-    (None for none, and for 0)."""
-    faust_consumer: Any = consumer
-    committed: int | None = faust_consumer._committed_offset.get(tp)
-    return committed
-
-
 def consumer_thread(app: faust.App) -> ConsumerThreadHooks:
     """Faust's thread that runs the worker consumer's aiokafka consumer and group coordinator."""
-    consumer: Any = app.consumer
-    return cast(ConsumerThreadHooks, consumer._thread)
+    consumer = app.consumer
+    if not isinstance(consumer, ConsumerHooks):
+        raise TypeError(f"the app's consumer is Faust's own {type(consumer).__name__}, not the engine's")
+    return consumer.thread
 
 
 def consumer_coordinator(app: faust.App) -> Any | None:
@@ -160,21 +154,26 @@ def coordinator_client(coordinator: Any) -> AIOKafkaClient:
     return cast(AIOKafkaClient, coordinator._client)
 
 
-def consumer_partition_state(app: faust.App, tp: TP) -> str:
-    """What the worker's consumer holds for ``tp``: its position and pauses (aiokafka's and
-    Faust's) and Faust's read offset, for a log line about a recovery that does not move."""
-    consumer = cast(Any, app.consumer)
-    kafka_consumer = consumer._thread._ensure_consumer()
-    assignment = kafka_consumer._subscription.subscription.assignment
+async def consumer_partition_state(app: faust.App, tp: TP, timeout_s: float = 1.0) -> str:
+    """What the worker's consumer holds for ``tp``: its position and pause (aiokafka's, asked on
+    the consumer thread) and Faust's read offset, for a log line about a recovery that does not move."""
+    thread = consumer_thread(app)
+    client = thread.client
+    if client is None:
+        return "the consumer has not started"
     ktp = KafkaTopicPartition(tp.topic, tp.partition)
-    if assignment is None or ktp not in assignment.tps:
-        return "not assigned to the consumer"
-    partition = assignment.state_value(ktp)
-    position = partition.position if partition.has_valid_position else None
-    return (
-        f"consumer position {position}, paused {partition.paused}, "
-        f"Faust paused {tp in consumer._paused_partitions}, read offset {consumer._read_offset.get(tp)}"
-    )
+
+    async def ask() -> str:
+        if ktp not in client.assignment():
+            return "not assigned to the consumer"
+        try:
+            position: int | str = await asyncio.wait_for(client.position(ktp), timeout_s)
+        except TimeoutError:
+            position = "not known yet"
+        return f"consumer position {position}, paused {ktp in client.paused()}"
+
+    state = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(ask(), thread.thread_loop))
+    return f"{state}, read offset {cast(ConsumerHooks, app.consumer).read_offsets.get(tp)}"
 
 
 # -- hooks: Faust's private steps the engine replaces, under public names ------------------------
@@ -189,18 +188,23 @@ class ConsumerThreadHooks(aiokafka_driver.AIOKafkaConsumerThread):
     """Faust's consumer thread (it runs aiokafka's consumer and group coordinator on a loop of
     its own), with the aiokafka consumer it creates and its coordinator reachable."""
 
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        return self.configure_client(super()._create_worker_consumer(transport))
+    #: The worker's aiokafka consumer, as this thread created it last (None before it starts).
+    client: AIOKafkaConsumer | None = None
 
-    def configure_client(self, client: AIOKafkaConsumer) -> AIOKafkaConsumer:
-        """Adjust the worker's aiokafka consumer before it starts (Faust's: as created)."""
-        return client
+    def _create_worker_consumer(self, transport: Any) -> AIOKafkaConsumer:
+        self.client = self.create_worker_client(transport)
+        return self.client
+
+    def create_worker_client(self, transport: Any) -> AIOKafkaConsumer:
+        """The worker's aiokafka consumer, not started (Faust's: built from the app's settings)."""
+        return cast(AIOKafkaConsumer, super()._create_worker_consumer(transport))
 
     @property
     def coordinator(self) -> Any | None:
-        """aiokafka's group coordinator of the worker's consumer (None without a group)."""
-        kafka_consumer = self._ensure_consumer()
-        return kafka_consumer._coordinator
+        """aiokafka's group coordinator of the worker's consumer (None before it starts, or
+        without a group)."""
+        client = self.client
+        return None if client is None else client._coordinator
 
     def wrap_heartbeat(self, wrap: Callable[[Callable[[], Awaitable[bool]]], Callable[[], Awaitable[bool]]]) -> None:
         """Replace the coordinator's heartbeat (True: the coordinator knows this member) with
@@ -215,22 +219,17 @@ class ConsumerThreadHooks(aiokafka_driver.AIOKafkaConsumerThread):
         return cast(Coroutine[Any, Any, bool], self.coordinator._do_heartbeat())  # type: ignore[union-attr]
 
 
-def set_fetch_options(client: AIOKafkaConsumer, *, fetch_max_wait_ms: int, isolation_level: str) -> None:
-    """Set the fetch wait and isolation level of an aiokafka consumer that has not started (its
-    fetcher reads them when it starts; aiokafka takes them only as constructor arguments,
-    which Faust fills in itself)."""
-    client._fetch_max_wait_ms = fetch_max_wait_ms
-    client._isolation_level = isolation_level
-
-
 class ConsumerHooks(aiokafka_driver.Consumer):
     """Faust's aiokafka consumer, with the steps the engine replaces under public names."""
 
     #: The consumer thread class (Faust's :class:`ConsumerThreadHooks` unless a subclass says so).
     thread_class: type[ConsumerThreadHooks] = ConsumerThreadHooks
+    #: The thread that runs this consumer's aiokafka consumer and group coordinator.
+    thread: ConsumerThreadHooks
 
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
-        return self.thread_class(self, loop=self.loop, beacon=self.beacon)
+        self.thread = self.thread_class(self, loop=self.loop, beacon=self.beacon)
+        return self.thread
 
     async def _drain_messages(self, fetcher: Any) -> None:
         await self.drain_fetched(fetcher)
@@ -264,14 +263,9 @@ class ConsumerHooks(aiokafka_driver.Consumer):
 
     # -- Faust's per-record state and steps, for a fetch loop of one's own ----------------
 
-    @property
-    def thread(self) -> ConsumerThreadHooks:
-        return cast(ConsumerThreadHooks, self._thread)
-
     def stopped(self, fetcher: Any) -> Callable[[], bool]:
         """A check of whether this consumer or ``fetcher`` (Faust's fetcher service) has stopped."""
-        consumer_stopped, fetcher_stopped = self._stopped.is_set, fetcher._stopped.is_set
-        return lambda: consumer_stopped() or fetcher_stopped()
+        return lambda: self.should_stop or bool(fetcher.should_stop)
 
     async def next_records(self, wait_s: float) -> tuple[Mapping[TP, list[Any]] | None, set[TP] | None]:
         """The next fetched records per partition, and the partitions active meanwhile."""

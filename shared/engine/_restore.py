@@ -720,17 +720,14 @@ class BulkRestoringRecovery(RecoveryHooks):
         if progress != self._stalled_at:
             self._stalled_at = progress
             return
-        log.warning(
-            "table recovery applied nothing in %.0fs: %s",
-            RECOVERY_STALL_CHECK_S,
-            "; ".join(self._changelog_state(tp) for tp in sorted(self.active_remaining())),
-        )
+        states = [await self._changelog_state(tp) for tp in sorted(self.active_remaining())]
+        log.warning("table recovery applied nothing in %.0fs: %s", RECOVERY_STALL_CHECK_S, "; ".join(states))
 
-    def _changelog_state(self, tp: TP) -> str:
+    async def _changelog_state(self, tp: TP) -> str:
         state = f"{tp.topic}[{tp.partition}] at {self.active_offsets[tp]} of {self.active_highwaters[tp]}"
         try:
             return (
-                state + f", {consumer_partition_state(cast(faust.App, self.app), tp)}, "
+                state + f", {await consumer_partition_state(cast(faust.App, self.app), tp)}, "
                 f"queued {self.tables.changelog_queue.qsize()}, flow {cast(Any, self.app.consumer).flow_active}"
             )
         except Exception as exc:  # the consumer is restarting: the state is unknown

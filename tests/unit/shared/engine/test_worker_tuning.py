@@ -28,12 +28,62 @@ async def test_the_worker_consumer_holds_fetches_no_longer_than_the_setting(tmp_
     engine = Engine("tuning", settings, 18999)
     app_consumer = engine._faust_app.consumer
     assert isinstance(app_consumer, BatchConsumer)  # the engine's, over Faust's aiokafka driver
-    thread = app_consumer._thread
+    thread = app_consumer.thread
+    assert thread is app_consumer._thread
     assert isinstance(thread, AIOKafkaConsumerThread)
     transport = engine._faust_app.transport
     assert isinstance(transport, Transport)
     consumer = thread._create_worker_consumer(transport)
+    assert thread.client is consumer
     assert consumer._fetch_max_wait_ms == 35  # Faust's own choice is 1500
+    await consumer.stop()
+
+
+#: What the engine's worker consumer is built with that Faust would build it with too (aiokafka's
+#: attributes and its client's); the fetch wait and the isolation level are the engine's own.
+SAME_AS_FAUST = (
+    "_group_id",
+    "_group_instance_id",
+    "_partition_assignment_strategy",
+    "_enable_auto_commit",
+    "_auto_offset_reset",
+    "_max_poll_records",
+    "_max_poll_interval_ms",
+    "_max_partition_fetch_bytes",
+    "_request_timeout_ms",
+    "_check_crcs",
+    "_session_timeout_ms",
+    "_rebalance_timeout_ms",
+    "_heartbeat_interval_ms",
+)
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+async def test_the_worker_consumer_is_faust_s_own_but_for_the_fetch_wait_and_the_isolation_level(
+    tmp_path: Path, guarantee: str
+) -> None:
+    settings = Settings(data_dir=str(tmp_path), processing_guarantee=guarantee, topic_prefix="unit.")
+    engine = Engine("tuning", settings, 18999)
+    engine.table("counts")
+    app_consumer = engine._faust_app.consumer
+    assert isinstance(app_consumer, BatchConsumer)
+    thread = app_consumer.thread
+    transport = engine._faust_app.transport
+    ours = thread._create_worker_consumer(transport)
+    faust_s = AIOKafkaConsumerThread._create_worker_consumer(thread, transport)
+    try:
+        for name in SAME_AS_FAUST:
+            assert getattr(ours, name) == getattr(faust_s, name), name
+        assert ours._client._bootstrap_servers == faust_s._client._bootstrap_servers
+        assert ours._client._client_id == faust_s._client._client_id
+        assert ours._client._connections_max_idle_ms == faust_s._client._connections_max_idle_ms
+        assert ours._client._security_protocol == faust_s._client._security_protocol
+        assert ours._client._metadata_max_age_ms == faust_s._client._metadata_max_age_ms
+        assert ours._isolation_level == "read_committed"  # in either guarantee (Faust's: exactly_once only)
+        assert ours._fetch_max_wait_ms == settings.consumer_fetch_max_wait_ms
+    finally:
+        await ours.stop()
+        await faust_s.stop()
 
 
 def test_start_up_objects_are_frozen_out_of_collections(restore_gc: None) -> None:
