@@ -76,8 +76,8 @@ class TableAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafk
         self.replicas = replicas
         self.assignment = ClientAssignment(actives={}, standbys={})
         self.topic_groups: dict[str, int] = {}
-        self._changelog_distribution: HostPartitions = {}
-        self._external_topic_distribution: HostPartitions = {}
+        self._changelogs_by_url: HostPartitions = {}
+        self._inputs_by_url: HostPartitions = {}
         self._changelog_owner: dict[TP, str] = {}
         self._external_owner: dict[TP, str] = {}
         self.member_urls: dict[str, str] = {}
@@ -169,21 +169,21 @@ class TableAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafk
     @property
     def changelog_distribution(self) -> HostPartitions:
         """Member URL -> the changelog partitions it owns as active."""
-        return self._changelog_distribution
+        return self._changelogs_by_url
 
     @changelog_distribution.setter
     def changelog_distribution(self, value: HostPartitions) -> None:
-        self._changelog_distribution = value
+        self._changelogs_by_url = value
         self._changelog_owner = _by_url(value)
 
     @property
     def external_topic_distribution(self) -> HostPartitions:
         """Member URL -> the input partitions (of topics other than changelogs) it owns."""
-        return self._external_topic_distribution
+        return self._inputs_by_url
 
     @external_topic_distribution.setter
     def external_topic_distribution(self, value: HostPartitions) -> None:
-        self._external_topic_distribution = value
+        self._inputs_by_url = value
         self._external_owner = _by_url(value)
 
     def changelog_owner_urls(self) -> Mapping[TP, str]:

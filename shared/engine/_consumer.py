@@ -13,8 +13,8 @@ unchanged.
 What it owns, since Faust's bookkeeping never sees these records:
 
 * **Offsets.** After a batch is delivered, the partition's next offset to commit is
-  its last offset + 1; :meth:`offset_to_commit` and :meth:`partitions_to_commit`
-  answer Faust's periodic commit from it.
+  its last offset + 1; :meth:`force_commit` commits it after Faust's own (periodic,
+  at revocation, at stop) under at_least_once.
 * **No batch for a partition that is not ours.** Before each delivery it re-checks that
   flow is active, the consumer generation has not changed and the partition is still
   assigned and not paused; otherwise the consumer is sent back to the batch's first
@@ -49,7 +49,7 @@ import contextvars
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -263,12 +263,12 @@ class BatchConsumer(ConsumerHooks):
         #: Before Faust's own set-up, which builds the consumer thread that reads it.
         self.delivery = delivery if delivery is not None else Delivery()
         super().__init__(*args, **kwargs)
-        self._delivered: dict[TP, int] = {}
         #: Per partition delivered to the engine since it was assigned, the offset after its last
-        #: processed batch (committed with it under exactly_once, at the next commit otherwise).
+        #: processed batch (committed with it under exactly_once, by :meth:`force_commit` otherwise).
         self._processed: dict[TP, int] = {}
-        #: Per assigned partition, the group's committed offset when the consumer last sought to
-        #: it (absent: none committed).
+        #: Per assigned partition, the group's committed offset as this consumer last sought to it
+        #: or committed it (absent: none known; under exactly_once the batches' transactions
+        #: commit without telling it).
         self._committed: dict[TP, int] = {}
         #: Bumped by every seek and rebalance: fetches in one epoch continue one another.
         self._seek_epoch = 0
@@ -483,8 +483,6 @@ class BatchConsumer(ConsumerHooks):
         last = int(batch[-1].offset)
         if epoch >= 0 and epoch == self._seek_epoch:
             self._handed[tp] = (epoch, last)
-        if not self.delivery.exactly_once:  # else the batch's transaction committed the offset
-            self._delivered[tp] = last + 1
         self._processed[tp] = last + 1
         self.read_offsets[tp] = last
 
@@ -566,16 +564,34 @@ class BatchConsumer(ConsumerHooks):
 
     # -- offsets ------------------------------------------------------------------------
 
-    def partitions_to_commit(self, topics: Any = None) -> Iterator[TP]:
-        yield from super().partitions_to_commit(topics)
-        for tp in list(self._delivered):
-            if topics is None or tp in topics or tp.topic in topics:
-                yield tp
+    async def force_commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
+        # Faust's commit (periodic, at revocation, at stop) of the offsets it tracks itself, then
+        # of the processed batches', which its bookkeeping never sees (under exactly_once each
+        # batch's transaction committed its offset).
+        did_commit = await super().force_commit(topics, start_new_transaction=start_new_transaction)
+        if self.delivery.exactly_once:
+            return bool(did_commit)
+        offsets = {
+            tp: offset
+            for tp, offset in self._processed.items()
+            if (topics is None or tp in topics or tp.topic in topics) and self._committed.get(tp) != offset
+        }
+        return await self._commit_processed(offsets) or did_commit
 
-    def offset_to_commit(self, tp: TP) -> int | None:
-        if tp.topic in self.delivery.batch_topics:
-            return self._delivered.get(tp)
-        return super().offset_to_commit(tp)
+    async def _commit_processed(self, offsets: dict[TP, int]) -> bool:
+        """Commit processed batches' offsets of partitions still assigned, as Faust commits its own
+        (its producer flushed first; the tables told)."""
+        assignment = self.assignment()
+        offsets = {tp: offset for tp, offset in offsets.items() if tp in assignment}
+        if not offsets:
+            return False
+        await self.app.producer.flush()
+        did_commit = bool(await self.thread.commit(offsets))
+        if did_commit:
+            self._committed.update(offsets)
+            self.app.tables.on_commit(offsets)
+        self.app.monitor.on_tp_commit(offsets)
+        return did_commit
 
     async def wait_empty(self) -> None:
         await self._idle.wait()
@@ -595,15 +611,16 @@ class BatchConsumer(ConsumerHooks):
         self._seek_epoch += 1
         await super().seek_wait(partitions)
 
-    async def seek_partition(self, partition: TP, offset: int) -> None:
+    async def seek(self, partition: TP, offset: int) -> None:
         self._seek_epoch += 1
-        await super().seek_partition(partition, offset)
+        await super().seek(partition, offset)
 
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         self._seek_epoch += 1
         self._handed.clear()
         for tp in assigned:  # read from the group's committed offset again
             self._processed.pop(tp, None)
+            self._committed.pop(tp, None)  # until Faust seeks to it
         if self.delivery.on_assigned is not None:
             await self.delivery.on_assigned(set(assigned))
         await super().on_partitions_assigned(assigned, generation_id)
@@ -615,13 +632,12 @@ class BatchConsumer(ConsumerHooks):
         self._handed.clear()
         if self.delivery.on_revoked is not None:
             await self.delivery.on_revoked(set(revoked))
-        ours = {tp for tp in revoked if tp in self._delivered}
+        ours = set() if self.delivery.exactly_once else {tp for tp in revoked if tp in self._processed}
         if ours:
             try:
                 await asyncio.wait_for(self.commit(ours), REVOKE_COMMIT_TIMEOUT_S)
             except Exception as exc:  # the next owner re-reads those records and drops them as replays
                 log.info("offsets of revoked partitions not committed (%r): the next owner re-reads them", exc)
         for tp in revoked:
-            self._delivered.pop(tp, None)
             self._processed.pop(tp, None)
             self._committed.pop(tp, None)

@@ -1,14 +1,18 @@
 """Faust and aiokafka as the engine uses them: the one module that reaches into their private parts.
 
-Faust does not expose a table partition's RocksDB handle, the map from changelog partition
-to owning instance, its consumer's group coordinator, or the steps of its consumer, recovery,
-assignor and worker that the engine replaces (the batch hand-over, the offsets it commits,
-bulk restore, warm-up assignment); aiokafka's consumer does not expose its cluster client (its
-metadata, a request to one broker). Everything of theirs that is private is reached here and
-only here, as plain functions and as ``*Hooks`` base classes that turn each private step the
-engine overrides into a public method whose default is Faust's own step. If an upgrade of
-Faust or aiokafka moves one of them, this is the only module to change (``_versions`` pins
-the versions it was written against; ruff's SLF001 is off for this module alone).
+Faust does not expose a table partition's RocksDB handle, its consumer's group coordinator
+and heartbeat, the construction of its worker consumer and thread, its fetch loop and
+per-record bookkeeping (which the batch hand-over replaces for the engine's inputs), or its
+recovery's reads of changelog ends (where the bulk restore runs); aiokafka's consumer does
+not expose its cluster client (its metadata, a request to one broker). Those 14 private names
+are reached here and only here, as plain functions and as ``*Hooks`` base classes that turn
+each private step the engine overrides into a public method whose default is Faust's own
+step. If an upgrade of Faust or aiokafka moves one of them, this is the only module to change
+(``_versions`` checks the supported ranges; ruff's SLF001 is off for this module alone).
+Everything else the engine needs of them it reaches by their public API: the worker's aiokafka
+consumer is built with aiokafka's constructor, offsets are committed through Faust's
+``force_commit`` and the consumer thread's ``commit``, the table manager's recovery service
+and its start are public methods overridden.
 
 Nothing is patched for the whole process: the app's consumer class comes through Faust's
 public transport registry (:class:`Transport`), and the producers keep their topics' metadata
@@ -39,6 +43,7 @@ from faust.tables.recovery import RebalanceAgain, Recovery
 from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP, ConsumerT, TableT
+from mode.utils.times import Seconds
 from rocksdict import Rdict
 
 from shared.engine._context import AppContext
@@ -60,11 +65,6 @@ def partition_db(table: AnyTable, partition: int) -> Rdict:
 def store_partition_db(store: Any, partition: int) -> Rdict:
     """The RocksDB database (rocksdict) of one partition of a table's RocksDB store (opened if need be)."""
     return cast(Rdict, store._db_for_partition(partition))
-
-
-def store_open_dbs(store: Any) -> dict[int, Rdict]:
-    """The partition databases a table's RocksDB store holds open now, by partition (a copy)."""
-    return dict(store._dbs)
 
 
 def partition_items(
@@ -234,32 +234,11 @@ class ConsumerHooks(aiokafka_driver.Consumer):
     async def _drain_messages(self, fetcher: Any) -> None:
         await self.drain_fetched(fetcher)
 
-    def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
-        return self.partitions_to_commit(topics)
-
-    def _new_offset(self, tp: TP) -> int | None:
-        return self.offset_to_commit(tp)
-
-    async def _seek(self, partition: TP, offset: int) -> None:
-        await self.seek_partition(partition, offset)
-
     # -- the steps, Faust's by default ------------------------------------------------------
 
     async def drain_fetched(self, fetcher: Any) -> None:
         """The fetch loop: take fetched records and hand them on until the consumer stops."""
         await super()._drain_messages(fetcher)
-
-    def partitions_to_commit(self, topics: Any = None) -> Iterator[TP]:
-        """The partitions the periodic commit looks at (of ``topics``, when given)."""
-        return super()._filter_tps_with_pending_acks(topics)
-
-    def offset_to_commit(self, tp: TP) -> int | None:
-        """The offset to commit for ``tp`` now (None: nothing new)."""
-        return super()._new_offset(tp)
-
-    async def seek_partition(self, partition: TP, offset: int) -> None:
-        """Move the fetch position of ``partition`` to ``offset``."""
-        await super()._seek(partition, offset)
 
     # -- Faust's per-record state and steps, for a fetch loop of one's own ----------------
 
@@ -321,20 +300,31 @@ class TableManagerHooks(TableManager):
 
     recovery_class: type[Recovery] = Recovery
 
-    async def on_start(self) -> None:
-        # Faust sleeps a second here first, for tables declared after the app starts. A
-        # service declares every table before, and the second delayed each start, restart
-        # and failover on its way to Ready. A table added later still fails loudly ("Too late
-        # to add tables").
-        if not self.should_stop:
-            await self._update_channels()
-            await self.recovery.start()
+    async def sleep(self, n: Seconds) -> None:
+        # The table manager's one sleep is the second Faust waits at its start, for tables
+        # declared after the app starts. A service declares every table before, and the second
+        # delayed each start, restart and failover on its way to Ready. A table added later
+        # still fails loudly ("Too late to add tables").
+        return None
+
+    #: The recovery service, of :attr:`recovery_class` (built on first use, as Faust builds its own).
+    recovery_service: Recovery | None = None
 
     @property
     def recovery(self) -> Recovery:
-        if self._recovery is None:
-            self._recovery = self.recovery_class(self.app, self, beacon=self.beacon, loop=self.loop)
-        return self._recovery
+        if self.recovery_service is None:
+            self.recovery_service = self.recovery_class(self.app, self, beacon=self.beacon, loop=self.loop)
+        return self.recovery_service
+
+    async def on_stop(self) -> None:
+        # Faust stops the recovery service it would have built itself; this one is stopped here,
+        # before Faust stops the fetcher and the tables: its last buffered changelog records go
+        # into the tables while they are open. Records fetched after that are not applied and
+        # not counted as applied (the partition's persisted offset), so the next start reads
+        # them again.
+        if self.recovery_service is not None:
+            await self.recovery_service.stop()
+        await super().on_stop()
 
 
 class AppHooks(faust.App):

@@ -40,7 +40,7 @@ from faust.stores.rocksdb import RocksDBOptions
 from faust.stores.rocksdb import Store as FaustRocksDBStore
 from faust.types import TP, CollectionT, EventT
 
-from shared.engine._faust import FAUST_OFFSET_KEY, store_open_dbs, store_partition_db
+from shared.engine._faust import FAUST_OFFSET_KEY, store_partition_db
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,12 @@ def rocksdb_memory() -> RocksDBMemory:
 class SharedMemoryOptions(RocksDBOptions):
     """Faust's RocksDB options, with the process's shared cache and memtable budget."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Every database opened with these options that its store has not given up yet, by path
+        #: (Faust's store holds the same ones, by partition).
+        self.opened: dict[Path, rocksdict.Rdict] = {}
+
     def as_options(self, write_buffer_bytes: int | None = None) -> Any:
         """The options of a database and its default family; ``write_buffer_bytes``, a smaller
         memtable (the engine family's, which holds a few rows per partition)."""
@@ -138,6 +144,7 @@ class SharedMemoryOptions(RocksDBOptions):
         access = rocksdict.AccessType.read_write() if self.ttl is None else rocksdict.AccessType.with_ttl(self.ttl)
         db = open_partition_db(path, self.as_options(), self.as_options(MIN_WRITE_BUFFER_BYTES), access_type=access)
         keep_engine_family(db)
+        self.opened[Path(path)] = db
         return db
 
 
@@ -356,24 +363,30 @@ class SharedMemoryStore(FaustRocksDBStore):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.rocksdb_options = SharedMemoryOptions(**(self.options or {}), use_rocksdict=True)
+        self.shared_options = SharedMemoryOptions(**(self.options or {}), use_rocksdict=True)
+        self.rocksdb_options = self.shared_options
 
     def revoke_partitions(self, table: CollectionT, tps: set[TP]) -> None:
         for tp in tps:
-            db = store_open_dbs(self).get(tp.partition)
-            if db is not None and tp.topic in table.changelog_topic.topics:
-                release_engine_family(db)
+            if tp.topic in table.changelog_topic.topics:
+                db = self.shared_options.opened.pop(self.partition_path(tp.partition), None)
+                if db is not None:
+                    release_engine_family(db)
         super().revoke_partitions(table, tps)
 
     async def stop(self) -> None:
-        for db in store_open_dbs(self).values():
-            release_engine_family(db)
+        self._give_up_dbs()
         await super().stop()
 
     def reset_state(self) -> None:
-        for db in store_open_dbs(self).values():
-            release_engine_family(db)
+        self._give_up_dbs()
         super().reset_state()
+
+    def _give_up_dbs(self) -> None:
+        # Faust drops every database it holds on stop and reset (it keeps no other handle).
+        for db in self.shared_options.opened.values():
+            release_engine_family(db)
+        self.shared_options.opened.clear()
 
     def persisted_offset(self, tp: TP) -> int | None:
         return persisted_offset(store_partition_db(self, tp.partition))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Transport
+from mode import Service
 
 from shared.engine import Engine
 from shared.engine._consumer import BatchConsumer
@@ -34,9 +35,9 @@ async def test_the_worker_consumer_holds_fetches_no_longer_than_the_setting(tmp_
     transport = engine._faust_app.transport
     assert isinstance(transport, Transport)
     consumer = thread._create_worker_consumer(transport)
-    assert thread.client is consumer
     assert consumer._fetch_max_wait_ms == 35  # Faust's own choice is 1500
     await consumer.stop()
+    assert thread.client is consumer
 
 
 #: What the engine's worker consumer is built with that Faust would build it with too (aiokafka's
@@ -69,6 +70,7 @@ async def test_the_worker_consumer_is_faust_s_own_but_for_the_fetch_wait_and_the
     assert isinstance(app_consumer, BatchConsumer)
     thread = app_consumer.thread
     transport = engine._faust_app.transport
+    assert isinstance(transport, Transport)
     ours = thread._create_worker_consumer(transport)
     faust_s = AIOKafkaConsumerThread._create_worker_consumer(thread, transport)
     try:
@@ -135,11 +137,11 @@ async def test_the_tables_start_at_once_without_faust_s_second_for_late_tables(
     async def start_recovery() -> None:
         steps.append("recovery")
 
-    async def no_sleep(seconds: float) -> None:
+    async def no_sleep(service: Service, seconds: float) -> None:
         raise AssertionError(f"the table manager slept {seconds}s on its way to Ready")
 
     monkeypatch.setattr(tables, "_update_channels", update_channels)
     monkeypatch.setattr(tables.recovery, "start", start_recovery)
-    monkeypatch.setattr(tables, "sleep", no_sleep)
+    monkeypatch.setattr(Service, "sleep", no_sleep)  # Faust's start sleeps with mode's
     await tables.on_start()
     assert steps == ["changelog channels", "recovery"]
