@@ -116,6 +116,11 @@ def content_id(origin_topic: str, key: bytes | None, value: bytes | None) -> str
     return h.hexdigest()[:32]
 
 
+#: Header names :func:`letter_fingerprint` keeps encoded (bounded: names are anyone's to choose).
+_FINGERPRINT_NAMES: dict[str, tuple[bytes, bytes]] = {}
+_FINGERPRINT_NAMES_KEPT = 1024
+
+
 def letter_fingerprint(
     key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]], timestamp_ms: int | None
 ) -> str:
@@ -127,11 +132,16 @@ def letter_fingerprint(
     for part in (key, value):
         h.update(b"-" if part is None else b"+%d:" % len(part))
         h.update(part or b"")
+    names = _FINGERPRINT_NAMES
     for name, raw in headers:
-        encoded = name.encode()
-        h.update(b"%d:%d:" % (len(encoded), len(raw)))
-        h.update(encoded)
-        h.update(raw)
+        # A name's bytes and its length's prefix, kept: a few names make up most headers.
+        known = names.get(name)
+        if known is None:
+            encoded = name.encode()
+            known = (b"%d:" % len(encoded), encoded)
+            if len(names) < _FINGERPRINT_NAMES_KEPT:
+                names[name] = known
+        h.update(b"%b%d:%b%b" % (known[0], len(raw), known[1], raw))
     h.update(b"t%d" % (timestamp_ms if timestamp_ms is not None else -1))
     return h.hexdigest()
 

@@ -150,27 +150,46 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_ATTEMPT = (1 << 31) - 1
 
 
+def _clamped(letter: DeadLetter) -> tuple[int, int, int, int, int]:
+    """A dead letter's attempt, origin partition and offset, first and last failure times as
+    stored: clamped to what the entry keeps (the headers themselves are redelivered as they came)."""
+    return (
+        max(1, min(_MAX_ATTEMPT, letter.attempt)),
+        max(_INT64_MIN, min(_INT64_MAX, letter.original_partition)),
+        max(_INT64_MIN, min(_INT64_MAX, letter.original_offset)),
+        max(0, min(MAX_DUE_MS, letter.first_failed_at)),
+        max(0, min(MAX_DUE_MS, letter.failed_at)),
+    )
+
+
+def entry_attempt_and_failure(letter: DeadLetter) -> tuple[int, int]:
+    """A dead letter's attempt and failure time as its entry keeps them (what its fate is decided on)."""
+    attempt, _, _, _, failed_at = _clamped(letter)
+    return attempt, failed_at
+
+
 def entry_from_letter(letter: DeadLetter, raw_headers: list[tuple[str, bytes]], received_at: int) -> Entry:
     """The entry for a dead letter: its headers as received, with every ``dlq.*`` header filled in.
 
     Numbers read from headers are clamped to what is stored (the headers themselves are
     redelivered as they came).
     """
-    # Positional, and the clamps spelled out: this runs once per dead letter.
+    attempt, origin_partition, origin_offset, first_failed_at, failed_at = _clamped(letter)
+    # Positional: this runs once per dead letter.
     return Entry(
         letter.id,
         letter.key,
         letter.value,
         tuple(merge_headers(raw_headers, letter.dlq_headers())),
         letter.retry_topic,
-        max(1, min(_MAX_ATTEMPT, letter.attempt)),
+        attempt,
         letter.original_topic,
-        max(_INT64_MIN, min(_INT64_MAX, letter.original_partition)),
-        max(_INT64_MIN, min(_INT64_MAX, letter.original_offset)),
+        origin_partition,
+        origin_offset,
         letter.error_class,
         letter.error_message,
-        max(0, min(MAX_DUE_MS, letter.first_failed_at)),
-        max(0, min(MAX_DUE_MS, letter.failed_at)),
+        first_failed_at,
+        failed_at,
         received_at,
         fingerprints=(letter.fingerprint,) if letter.fingerprint else (),
     )
@@ -239,35 +258,112 @@ def encode_entry(e: Entry) -> bytes:
         e.first_failed_at,
         e.failed_at,
     )
+    headers = [
+        place if place is not None and spelled[place] == value else [name, b2a_base64(value, newline=False).decode("ascii")]
+        for name, value in e.headers
+        for place in (_DLQ_PLACE.get(name),)
+    ]
+    return _entry_json(e, headers, e.due_at, e.max_attempts, e.parked_at, e.parked_reason, e.history, e.fingerprints)
+
+
+def _entry_json(
+    e: Entry | DeadLetter,
+    headers: list[Any],
+    due_at: int,
+    max_attempts: int,
+    parked_at: int | None,
+    parked_reason: str | None,
+    history: tuple[Replayed, ...],
+    fingerprints: tuple[str, ...],
+    clamped: tuple[int, int, int, int, int, int] | None = None,
+) -> bytes:
+    """:func:`encode_entry`'s JSON of an entry, or of a dead letter with its ``clamped`` numbers
+    (attempt, origin partition and offset, first and last failure, received at)."""
+    if isinstance(e, Entry):
+        attempt, origin_partition, origin_offset = e.attempt, e.origin_partition, e.origin_offset
+        first_failed_at, failed_at, received_at = e.first_failed_at, e.failed_at, e.received_at
+        origin_topic = e.origin_topic
+    else:
+        assert clamped is not None
+        attempt, origin_partition, origin_offset, first_failed_at, failed_at, received_at = clamped
+        origin_topic = e.original_topic
     fields: dict[str, Any] = {
         "id": e.id,
         "k": _b64(e.key),
         "v": _b64(e.value),
-        "h": [
-            place if place is not None and spelled[place] == value else [name, b2a_base64(value, newline=False).decode("ascii")]
-            for name, value in e.headers
-            for place in (_DLQ_PLACE.get(name),)
-        ],
+        "h": headers,
         "rt": e.retry_topic,
-        "a": e.attempt,
-        "ot": e.origin_topic,
-        "op": e.origin_partition,
-        "oo": e.origin_offset,
+        "a": attempt,
+        "ot": origin_topic,
+        "op": origin_partition,
+        "oo": origin_offset,
         "ec": e.error_class,
         "em": e.error_message,
-        "ff": e.first_failed_at,
-        "fa": e.failed_at,
-        "ra": e.received_at,
-        "due": e.due_at,
-        "ma": e.max_attempts,
-        "pa": e.parked_at,
-        "pr": e.parked_reason,
+        "ff": first_failed_at,
+        "fa": failed_at,
+        "ra": received_at,
+        "due": due_at,
+        "ma": max_attempts,
+        "pa": parked_at,
+        "pr": parked_reason,
     }
-    if e.history:  # absent when empty: entries stored before history existed decode alike
-        fields["hi"] = _history_json(e.history)
-    if e.fingerprints:  # absent when empty, as history
-        fields["fp"] = list(e.fingerprints)
+    if history:  # absent when empty: entries stored before history existed decode alike
+        fields["hi"] = _history_json(history)
+    if fingerprints:  # absent when empty, as history
+        fields["fp"] = list(fingerprints)
     return orjson.dumps(fields)
+
+
+def decided_from_letter(
+    letter: DeadLetter,
+    raw_headers: list[tuple[str, bytes]],
+    received_at: int,
+    due_at: int,
+    max_attempts: int,
+    park_reason: str | None = None,
+) -> Decided:
+    """The decided dead letter of a letter just read, scheduled at ``due_at`` or parked (at
+    ``received_at``) for ``park_reason``: the same bytes as ``Decided.of`` of
+    :func:`entry_from_letter` with that fate, made without the entry in between. The route hop
+    does this for every dead letter; merging the headers and encoding them is one pass here."""
+    clamped = (*_clamped(letter), received_at)
+    attempt, origin_partition, origin_offset, first_failed_at, failed_at, _ = clamped
+    normalized = letter.dlq_headers()
+    spelled = _spelled(
+        letter.id,
+        letter.original_topic,
+        origin_partition,
+        origin_offset,
+        letter.retry_topic,
+        attempt,
+        letter.error_class,
+        letter.error_message,
+        first_failed_at,
+        failed_at,
+    )
+    # As merge_headers then encode_entry: a dlq.* header takes its normalized value, once, in its
+    # first place; those the letter lacked follow in protocol order.
+    headers: list[Any] = []
+    placed = [False] * len(DLQ_HEADERS)
+    for name, value in raw_headers:
+        place = _DLQ_PLACE.get(name)
+        if place is None:
+            headers.append([name, b2a_base64(value, newline=False).decode("ascii")])
+        elif not placed[place]:
+            placed[place] = True
+            headers.append(_dlq_header_json(place, normalized[place][1], spelled))
+    for place, done in enumerate(placed):
+        if not done:
+            headers.append(_dlq_header_json(place, normalized[place][1], spelled))
+    parked_at = None if park_reason is None else received_at
+    fingerprints = (letter.fingerprint,) if letter.fingerprint else ()
+    stored = _entry_json(letter, headers, due_at, max_attempts, parked_at, park_reason, (), fingerprints, clamped)
+    return Decided(letter.id, parked_at is not None, attempt, due_at, (letter.original_topic, letter.error_class), stored)
+
+
+def _dlq_header_json(place: int, value: bytes, spelled: tuple[bytes, ...]) -> Any:
+    """A ``dlq.*`` header as :func:`encode_entry` keeps it: its place, or (a clamped number) name and value."""
+    return place if spelled[place] == value else [DLQ_HEADERS[place], b2a_base64(value, newline=False).decode("ascii")]
 
 
 def _history_json(history: Iterable[Replayed]) -> list[list[Any]]:

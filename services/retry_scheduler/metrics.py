@@ -95,20 +95,20 @@ class OriginTopicLabels:
         self.seen: dict[str, int] = {}  # labelled topics: events since labelled
         self.candidates: dict[str, int] = {}  # unlabelled topics: events seen (bounded)
 
-    def label(self, topic: str) -> str:
-        """The label to count an event of ``topic`` under (and the event counted)."""
+    def label(self, topic: str, events: int = 1) -> str:
+        """The label to count ``events`` events of ``topic`` under (and the events counted)."""
         seen = self.seen
         count = seen.get(topic)
         if count is not None:
-            seen[topic] = count + 1
+            seen[topic] = count + events
             return topic
         if len(seen) < self.max_topics:
-            seen[topic] = 1
+            seen[topic] = events
             return topic
         if self.max_topics == 0:
             return OTHER
         candidates = self.candidates
-        mine = candidates.get(topic, 0) + 1
+        mine = candidates.get(topic, 0) + events
         least = min(seen, key=seen.__getitem__)
         if mine > 2 * seen[least]:
             del seen[least]

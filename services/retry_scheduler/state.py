@@ -177,6 +177,8 @@ class CountChange:
 
     scheduled: CountsByKey = field(default_factory=Counter)
     parked: CountsByKey = field(default_factory=Counter)
+    #: Entries newly scheduled, by origin topic (the scheduled counter, counted once committed).
+    newly_scheduled: Counter[str] = field(default_factory=Counter)
 
     def add(self, which: str, k: tuple[str, str], n: int = 1) -> None:
         (self.scheduled if which == "scheduled" else self.parked)[k] += n

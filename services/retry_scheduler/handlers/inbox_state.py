@@ -158,17 +158,27 @@ class InboxState:
         """Count ``n`` more (or fewer) ``which`` (scheduled, parked) entries under ``counted_as``
         (:attr:`Entry.counted_as`) in the batch's partition: its ``!counts`` row is written once
         with the batch's other rows, and the in-memory counts follow once it is committed."""
+        self._staged_change(batch).add(which, counted_as, n)
+
+    def _staged_change(self, batch: InputBatch) -> CountChange:
+        """What the batch being staged changes in its partition's counts (written before its commit)."""
         staged = self._count_changes.get(batch.partition)
         if staged is None or staged[0] is not batch:  # not another batch's, whose handler failed
             staged = self._count_changes[batch.partition] = (batch, CountChange())
             batch.before_commit(lambda: self._write_counts(batch))
-        staged[1].add(which, counted_as, n)
+        return staged[1]
 
     def _write_counts(self, batch: InputBatch) -> None:
         partition = batch.partition
         _, change = self._count_changes.pop(partition)
         batch.write(self.index, COUNTS_KEY, self.counts.row_with(partition, change))
-        batch.after_commit(lambda: self.counts.apply(partition, change))
+        batch.after_commit(lambda: self._committed(partition, change))
+
+    def _committed(self, partition: int, change: CountChange) -> None:
+        self.counts.apply(partition, change)
+        for topic, n in change.newly_scheduled.items():
+            SCHEDULED.labels(ORIGIN_TOPICS.label(topic, n)).inc(n)
+            self.totals["scheduled"] += n
 
     def finish(self, batch: InputBatch, key: bytes, entry: Entry, done: bytes | None) -> None:
         """Remove a scheduled entry.
@@ -302,15 +312,15 @@ class InboxState:
         key = due_key(due_at, dlq_id)
         batch.write(self.schedule, key, stored)
         batch.write(self.index, id_key(dlq_id), key)
-        self.count(batch, "scheduled", counted_as)
+        change = self._staged_change(batch)
+        change.add("scheduled", counted_as)
+        change.newly_scheduled[counted_as[0]] += 1
         low = self.low_water.get(partition)
         if low is not None and key < low:
             self.low_water[partition] = key
         known = self.next_due.get(partition)
         if known is None or due_at < known:
             self.next_due[partition] = due_at
-        SCHEDULED.labels(ORIGIN_TOPICS.label(counted_as[0])).inc()
-        self.totals["scheduled"] += 1
 
     # -- parking ----------------------------------------------------------------------------------------
 

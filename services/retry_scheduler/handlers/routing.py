@@ -18,11 +18,19 @@ from services.retry_scheduler.domain import (
     PolicyBook,
     PolicyError,
     PolicySections,
+    Schedule,
     build_policy_book,
     decide,
     parse_policy_document,
 )
-from services.retry_scheduler.entries import Decided, Entry, encode_decided, entry_from_letter
+from services.retry_scheduler.entries import (
+    Decided,
+    Entry,
+    decided_from_letter,
+    encode_decided,
+    entry_attempt_and_failure,
+    entry_from_letter,
+)
 from services.retry_scheduler.handlers.inbox_state import now_ms
 from services.retry_scheduler.handlers.kinds import KIND_DECIDED
 from services.retry_scheduler.handlers.ordered import deferred_entry, is_deferred, ordered_letter_record
@@ -88,11 +96,11 @@ class Routing:
                 if not letter.retry_topic_given:  # Spring, Connect, Streams or no headers: the policy says where
                     policy = self.policies.policy_for(letter.original_topic, letter.error_class)
                     letter.retry_topic = policy.retry_topic(letter.original_topic, letter.retry_topic)
-                entry = entry_from_letter(letter, raw_headers, received_at)
-                lane = self.lane_of(entry)
+                lane = self.lane_of(letter.original_topic, letter.key)
                 if lane is None:
-                    encoded = KIND_DECIDED + encode_decided(Decided.of(self.decide_fate(entry, received_at)))
+                    encoded = KIND_DECIDED + encode_decided(self.decide_letter(letter, raw_headers, received_at))
                 else:
+                    entry = entry_from_letter(letter, raw_headers, received_at)
                     encoded = self._ordered(lane, entry, is_deferred(raw_headers), received_at)
             except Exception as exc:  # never expected: parsing is lenient; keep the message anyway
                 log.exception("unreadable dead letter at %s[%s]@%s", record.topic, record.partition, record.offset)
@@ -102,11 +110,11 @@ class Routing:
             partition = partition_for(letter.id if lane is None else lane, self.settings.topic_partitions)
             batch.send(self.inbox_topic, letter.id.encode(), encoded, partition=partition)
 
-    def lane_of(self, entry: Entry) -> bytes | None:
+    def lane_of(self, origin_topic: str, key: bytes | None) -> bytes | None:
         """The lane of a dead letter of an ordered topic; ``None`` in unordered mode."""
-        if entry.key is None or not is_ordered(self.ordered_topics, entry.origin_topic, entry.key, self.settings.topic_prefix):
+        if key is None or not is_ordered(self.ordered_topics, origin_topic, key, self.settings.topic_prefix):
             return None
-        return lane_key(entry.origin_topic, entry.key)
+        return lane_key(origin_topic, key)
 
     def _ordered(self, lane: bytes, entry: Entry, deferred: bool, now: int) -> bytes:
         """The inbox record of an ordered topic's dead letter. A deferred record has no backoff of
@@ -127,18 +135,32 @@ class Routing:
 
     def decide_fate(self, entry: Entry, now: int) -> Entry:
         """``entry`` scheduled for its next delivery, or parked when that cannot or must not be."""
-        decision = decide(
+        decision = self._decision(entry, entry.attempt, entry.origin_topic, entry.failed_at, now)
+        if isinstance(decision, Park):
+            return entry.parked(now, decision.reason, decision.policy.max_attempts)
+        return entry.scheduled(decision.due_at, decision.policy.max_attempts)
+
+    def decide_letter(self, letter: dead_letters.DeadLetter, raw_headers: list[tuple[str, bytes]], received_at: int) -> Decided:
+        """A dead letter just read, decided as :meth:`decide_fate` decides its entry (parked at ``received_at``)."""
+        attempt, failed_at = entry_attempt_and_failure(letter)
+        decision = self._decision(letter, attempt, letter.original_topic, failed_at, received_at)
+        if isinstance(decision, Park):
+            return decided_from_letter(letter, raw_headers, received_at, 0, decision.policy.max_attempts, decision.reason)
+        return decided_from_letter(letter, raw_headers, received_at, decision.due_at, decision.policy.max_attempts)
+
+    def _decision(
+        self, entry: Entry | dead_letters.DeadLetter, attempt: int, origin_topic: str, failed_at: int, now: int
+    ) -> Schedule | Park:
+        """The policy's decision for an attempt of a dead letter or of its entry (with the entry's numbers)."""
+        return decide(
             self.policies,
             dlq_id=entry.id,
-            attempt=entry.attempt,
-            origin_topic=entry.origin_topic,
+            attempt=attempt,
+            origin_topic=origin_topic,
             error_class=entry.error_class,
-            failed_at=entry.failed_at,
+            failed_at=failed_at,
             retry_topic=entry.retry_topic,
             now_ms=now,
             forbidden_retry_topics=self.looping_topics,
             has_key_or_value=entry.key is not None or entry.value is not None,
         )
-        if isinstance(decision, Park):
-            return entry.parked(now, decision.reason, decision.policy.max_attempts)
-        return entry.scheduled(decision.due_at, decision.policy.max_attempts)

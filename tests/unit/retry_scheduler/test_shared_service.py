@@ -131,6 +131,10 @@ def test_origin_topic_labels_are_bounded_to_the_most_frequent_topics_plus_other(
     assert {labels.label(f"rare-{i}") for i in range(1000)} == {"other"}
     assert len(labels.candidates) <= 8 and len(labels.seen) == 2
     assert OriginTopicLabels(max_topics=0).label("a") == "other"
+    # events counted together (a batch's) weigh as many events one by one
+    batched = OriginTopicLabels(max_topics=1)
+    assert (batched.label("a", 3), batched.label("b", 6), batched.label("b", 1)) == ("a", "other", "b")
+    assert batched.seen == {"b": 7}
 
 
 def test_the_counters_carry_the_origin_topic(scheduler: tuple[RetrySchedulerService, TopologyDriver]) -> None:
