@@ -464,6 +464,50 @@ def decode_decided(raw: bytes) -> Decided:
     return Decided(fields[0], bool(parked), attempt, due_at, (fields[1], fields[2]), raw[at:])
 
 
+_PACKED_LENGTH = struct.Struct(">I")
+#: Largest pack of decided dead letters in one inbox record, well below the broker's default
+#: record size limit (1 MiB); a letter larger than this alone is a pack of one.
+PACK_BYTES = 256 * 1024
+
+
+def pack_decided(decided: list[bytes], limit: int = PACK_BYTES) -> list[bytes]:
+    """:func:`encode_decided` bytes, several to an inbox record, in order: each prefixed with its
+    length, at most ``limit`` bytes a pack (unless one alone is larger). The route hop sends a
+    batch's letters for one inbox partition as one record or a few rather than one each: a
+    record costs the producer, the broker and the inbox's consumer work of its own, and the
+    letters were hundreds per batch."""
+    packs: list[bytes] = []
+    parts: list[bytes] = []
+    size = 0
+    for one in decided:
+        if parts and size + 4 + len(one) > limit:
+            packs.append(b"".join(parts))
+            parts, size = [], 0
+        parts.append(_PACKED_LENGTH.pack(len(one)))
+        parts.append(one)
+        size += 4 + len(one)
+    if parts:
+        packs.append(b"".join(parts))
+    return packs
+
+
+def unpack_decided(raw: bytes) -> list[bytes]:
+    """The :func:`encode_decided` bytes of a pack, in order; raises ``ValueError`` on bytes
+    :func:`pack_decided` did not make."""
+    out: list[bytes] = []
+    at, end = 0, len(raw)
+    while at < end:
+        if at + 4 > end:
+            raise ValueError("not a pack of decided dead letters: truncated length")
+        (n,) = _PACKED_LENGTH.unpack_from(raw, at)
+        at += 4
+        if n == 0 or at + n > end:
+            raise ValueError("not a pack of decided dead letters: truncated")
+        out.append(raw[at : at + n])
+        at += n
+    return out
+
+
 def classify(raw: bytes) -> tuple[str, str]:
     """(origin topic, error class) of an encoded entry, for the in-memory counts."""
     o = orjson.loads(raw)

@@ -15,13 +15,14 @@ import logging
 
 import orjson
 
-from services.retry_scheduler.entries import Decided, decode_decided, decode_entry
+from services.retry_scheduler.entries import Decided, decode_decided, decode_entry, unpack_decided
 from services.retry_scheduler.handlers.commands import HttpCommands
 from services.retry_scheduler.handlers.inbox_state import InboxState, now_ms
 from services.retry_scheduler.handlers.kinds import (
     COMMANDS,
     KIND_ACK,
     KIND_DECIDED,
+    KIND_DECIDED_PACK,
     KIND_GROUP,
     KIND_LANE,
     KIND_LETTER,
@@ -66,11 +67,17 @@ class Inbox:
         )(self.process_inbox)
 
     async def process_inbox(self, batch: InputBatch) -> None:
+        packed = 0  # letters beyond one per record, for the processed-messages count
         for record in batch.records:
             value = record.value
             kind = value[:1] if isinstance(value, bytes) else b""
             try:
-                if kind == KIND_DECIDED:
+                if kind == KIND_DECIDED_PACK:
+                    letters = unpack_decided(value[1:])  # type: ignore[index]
+                    packed += len(letters) - 1
+                    for decided in letters:
+                        await self.state.store_decided(batch, decode_decided(decided))
+                elif kind == KIND_DECIDED:
                     await self.state.store_decided(batch, decode_decided(value[1:]))  # type: ignore[index]
                 elif kind == KIND_LETTER:
                     entry = self.routing.decide_fate(decode_entry(value[1:]), now_ms())  # type: ignore[index]
@@ -93,3 +100,5 @@ class Inbox:
                 log.warning(
                     "ignoring malformed inbox record at %s[%s]@%s: %s", record.topic, record.partition, record.offset, exc
                 )
+        if packed:
+            batch.counted = len(batch.records) + packed

@@ -6,6 +6,7 @@ is serialised.
 """
 
 KIND_DECIDED = b"D"  # a dead letter with its fate decided (entries.encode_decided)
+KIND_DECIDED_PACK = b"P"  # several of them, in order (entries.pack_decided): one record per partition per route batch
 KIND_LETTER = b"L"  # a dead letter not yet decided (an entry as stored), as earlier versions wrote
 KIND_TICK = b"T"
 KIND_REPLAY = b"R"

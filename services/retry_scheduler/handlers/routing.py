@@ -30,9 +30,10 @@ from services.retry_scheduler.entries import (
     encode_decided,
     entry_attempt_and_failure,
     entry_from_letter,
+    pack_decided,
 )
 from services.retry_scheduler.handlers.inbox_state import now_ms
-from services.retry_scheduler.handlers.kinds import KIND_DECIDED
+from services.retry_scheduler.handlers.kinds import KIND_DECIDED_PACK
 from services.retry_scheduler.handlers.ordered import deferred_entry, is_deferred, ordered_letter_record
 from services.retry_scheduler.metrics import OTHER, PARKED
 from shared import dead_letters
@@ -80,6 +81,9 @@ class Routing:
 
     async def route(self, batch: InputBatch) -> None:
         received_at = now_ms()
+        partitions = self.settings.topic_partitions
+        #: Per inbox partition, the batch's unordered letters in order, sent as packs at the end.
+        packs: dict[int, list[bytes]] = {}
         for record in batch.records:
             try:
                 raw_headers = dead_letters.header_items(record.headers)
@@ -98,7 +102,7 @@ class Routing:
                     letter.retry_topic = policy.retry_topic(letter.original_topic, letter.retry_topic)
                 lane = self.lane_of(letter.original_topic, letter.key)
                 if lane is None:
-                    encoded = KIND_DECIDED + encode_decided(self.decide_letter(letter, raw_headers, received_at))
+                    decided = encode_decided(self.decide_letter(letter, raw_headers, received_at))
                 else:
                     entry = entry_from_letter(letter, raw_headers, received_at)
                     encoded = self._ordered(lane, entry, is_deferred(raw_headers), received_at)
@@ -106,9 +110,13 @@ class Routing:
                 log.exception("unreadable dead letter at %s[%s]@%s", record.topic, record.partition, record.offset)
                 self._park_unreadable(batch, record, exc)
                 continue
-            # Ordered: every letter of a lane in one partition, whatever its id.
-            partition = partition_for(letter.id if lane is None else lane, self.settings.topic_partitions)
-            batch.send(self.inbox_topic, letter.id.encode(), encoded, partition=partition)
+            if lane is None:
+                packs.setdefault(partition_for(letter.id, partitions), []).append(decided)
+            else:  # every letter of a lane in one partition, whatever its id
+                batch.send(self.inbox_topic, letter.id.encode(), encoded, partition=partition_for(lane, partitions))
+        for partition, letters in packs.items():
+            for pack in pack_decided(letters):
+                batch.send(self.inbox_topic, None, KIND_DECIDED_PACK + pack, partition=partition)
 
     def lane_of(self, origin_topic: str, key: bytes | None) -> bytes | None:
         """The lane of a dead letter of an ordered topic; ``None`` in unordered mode."""

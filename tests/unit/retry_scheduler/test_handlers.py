@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
+from services.retry_scheduler.entries import decode_decided, pack_decided, unpack_decided
+from services.retry_scheduler.handlers.kinds import KIND_DECIDED_PACK
 from services.retry_scheduler.handlers.stats import Stats
 from services.retry_scheduler.state import COUNTS_KEY, CountChange, Counts, CountsByKey, decode_counts
 from shared.engine import partition_for
@@ -59,11 +61,48 @@ def test_a_dead_letter_is_routed_to_its_ids_inbox_partition_and_scheduled(
     service, driver = scheduler
     send_letter(service, driver, "d1")
     [routed] = driver.outputs(service.inbox_topic_name)
-    assert routed.key == b"d1" and routed.partition == partition_for(b"d1", PARTITIONS)
+    assert routed.partition == partition_for(b"d1", PARTITIONS)
+    assert routed.value is not None and routed.value[:1] == KIND_DECIDED_PACK
+    assert [decode_decided(d).id for d in unpack_decided(routed.value[1:])] == ["d1"]
     entry = service.stats.scheduled_entry("d1")
     assert entry is not None and entry.attempt == 1 and entry.retry_topic == RETRY_TOPIC
     tick_every_partition(service, driver)
     assert driver.outputs(RETRY_TOPIC) == []  # due in an hour
+
+
+def test_a_batch_of_letters_goes_to_the_inbox_as_one_pack_per_partition_in_order(
+    scheduler: tuple[RetrySchedulerService, TopologyDriver],
+) -> None:
+    service, driver = scheduler
+    ids = [f"m{i}" for i in range(40)]
+    for dlq_id in ids:  # one batch: sent before one process
+        driver.send(service.topics.dead_letters, b"key", b"value", headers=letter_headers(dlq_id, RETRY_TOPIC), partition=0)
+    driver.process()
+    packs = driver.outputs(service.inbox_topic_name)
+    assert len(packs) == len({partition_for(i, PARTITIONS) for i in ids}) <= PARTITIONS
+    for pack in packs:
+        assert pack.value is not None and pack.value[:1] == KIND_DECIDED_PACK
+        packed = [decode_decided(d).id for d in unpack_decided(pack.value[1:])]
+        assert packed == [i for i in ids if partition_for(i, PARTITIONS) == pack.partition]  # in the batch's order
+    assert all(service.stats.scheduled_entry(i) is not None for i in ids)
+    assert service.state.totals["scheduled"] == len(ids)
+    # the dead letters read again (the route's input not committed before a restart): packed
+    # again, and every letter known to the inbox as a copy, none stored twice
+    driver.rewind(service.topics.dead_letters, 0, 0)
+    driver.process()
+    assert len(driver.outputs(service.inbox_topic_name)) == 2 * len(packs)
+    assert service.state.totals["scheduled"] == len(ids)
+
+
+def test_a_pack_is_split_at_its_size_limit_and_read_back_whole() -> None:
+    letters = [bytes([i]) * (100 + i) for i in range(1, 30)]
+    packs = pack_decided(letters, limit=1000)
+    assert len(packs) > 1 and all(len(p) <= 1000 for p in packs)
+    assert [d for p in packs for d in unpack_decided(p)] == letters
+    assert pack_decided([b"x" * 5000], limit=1000) == [b"\x00\x00\x13\x88" + b"x" * 5000]  # one alone may be larger
+    for broken in (packs[0][:-1], packs[0][:3], b"\x00\x00\x00\x00"):
+        with pytest.raises(ValueError):
+            unpack_decided(broken)
 
 
 def test_a_tick_redelivers_what_is_due_once_with_everything_kept(scheduler: tuple[RetrySchedulerService, TopologyDriver]) -> None:

@@ -14,7 +14,8 @@ import orjson
 import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
-from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_DECIDED, KIND_LANE, KIND_ORDERED
+from services.retry_scheduler.entries import decode_decided, unpack_decided
+from services.retry_scheduler.handlers.kinds import KIND_CANCEL, KIND_DECIDED_PACK, KIND_LANE, KIND_ORDERED
 from services.retry_scheduler.handlers.ordered import lane_command_body
 from services.retry_scheduler.routes.ordered import blocked_cursor, blocked_key_json, blocked_sort, decode_blocked_cursor
 from services.retry_scheduler.routes.pages import merge_pages
@@ -151,8 +152,9 @@ def test_letters_of_an_ordered_topic_are_placed_by_their_lane_and_others_by_thei
     ordered = [r for r in inbox if r.value is not None and r.value[:1] == KIND_ORDERED]
     assert [r.key for r in ordered] == [b"a1", b"a2", b"a3"]
     assert {r.partition for r in ordered} == {partition_for(LANE, PARTITIONS)}
-    [unordered] = [r for r in inbox if r.value is not None and r.value[:1] == KIND_DECIDED]
+    [unordered] = [r for r in inbox if r.value is not None and r.value[:1] == KIND_DECIDED_PACK]
     assert unordered.partition == partition_for(b"u1", PARTITIONS)
+    assert [decode_decided(d).id for d in unpack_decided(unordered.value[1:])] == ["u1"]
 
 
 def test_later_records_of_a_blocked_key_are_held_without_a_backoff_of_their_own(scheduler: Scheduler) -> None:
@@ -332,7 +334,7 @@ def test_without_ordered_topics_nothing_changes(tmp_path: Path) -> None:
         headers = [*headers_of("d1", attempt=1, failed_at=now_ms()), (HELD_BEHIND, b"d0")]
         driver.pipe(service.topics.dead_letters, KEY, b"v", headers=headers)
         [routed] = driver.outputs(service.inbox_topic_name)
-        assert routed.value is not None and routed.value[:1] == KIND_DECIDED
+        assert routed.value is not None and routed.value[:1] == KIND_DECIDED_PACK
         assert routed.partition == partition_for(b"d1", PARTITIONS)
         entry = service.stats.scheduled_entry("d1")
         assert entry is not None and entry.attempt == 1  # scheduled by its id with its backoff, as ever
