@@ -153,7 +153,7 @@ def test_letters_of_an_ordered_topic_are_placed_by_their_lane_and_others_by_thei
     assert [r.key for r in ordered] == [b"a1", b"a2", b"a3"]
     assert {r.partition for r in ordered} == {partition_for(LANE, PARTITIONS)}
     [unordered] = [r for r in inbox if r.value is not None and r.value[:1] == KIND_DECIDED_PACK]
-    assert unordered.partition == partition_for(b"u1", PARTITIONS)
+    assert unordered.partition == partition_for(b"u1", PARTITIONS) and unordered.value is not None
     assert [decode_decided(d).id for d in unpack_decided(unordered.value[1:])] == ["u1"]
 
 
