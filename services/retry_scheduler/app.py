@@ -3,8 +3,9 @@
 Two hops, so that everything about one ``dlq.id`` lives in one partition:
 
 1. :mod:`~services.retry_scheduler.handlers.routing`: ``route`` reads ``dead-letters``,
-   decides each message's fate and forwards it to the internal ``…-inbox`` topic, keyed
-   and partitioned by ``dlq.id``. It keeps no state.
+   decides each message's fate and forwards it to the internal ``…-inbox`` topic,
+   partitioned by ``dlq.id`` (a batch's letters for one partition packed in one record). It
+   keeps no state.
 2. :mod:`~services.retry_scheduler.handlers.inbox`: ``process_inbox`` is the only handler
    that changes state (the ``schedule``, ``index``, ``expiry`` and ``parked`` tables of
    :mod:`~services.retry_scheduler.handlers.inbox_state`). Dead letters, ticks and the

@@ -3,10 +3,12 @@
 Anyone may write to ``dead-letters``, with any key and missing headers, on any number of
 partitions. ``route`` reads the ``dlq.*`` headers with the contract's defaults, decides the
 message's fate (its due time, or the parking lot) and forwards the entry to store to the
-internal ``…-inbox`` topic keyed and partitioned by ``dlq.id``, already encoded, so the
-second hop stores it without decoding it. It keeps no state: the engine commits its input
-only after the forwarded records are acknowledged, and a record read twice is forwarded
-twice, which the second hop recognises by ``dlq.id`` and attempt.
+internal ``…-inbox`` topic partitioned by ``dlq.id``, already encoded, so the second hop
+stores it without decoding it: a batch's letters for one inbox partition as one record (a
+pack, :func:`~services.retry_scheduler.entries.pack_decided`), a dead letter of an ordered
+topic on its own, keyed by its lane. It keeps no state: the engine commits its input only
+after the forwarded records are acknowledged, and a record read twice is forwarded twice,
+which the second hop recognises by ``dlq.id`` and attempt.
 """
 
 from __future__ import annotations
