@@ -182,6 +182,9 @@ class DeadLetter:
     fingerprint: str = ""
     #: Whether ``dlq.retry.topic`` was given (else the policy may choose the origin topic).
     retry_topic_given: bool = True
+    #: Whether it came in the full form (:func:`full_form`): each of its ``dlq.*`` headers, kept
+    #: as it came, spells the field read from it. Not part of what the letter is.
+    full_form: bool = field(default=False, compare=False)
 
     def headers(self) -> HeaderList:
         """Every header to send: the message's own headers, then the ``dlq.*`` ones."""
@@ -296,6 +299,72 @@ def foreign_failure(items: Sequence[tuple[str, bytes]]) -> ForeignFailure | None
     )
 
 
+#: The ``dlq.*`` headers in the order :meth:`DeadLetter.dlq_headers` writes them.
+DLQ_HEADERS = (
+    ID,
+    ORIGINAL_TOPIC,
+    ORIGINAL_PARTITION,
+    ORIGINAL_OFFSET,
+    RETRY_TOPIC,
+    ATTEMPT,
+    ERROR_CLASS,
+    ERROR_MESSAGE,
+    FIRST_FAILED_AT,
+    FAILED_AT,
+)
+
+
+def full_form(key: bytes | None, value: bytes | None, items: HeaderList, timestamp_ms: int | None) -> DeadLetter | None:
+    """The dead letter of ``items`` when they are in the full form, else ``None``.
+
+    The full form is what :func:`dead_letter_for` writes: each of the ten ``dlq.*`` headers
+    once and no other ``dlq.*`` header, the texts non-empty (the message may be empty) and in
+    UTF-8, the numbers in plain decimal (no sign but a minus, no spaces or leading zeros) and
+    an attempt of 1 or more, and no other framework's dead-letter headers. For such headers
+    :func:`parse_dead_letter` reads the same letter without its defaults and fallbacks, and
+    each header spells the field read from it, so the route stores them as they came."""
+    named = dict(items)
+    other = [item for item in items if not item[0].startswith(DLQ_PREFIX)]
+    if len(named) != len(items) or len(other) + len(DLQ_HEADERS) != len(items):
+        return None  # a header twice, or a dlq.* header missing or not the protocol's
+    for name, _ in other:
+        if name.startswith(FOREIGN_PREFIXES):
+            return None
+    try:
+        dlq_id, origin_topic, retry_topic = named[ID].decode(), named[ORIGINAL_TOPIC].decode(), named[RETRY_TOPIC].decode()
+        error_class, error_message = named[ERROR_CLASS].decode(), named[ERROR_MESSAGE].decode()
+        numbers = (named[ORIGINAL_PARTITION], named[ORIGINAL_OFFSET], named[ATTEMPT], named[FIRST_FAILED_AT], named[FAILED_AT])
+        partition, offset, attempt, first_failed_at, failed_at = [int(n) for n in numbers]
+    except (KeyError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    if (
+        not (dlq_id and origin_topic and retry_topic and error_class)
+        or attempt < 1
+        or len(error_message) > MAX_ERROR_MESSAGE
+        or (b"%d" % partition, b"%d" % offset, b"%d" % attempt, b"%d" % first_failed_at, b"%d" % failed_at) != numbers
+    ):
+        return None
+    return DeadLetter(
+        dlq_id,
+        key,
+        value,
+        origin_topic,
+        partition,
+        offset,
+        retry_topic,
+        attempt,
+        error_class,
+        error_message,
+        first_failed_at,
+        failed_at,
+        other,
+        "dlq",
+        letter_fingerprint(key, value, items, timestamp_ms),
+        True,
+        True,
+    )
+
+
 def parse_dead_letter(
     key: bytes | None,
     value: bytes | None,
@@ -314,8 +383,39 @@ def parse_dead_letter(
     error, the one written later (further down the header list) is this failure's: Spring
     appends its exception headers to those it copied, and :func:`dead_letter_for` appends
     its ``dlq.*`` ones. A letter without ``dlq.id`` gets :func:`content_id`.
+
+    A letter in the full form (:func:`full_form`), the form most producers write, is read
+    there: the same letter :func:`parse_any_form` reads, without the defaults it cannot need.
     """
     items = header_items(headers)
+    letter = full_form(key, value, items, timestamp_ms)
+    if letter is not None:
+        return letter
+    return parse_any_form(
+        key,
+        value,
+        items,
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        timestamp_ms=timestamp_ms,
+        default_retry_topic=default_retry_topic,
+    )
+
+
+def parse_any_form(
+    key: bytes | None,
+    value: bytes | None,
+    items: HeaderList,
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp_ms: int | None,
+    default_retry_topic: str,
+) -> DeadLetter:
+    """:func:`parse_dead_letter` for headers in any form (as :func:`header_items` gives them):
+    the contract's defaults, the other frameworks' headers, repeated and malformed headers."""
     dlq: dict[str, str] = {}
     other: HeaderList = []
     error_at = -1

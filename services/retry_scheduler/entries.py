@@ -13,19 +13,7 @@ from typing import Any
 import orjson
 
 from services.retry_scheduler.domain import MAX_DUE_MS, merge_headers
-from shared.dead_letters import (
-    ATTEMPT,
-    ERROR_CLASS,
-    ERROR_MESSAGE,
-    FAILED_AT,
-    FIRST_FAILED_AT,
-    ID,
-    ORIGINAL_OFFSET,
-    ORIGINAL_PARTITION,
-    ORIGINAL_TOPIC,
-    RETRY_TOPIC,
-    DeadLetter,
-)
+from shared.dead_letters import ATTEMPT, DLQ_HEADERS, FAILED_AT, DeadLetter
 
 # -- entries ---------------------------------------------------------------------------------------
 
@@ -150,9 +138,19 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_ATTEMPT = (1 << 31) - 1
 
 
-def _clamped(letter: DeadLetter) -> tuple[int, int, int, int, int]:
+def clamped_numbers(letter: DeadLetter) -> tuple[int, int, int, int, int]:
     """A dead letter's attempt, origin partition and offset, first and last failure times as
     stored: clamped to what the entry keeps (the headers themselves are redelivered as they came)."""
+    numbers = (letter.attempt, letter.original_partition, letter.original_offset, letter.first_failed_at, letter.failed_at)
+    attempt, origin_partition, origin_offset, first_failed_at, failed_at = numbers
+    if (
+        1 <= attempt <= _MAX_ATTEMPT
+        and _INT64_MIN <= origin_partition <= _INT64_MAX
+        and _INT64_MIN <= origin_offset <= _INT64_MAX
+        and 0 <= first_failed_at <= MAX_DUE_MS
+        and 0 <= failed_at <= MAX_DUE_MS
+    ):
+        return numbers  # as read: comparisons cost less than clamping each (this runs for every letter)
     return (
         max(1, min(_MAX_ATTEMPT, letter.attempt)),
         max(_INT64_MIN, min(_INT64_MAX, letter.original_partition)),
@@ -162,19 +160,13 @@ def _clamped(letter: DeadLetter) -> tuple[int, int, int, int, int]:
     )
 
 
-def entry_attempt_and_failure(letter: DeadLetter) -> tuple[int, int]:
-    """A dead letter's attempt and failure time as its entry keeps them (what its fate is decided on)."""
-    attempt, _, _, _, failed_at = _clamped(letter)
-    return attempt, failed_at
-
-
 def entry_from_letter(letter: DeadLetter, raw_headers: list[tuple[str, bytes]], received_at: int) -> Entry:
     """The entry for a dead letter: its headers as received, with every ``dlq.*`` header filled in.
 
     Numbers read from headers are clamped to what is stored (the headers themselves are
     redelivered as they came).
     """
-    attempt, origin_partition, origin_offset, first_failed_at, failed_at = _clamped(letter)
+    attempt, origin_partition, origin_offset, first_failed_at, failed_at = clamped_numbers(letter)
     # Positional: this runs once per dead letter.
     return Entry(
         letter.id,
@@ -195,20 +187,7 @@ def entry_from_letter(letter: DeadLetter, raw_headers: list[tuple[str, bytes]], 
     )
 
 
-#: The ``dlq.*`` headers in the order :meth:`DeadLetter.dlq_headers` writes them; an encoded
-#: entry names one of them by its place here (see :func:`encode_entry`).
-DLQ_HEADERS = (
-    ID,
-    ORIGINAL_TOPIC,
-    ORIGINAL_PARTITION,
-    ORIGINAL_OFFSET,
-    RETRY_TOPIC,
-    ATTEMPT,
-    ERROR_CLASS,
-    ERROR_MESSAGE,
-    FIRST_FAILED_AT,
-    FAILED_AT,
-)
+#: An encoded entry names a ``dlq.*`` header by its place in :data:`DLQ_HEADERS` (see :func:`encode_entry`).
 _DLQ_PLACE = {name: i for i, name in enumerate(DLQ_HEADERS)}
 
 
@@ -317,17 +296,36 @@ def _entry_json(
 def decided_from_letter(
     letter: DeadLetter,
     raw_headers: list[tuple[str, bytes]],
+    numbers: tuple[int, int, int, int, int],
     received_at: int,
     due_at: int,
     max_attempts: int,
     park_reason: str | None = None,
 ) -> Decided:
-    """The decided dead letter of a letter just read, scheduled at ``due_at`` or parked (at
-    ``received_at``) for ``park_reason``: the same bytes as ``Decided.of`` of
-    :func:`entry_from_letter` with that fate, made without the entry in between. The route hop
-    does this for every dead letter; merging the headers and encoding them is one pass here."""
-    clamped = (*_clamped(letter), received_at)
-    attempt, origin_partition, origin_offset, first_failed_at, failed_at, _ = clamped
+    """The decided dead letter of a letter just read, its :func:`clamped_numbers` ``numbers``,
+    scheduled at ``due_at`` or parked (at ``received_at``) for ``park_reason``: the same bytes as
+    ``Decided.of`` of :func:`entry_from_letter` with that fate, made without the entry in
+    between. The route hop does this for every dead letter; merging the headers and encoding
+    them is one pass here."""
+    clamped = (*numbers, received_at)
+    attempt, origin_partition, origin_offset, first_failed_at, failed_at = numbers
+    parked_at = None if park_reason is None else received_at
+    fingerprints = (letter.fingerprint,) if letter.fingerprint else ()
+    if letter.full_form and numbers == (
+        letter.attempt,
+        letter.original_partition,
+        letter.original_offset,
+        letter.first_failed_at,
+        letter.failed_at,
+    ):
+        # Each dlq.* header is there once and spells its field (none was clamped): kept by its place.
+        headers: list[Any] = [
+            [name, b2a_base64(value, newline=False).decode("ascii")] if place is None else place
+            for name, value in raw_headers
+            for place in (_DLQ_PLACE.get(name),)
+        ]
+        stored = _entry_json(letter, headers, due_at, max_attempts, parked_at, park_reason, (), fingerprints, clamped)
+        return Decided(letter.id, parked_at is not None, attempt, due_at, (letter.original_topic, letter.error_class), stored)
     normalized = letter.dlq_headers()
     spelled = _spelled(
         letter.id,
@@ -343,7 +341,7 @@ def decided_from_letter(
     )
     # As merge_headers then encode_entry: a dlq.* header takes its normalized value, once, in its
     # first place; those the letter lacked follow in protocol order.
-    headers: list[Any] = []
+    headers = []
     placed = [False] * len(DLQ_HEADERS)
     for name, value in raw_headers:
         place = _DLQ_PLACE.get(name)
@@ -355,8 +353,6 @@ def decided_from_letter(
     for place, done in enumerate(placed):
         if not done:
             headers.append(_dlq_header_json(place, normalized[place][1], spelled))
-    parked_at = None if park_reason is None else received_at
-    fingerprints = (letter.fingerprint,) if letter.fingerprint else ()
     stored = _entry_json(letter, headers, due_at, max_attempts, parked_at, park_reason, (), fingerprints, clamped)
     return Decided(letter.id, parked_at is not None, attempt, due_at, (letter.original_topic, letter.error_class), stored)
 

@@ -177,11 +177,24 @@ class CountChange:
 
     scheduled: CountsByKey = field(default_factory=Counter)
     parked: CountsByKey = field(default_factory=Counter)
-    #: Entries newly scheduled, by origin topic (the scheduled counter, counted once committed).
-    newly_scheduled: Counter[str] = field(default_factory=Counter)
+    #: The key of each entry newly scheduled (:meth:`schedule`), counted into ``scheduled`` when
+    #: the batch's counts are written (:meth:`settle`) and into the scheduled counter once
+    #: committed: a batch schedules hundreds, listed faster than counted one by one.
+    newly_scheduled: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, which: str, k: tuple[str, str], n: int = 1) -> None:
         (self.scheduled if which == "scheduled" else self.parked)[k] += n
+
+    def schedule(self, k: tuple[str, str]) -> None:
+        """One entry newly scheduled under ``k``."""
+        self.newly_scheduled.append(k)
+
+    def settle(self) -> None:
+        """Count the entries newly scheduled into ``scheduled`` (once, before the batch's row is written)."""
+        self.scheduled.update(self.newly_scheduled)
+
+    def newly_scheduled_by_topic(self) -> Counter[str]:
+        return Counter(topic for topic, _ in self.newly_scheduled)
 
 
 def encode_counts(scheduled: CountsByKey, parked: CountsByKey) -> bytes:

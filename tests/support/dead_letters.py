@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
+
 from shared import dead_letters as dl
 
 
@@ -84,3 +87,64 @@ def streams_headers(topic: str, partition: int, offset: int, exception: str, mes
         (dl.STREAMS_PARTITION, str(partition).encode()),
         (dl.STREAMS_OFFSET, str(offset).encode()),
     ]
+
+
+def full_form_headers() -> SearchStrategy[tuple[list[tuple[str, bytes]], bool]]:
+    """Headers in the full form (``shared.dead_letters.full_form``) in any order, with a few
+    others, and ``True``; or such headers changed in one way that leaves the form (a number
+    spelled otherwise, a header missing, repeated or empty, another framework's header, bytes
+    that are not UTF-8), and ``False``."""
+    texts = st.text(min_size=1, max_size=10).map(str.encode)
+    numbers = st.one_of(st.integers(-(2**64), 2**64), st.integers(0, 2**60), st.integers(1, 9)).map(lambda n: b"%d" % n)
+    full = st.fixed_dictionaries(
+        {
+            dl.ID: texts,
+            dl.ORIGINAL_TOPIC: texts,
+            dl.ORIGINAL_PARTITION: numbers,
+            dl.ORIGINAL_OFFSET: numbers,
+            dl.RETRY_TOPIC: st.one_of(texts, st.sampled_from([b"retry", b"dead-letters"])),
+            dl.ATTEMPT: st.integers(1, 2**40).map(lambda n: b"%d" % n),
+            dl.ERROR_CLASS: texts,
+            dl.ERROR_MESSAGE: st.one_of(st.just(b""), texts, st.just(b"m" * dl.MAX_ERROR_MESSAGE)),
+            dl.FIRST_FAILED_AT: numbers,
+            dl.FAILED_AT: numbers,
+        }
+    )
+    others = st.lists(st.tuples(st.sampled_from(["traceparent", "x", "content-type"]), st.binary(max_size=8)), max_size=3)
+    leaving = st.sampled_from(
+        [
+            (dl.ATTEMPT, b"07"),
+            (dl.ATTEMPT, b"0"),
+            (dl.ORIGINAL_OFFSET, b" 5"),
+            (dl.FAILED_AT, b"+5"),
+            (dl.FIRST_FAILED_AT, b"1_000"),
+            (dl.ID, b""),
+            (dl.ERROR_CLASS, b""),
+            (dl.ORIGINAL_TOPIC, b"\xff"),
+            (dl.ERROR_MESSAGE, b"m" * (dl.MAX_ERROR_MESSAGE + 1)),
+            ("dlq.other", b"1"),
+            (dl.SPRING_EXCEPTION_FQCN, b"java.io.IOException"),
+            (dl.CONNECT_TOPIC, b"orders"),
+            ("missing", dl.RETRY_TOPIC.encode()),
+            ("repeated", dl.ATTEMPT.encode()),
+        ]
+    )
+
+    @st.composite
+    def build(draw: st.DrawFn) -> tuple[list[tuple[str, bytes]], bool]:
+        headers = list(draw(full).items()) + draw(others)
+        headers = draw(st.permutations(headers))
+        if draw(st.booleans()):
+            return headers, len({name for name, _ in headers}) == len(headers)
+        name, value = draw(leaving)
+        if name == "missing":
+            headers = [h for h in headers if h[0] != value.decode()]
+        elif name == "repeated":
+            headers.append((value.decode(), b"1"))
+        elif name.startswith(dl.DLQ_PREFIX) and name != "dlq.other":
+            headers = [(n, value if n == name else v) for n, v in headers]
+        else:
+            headers.insert(draw(st.integers(0, len(headers))), (name, value))
+        return headers, False
+
+    return build()

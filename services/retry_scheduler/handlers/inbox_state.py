@@ -171,12 +171,13 @@ class InboxState:
     def _write_counts(self, batch: InputBatch) -> None:
         partition = batch.partition
         _, change = self._count_changes.pop(partition)
+        change.settle()
         batch.write(self.index, COUNTS_KEY, self.counts.row_with(partition, change))
         batch.after_commit(lambda: self._committed(partition, change))
 
     def _committed(self, partition: int, change: CountChange) -> None:
         self.counts.apply(partition, change)
-        for topic, n in change.newly_scheduled.items():
+        for topic, n in change.newly_scheduled_by_topic().items():
             SCHEDULED.labels(ORIGIN_TOPICS.label(topic, n)).inc(n)
             self.totals["scheduled"] += n
 
@@ -312,9 +313,7 @@ class InboxState:
         key = due_key(due_at, dlq_id)
         batch.write(self.schedule, key, stored)
         batch.write(self.index, id_key(dlq_id), key)
-        change = self._staged_change(batch)
-        change.add("scheduled", counted_as)
-        change.newly_scheduled[counted_as[0]] += 1
+        self._staged_change(batch).schedule(counted_as)
         low = self.low_water.get(partition)
         if low is not None and key < low:
             self.low_water[partition] = key

@@ -28,9 +28,9 @@ from services.retry_scheduler.domain import (
 from services.retry_scheduler.entries import (
     Decided,
     Entry,
+    clamped_numbers,
     decided_from_letter,
     encode_decided,
-    entry_attempt_and_failure,
     entry_from_letter,
     pack_decided,
 )
@@ -152,11 +152,12 @@ class Routing:
 
     def decide_letter(self, letter: dead_letters.DeadLetter, raw_headers: list[tuple[str, bytes]], received_at: int) -> Decided:
         """A dead letter just read, decided as :meth:`decide_fate` decides its entry (parked at ``received_at``)."""
-        attempt, failed_at = entry_attempt_and_failure(letter)
-        decision = self._decision(letter, attempt, letter.original_topic, failed_at, received_at)
+        numbers = clamped_numbers(letter)
+        decision = self._decision(letter, numbers[0], letter.original_topic, numbers[4], received_at)
+        max_attempts = decision.policy.max_attempts
         if isinstance(decision, Park):
-            return decided_from_letter(letter, raw_headers, received_at, 0, decision.policy.max_attempts, decision.reason)
-        return decided_from_letter(letter, raw_headers, received_at, decision.due_at, decision.policy.max_attempts)
+            return decided_from_letter(letter, raw_headers, numbers, received_at, 0, max_attempts, decision.reason)
+        return decided_from_letter(letter, raw_headers, numbers, received_at, decision.due_at, max_attempts)
 
     def _decision(
         self, entry: Entry | dead_letters.DeadLetter, attempt: int, origin_topic: str, failed_at: int, now: int

@@ -1,7 +1,8 @@
 """The route hop's one-pass encoding of a dead letter (``Routing.decide_letter``) gives the bytes
 the entry path gives (``entry_from_letter``, ``decide_fate``, ``Decided.of``): whatever headers a
 producer wrote, repeated, missing, out of range or foreign, and whether the letter is scheduled
-or parked. The inbox, the changelogs and every reader of a stored entry rely on one encoding."""
+or parked, and in the full form most producers write (read and stored without the general
+path's merging). The inbox, the changelogs and every reader of a stored entry rely on one encoding."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from services.retry_scheduler.entries import Decided, decode_entry, entry_from_l
 from services.retry_scheduler.handlers.routing import Routing
 from shared import dead_letters as dl
 from shared.settings import Settings
+from tests.support.dead_letters import full_form_headers
 
 NOW = 1_700_000_000_000
 
@@ -59,6 +61,20 @@ def test_the_route_encodes_a_letter_as_its_entry_would(
     letter = dl.parse_dead_letter(
         key, value, raw, topic="dead-letters", partition=2, offset=9, timestamp_ms=timestamp, default_retry_topic="retry"
     )
+    assert routing.decide_letter(letter, raw, NOW) == entry_path(routing, letter, raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=full_form_headers(), value=st.one_of(st.none(), st.binary(max_size=8)))
+def test_a_letter_in_the_full_form_encodes_as_its_entry_would(
+    routing: Routing, case: tuple[list[tuple[str, bytes]], bool], value: bytes | None
+) -> None:
+    # Its headers are stored as they came, by place, unless a number was clamped.
+    raw, in_full_form = case
+    letter = dl.parse_dead_letter(
+        None, value, raw, topic="dead-letters", partition=2, offset=9, timestamp_ms=NOW, default_retry_topic="retry"
+    )
+    assert letter.full_form == in_full_form
     assert routing.decide_letter(letter, raw, NOW) == entry_path(routing, letter, raw)
 
 

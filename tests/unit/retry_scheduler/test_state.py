@@ -18,7 +18,6 @@ from rocksdict import Rdict
 
 from services.retry_scheduler.domain import MAX_DUE_MS
 from services.retry_scheduler.entries import (
-    DLQ_HEADERS,
     HISTORY_KEPT,
     Decided,
     Entry,
@@ -62,7 +61,7 @@ from services.retry_scheduler.state import (
     is_due_key,
     split_due_key,
 )
-from shared.dead_letters import parse_dead_letter
+from shared.dead_letters import DLQ_HEADERS, parse_dead_letter
 from shared.engine._faust import FAUST_OFFSET_KEY
 from shared.engine._rocksdb import open_partition_db, set_persisted_offset
 

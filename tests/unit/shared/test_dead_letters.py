@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from shared import dead_letters as dl
-from tests.support.dead_letters import connect_headers, spring_headers, streams_headers
+from tests.support.dead_letters import connect_headers, full_form_headers, spring_headers, streams_headers
 
 
 def test_missing_headers_get_contract_defaults() -> None:
@@ -166,3 +169,33 @@ def test_fingerprints_stay_those_already_stored() -> None:
     assert dl.letter_fingerprint(None, b"", [], 1) != dl.letter_fingerprint(b"", b"", [], 1)
     assert dl.letter_fingerprint(b"ab", b"c", [], 1) != dl.letter_fingerprint(b"a", b"bc", [], 1)
     assert dl.letter_fingerprint(None, None, [("ab", b"c")], 1) != dl.letter_fingerprint(None, None, [("a", b"bc")], 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    case=full_form_headers(),
+    key=st.one_of(st.none(), st.binary(max_size=6)),
+    timestamp=st.one_of(st.none(), st.integers(0, 2**42)),
+)
+def test_a_letter_in_the_full_form_reads_as_in_any_form(
+    case: tuple[list[tuple[str, bytes]], bool], key: bytes | None, timestamp: int | None
+) -> None:
+    headers, in_full_form = case
+    where = {"topic": "dead-letters", "partition": 2, "offset": 9, "timestamp_ms": timestamp, "default_retry_topic": "retry"}
+    letter = dl.parse_dead_letter(key, b"v", headers, **where)  # type: ignore[arg-type]
+    assert letter.full_form == in_full_form
+    assert letter == dl.parse_any_form(key, b"v", dl.header_items(headers), **where)  # type: ignore[arg-type]
+
+
+def test_what_dead_letter_for_writes_is_in_the_full_form() -> None:
+    first = dl.dead_letter_for(
+        b"k", b"v", [("trace", b"t")], topic="orders", partition=1, offset=5, error=KeyError("x"), retry_topic="retry"
+    )
+    again = dl.dead_letter_for(
+        b"k", b"v", first.headers(), topic="retry", partition=0, offset=1, error=ValueError(), retry_topic="retry"
+    )
+    for letter in (first, again):
+        read = dl.parse_dead_letter(
+            b"k", b"v", letter.headers(), topic="dead-letters", partition=0, offset=0, timestamp_ms=1, default_retry_topic="x"
+        )
+        assert read.full_form and (read.id, read.attempt, read.error_class) == (letter.id, letter.attempt, letter.error_class)
