@@ -388,6 +388,30 @@ def parse_dead_letter(
     there: the same letter :func:`parse_any_form` reads, without the defaults it cannot need.
     """
     items = header_items(headers)
+    return parse_items(
+        key,
+        value,
+        items,
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        timestamp_ms=timestamp_ms,
+        default_retry_topic=default_retry_topic,
+    )
+
+
+def parse_items(
+    key: bytes | None,
+    value: bytes | None,
+    items: HeaderList,
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp_ms: int | None,
+    default_retry_topic: str,
+) -> DeadLetter:
+    """:func:`parse_dead_letter` of headers already as :func:`header_items` gives them."""
     letter = full_form(key, value, items, timestamp_ms)
     if letter is not None:
         return letter

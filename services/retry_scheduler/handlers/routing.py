@@ -89,7 +89,7 @@ class Routing:
         for record in batch.records:
             try:
                 raw_headers = dead_letters.header_items(record.headers)
-                letter = dead_letters.parse_dead_letter(
+                letter = dead_letters.parse_items(
                     record.key,
                     record.value,
                     raw_headers,
