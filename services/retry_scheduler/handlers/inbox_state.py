@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -181,14 +181,17 @@ class InboxState:
             SCHEDULED.labels(ORIGIN_TOPICS.label(topic, n)).inc(n)
             self.totals["scheduled"] += n
 
-    def finish(self, batch: InputBatch, key: bytes, entry: Entry, done: bytes | None) -> None:
-        """Remove a scheduled entry.
+    def finish(self, batch: InputBatch, key: bytes, entry: Entry, done: bytes | None, *, read: bool = False) -> None:
+        """Remove a scheduled entry (``read``: the batch has just read its row, so it is there).
 
         With ``done`` the index keeps a marker that this attempt was redelivered or
         cancelled, so a copy of its dead letter read later is dropped; without, the
         index row goes too (the id is about to be scheduled again or parked).
         """
-        if self.delete(batch, self.schedule, key):
+        if read:
+            batch.write(self.schedule, key, None)
+            self.count(batch, "scheduled", entry.counted_as, -1)
+        elif self.delete(batch, self.schedule, key):
             self.count(batch, "scheduled", entry.counted_as, -1)
         idk = id_key(entry.id)
         if done is not None:
@@ -377,15 +380,19 @@ class InboxState:
         sent_at = now_ms()
         for d, error in zip(deliveries, errors, strict=True):
             d.error = error
+        # Counted per origin topic once for the batch (a tick redelivers thousands).
+        redelivered: Counter[str] = Counter()
         for d in deliveries:
             if d.error is None:
                 if trigger == "tick":  # lateness: how long after its due time a tick sent it
                     late = sent_at - d.entry.due_at
                     self.lateness_ms.append(late)
                     LATENESS_SECONDS.observe(max(late, 0) / 1000)
-                REDELIVERED.labels(trigger, ORIGIN_TOPICS.label(d.entry.origin_topic)).inc()
-                self.totals["redelivered"] += 1
+                redelivered[d.entry.origin_topic] += 1
             else:
                 REDELIVERY_FAILED.inc()
                 log.warning("redelivery of dlq.id=%s to %s failed: %s", d.entry.id, d.entry.retry_topic, d.error)
+        for topic, n in redelivered.items():
+            REDELIVERED.labels(trigger, ORIGIN_TOPICS.label(topic, n)).inc(n)
+            self.totals["redelivered"] += n
         return deliveries

@@ -130,12 +130,12 @@ class Ticks:
         failed_keys: list[bytes] = []
         for d in deliveries:
             if d.error is None:
-                state.finish(batch, d.key, d.entry, done=DONE_REDELIVERED)
+                state.finish(batch, d.key, d.entry, done=DONE_REDELIVERED, read=True)
                 continue
             failures = state.send_failures.get(d.key, 0) + 1
             state.send_failures[d.key] = failures
             if failures >= MAX_SEND_FAILURES:
-                state.finish(batch, d.key, d.entry, done=None)
+                state.finish(batch, d.key, d.entry, done=None, read=True)
                 reason = f"redelivery to {d.entry.retry_topic!r} failed {failures} times: {d.error}"
                 await state.park(batch, d.entry.parked(now_ms(), reason, d.entry.max_attempts))
             else:
