@@ -75,8 +75,20 @@ class Inbox:
                 if kind == KIND_DECIDED_PACK:
                     letters = unpack_decided(value[1:])  # type: ignore[index]
                     packed += len(letters) - 1
-                    for decided in letters:
-                        await self.state.store_decided(batch, decode_decided(decided))
+                    for i, decided in enumerate(letters):
+                        try:
+                            letter = decode_decided(decided)
+                        except ValueError as exc:  # the pack's other letters are stored all the same
+                            log.warning(
+                                "ignoring malformed letter %d of the pack at %s[%s]@%s: %s",
+                                i,
+                                record.topic,
+                                record.partition,
+                                record.offset,
+                                exc,
+                            )
+                            continue
+                        await self.state.store_decided(batch, letter)
                 elif kind == KIND_DECIDED:
                     await self.state.store_decided(batch, decode_decided(value[1:]))  # type: ignore[index]
                 elif kind == KIND_LETTER:

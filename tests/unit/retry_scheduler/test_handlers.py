@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from services.retry_scheduler.app import RetrySchedulerService
-from services.retry_scheduler.entries import decode_decided, pack_decided, unpack_decided
+from services.retry_scheduler.entries import decode_decided, encode_decided, pack_decided, unpack_decided
 from services.retry_scheduler.handlers.kinds import KIND_DECIDED_PACK
 from services.retry_scheduler.handlers.stats import Stats
 from services.retry_scheduler.state import COUNTS_KEY, CountChange, Counts, CountsByKey, decode_counts
+from shared.dead_letters import parse_dead_letter
 from shared.engine import partition_for
 from shared.engine.testing import TopologyDriver
 from shared.settings import Settings
@@ -92,6 +93,30 @@ def test_a_batch_of_letters_goes_to_the_inbox_as_one_pack_per_partition_in_order
     driver.process()
     assert len(driver.outputs(service.inbox_topic_name)) == 2 * len(packs)
     assert service.state.totals["scheduled"] == len(ids)
+
+
+def test_a_malformed_letter_in_a_pack_is_logged_and_the_packs_other_letters_are_stored(
+    scheduler: tuple[RetrySchedulerService, TopologyDriver], caplog: pytest.LogCaptureFixture
+) -> None:
+    service, driver = scheduler
+    ids = [i for i in (f"p{n}" for n in range(100)) if partition_for(i, PARTITIONS) == 0][:2]
+    now = int(time.time() * 1000)
+    letters = [
+        encode_decided(
+            service.routing.decide_letter(
+                parse_dead_letter(
+                    b"k", b"v", headers, topic="dead-letters", partition=0, offset=0, timestamp_ms=now, default_retry_topic="r"
+                ),
+                headers,
+                now,
+            )
+        )
+        for headers in (letter_headers(i, RETRY_TOPIC) for i in ids)
+    ]
+    [pack] = pack_decided([letters[0], b"not a letter", letters[1]])
+    driver.pipe(service.inbox_topic_name, None, KIND_DECIDED_PACK + pack, partition=0)
+    assert "ignoring malformed letter 1 of the pack" in caplog.text
+    assert all(service.stats.scheduled_entry(i) is not None for i in ids)
 
 
 def test_a_pack_is_split_at_its_size_limit_and_read_back_whole() -> None:
