@@ -322,7 +322,7 @@ def full_form(key: bytes | None, value: bytes | None, items: HeaderList, timesta
     UTF-8, the numbers in plain decimal (no sign but a minus, no spaces or leading zeros) and
     an attempt of 1 or more, and no other framework's dead-letter headers. For such headers
     :func:`parse_dead_letter` reads the same letter without its defaults and fallbacks, and
-    each header spells the field read from it, so the route stores them as they came."""
+    each header spells the field read from it, so a reader may keep them as they came."""
     named = dict(items)
     other = [item for item in items if not item[0].startswith(DLQ_PREFIX)]
     if len(named) != len(items) or len(other) + len(DLQ_HEADERS) != len(items):
