@@ -238,7 +238,7 @@ def encode_entry(e: Entry) -> bytes:
         e.failed_at,
     )
     headers = [
-        place if place is not None and spelled[place] == value else [name, b2a_base64(value, newline=False).decode("ascii")]
+        place if place is not None and spelled[place] == value else [name, _b64(value)]
         for name, value in e.headers
         for place in (_DLQ_PLACE.get(name),)
     ]
@@ -307,10 +307,7 @@ def decided_from_letter(
     ``Decided.of`` of :func:`entry_from_letter` with that fate, made without the entry in
     between. The route hop does this for every dead letter; merging the headers and encoding
     them is one pass here."""
-    clamped = (*numbers, received_at)
-    attempt, origin_partition, origin_offset, first_failed_at, failed_at = numbers
-    parked_at = None if park_reason is None else received_at
-    fingerprints = (letter.fingerprint,) if letter.fingerprint else ()
+    attempt = numbers[0]
     if letter.full_form and numbers == (
         letter.attempt,
         letter.original_partition,
@@ -320,12 +317,24 @@ def decided_from_letter(
     ):
         # Each dlq.* header is there once and spells its field (none was clamped): kept by its place.
         headers: list[Any] = [
-            [name, b2a_base64(value, newline=False).decode("ascii")] if place is None else place
-            for name, value in raw_headers
-            for place in (_DLQ_PLACE.get(name),)
+            [name, _b64(value)] if place is None else place for name, value in raw_headers for place in (_DLQ_PLACE.get(name),)
         ]
-        stored = _entry_json(letter, headers, due_at, max_attempts, parked_at, park_reason, (), fingerprints, clamped)
-        return Decided(letter.id, parked_at is not None, attempt, due_at, (letter.original_topic, letter.error_class), stored)
+    else:
+        headers = _merged_headers_json(letter, raw_headers, numbers)
+    parked_at = None if park_reason is None else received_at
+    fingerprints = (letter.fingerprint,) if letter.fingerprint else ()
+    clamped = (*numbers, received_at)
+    stored = _entry_json(letter, headers, due_at, max_attempts, parked_at, park_reason, (), fingerprints, clamped)
+    return Decided(letter.id, parked_at is not None, attempt, due_at, (letter.original_topic, letter.error_class), stored)
+
+
+def _merged_headers_json(
+    letter: DeadLetter, raw_headers: list[tuple[str, bytes]], numbers: tuple[int, int, int, int, int]
+) -> list[Any]:
+    """The stored headers of a letter in any form, as :func:`merge_headers` then :func:`encode_entry`
+    keep them: a dlq.* header takes its normalized value, once, in its first place; those the
+    letter lacked follow in protocol order."""
+    attempt, origin_partition, origin_offset, first_failed_at, failed_at = numbers
     normalized = letter.dlq_headers()
     spelled = _spelled(
         letter.id,
@@ -339,27 +348,24 @@ def decided_from_letter(
         first_failed_at,
         failed_at,
     )
-    # As merge_headers then encode_entry: a dlq.* header takes its normalized value, once, in its
-    # first place; those the letter lacked follow in protocol order.
-    headers = []
+    headers: list[Any] = []
     placed = [False] * len(DLQ_HEADERS)
     for name, value in raw_headers:
         place = _DLQ_PLACE.get(name)
         if place is None:
-            headers.append([name, b2a_base64(value, newline=False).decode("ascii")])
+            headers.append([name, _b64(value)])
         elif not placed[place]:
             placed[place] = True
             headers.append(_dlq_header_json(place, normalized[place][1], spelled))
     for place, done in enumerate(placed):
         if not done:
             headers.append(_dlq_header_json(place, normalized[place][1], spelled))
-    stored = _entry_json(letter, headers, due_at, max_attempts, parked_at, park_reason, (), fingerprints, clamped)
-    return Decided(letter.id, parked_at is not None, attempt, due_at, (letter.original_topic, letter.error_class), stored)
+    return headers
 
 
 def _dlq_header_json(place: int, value: bytes, spelled: tuple[bytes, ...]) -> Any:
     """A ``dlq.*`` header as :func:`encode_entry` keeps it: its place, or (a clamped number) name and value."""
-    return place if spelled[place] == value else [DLQ_HEADERS[place], b2a_base64(value, newline=False).decode("ascii")]
+    return place if spelled[place] == value else [DLQ_HEADERS[place], _b64(value)]
 
 
 def _history_json(history: Iterable[Replayed]) -> list[list[Any]]:

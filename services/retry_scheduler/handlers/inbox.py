@@ -32,7 +32,7 @@ from services.retry_scheduler.handlers.kinds import (
 from services.retry_scheduler.handlers.ordered import OrderedLanes, decode_ack, decode_ordered_letter
 from services.retry_scheduler.handlers.routing import Routing
 from services.retry_scheduler.handlers.ticks import Ticks
-from shared.engine import Engine, InputBatch
+from shared.engine import Engine, InputBatch, Record
 
 log = logging.getLogger(__name__)
 
@@ -73,22 +73,7 @@ class Inbox:
             kind = value[:1] if isinstance(value, bytes) else b""
             try:
                 if kind == KIND_DECIDED_PACK:
-                    letters = unpack_decided(value[1:])  # type: ignore[index]
-                    packed += len(letters) - 1
-                    for i, decided in enumerate(letters):
-                        try:
-                            letter = decode_decided(decided)
-                        except ValueError as exc:  # the pack's other letters are stored all the same
-                            log.warning(
-                                "ignoring malformed letter %d of the pack at %s[%s]@%s: %s",
-                                i,
-                                record.topic,
-                                record.partition,
-                                record.offset,
-                                exc,
-                            )
-                            continue
-                        await self.state.store_decided(batch, letter)
+                    packed += await self.store_pack(batch, record, value[1:]) - 1  # type: ignore[index]
                 elif kind == KIND_DECIDED:
                     await self.state.store_decided(batch, decode_decided(value[1:]))  # type: ignore[index]
                 elif kind == KIND_LETTER:
@@ -114,3 +99,17 @@ class Inbox:
                 )
         if packed:
             batch.counted = len(batch.records) + packed
+
+    async def store_pack(self, batch: InputBatch, record: Record, pack: bytes) -> int:
+        """Store each letter of a pack, in order; how many it holds. A malformed letter is
+        logged and skipped: the pack's other letters are stored all the same."""
+        letters = unpack_decided(pack)
+        for i, decided in enumerate(letters):
+            try:
+                letter = decode_decided(decided)
+            except ValueError as exc:
+                where = f"{record.topic}[{record.partition}]@{record.offset}"
+                log.warning("ignoring malformed letter %d of the pack at %s: %s", i, where, exc)
+                continue
+            await self.state.store_decided(batch, letter)
+        return len(letters)
